@@ -1,0 +1,32 @@
+"""Array-namespace helpers: every numeric function asks its inputs for their namespace.
+
+Numeric code in this package uses only the Array API standard through
+``array_api_compat.array_namespace`` so that the same functions run on NumPy, CuPy and
+``array-api-strict`` (docs/theory.md, "Implementation notes"). Moving results to the
+host for tables and figures happens in :func:`to_numpy` alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from array_api_compat import array_namespace, is_numpy_array, size
+
+__all__ = ["array_namespace", "to_numpy", "size", "moveaxis"]
+
+
+def to_numpy(x) -> np.ndarray:
+    """Return ``x`` as a host NumPy array (the one place results leave the device)."""
+    if is_numpy_array(x):
+        return x
+    if hasattr(x, "get"):  # CuPy
+        return x.get()
+    return np.asarray(x)
+
+
+def moveaxis(xp, x, source: int, destination: int):
+    """``xp.moveaxis`` through ``permute_dims`` (works on every standard namespace)."""
+    axes = list(range(x.ndim))
+    src = source % x.ndim
+    dst = destination % x.ndim
+    axes.insert(dst, axes.pop(src))
+    return xp.permute_dims(x, tuple(axes))

@@ -1,0 +1,70 @@
+"""The ``linattn`` command line: thin wrappers over the package's functions.
+
+Exit status: 0 success, 2 invalid input (nothing is written), 3 a run diverged (its table
+is written and the message suggests a stable step size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import ConfigError, load_config
+
+EXIT_OK, EXIT_INVALID, EXIT_DIVERGED = 0, 2, 3
+
+
+def _simulate(args) -> int:
+    from .federated import simulate
+    from .io import write_run
+
+    config = load_config(args.config)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
+    result = simulate(config, progress=not args.quiet)
+    paths = write_run(result, out)
+    last = result.table.iloc[-1]
+    print(f"wrote {paths['table']} ({len(result.table) - 1} rounds, final loss F = {last['loss']:.6g})")
+    if result.diverged:
+        print(result.divergence.message, file=sys.stderr)
+        return EXIT_DIVERGED
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also the source of docs/cli.md)."""
+    parser = argparse.ArgumentParser(
+        prog="linattn",
+        description="Federated training of linear attention: simulations, theory checks and figures.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("simulate", help="run one federated simulation from a TOML config",
+                       description="Run one federated simulation (FedAvg or FedFrozen) and write "
+                                   "rounds.csv, params.npz and metadata.json to --out.")
+    p.add_argument("config", help="TOML configuration file (see simulations/configs/)")
+    p.add_argument("--out", required=True, help="output folder (created if missing)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_simulate)
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"linattn {args.command}: invalid configuration: {err}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Run configuration: typed sections, read from TOML, validated before any work.
+
+Every error names the field, the value and what is allowed, and is raised as
+:class:`ConfigError` before anything is computed or written (the command line turns it into
+exit status 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+__all__ = ["ConfigError", "TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig",
+           "load_config", "config_from_dict", "config_hash"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+def _spec(default, *, low=None, high=None, low_open=False, high_open=False, choices=None,
+          doc=""):
+    meta = {"low": low, "high": high, "low_open": low_open, "high_open": high_open,
+            "choices": choices, "doc": doc}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The clients (docs/theory.md §2). Keys that do not apply to ``family`` are rejected."""
+
+    family: str = _spec("planted_kernel", choices=("planted_kernel", "in_context_regression"),
+                        doc="task family")
+    num_clients: int = _spec(8, low=1, doc="number of clients m")
+    samples_per_client: int = _spec(128, low=2, doc="samples per client N (mean N_c when skewed)")
+    tokens: int = _spec(8, low=1, doc="context length n")
+    dim: int = _spec(6, low=1, doc="token dimension d (feature dimension for in-context regression)")
+    heads: int = _spec(1, low=1, doc="teacher heads (planted kernel)")
+    rank: int = _spec(3, low=1, doc="teacher kernel rank (planted kernel)")
+    outputs: int = _spec(2, low=1, doc="output dimension p (planted kernel)")
+    zeta_value: float = _spec(0.5, low=0.0, doc="concept heterogeneity ζ_V (planted kernel)")
+    zeta_covariate: float = _spec(0.5, low=0.0, doc="covariate heterogeneity ζ_X")
+    zeta_mean: float = _spec(0.0, low=0.0, doc="token-mean heterogeneity (planted kernel)")
+    zeta_task: float = _spec(0.5, low=0.0, doc="task-mean heterogeneity (in-context regression)")
+    noise: float = _spec(0.1, low=0.0, doc="label noise σ")
+    dirichlet_alpha: float | None = _spec(None, low=0.0, low_open=True,
+                                          doc="Dirichlet concentration α of client sizes (absent: equal)")
+    query: str = _spec("last", choices=("last", "fresh"), doc="query token (planted kernel)")
+    positional_strength: float = _spec(0.0, low=0.0, doc="position-dependent token means (planted kernel)")
+
+
+FAMILY_KEYS = {
+    "planted_kernel": {"num_clients", "samples_per_client", "tokens", "dim", "heads", "rank",
+                       "outputs", "zeta_value", "zeta_covariate", "zeta_mean", "noise",
+                       "dirichlet_alpha", "query", "positional_strength"},
+    "in_context_regression": {"num_clients", "samples_per_client", "tokens", "dim",
+                              "zeta_covariate", "zeta_task", "noise", "dirichlet_alpha"},
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The student layer (docs/theory.md §1)."""
+
+    heads: int = _spec(1, low=1, doc="heads H")
+    rank: int = _spec(3, low=1, doc="head width r")
+    init_scale: float = _spec(0.5, low=0.0, doc="initial weights N(0, scale²/d)")
+    dtype: str = _spec("float64", choices=("float64", "float32"), doc="floating-point type")
+    backend: str = _spec("numpy", choices=("numpy", "cupy"), doc="array library")
+
+
+@dataclass(frozen=True)
+class FederatedConfig:
+    """The schedule (docs/theory.md §3)."""
+
+    strategy: str = _spec("fedfrozen", choices=("fedavg", "fedfrozen"), doc="federated strategy")
+    rounds: int = _spec(40, low=1, doc="total rounds T")
+    warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen)")
+    local_steps: int = _spec(5, low=1, doc="local steps E")
+    learning_rate: float = _spec(0.05, low=0.0, low_open=True, doc="local step size η")
+    batch_size: int | None = _spec(None, low=1, doc="minibatch size b (absent: full batch)")
+    participation: float = _spec(1.0, low=0.0, high=1.0, low_open=True,
+                                 doc="fraction of clients per round")
+    server_learning_rate: float = _spec(1.0, low=0.0, low_open=True, doc="server step on the mean delta")
+    ridge: float = _spec(0.0, low=0.0, doc="value-block ridge λ")
+    divergence_factor: float = _spec(1e4, low=1.0, low_open=True,
+                                     doc="stop when F exceeds this times the initial loss")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole run: ``seed`` and the ``task``, ``model`` and ``federated`` sections."""
+
+    seed: int = _spec(0, low=0, doc="root seed")
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    federated: FederatedConfig = field(default_factory=FederatedConfig)
+
+    def to_dict(self) -> dict:
+        """Nested dictionary of every setting (task keys of the chosen family only)."""
+        data = asdict(self)
+        keep = FAMILY_KEYS[self.task.family] | {"family"}
+        data["task"] = {k: v for k, v in data["task"].items() if k in keep}
+        return data
+
+    def with_updates(self, updates: dict) -> "RunConfig":
+        """Return a validated copy with dotted keys replaced, e.g. ``{"federated.local_steps": 3}``."""
+        data = self.to_dict()
+        for key, value in updates.items():
+            node = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                if part not in node or not isinstance(node[part], dict):
+                    raise ConfigError(f"{key}: unknown section {part!r}")
+                node = node[part]
+            node[leaf] = value
+        return config_from_dict(_drop_none(data))
+
+    @property
+    def warmup_rounds(self) -> int:
+        """The effective ``T0`` (``T`` for plain FedAvg)."""
+        fed = self.federated
+        return fed.rounds if fed.strategy == "fedavg" else fed.warmup_rounds
+
+
+SECTIONS = {"task": TaskConfig, "model": ModelConfig, "federated": FederatedConfig}
+
+
+def _drop_none(data: dict) -> dict:
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in data.items() if v is not None}
+
+
+def _expected_type(annotation):
+    """``(base type, optional)`` of a field annotation such as ``float | None``."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"float": float, "int": int, "str": str, "None": None})
+    args = typing.get_args(annotation)
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        base = [a for a in args if a is not type(None)][0]
+        return base, True
+    return annotation, False
+
+
+def _check_value(path: str, value, f):
+    base, _ = _expected_type(f.type)
+    meta = f.metadata
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path} = {value!r}: expected an integer")
+    elif base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path} = {value!r}: expected a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"{path} = {value!r}: expected a finite number")
+        value = float(value)
+    elif base is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path} = {value!r}: expected a string")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{path} = {value!r}: expected one of {', '.join(map(repr, meta['choices']))}")
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and (value < low or (meta["low_open"] and value == low)):
+        op = ">" if meta["low_open"] else ">="
+        raise ConfigError(f"{path} = {value!r}: expected a value {op} {low}")
+    if high is not None and (value > high or (meta["high_open"] and value == high)):
+        op = "<" if meta["high_open"] else "<="
+        raise ConfigError(f"{path} = {value!r}: expected a value {op} {high}")
+    return value
+
+
+def _build_section(cls, data, path: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table of keys, got {data!r}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}: unknown key; allowed keys are {', '.join(sorted(known))}")
+    values = {}
+    for name, value in data.items():
+        values[name] = _check_value(f"{path}.{name}", value, known[name])
+    return cls(**values)
+
+
+def config_from_dict(data: dict) -> RunConfig:
+    """Validate a nested dictionary (as read from TOML) and return a :class:`RunConfig`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration: expected a table, got {type(data).__name__}")
+    allowed = {"seed", *SECTIONS}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key; allowed top-level keys are {', '.join(sorted(allowed))}")
+    seed_field = next(f for f in fields(RunConfig) if f.name == "seed")
+    seed = _check_value("seed", data.get("seed", 0), seed_field)
+    sections = {name: _build_section(cls, data.get(name, {}), name) for name, cls in SECTIONS.items()}
+    task = sections["task"]
+    extra = set(data.get("task", {})) - FAMILY_KEYS[task.family] - {"family"}
+    if extra:
+        key = sorted(extra)[0]
+        raise ConfigError(f"task.{key}: does not apply to family {task.family!r}; "
+                          f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
+    fed = sections["federated"]
+    if fed.warmup_rounds > fed.rounds:
+        raise ConfigError(f"federated.warmup_rounds = {fed.warmup_rounds}: expected a value <= "
+                          f"federated.rounds = {fed.rounds}")
+    return RunConfig(seed=seed, **sections)
+
+
+def load_config(path) -> RunConfig:
+    """Read and validate a TOML configuration file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML ({err})") from None
+    return config_from_dict(data)
+
+
+def config_hash(config: RunConfig) -> str:
+    """A stable 16-hex-digit key of the full configuration (for result files)."""
+    text = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def field_docs(cls) -> dict[str, str]:
+    """``{name: description}`` of a section, for docs and ``--help``."""
+    return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
+
+
+__all__ += ["field_docs"]

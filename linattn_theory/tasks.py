@@ -1,0 +1,234 @@
+"""Heterogeneous clients: the planted-kernel and in-context-regression families (docs/theory.md §2).
+
+Every random draw comes from a ``numpy.random.SeedSequence`` keyed by purpose and client
+(``spawn_key=(purpose, client)``), so client ``c``'s data do not depend on how many other
+clients exist or in which order they are built. (Only the Dirichlet size split depends on
+``m``, through the normalisation; the first ``k`` samples of a client never do.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from .model import _flat, context_second_moment, features
+
+__all__ = [
+    "ClientDataset",
+    "FederatedDataset",
+    "StackedClients",
+    "as_federated",
+    "planted_kernel_clients",
+    "in_context_regression_clients",
+    "make_clients",
+    "stack_clients",
+]
+
+# SeedSequence spawn keys by purpose: never reuse one for another purpose.
+SEED_TEACHER, SEED_CLIENT, SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, SEED_EVAL = range(6)
+
+
+def seed_sequence(seed: int, *key: int) -> np.random.SeedSequence:
+    """The stream for one purpose (and client, round, …): ``SeedSequence(seed, spawn_key=key)``."""
+    return np.random.SeedSequence(int(seed), spawn_key=tuple(int(k) for k in key))
+
+
+class ClientDataset(NamedTuple):
+    """One client's samples: contexts ``X`` ``(N, n, d)``, queries ``q`` ``(N, d)``, targets ``y`` ``(N, p)``."""
+
+    X: np.ndarray
+    q: np.ndarray
+    y: np.ndarray
+
+
+@dataclass(frozen=True)
+class FederatedDataset(Sequence):
+    """``m`` client datasets with weights ``p_c = N_c / Σ N_c``; iterates as ``(X, q, y)`` tuples.
+
+    ``truth`` holds what generated the data (teacher kernels, value maps, …) for analysis.
+    """
+
+    clients: tuple[ClientDataset, ...]
+    weights: np.ndarray
+    family: str = "custom"
+    truth: dict = field(default_factory=dict)
+
+    def __getitem__(self, c):
+        return self.clients[c]
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.array([c.X.shape[0] for c in self.clients])
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        """``(n, d, p)``: tokens per context, token dimension, output dimension."""
+        X, _, y = self.clients[0]
+        return X.shape[1], X.shape[2], y.shape[1]
+
+
+def as_federated(clients) -> FederatedDataset:
+    """Accept a :class:`FederatedDataset` or a plain sequence of ``(X, q, y)`` tuples (``p_c ∝ N_c``)."""
+    if isinstance(clients, FederatedDataset):
+        return clients
+    items = tuple(ClientDataset(*(np.asarray(a) for a in c)) for c in clients)
+    if not items:
+        raise ValueError("clients is empty; expected at least one (X, q, y) tuple")
+    n, d, p = items[0].X.shape[1], items[0].X.shape[2], items[0].y.shape[1]
+    for i, (X, q, y) in enumerate(items):
+        N = X.shape[0]
+        if X.ndim != 3 or X.shape[1:] != (n, d) or q.shape != (N, d) or y.shape != (N, p):
+            raise ValueError(f"client {i}: shapes X{X.shape}, q{q.shape}, y{y.shape}; "
+                             f"expected X (N, {n}, {d}), q (N, {d}), y (N, {p})")
+    sizes = np.array([c.X.shape[0] for c in items], dtype=float)
+    return FederatedDataset(items, sizes / sizes.sum())
+
+
+@dataclass(frozen=True)
+class StackedClients:
+    """All clients padded to a common ``N`` (padding has weight 0), in the sufficient form.
+
+    ``S`` ``(m, N, d, d)`` holds ``Ŝ`` per sample, ``q`` ``(m, N, d)``, ``y`` ``(m, N, p)``,
+    ``sample_weight`` ``(m, N)`` (``1/N_c`` on real samples, 0 on padding), ``weights`` ``(m,)``
+    the client weights ``p_c`` and ``sizes`` ``(m,)`` the ``N_c`` (host array).
+    """
+
+    S: object
+    q: object
+    y: object
+    sample_weight: object
+    weights: object
+    sizes: np.ndarray
+
+
+def stack_clients(clients, xp=None, dtype=np.float64) -> StackedClients:
+    """Pad and stack clients into :class:`StackedClients` in namespace ``xp`` (default NumPy)."""
+    data = as_federated(clients)
+    m = len(data)
+    n, d, p = data.dims
+    Nmax = int(data.sizes.max())
+    S = np.zeros((m, Nmax, d, d), dtype=dtype)
+    q = np.zeros((m, Nmax, d), dtype=dtype)
+    y = np.zeros((m, Nmax, p), dtype=dtype)
+    w = np.zeros((m, Nmax), dtype=dtype)
+    for c, (Xc, qc, yc) in enumerate(data):
+        N = Xc.shape[0]
+        S[c, :N] = context_second_moment(np.asarray(Xc, dtype=np.float64))
+        q[c, :N], y[c, :N], w[c, :N] = qc, yc, 1.0 / N
+    weights = np.asarray(data.weights, dtype=dtype)
+    if xp is not None and xp is not np:
+        S, q, y, w, weights = (xp.asarray(a) for a in (S, q, y, w, weights))
+    return StackedClients(S, q, y, w, weights, data.sizes)
+
+
+def _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs):
+    """Equal sizes, or ``N_c ∝`` Dirichlet(α) via per-client Gamma(α) draws (at least 2 each)."""
+    if dirichlet_alpha is None:
+        return [samples_per_client] * num_clients
+    g = np.array([rng.gamma(dirichlet_alpha) for rng in rngs]) + 1e-12
+    total = samples_per_client * num_clients
+    return [max(2, int(round(total * gc / g.sum()))) for gc in g]
+
+
+def _positional_means(n, d, strength, rng):
+    """Position-dependent token means ``strength · P_i`` (rows of a fixed random matrix)."""
+    if strength == 0:
+        return np.zeros((n, d))
+    return strength * rng.normal(size=(n, d))
+
+
+def planted_kernel_clients(num_clients=8, samples_per_client=256, tokens=16, dim=8, heads=1,
+                           rank=4, outputs=2, zeta_value=0.5, zeta_covariate=0.5, zeta_mean=0.0,
+                           noise=0.1, dirichlet_alpha=None, query="last",
+                           positional_strength=0.0, seed=0) -> FederatedDataset:
+    """Planted-kernel family (docs/theory.md §2).
+
+    Teacher kernels ``K*_h = W_Q* (W_K*)^T`` (entries of the factors ``N(0, 1/d)``), shared by all
+    clients; value maps ``V*_c = V̄ + ζ_V Δ_c``; tokens ``x ~ N(μ_c, Σ_c)`` with
+    ``Σ_c = diag(exp(ζ_X ε_c))`` and ``μ_c = ζ_μ ν_c`` (plus a position-dependent mean when
+    ``positional_strength > 0``); the query is the last token (``query="last"``) or a fresh
+    token (``"fresh"``); ``y = Σ_h (V*_{c,h})^T Ŝ K*_h^T q + σ ξ``.
+    """
+    d, n, p, H = dim, tokens, outputs, heads
+    teacher = np.random.default_rng(seed_sequence(seed, SEED_TEACHER))
+    std = 1.0 / np.sqrt(d)
+    WQ = teacher.normal(0, std, size=(H, d, rank))
+    WK = teacher.normal(0, std, size=(H, d, rank))
+    K_star = WQ @ np.swapaxes(WK, -1, -2)
+    V_bar = teacher.normal(0, std, size=(H, d, p))
+    positions = _positional_means(n, d, positional_strength, teacher)
+    rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(num_clients)]
+    sizes = _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs)
+    clients, value_maps, means, scales = [], [], [], []
+    for rng, N in zip(rngs, sizes):
+        V_c = V_bar + zeta_value * rng.normal(0, std, size=(H, d, p))
+        scale = np.exp(0.5 * zeta_covariate * rng.normal(size=d))     # sqrt of diag(Σ_c)
+        mu = zeta_mean * rng.normal(size=d)
+        X = mu + positions + scale * rng.normal(size=(N, n, d))
+        if query == "last":
+            q = X[:, -1, :].copy()
+        else:
+            q = mu + positions[-1] + scale * rng.normal(size=(N, d))
+        S = context_second_moment(X)
+        phi = _flat(np, features(K_star, S, q), 2)
+        y = phi @ V_c.reshape(H * d, p) + noise * rng.normal(size=(N, p))
+        clients.append(ClientDataset(X, q, y))
+        value_maps.append(V_c)
+        means.append(mu)
+        scales.append(scale**2)
+    sizes = np.array(sizes, dtype=float)
+    truth = {"kernel": K_star, "value_mean": V_bar, "value_maps": np.array(value_maps),
+             "token_means": np.array(means), "token_variances": np.array(scales),
+             "positional_means": positions}
+    return FederatedDataset(tuple(clients), sizes / sizes.sum(), "planted_kernel", truth)
+
+
+def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=16, dim=4,
+                                  zeta_covariate=0.5, zeta_task=0.5, noise=0.0,
+                                  dirichlet_alpha=None, seed=0) -> FederatedDataset:
+    """In-context linear regression (docs/theory.md §2), token dimension ``dim + 1``, ``p = 1``.
+
+    Tokens ``z_i = (x_i, y_i)`` with ``x_i ~ N(0, Λ_c)``, ``Λ_c = diag(exp(ζ_X ε_c))``,
+    ``y_i = w^T x_i + σ ξ_i`` and a fresh task ``w ~ N(μ_c, I)``, ``μ_c = ζ_w ν_c``, per
+    sample; query ``(x_q, 0)``, target ``y_q = w^T x_q``. ``Ŝ`` averages the context only.
+    """
+    d, n = dim, tokens
+    rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(num_clients)]
+    sizes = _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs)
+    clients, task_means, spectra = [], [], []
+    for rng, N in zip(rngs, sizes):
+        lam = np.exp(zeta_covariate * rng.normal(size=d))
+        mu = zeta_task * rng.normal(size=d)
+        w = mu + rng.normal(size=(N, d))
+        x = np.sqrt(lam) * rng.normal(size=(N, n + 1, d))
+        ys = np.einsum("bid,bd->bi", x, w)
+        ctx_y = ys[:, :n] + noise * rng.normal(size=(N, n))
+        X = np.concatenate([x[:, :n, :], ctx_y[..., None]], axis=-1)
+        q = np.concatenate([x[:, n, :], np.zeros((N, 1))], axis=-1)
+        clients.append(ClientDataset(X, q, ys[:, n:n + 1].copy()))
+        task_means.append(mu)
+        spectra.append(lam)
+    sizes = np.array(sizes, dtype=float)
+    truth = {"task_means": np.array(task_means), "spectra": np.array(spectra)}
+    return FederatedDataset(tuple(clients), sizes / sizes.sum(), "in_context_regression", truth)
+
+
+FAMILIES = {
+    "planted_kernel": planted_kernel_clients,
+    "in_context_regression": in_context_regression_clients,
+}
+
+
+def make_clients(family: str, seed: int = 0, **options) -> FederatedDataset:
+    """Build the clients of a task family by name (``planted_kernel`` or ``in_context_regression``)."""
+    try:
+        factory = FAMILIES[family]
+    except KeyError:
+        raise ValueError(f"task family {family!r} is unknown; expected one of {sorted(FAMILIES)}") from None
+    return factory(seed=seed, **options)
