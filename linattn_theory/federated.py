@@ -21,13 +21,14 @@ import numpy as np
 import pandas as pd
 
 from ._array import array_namespace, to_numpy
+from .backend import client_chunks, client_working_bytes, get_namespace
 from .config import FederatedConfig, RunConfig
 from .model import BLOCKS, Params, _flat, _value_matrix, features, kernel, loss_and_grad_from_moments
 from .tasks import (SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, StackedClients, make_clients,
                     seed_sequence, stack_clients)
 
-__all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "RunResult",
-           "Divergence", "value_curvature", "stable_learning_rate"]
+__all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
+           "run_metadata", "RunResult", "Divergence", "value_curvature", "stable_learning_rate"]
 
 
 @dataclass(frozen=True)
@@ -53,18 +54,6 @@ class RunResult:
     @property
     def diverged(self) -> bool:
         return self.divergence is not None
-
-
-def _namespace(backend: str):
-    if backend == "cupy":
-        try:
-            import cupy  # noqa: F401
-        except ImportError:
-            raise RuntimeError("backend 'cupy' needs CuPy and a GPU: pip install 'linattn-theory[gpu]'") from None
-        import array_api_compat.cupy as xp
-        return xp
-    import array_api_compat.numpy as xp
-    return xp
 
 
 def clients_from_config(config: RunConfig):
@@ -112,19 +101,33 @@ def _version() -> str:
         return __version__
 
 
-def simulate(config: RunConfig, clients=None, *, progress: bool = False,
-             params: Params | None = None) -> RunResult:
-    """Run ``config`` end to end: build the clients, initialise, run the schedule."""
-    xp = _namespace(config.model.backend)
+def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
+    """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
+    xp = get_namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
     data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype))
     d, p = data.q.shape[-1], data.y.shape[-1]
     params = initial_params(config, d, p) if params is None else params
-    params = params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
+    return data, params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
+
+
+def run_metadata(config: RunConfig) -> dict:
+    """The metadata record of a run of ``config``: full config, seed, version, git revision."""
+    return {"config": config.to_dict(), "seed": config.seed, "version": _version(),
+            "git_revision": _git_revision()}
+
+
+def simulate(config: RunConfig, clients=None, *, progress: bool = False,
+             params: Params | None = None, max_bytes: int | None = None) -> RunResult:
+    """Run ``config`` end to end: build the clients, initialise, run the schedule.
+
+    ``max_bytes`` bounds a round's working set (see :func:`run_schedule`); results do not
+    depend on it.
+    """
+    data, params = prepare_run(config, clients, params)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
-                          progress=progress)
-    result.metadata.update({"config": config.to_dict(), "seed": config.seed,
-                            "version": _version(), "git_revision": _git_revision()})
+                          progress=progress, max_bytes=max_bytes)
+    result.metadata.update(run_metadata(config))
     return result
 
 
@@ -178,11 +181,20 @@ def _client_losses(xp, params: Params, data: StackedClients, phi=None):
 
 
 def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, warmup_rounds: int,
-                 seed: int = 0, *, progress: bool = False) -> RunResult:
+                 seed: int = 0, *, progress: bool = False, max_bytes: int | None = None,
+                 prefix: pd.DataFrame | None = None, on_round=None) -> RunResult:
     """Run ``fed.rounds`` rounds from ``params`` on stacked clients; freeze ``W_Q, W_K`` at ``warmup_rounds``.
 
     Returns the per-round table (row ``t`` describes ``θ^t``; drift columns describe the round
     that produced it), the final parameters and those at round ``T0``.
+
+    ``max_bytes`` bounds the working set a round adds to the stacked data: the participating
+    clients train in chunks (:func:`~linattn_theory.backend.client_chunks`); clients are
+    independent within a round, so the results are identical for every budget.
+    ``prefix`` continues a run: it is the table (rows ``0..s``, ``s <= warmup_rounds``) of a
+    run whose round-``s`` parameters are ``params``, and rounds ``s..T-1`` follow exactly as
+    in the uninterrupted run (shared warm-up prefixes, :mod:`linattn_theory.warmup_sweep`).
+    ``on_round(t, params)`` is called with ``θ^t`` for every round ``t`` the run reaches.
     """
     from tqdm.auto import tqdm
 
@@ -196,13 +208,24 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         F = float(to_numpy(xp.sum(data.weights * losses)))
         return F, F + 0.5 * lam * float(to_numpy(xp.sum(params.WV * params.WV))), to_numpy(losses)
 
-    F0, F0_reg, losses0 = global_loss(params)
-    rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m)]
-    warm_params = params if T0 == 0 else None
+    if prefix is None:
+        F0, F0_reg, losses0 = global_loss(params)
+        rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m)]
+    else:
+        rows = prefix.to_dict("records")
+        F0_reg = float(rows[0]["loss_regularized"])
+        if int(rows[-1]["round"]) > T0:
+            raise ValueError(f"prefix ends at round {rows[-1]['round']}; expected a round <= "
+                             f"warmup_rounds = {T0} (the kernel must not be frozen yet)")
+    start = int(rows[-1]["round"])
+    gamma = float(rows[-1]["cumulative_kernel_drift"])
+    warm_params = params if T0 == start else None
     phi_frozen = None
     divergence = None
-    gamma = 0.0
-    for t in tqdm(range(T), disable=not progress, desc="rounds", unit="round", leave=False):
+    working = client_working_bytes(data, H, fed.batch_size)
+    if on_round is not None:
+        on_round(start, params)
+    for t in tqdm(range(start, T), disable=not progress, desc="rounds", unit="round", leave=False):
         warm = t < T0
         if not warm and phi_frozen is None:
             warm_params = params
@@ -215,30 +238,41 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         if fed.batch_size is not None:
             batches = _minibatch_indices(t, part, data.sizes, Nmax, E, fed.batch_size, seed)
 
-        def select(a):
-            return a if full else xp.take(a, xp.asarray(part), axis=0)
+        def select(a, lo, hi):
+            if full:
+                return a if hi - lo == m else a[lo:hi, ...]
+            return xp.take(a, xp.asarray(part[lo:hi]), axis=0)
 
-        k = len(part)
-        if warm:
-            client = params.map(lambda a: xp.broadcast_to(a, (k,) + tuple(a.shape)))
-            S, q, y, w = (select(a) for a in (data.S, data.q, data.y, data.sample_weight))
-            for e in range(E):
-                if batches is not None:
-                    S, q, y = (_take(xp, a, batches[:, e, :]) for a in (data.S, data.q, data.y))
-                    w = xp.full(S.shape[:2], 1.0 / fed.batch_size, dtype=S.dtype)
-                _, g = loss_and_grad_from_moments(client, S, q, y, w)
-                client = Params(client.WQ - eta * g.WQ, client.WK - eta * g.WK,
-                                client.WV - eta * (g.WV + lam * client.WV))
-        else:
+        def local_training(lo, hi):
+            """``E`` local steps of the participants ``part[lo:hi]``, all at once."""
+            k = hi - lo
+            chunk_batches = None if batches is None else batches[lo:hi]
+            if warm:
+                client = params.map(lambda a: xp.broadcast_to(a, (k,) + tuple(a.shape)))
+                S, q, y, w = (select(a, lo, hi) for a in (data.S, data.q, data.y, data.sample_weight))
+                for e in range(E):
+                    if chunk_batches is not None:
+                        S, q, y = (_take(xp, a, chunk_batches[:, e, :]) for a in (data.S, data.q, data.y))
+                        w = xp.full(S.shape[:2], 1.0 / fed.batch_size, dtype=S.dtype)
+                    _, g = loss_and_grad_from_moments(client, S, q, y, w)
+                    client = Params(client.WQ - eta * g.WQ, client.WK - eta * g.WK,
+                                    client.WV - eta * (g.WV + lam * client.WV))
+                return client
             V = xp.broadcast_to(_value_matrix(xp, params.WV), (k, H * d, p))
-            phi, y, w = (select(a) for a in (phi_frozen, data.y, data.sample_weight))
+            phi, y, w = (select(a, lo, hi) for a in (phi_frozen, data.y, data.sample_weight))
             for e in range(E):
-                if batches is not None:
-                    phi, y = (_take(xp, a, batches[:, e, :]) for a in (phi_frozen, data.y))
+                if chunk_batches is not None:
+                    phi, y = (_take(xp, a, chunk_batches[:, e, :]) for a in (phi_frozen, data.y))
                     w = xp.full(phi.shape[:2], 1.0 / fed.batch_size, dtype=phi.dtype)
                 err = (xp.matmul(phi, V) - y) * w[..., None]
                 V = V - eta * (xp.matmul(xp.matrix_transpose(phi), err) + lam * V)
-            client = Params(None, None, xp.reshape(V, (k, H, d, p)))
+            return Params(None, None, xp.reshape(V, (k, H, d, p)))
+
+        k = len(part)
+        pieces = [local_training(lo, hi) for lo, hi in client_chunks(k, working, max_bytes)]
+        client = pieces[0] if len(pieces) == 1 else Params(*(
+            None if getattr(pieces[0], b) is None else xp.concat([getattr(c, b) for c in pieces], axis=0)
+            for b in BLOCKS))
 
         # server: θ ← θ + η_s Σ p̃_c (θ_c − θ); frozen blocks are left untouched
         trained = BLOCKS if warm else ("WV",)
@@ -257,6 +291,8 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         F, F_reg, losses = global_loss(params, None if warm else phi_frozen)
         rows.append(_row(t + 1, "warmup" if warm else "frozen", F, F_reg, losses, kernel_drift,
                          gamma, drift, k))
+        if on_round is not None:
+            on_round(t + 1, params)
         if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
             K_prev = kernel(warm_params if warm_params is not None and not warm else params)
             divergence = _divergence(t + 1, F_reg, K_prev, data, lam, eta, warm)
