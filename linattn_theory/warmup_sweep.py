@@ -53,11 +53,11 @@ def frozen_client_map(moments: ValueMoments, learning_rate: float, local_steps: 
 
 
 def frozen_stage_from_moments(params: Params, data, fed, warmup_rounds: int, seed: int,
-                              prefix: pd.DataFrame) -> RunResult:
+                              prefix) -> RunResult:
     """Rounds ``T0..T−1`` of a full-batch frozen stage, in moment space (docs/theory.md §5).
 
     ``params`` is ``θ^{T0}`` (its kernel is frozen), ``prefix`` the table rows ``0..T0`` of the
-    run. Each round draws the participants as the simulator does, maps every participant's
+    run (a DataFrame or a list of row dictionaries). Each round draws the participants as the simulator does, maps every participant's
     value block through :func:`frozen_client_map` and applies the server step
     ``V ← V + η_s (Σ_c p̃_c V_c − V)``; the table's losses are ``F_c = value_objective(V)``.
     Equals :func:`~linattn_theory.federated.run_schedule` continued from ``prefix`` up to
@@ -74,7 +74,7 @@ def frozen_stage_from_moments(params: Params, data, fed, warmup_rounds: int, see
     K = kernel(params)
     moments = value_moments(K, data)
     M, b = frozen_client_map(moments, eta, E, lam)
-    rows = prefix.to_dict("records")
+    rows = prefix.to_dict("records") if isinstance(prefix, pd.DataFrame) else list(prefix)
     F0_reg = float(rows[0]["loss_regularized"])
     gamma = float(rows[-1]["cumulative_kernel_drift"])
     V = _value_matrix(xp, params.WV)
@@ -157,6 +157,8 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     longest = warmups[-1]
     trajectory = run_schedule(theta0, data, dataclasses.replace(fed, rounds=longest), longest,
                               config.seed, progress=progress, max_bytes=max_bytes, on_round=keep)
+    records = trajectory.table.to_dict("records")
+    metadata = run_metadata(config)
     results = {}
     for T0 in warmups:
         run_config = config.with_updates({"federated.strategy": "fedfrozen",
@@ -166,12 +168,12 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
             result = dataclasses.replace(trajectory, table=trajectory.table.copy(),
                                          metadata=dict(trajectory.metadata, warmup_rounds=T0))
         else:
-            prefix = trajectory.table.iloc[:T0 + 1]
             if use_moments:
-                result = frozen_stage_from_moments(checkpoints[T0], data, fed, T0, config.seed, prefix)
+                result = frozen_stage_from_moments(checkpoints[T0], data, fed, T0, config.seed,
+                                                   records[:T0 + 1])
             else:
-                result = run_schedule(checkpoints[T0], data, fed, T0, config.seed,
-                                      max_bytes=max_bytes, prefix=prefix)
-        result.metadata.update(run_metadata(run_config))
+                result = run_schedule(checkpoints[T0], data, fed, T0, config.seed, max_bytes=max_bytes,
+                                      prefix=trajectory.table.iloc[:T0 + 1])
+        result.metadata.update(metadata, config=run_config.to_dict())
         results[T0] = result
     return results
