@@ -106,3 +106,20 @@ def print_table(headers, rows) -> None:
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in cells:
         print(line(row))
+
+
+def relative_difference(a, b) -> float:
+    """Largest ``|a − b| / |b|`` (0 where equal) between two run tables, two ``Params`` or two arrays.
+
+    Tables are compared on their numeric columns (their ``stage`` columns must be equal);
+    ``Params`` block by block.
+    """
+    if hasattr(a, "columns"):
+        assert list(a["stage"]) == list(b["stage"]), "the tables' stages differ"
+        numeric = [c for c in a.columns if c != "stage"]
+        a, b = a[numeric].to_numpy(float), b[numeric].to_numpy(float)
+    elif hasattr(a, "WV"):
+        return max(relative_difference(getattr(a, k), getattr(b, k)) for k in ("WQ", "WK", "WV"))
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    scale = np.maximum(np.abs(b), np.finfo(float).tiny)
+    return float(np.max(np.where(a == b, 0.0, np.abs(a - b) / scale), initial=0.0))

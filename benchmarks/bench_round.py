@@ -28,7 +28,8 @@ import os
 import tracemalloc
 
 import numpy as np
-from _common import LARGER, REFERENCE, best_time, copy_bandwidth, print_table, size_config, thread_note
+from _common import (LARGER, REFERENCE, best_time, copy_bandwidth, print_table, relative_difference,
+                     size_config, thread_note)
 
 from linattn_theory.federated import prepare_run, run_schedule
 from linattn_theory.model import Params
@@ -68,12 +69,6 @@ def torch_round(theta: Params, clients, weights, fed):
                 acc += float(p_c) * a
     new = [s + fed.server_learning_rate * (a - s) for s, a in zip(server, average)]
     return Params(*(a.numpy() for a in new))
-
-
-def relative_difference(a: Params, b: Params) -> float:
-    """``max_block ‖a − b‖_max / ‖b‖_max``."""
-    return max(float(np.max(np.abs(getattr(a, k) - getattr(b, k))) / np.max(np.abs(getattr(b, k))))
-               for k in ("WQ", "WK", "WV"))
 
 
 def measure(size, repeat: int, bandwidth: float):

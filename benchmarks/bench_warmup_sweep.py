@@ -16,19 +16,10 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-from _common import REFERENCE, best_time, print_table, size_config, thread_note
+from _common import REFERENCE, best_time, print_table, relative_difference, size_config, thread_note
 
 from linattn_theory.federated import clients_from_config, simulate
 from linattn_theory.warmup_sweep import warmup_sweep
-
-
-def table_difference(a, b) -> float:
-    """Largest relative difference between two run tables' numeric columns."""
-    numeric = [c for c in a.columns if c != "stage"]
-    x, y = a[numeric].to_numpy(float), b[numeric].to_numpy(float)
-    scale = np.maximum(np.abs(x), np.finfo(float).tiny)
-    return float(np.max(np.where(x == y, 0.0, np.abs(x - y) / scale)))
 
 
 def main(argv=None) -> None:
@@ -54,7 +45,7 @@ def main(argv=None) -> None:
                   f"≤ {T + 1}"]])
     if args.check:
         results = warmup_sweep(config, clients=clients)
-        worst = max(table_difference(simulate(config.with_updates(
+        worst = max(relative_difference(simulate(config.with_updates(
             {"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0}), clients).table,
             results[T0].table) for T0 in (0, T // 2, T))
         print(f"\nlargest relative table difference vs explicit runs at T0 = 0, {T // 2}, {T}: {worst:.1e}")

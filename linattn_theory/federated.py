@@ -299,11 +299,16 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
             break
     if warm_params is None:
         warm_params = params
+    return _result(rows, params, warm_params, divergence, T0)
+
+
+def _result(rows, params, warm_params, divergence, warmup_rounds) -> RunResult:
+    """The :class:`RunResult` of a finished run: table from ``rows``, parameters moved to the host."""
     table = pd.DataFrame(rows)
     host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
     meta = {"diverged": divergence is not None,
             "divergence": None if divergence is None else divergence.__dict__,
-            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": T0}
+            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": warmup_rounds}
     return RunResult(table, host(params), host(warm_params), divergence, meta)
 
 

@@ -24,8 +24,8 @@ import pandas as pd
 
 from ._array import array_namespace, to_numpy
 from .config import ConfigError, RunConfig
-from .federated import (RunResult, _divergence, _participants, _row, _sq_norm, _weighted_sum,
-                        prepare_run, run_metadata, run_schedule)
+from .federated import (RunResult, _divergence, _participants, _result, _row, _sq_norm,
+                        _weighted_sum, prepare_run, run_metadata, run_schedule)
 from .model import Params, _value_matrix, kernel
 from .moments import ValueMoments, value_moments, value_objective
 
@@ -99,13 +99,8 @@ def frozen_stage_from_moments(params: Params, data, fed, warmup_rounds: int, see
         if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
             divergence = _divergence(t + 1, F_reg, K, data, lam, eta, False)
             break
-    table = pd.DataFrame(rows)
     final = params.replace(WV=xp.reshape(V, (H, d, p)))
-    host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
-    meta = {"diverged": divergence is not None,
-            "divergence": None if divergence is None else divergence.__dict__,
-            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": warmup_rounds}
-    return RunResult(table, host(final), host(params), divergence, meta)
+    return _result(rows, final, params, divergence, warmup_rounds)
 
 
 def _check_warmups(warmups, T: int) -> list[int]:
