@@ -5,17 +5,19 @@ See docs/theory.md for the mathematics and README.md for the quick start.
 
 __version__ = "0.1.0"
 
+from .backend import get_namespace
 from .config import ConfigError, RunConfig, config_from_dict, load_config
 from .federated import RunResult, run_schedule, simulate, stable_learning_rate
 from .model import (Params, context_second_moment, features, kernel, loss_and_grad,
                     loss_and_grad_from_moments, predict)
 from .tasks import (ClientDataset, FederatedDataset, in_context_regression_clients, make_clients,
                     planted_kernel_clients, stack_clients)
+from .warmup_sweep import warmup_sweep
 
 __all__ = [
     "ClientDataset", "ConfigError", "FederatedDataset", "Params", "RunConfig", "RunResult",
-    "config_from_dict", "context_second_moment", "features", "in_context_regression_clients",
+    "config_from_dict", "context_second_moment", "features", "get_namespace", "in_context_regression_clients",
     "kernel", "load_config", "loss_and_grad", "loss_and_grad_from_moments", "make_clients",
     "planted_kernel_clients", "predict", "run_schedule", "simulate", "stable_learning_rate",
-    "stack_clients",
+    "stack_clients", "warmup_sweep",
 ]
