@@ -71,16 +71,27 @@ def size_config(size: Size, rounds: int = 1, *, backend: str = "numpy", seed: in
         "federated": fed})
 
 
-def best_time(fn, repeat: int = 5, sync=None) -> tuple[float, float]:
-    """``(best, median)`` wall time of ``fn()`` over ``repeat`` runs (``sync()`` before reading the clock)."""
-    times = []
+def best_times(fns, repeat: int = 5, sync=None) -> list[tuple[float, float]]:
+    """``(best, median)`` wall time of each function, timed in turn ``repeat`` times.
+
+    Interleaving the functions exposes them to the same load on a shared machine, so their
+    ratio is fairer than that of timings taken one after the other. ``sync()`` (a device
+    synchronisation) runs before the clock is read.
+    """
+    times = [[] for _ in fns]
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        if sync is not None:
-            sync()
-        times.append(time.perf_counter() - start)
-    return min(times), statistics.median(times)
+        for fn, spent in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            if sync is not None:
+                sync()
+            spent.append(time.perf_counter() - start)
+    return [(min(t), statistics.median(t)) for t in times]
+
+
+def best_time(fn, repeat: int = 5, sync=None) -> tuple[float, float]:
+    """``(best, median)`` wall time of ``fn()`` over ``repeat`` runs."""
+    return best_times([fn], repeat, sync)[0]
 
 
 def copy_bandwidth(nbytes: int = 1 << 29, repeat: int = 5) -> float:

@@ -28,7 +28,7 @@ import os
 import tracemalloc
 
 import numpy as np
-from _common import (LARGER, REFERENCE, best_time, copy_bandwidth, print_table, relative_difference,
+from _common import (LARGER, REFERENCE, best_times, copy_bandwidth, print_table, relative_difference,
                      size_config, thread_note)
 
 from linattn_theory.federated import prepare_run, run_schedule
@@ -78,9 +78,9 @@ def measure(size, repeat: int, bandwidth: float):
     fed = config.federated
     run = lambda: run_schedule(theta0, data, fed, fed.rounds)  # noqa: E731
     assert not run().diverged
-    best, median = best_time(run, repeat)
+    run_chunked = lambda: run_schedule(theta0, data, fed, fed.rounds, max_bytes=CHUNK_BYTES)  # noqa: E731
+    (best, median), (chunked, _) = best_times([run, run_chunked], repeat)
     per_round = best / ROUNDS
-    chunked, _ = best_time(lambda: run_schedule(theta0, data, fed, fed.rounds, max_bytes=CHUNK_BYTES), repeat)
     one_round = dataclasses.replace(fed, rounds=1)
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -139,9 +139,11 @@ def main(argv=None) -> None:
     fed = dataclasses.replace(config.federated, rounds=1)
     one_round = lambda: run_schedule(theta0, data, fed, 1)  # noqa: E731
     ours_params = one_round().params
-    ours, _ = best_time(one_round, 3 * repeat)
     reference_params = torch_round(theta0, clients, clients.weights, fed)
-    theirs, _ = best_time(lambda: torch_round(theta0, clients, clients.weights, fed), args.torch_repeat)
+    (ours, _), (theirs, _) = best_times(
+        [lambda: [one_round() for _ in range(3)],
+         lambda: torch_round(theta0, clients, clients.weights, fed)], args.torch_repeat)
+    ours /= 3
     print(f"\nAutograd reference at the reference size (torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s)), one round from the same θ0 on the same data:")
     print_table(["implementation", "round ms", "client-steps/s", "speed-up", "max rel. difference"],
@@ -150,7 +152,8 @@ def main(argv=None) -> None:
                  ["linattn_theory (batched, closed form)", f"{ours * 1e3:.1f}",
                   f"{REFERENCE.clients * REFERENCE.local_steps / ours:,.0f}", f"{theirs / ours:.1f}",
                   f"{relative_difference(ours_params, reference_params):.1e}"]])
-    print("(our round includes the loss evaluations of the table before and after it)")
+    print("(timed in turn, best of --torch-repeat; ours is the mean of three rounds each time and "
+          "includes the loss evaluations of the table before and after the round)")
 
 
 if __name__ == "__main__":

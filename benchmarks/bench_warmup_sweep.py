@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import REFERENCE, best_time, print_table, relative_difference, size_config, thread_note
+from _common import REFERENCE, best_times, print_table, relative_difference, size_config, thread_note
 
 from linattn_theory.federated import clients_from_config, simulate
 from linattn_theory.warmup_sweep import warmup_sweep
@@ -32,11 +32,11 @@ def main(argv=None) -> None:
     T = args.rounds
     config = size_config(REFERENCE, rounds=T)
     clients = clients_from_config(config)
-    print(f"threads: {thread_note()}; best of {args.repeat} on a shared machine")
+    print(f"threads: {thread_note()}; best of {args.repeat}, interleaved, on a shared machine")
     print(f"size: {REFERENCE.describe()}, T = {T} rounds, full batches, full participation\n")
 
-    plain, plain_median = best_time(lambda: simulate(config, clients), args.repeat)
-    sweep, sweep_median = best_time(lambda: warmup_sweep(config, clients=clients), args.repeat)
+    (plain, plain_median), (sweep, sweep_median) = best_times(
+        [lambda: simulate(config, clients), lambda: warmup_sweep(config, clients=clients)], args.repeat)
     print_table(["what", "runs", "time s (best / median)", "× one FedAvg run"],
                 [["one FedAvg run (simulate)", 1, f"{plain:.2f} / {plain_median:.2f}", "1.00"],
                  ["warmup_sweep, every T0 in 0..T", T + 1, f"{sweep:.2f} / {sweep_median:.2f}",

@@ -32,7 +32,7 @@ import sys
 import time
 
 import numpy as np
-from _common import LARGER, REFERENCE, Size, best_time, print_table, relative_difference, size_config
+from _common import LARGER, REFERENCE, Size, best_time, best_times, print_table, relative_difference, size_config
 
 from linattn_theory import config_from_dict
 from linattn_theory.backend import gpu_available
@@ -127,8 +127,8 @@ def check_speed(cp, quick: bool) -> None:
     config = size_config(REFERENCE, rounds=20, backend="cupy")
     clients = clients_from_config(config)
     simulate(config, clients)
-    plain, _ = best_time(lambda: simulate(config, clients), 2, sync)
-    sweep, _ = best_time(lambda: warmup_sweep(config, clients=clients), 2, sync)
+    (plain, _), (sweep, _) = best_times([lambda: simulate(config, clients),
+                                         lambda: warmup_sweep(config, clients=clients)], 2, sync)
     print(f"\nReference size on CuPy, T = 20: one FedAvg run {plain:.2f} s, sweep over all 21 T0 "
           f"{sweep:.2f} s ({sweep / plain:.2f}×)")
 
