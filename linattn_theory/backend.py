@@ -16,10 +16,14 @@ import numpy as np
 from .config import ConfigError
 
 __all__ = ["BACKENDS", "BackendUnavailableError", "get_namespace", "gpu_available",
-           "client_chunks", "client_working_bytes"]
+           "client_chunks", "client_working_bytes", "resolve_max_bytes", "CPU_CHUNK_BYTES"]
 
 #: Backend names accepted by :func:`get_namespace` (configs accept ``numpy`` and ``cupy``).
 BACKENDS = ("numpy", "cupy", "array_api_strict")
+
+#: Default round working set on the CPU: clients train in chunks of about this many bytes, so
+#: that a chunk's data stays in cache for its ``E`` local steps (``benchmarks/bench_round.py``).
+CPU_CHUNK_BYTES = 16 * 2**20
 
 _GPU_HINT = "install the optional GPU extra: pip install 'linattn-theory[gpu]'"
 
@@ -93,6 +97,17 @@ def client_chunks(num_clients: int, bytes_per_client: int, max_bytes: int | None
         raise ValueError(f"max_bytes = {max_bytes!r}: expected a positive number of bytes or None")
     size = max(1, int(max_bytes // max(1, int(bytes_per_client))))
     return [(lo, min(lo + size, num_clients)) for lo in range(0, num_clients, size)]
+
+
+def resolve_max_bytes(max_bytes, xp):
+    """The chunk budget to use: ``max_bytes`` itself, or for ``"auto"`` :data:`CPU_CHUNK_BYTES`
+    on NumPy (cache-sized chunks) and ``None`` (one chunk, the largest batches) elsewhere."""
+    if isinstance(max_bytes, str):
+        if max_bytes != "auto":
+            raise ValueError(f"max_bytes = {max_bytes!r}: expected a number of bytes, None or 'auto'")
+        from array_api_compat import is_numpy_namespace
+        return CPU_CHUNK_BYTES if is_numpy_namespace(xp) else None
+    return max_bytes
 
 
 def _itemsize(dtype) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ._array import array_namespace, to_numpy
-from .backend import client_chunks, client_working_bytes, get_namespace
+from .backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
 from .config import FederatedConfig, RunConfig
 from .model import BLOCKS, Params, _flat, _value_matrix, features, kernel, loss_and_grad_from_moments
 from .tasks import (SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, StackedClients, make_clients,
@@ -118,13 +118,14 @@ def run_metadata(config: RunConfig) -> dict:
 
 
 def simulate(config: RunConfig, clients=None, *, progress: bool = False,
-             params: Params | None = None, max_bytes: int | None = None) -> RunResult:
+             params: Params | None = None, max_bytes: int | str | None = "auto") -> RunResult:
     """Run ``config`` end to end: build the clients, initialise, run the schedule.
 
-    ``max_bytes`` bounds a round's working set (see :func:`run_schedule`); results do not
-    depend on it.
+    ``max_bytes`` bounds a round's working set (see :func:`run_schedule`; ``"auto"``:
+    cache-sized chunks of clients on the CPU, one chunk on a GPU); results do not depend on it.
     """
     data, params = prepare_run(config, clients, params)
+    max_bytes = resolve_max_bytes(max_bytes, array_namespace(data.S))
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
                           progress=progress, max_bytes=max_bytes)
     result.metadata.update(run_metadata(config))

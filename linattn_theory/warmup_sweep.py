@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ._array import array_namespace, to_numpy
+from .backend import resolve_max_bytes
 from .config import ConfigError, RunConfig
 from .federated import (RunResult, _divergence, _participants, _result, _row, _sq_norm,
                         _weighted_sum, prepare_run, run_metadata, run_schedule)
@@ -117,7 +118,7 @@ def _check_warmups(warmups, T: int) -> list[int]:
 
 
 def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Params | None = None,
-                 frozen_stage: str = "auto", max_bytes: int | None = None,
+                 frozen_stage: str = "auto", max_bytes: int | str | None = "auto",
                  progress: bool = False) -> dict[int, RunResult]:
     """FedFrozen runs of ``config`` for every warm-up length in ``warmups`` (default ``0..T``), sharing work.
 
@@ -127,7 +128,8 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     (its table rows and ``θ^{T0}``); the frozen stages run in moment space
     (:func:`frozen_stage_from_moments`) when batches are full and explicitly otherwise
     (``frozen_stage = "auto"``; ``"moments"`` or ``"explicit"`` force one). A run whose warm-up
-    diverges shares the trajectory's divergence.
+    diverges shares the trajectory's divergence. ``max_bytes`` chunks clients as in
+    :func:`~linattn_theory.federated.simulate`.
     """
     fed = config.federated
     if fed.strategy not in ("fedavg", "fedfrozen"):
@@ -142,6 +144,7 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     T = fed.rounds
     warmups = _check_warmups(warmups, T)
     data, theta0 = prepare_run(config, clients, params)
+    max_bytes = resolve_max_bytes(max_bytes, array_namespace(data.S))
 
     checkpoints = {}
 

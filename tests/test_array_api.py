@@ -13,8 +13,9 @@ import pytest
 
 from linattn_theory import Params, loss_and_grad, predict, stack_clients
 from linattn_theory._array import to_numpy
-from linattn_theory.backend import (BackendUnavailableError, client_chunks, client_working_bytes,
-                                    get_namespace, gpu_available)
+from linattn_theory.backend import (CPU_CHUNK_BYTES, BackendUnavailableError, client_chunks,
+                                    client_working_bytes, get_namespace, gpu_available,
+                                    resolve_max_bytes)
 from linattn_theory.cli import main
 from linattn_theory.config import ConfigError, FederatedConfig, config_from_dict
 from linattn_theory.federated import clients_from_config, run_schedule, simulate
@@ -130,6 +131,10 @@ def test_federated_rounds_equal_numpy(clients, params, fed):
 
 
 def test_client_chunks():
+    assert resolve_max_bytes("auto", get_namespace("numpy")) == CPU_CHUNK_BYTES
+    assert resolve_max_bytes("auto", xs) is None and resolve_max_bytes(123, xs) == 123
+    with pytest.raises(ValueError, match="max_bytes = 'all'"):
+        resolve_max_bytes("all", xs)
     assert client_chunks(5, 100, None) == [(0, 5)]
     assert client_chunks(5, 100, 250) == [(0, 2), (2, 4), (4, 5)]
     assert client_chunks(3, 100, 10) == [(0, 1), (1, 2), (2, 3)]   # at least one client per chunk
@@ -145,7 +150,7 @@ def test_chunked_clients_give_identical_results(federated):
     config = config_from_dict({"seed": 2, "task": {"num_clients": 5, "samples_per_client": 30,
                                                     "dirichlet_alpha": 2.0},
                                "model": {"heads": 2}, "federated": federated})
-    whole = simulate(config)
+    whole = simulate(config, max_bytes=None)
     per_client = client_working_bytes(stack_clients(clients_from_config(config)), 2,
                                       federated.get("batch_size"))
     for budget in (1, 2.5 * per_client):     # one client per chunk; two per chunk
