@@ -53,13 +53,15 @@ def frozen_client_map(moments: ValueMoments, learning_rate: float, local_steps: 
     return M, b
 
 
+@np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
 def frozen_stage_from_moments(params: Params, data, fed, warmup_rounds: int, seed: int,
                               prefix) -> RunResult:
     """Rounds ``T0..T−1`` of a full-batch frozen stage, in moment space (docs/theory.md §5).
 
     ``params`` is ``θ^{T0}`` (its kernel is frozen), ``prefix`` the table rows ``0..T0`` of the
-    run (a DataFrame or a list of row dictionaries). Each round draws the participants as the simulator does, maps every participant's
-    value block through :func:`frozen_client_map` and applies the server step
+    run (a DataFrame or a list of row dictionaries). Each round draws the participants as the
+    simulator does, maps every participant's value block through :func:`frozen_client_map` and
+    applies the server step
     ``V ← V + η_s (Σ_c p̃_c V_c − V)``; the table's losses are ``F_c = value_objective(V)``.
     Equals :func:`~linattn_theory.federated.run_schedule` continued from ``prefix`` up to
     rounding (the moment form ``½ tr(VᵀA_cV) − tr(VᵀB_c) + ½ y2_c`` loses about
@@ -153,8 +155,9 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
             checkpoints[t] = theta
 
     longest = warmups[-1]
-    trajectory = run_schedule(theta0, data, dataclasses.replace(fed, rounds=longest), longest,
-                              config.seed, progress=progress, max_bytes=max_bytes, on_round=keep)
+    warmup = dataclasses.replace(fed, strategy="fedfrozen", rounds=longest, warmup_rounds=longest)
+    trajectory = run_schedule(theta0, data, warmup, longest, config.seed, progress=progress,
+                              max_bytes=max_bytes, on_round=keep)
     records = trajectory.table.to_dict("records")
     metadata = run_metadata(config)
     results = {}
@@ -166,12 +169,13 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
             result = dataclasses.replace(trajectory, table=trajectory.table.copy(),
                                          metadata=dict(trajectory.metadata, warmup_rounds=T0))
         else:
+            frozen = run_config.federated
             if use_moments:
-                result = frozen_stage_from_moments(checkpoints[T0], data, fed, T0, config.seed,
+                result = frozen_stage_from_moments(checkpoints[T0], data, frozen, T0, config.seed,
                                                    records[:T0 + 1])
             else:
-                result = run_schedule(checkpoints[T0], data, fed, T0, config.seed, max_bytes=max_bytes,
-                                      prefix=trajectory.table.iloc[:T0 + 1])
+                result = run_schedule(checkpoints[T0], data, frozen, T0, config.seed,
+                                      max_bytes=max_bytes, prefix=trajectory.table.iloc[:T0 + 1])
         result.metadata.update(metadata, config=run_config.to_dict())
         results[T0] = result
     return results
