@@ -31,7 +31,7 @@ import numpy as np
 from _common import (LARGER, REFERENCE, best_times, copy_bandwidth, print_table, relative_difference,
                      size_config, thread_note)
 
-from linattn_theory.backend import CPU_CHUNK_BYTES
+from linattn_theory.backend import resolve_max_bytes
 from linattn_theory.federated import prepare_run, run_schedule
 from linattn_theory.model import Params
 
@@ -76,9 +76,10 @@ def measure(size, repeat: int, bandwidth: float):
     config = size_config(size, rounds=ROUNDS)
     data, theta0 = prepare_run(config)
     fed = config.federated
-    # simulate's default on the CPU: clients in chunks of ~16 MB, each chunk's data stays in
-    # cache for its E local steps; and all clients in one chunk
-    run = lambda: run_schedule(theta0, data, fed, fed.rounds, max_bytes=CPU_CHUNK_BYTES)  # noqa: E731
+    # simulate's default (max_bytes="auto"): on the CPU, a round too large for the cache trains
+    # its clients in chunks of ~16 MiB, each chunk's data staying in cache for its E local steps
+    budget = resolve_max_bytes("auto", data, size.heads)
+    run = lambda: run_schedule(theta0, data, fed, fed.rounds, max_bytes=budget)  # noqa: E731
     run_one_chunk = lambda: run_schedule(theta0, data, fed, fed.rounds)  # noqa: E731
     assert not run().diverged
     (best, median), (one_chunk, _) = best_times([run, run_one_chunk], repeat)
@@ -86,14 +87,14 @@ def measure(size, repeat: int, bandwidth: float):
     one_round = dataclasses.replace(fed, rounds=1)
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    run_schedule(theta0, data, one_round, 1, max_bytes=CPU_CHUNK_BYTES)
+    run_schedule(theta0, data, one_round, 1, max_bytes=budget)
     peak = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
     data_bytes = sum(a.nbytes for a in (data.S, data.q, data.y, data.sample_weight))
     step = per_round / size.local_steps
     floor = size.step_bytes() / bandwidth
     return {"size": size, "config": config, "data": data, "theta0": theta0, "round": per_round,
-            "one_chunk": one_chunk / ROUNDS,
+            "one_chunk": one_chunk / ROUNDS, "chunked": budget is not None,
             "median_round": median / ROUNDS, "client_steps": size.clients * size.local_steps / per_round,
             "peak": peak, "data_bytes": data_bytes, "step": step, "floor": floor}
 
@@ -118,14 +119,15 @@ def main(argv=None) -> None:
         ["size", "shape", "round ms (best / median)", "one chunk ms", "client-steps/s",
          "round peak MB", "data MB", "step MB read", "floor ms/step", "measured ms/step", "× floor"],
         [[r["size"].name, r["size"].describe(), f"{r['round'] * 1e3:.1f} / {r['median_round'] * 1e3:.1f}",
-          f"{r['one_chunk'] * 1e3:.1f}",
+          f"{r['one_chunk'] * 1e3:.1f}" if r["chunked"] else "(same)",
           f"{r['client_steps']:,.0f}", f"{r['peak'] / 1e6:.1f}", f"{r['data_bytes'] / 1e6:.1f}",
           f"{r['size'].step_bytes() / 1e6:.2f}", f"{r['floor'] * 1e3:.3f}", f"{r['step'] * 1e3:.2f}",
           f"{r['step'] / r['floor']:.1f}"] for r in results])
     print("\nfloor = step MB read / bandwidth; a step reads each context in its smaller form once "
-          "(here d(d+1)/2 numbers of Ŝ).\nRounds as simulate runs them on the CPU: clients in chunks "
-          "of ~16 MiB (max_bytes='auto'), a chunk's data stays in cache for its E steps; 'one chunk' "
-          "trains all clients at once (max_bytes=None). Results are identical.")
+          "(here d(d+1)/2 numbers of Ŝ).\nRounds as simulate runs them (max_bytes='auto'): where a "
+          "round's working set exceeds 32 MiB, clients train in chunks of ~16 MiB whose data stays in "
+          "cache for their E steps; 'one chunk' trains all clients at once (max_bytes=None). Results "
+          "are identical.")
 
     if args.no_torch:
         return
@@ -140,11 +142,12 @@ def main(argv=None) -> None:
     from linattn_theory.federated import clients_from_config
     clients = clients_from_config(config)
     fed = dataclasses.replace(config.federated, rounds=1)
-    one_round = lambda: run_schedule(theta0, data, fed, 1, max_bytes=CPU_CHUNK_BYTES)  # noqa: E731
-    ours_params = one_round().params
+    budget = resolve_max_bytes("auto", data, REFERENCE.heads)
+    ours_params = run_schedule(theta0, data, fed, 1, max_bytes=budget).params
     reference_params = torch_round(theta0, clients, clients.weights, fed)
+    three = dataclasses.replace(fed, rounds=3)
     (ours, _), (theirs, _) = best_times(
-        [lambda: [one_round() for _ in range(3)],
+        [lambda: run_schedule(theta0, data, three, 3, max_bytes=budget),
          lambda: torch_round(theta0, clients, clients.weights, fed)], args.torch_repeat)
     ours /= 3
     print(f"\nAutograd reference at the reference size (torch {torch.__version__}, "
@@ -155,8 +158,8 @@ def main(argv=None) -> None:
                  ["linattn_theory (batched, closed form)", f"{ours * 1e3:.1f}",
                   f"{REFERENCE.clients * REFERENCE.local_steps / ours:,.0f}", f"{theirs / ours:.1f}",
                   f"{relative_difference(ours_params, reference_params):.1e}"]])
-    print("(timed in turn, best of --torch-repeat; ours is the mean of three rounds each time and "
-          "includes the loss evaluations of the table before and after the round)")
+    print("(timed in turn, best of --torch-repeat; ours is a third of a 3-round run_schedule, "
+          "including the table's loss evaluations, which the reference does not compute)")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from _common import (LARGER, REFERENCE, Size, best_time, best_times, print_table
                      size_config)
 
 from linattn_theory import config_from_dict
-from linattn_theory._array import array_namespace
 from linattn_theory.backend import gpu_available, resolve_max_bytes
 from linattn_theory.federated import clients_from_config, prepare_run, run_schedule, simulate
 from linattn_theory.warmup_sweep import warmup_sweep
@@ -100,7 +99,7 @@ def time_rounds(size: Size, backend: str, rounds: int, repeat: int, sync=None) -
     clients = clients_from_config(config)
     data, theta0 = prepare_run(config, clients)
     fed = config.federated
-    budget = resolve_max_bytes("auto", array_namespace(data.S))   # as simulate: CPU chunks, one on the GPU
+    budget = resolve_max_bytes("auto", data, size.heads)   # as simulate: CPU chunks, one on the GPU
     run = lambda: run_schedule(theta0, data, fed, fed.rounds, max_bytes=budget)  # noqa: E731
     result = run()              # warm-up: kernels compiled, handles created
     assert not result.diverged, f"{size.name} diverged on {backend}"

@@ -99,15 +99,23 @@ def client_chunks(num_clients: int, bytes_per_client: int, max_bytes: int | None
     return [(lo, min(lo + size, num_clients)) for lo in range(0, num_clients, size)]
 
 
-def resolve_max_bytes(max_bytes, xp):
-    """The chunk budget to use: ``max_bytes`` itself, or for ``"auto"`` :data:`CPU_CHUNK_BYTES`
-    on NumPy (cache-sized chunks) and ``None`` (one chunk, the largest batches) elsewhere."""
-    if isinstance(max_bytes, str):
-        if max_bytes != "auto":
-            raise ValueError(f"max_bytes = {max_bytes!r}: expected a number of bytes, None or 'auto'")
-        from array_api_compat import is_numpy_namespace
-        return CPU_CHUNK_BYTES if is_numpy_namespace(xp) else None
-    return max_bytes
+def resolve_max_bytes(max_bytes, data, heads: int, batch_size: int | None = None):
+    """The chunk budget of a run on ``data``: ``max_bytes`` itself, or the policy ``"auto"``.
+
+    ``"auto"``: on NumPy, all clients at once while their round working set fits twice
+    :data:`CPU_CHUNK_BYTES` (it stays in cache anyway), else chunks of at most
+    :data:`CPU_CHUNK_BYTES`, each of which keeps its data in cache for its ``E`` local steps;
+    elsewhere (GPU) one chunk, the largest batches.
+    """
+    if not isinstance(max_bytes, str):
+        return max_bytes
+    if max_bytes != "auto":
+        raise ValueError(f"max_bytes = {max_bytes!r}: expected a number of bytes, None or 'auto'")
+    from array_api_compat import array_namespace, is_numpy_namespace
+    if not is_numpy_namespace(array_namespace(data.S)):
+        return None
+    total = data.S.shape[0] * client_working_bytes(data, heads, batch_size)
+    return None if total <= 2 * CPU_CHUNK_BYTES else CPU_CHUNK_BYTES
 
 
 def _itemsize(dtype) -> int:

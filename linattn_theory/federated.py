@@ -122,10 +122,11 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     """Run ``config`` end to end: build the clients, initialise, run the schedule.
 
     ``max_bytes`` bounds a round's working set (see :func:`run_schedule`; ``"auto"``:
-    cache-sized chunks of clients on the CPU, one chunk on a GPU); results do not depend on it.
+    cache-sized chunks of clients on the CPU when the round does not fit in cache, one chunk
+    on a GPU, :func:`~linattn_theory.backend.resolve_max_bytes`); results do not depend on it.
     """
     data, params = prepare_run(config, clients, params)
-    max_bytes = resolve_max_bytes(max_bytes, array_namespace(data.S))
+    max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
                           progress=progress, max_bytes=max_bytes)
     result.metadata.update(run_metadata(config))

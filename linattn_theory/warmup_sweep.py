@@ -146,7 +146,7 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     T = fed.rounds
     warmups = _check_warmups(warmups, T)
     data, theta0 = prepare_run(config, clients, params)
-    max_bytes = resolve_max_bytes(max_bytes, array_namespace(data.S))
+    max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, fed.batch_size)
 
     checkpoints = {}
 

@@ -8,6 +8,8 @@ path; it wraps NumPy, so the results must equal the NumPy run exactly. Also: bac
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -131,10 +133,16 @@ def test_federated_rounds_equal_numpy(clients, params, fed):
 
 
 def test_client_chunks():
-    assert resolve_max_bytes("auto", get_namespace("numpy")) == CPU_CHUNK_BYTES
-    assert resolve_max_bytes("auto", xs) is None and resolve_max_bytes(123, xs) == 123
+    small = stack_clients(planted_kernel_clients(num_clients=2, samples_per_client=8, seed=0))
+    per_client = client_working_bytes(small, 1)
+    big = dataclasses.replace(small, S=np.broadcast_to(small.S[:1], (1 + 2 * CPU_CHUNK_BYTES // per_client,)
+                                                       + small.S.shape[1:]))
+    assert resolve_max_bytes("auto", small, 1) is None                  # fits in cache: one chunk
+    assert resolve_max_bytes("auto", big, 1) == CPU_CHUNK_BYTES        # does not: cache-sized chunks
+    strict = stack_clients(planted_kernel_clients(num_clients=2, samples_per_client=8, seed=0), xp=xs)
+    assert resolve_max_bytes("auto", strict, 1) is None and resolve_max_bytes(123, strict, 1) == 123
     with pytest.raises(ValueError, match="max_bytes = 'all'"):
-        resolve_max_bytes("all", xs)
+        resolve_max_bytes("all", small, 1)
     assert client_chunks(5, 100, None) == [(0, 5)]
     assert client_chunks(5, 100, 250) == [(0, 2), (2, 4), (4, 5)]
     assert client_chunks(3, 100, 10) == [(0, 1), (1, 2), (2, 3)]   # at least one client per chunk
