@@ -19,21 +19,9 @@ Claims
 Run: python derivations/frozen_stage.py   (prints PASS/FAIL per claim, exits 1 on any failure)
 """
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import sympy as sp
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-FAILURES = []
-
-
-def claim(name: str, ok: bool, detail: str = "") -> None:
-    print(f"{'PASS' if ok else 'FAIL'}: {name}{'  (' + detail + ')' if detail else ''}")
-    if not ok:
-        FAILURES.append(name)
+from _claims import claim, finish
 
 
 def symmetric(prefix):
@@ -186,7 +174,4 @@ claim("6c package D(η)/η² → (E−1)²/8 tr(ZᵀÃ⁻¹Z) with an O(η) erro
       errors[0] < 1e-2 and 1.6 < errors[0] / errors[1] < 2.4,
       f"rel err {errors[0]:.1e} at η = 1e-4, {errors[1]:.1e} at η = 5e-5")
 
-if FAILURES:
-    print(f"FAIL: {len(FAILURES)} claim(s) failed")
-    sys.exit(1)
-print("PASS: all claims hold")
+finish()

@@ -13,21 +13,9 @@ Claims
 Run: python derivations/profile.py   (prints PASS/FAIL per claim, exits 1 on any failure)
 """
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import sympy as sp
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-FAILURES = []
-
-
-def claim(name: str, ok: bool, detail: str = "") -> None:
-    print(f"{'PASS' if ok else 'FAIL'}: {name}{'  (' + detail + ')' if detail else ''}")
-    if not ok:
-        FAILURES.append(name)
+from _claims import claim, finish
 
 
 def is_zero_matrix(M) -> bool:
@@ -135,7 +123,4 @@ err_g = np.abs(grad_pkg - grad_sym).max() / np.abs(grad_sym).max()
 claim("4  package profile_objective = sympy closed form on a random instance", err_v < 1e-10, f"rel err {err_v:.1e}")
 claim("4  package profile_gradient = sympy derivative of the closed form", err_g < 1e-10, f"rel err {err_g:.1e}")
 
-if FAILURES:
-    print(f"FAIL: {len(FAILURES)} claim(s) failed")
-    sys.exit(1)
-print("PASS: all claims hold")
+finish()

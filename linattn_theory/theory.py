@@ -182,7 +182,7 @@ def _factors(K, rank: int):
 
 
 def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, heads: int | None = None,
-                        restarts: int = 4, seed: int = 0, initial_kernels=(),
+                        restarts: int = 8, seed: int = 0, initial_kernels=(),
                         max_iterations: int = 1000, tolerance: float = 1e-10) -> CentralizedOptimum:
     """``Φ*_λ = min_K Φ_λ(K)`` over kernels of rank ``≤ r`` per head (docs/theory.md §4).
 
