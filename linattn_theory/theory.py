@@ -45,6 +45,8 @@ __all__ = [
 
 #: eigenvalues below this fraction of the largest are treated as zero (pseudo-inverse).
 PSEUDO_INVERSE_RTOL = 1e-12
+#: SeedSequence spawn key of the solver's random starts (apart from the task purposes 0–5).
+SEED_OPTIMUM = 101
 
 
 # --------------------------------------------------------------------------------------
@@ -204,8 +206,8 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
     starts = [("initial_kernel_%d" % i, _check_kernel(K, data, f"initial_kernels[{i}]"))
               for i, K in enumerate(initial_kernels)]
     truth = getattr(clients, "truth", {}) if isinstance(clients, FederatedDataset) else {}
-    if heads is None:
-        heads = starts[0][1].shape[0] if starts else np.shape(truth.get("kernel", np.zeros((1,))))[0]
+    if heads is None:   # from the supplied kernels, else the teacher, else one head
+        heads = starts[0][1].shape[0] if starts else np.shape(truth["kernel"])[0] if "kernel" in truth else 1
     rank = d if rank is None else int(rank)
     if rank < 1 or heads < 1:
         raise ValueError(f"rank = {rank}, heads = {heads}; expected integers >= 1")
@@ -214,7 +216,7 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
             raise ValueError(f"{label} has {K.shape[0]} heads; expected heads = {heads}")
     if "kernel" in truth and np.shape(truth["kernel"]) == (heads, d, d):
         starts.insert(0, ("teacher", np.asarray(truth["kernel"], dtype=np.float64)))
-    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(101,)))
+    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(SEED_OPTIMUM,)))
     shape = (heads, d, rank)
     size = heads * d * rank
 
@@ -249,8 +251,7 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
         raise ValueError("centralized_optimum: nothing to optimise (restarts = 0 and no initial kernels)")
     best = min(candidates, key=lambda c: c[0])
     table = pd.DataFrame(rows)
-    converged = bool(table.loc[table["start"] == best[1], "converged"].all()) if best[1] in set(table["start"]) \
-        else False
+    converged = any(row["converged"] for row in rows if row["start"] == best[1])
     phi, V = profile_objective(best[2], data, 0.0)
     return CentralizedOptimum(best[2], V, phi, float(lam), rank, converged, float(best[3]), best[1], table)
 
