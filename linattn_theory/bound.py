@@ -65,6 +65,7 @@ __all__ = [
     "fit_inexact_pl",
     "closed_form_warmup",
     "path_terms",
+    "path_optimum",
     "estimate_bound",
     "recommend",
     "format_recommendation",
@@ -99,9 +100,10 @@ class AssumptionCheck:
 class BoundConstants:
     """The instance's constants in ``U(T0)`` (symbols of docs/theory.md §6 and derivations/tradeoff.py).
 
-    ``b0 = bias(K_0)``, ``b_floor = b_∞``, ``q = 1 − 2μEη(1 − LEη/2)``; ``mu`` (PL constant implied
-    by ``q``), ``L`` (smoothness of ``Φ_λ`` along the path, secant estimate), ``epsilon = (1 − q) b_∞``
-    (per-round inexactness); ``zeta2`` (client dissimilarity ``Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ)‖²``),
+    ``b0 = bias(K_0)``; ``burn_in`` ``t_s`` (the inexact-PL recursion is assumed from round ``t_s``
+    on), ``b_start = bias(K_{t_s})``, ``burn_in_level = max_{t ≤ t_s} bias(K_t)``; ``b_floor = b_∞``,
+    ``q = 1 − 2μEη(1 − LEη/2)``; ``mu`` (PL constant implied by ``q``), ``L`` (smoothness of ``Φ_λ``
+    along the path from ``t_s`` on, secant estimate), ``epsilon = (1 − q) b_∞`` (per-round inexactness); ``zeta2`` (client dissimilarity ``Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ)‖²``),
     ``curvature_spread2`` (``σ_A² = Σ_c p_c ‖Ã_c − Ã‖₂²``), ``lambda_min`` (of ``Ã``), ``rho``,
     ``tau``, ``drift_floor`` at ``K_{T0_theory}``; ``rho_max``/``tau_max`` over the path;
     ``drift_growth`` ``γ`` (least-squares slope of ``D(K_t)`` in ``t``) and ``drift_floor_initial``
@@ -114,6 +116,9 @@ class BoundConstants:
     lam: float
     optimum: float
     b0: float
+    burn_in: int
+    b_start: float
+    burn_in_level: float
     b_floor: float
     q: float
     mu: float
@@ -286,48 +291,61 @@ def drift_floor_leading_order(K, clients, eta: float, E: int, lam: float = 0.0) 
 
 
 def _transient(M, A, k: int) -> tuple[float, float, float]:
-    """``(‖Ã^{½} M^k Ã^{-½}‖₂, ρ, √κ(Ã))``: the ``Ã``-norm contraction after ``k`` frozen rounds."""
+    """``(‖M^k‖_Ã, ‖I − M^k‖_Ã, √κ(Ã))`` with ``‖X‖_Ã = ‖Ã^{½} X Ã^{-½}‖₂``, after ``k`` frozen rounds."""
     evals, U = np.linalg.eigh(A)
     root = (U * np.sqrt(evals)) @ U.T
     inv_root = (U / np.sqrt(evals)) @ U.T
     power = np.linalg.matrix_power(M, k)
     norm = float(np.linalg.norm(root @ power @ inv_root, ord=2))
-    rho = float(np.max(np.abs(np.linalg.eigvalsh(M))))
-    return norm, rho, float(np.sqrt(evals[-1] / evals[0]))
+    rest = float(np.linalg.norm(root @ (np.eye(len(M)) - power) @ inv_root, ord=2))
+    return norm, rest, float(np.sqrt(evals[-1] / evals[0]))
 
 
-def frozen_stage_bound(drift_floor, lag, contraction):
-    """``(√D + c √u)² ≥ D + unfinished``: the frozen-stage part of ``U`` (derivations/tradeoff.py §A).
+def frozen_stage_bound(drift_floor, lag, contraction, gap=None, complement=None):
+    """``D + unfinished ≤ (√D + c √u)²``, and ``≤ (c̄ √D + c √g)²``: the frozen-stage part of ``U``.
 
+    derivations/tradeoff.py §A: with ``k = T − T0``, ``V_T − V* = (V_FA − V*) + M^k (V_{T0} − V_FA)
+    = (I − M^k)(V_FA − V*) + M^k (V_{T0} − V*)``, and the triangle inequality in the ``Ã``-norm.
     ``drift_floor`` ``D(K_{T0})``, ``lag`` ``u = ½‖V_{T0} − V_FA‖²_Ã``, ``contraction``
-    ``c = ‖Ã^{½} M^{T−T0} Ã^{-½}‖₂ = τ ρ^{T−T0}`` (arrays broadcast).
+    ``c = ‖M^k‖_Ã = τ ρ^k``; optionally ``gap`` ``g = ½‖V_{T0} − V*‖²_Ã = F_λ(θ_{T0}) − Φ_λ(K_{T0})`` and
+    ``complement`` ``c̄ = ‖I − M^k‖_Ã``, in which case the smaller of the two bounds is returned.
     """
-    return (np.sqrt(drift_floor) + np.asarray(contraction) * np.sqrt(lag)) ** 2
+    first = (np.sqrt(drift_floor) + np.asarray(contraction) * np.sqrt(lag)) ** 2
+    if gap is None:
+        return first
+    second = (np.asarray(complement) * np.sqrt(drift_floor) + np.asarray(contraction) * np.sqrt(gap)) ** 2
+    return np.minimum(first, second)
 
 
-def tradeoff_bound(T0, T, b0, b_floor, q, drift_floor, lag, rho, tau):
-    """``U(T0) = b_∞ + (b_0 − b_∞) q^{T0} + (√D + τ ρ^{T−T0} √u)²`` (docs/theory.md §6).
+def tradeoff_bound(T0, T, b_start, b_floor, q, drift_floor, lag, rho, tau, burn_in=0, burn_in_level=None,
+                   gap=None, complement=None):
+    """``U(T0) = b_∞ + (b_s − b_∞) q^{T0 − t_s} + (√D + τ ρ^{T−T0} √u)²`` for ``T0 ≥ t_s`` (docs/theory.md §6).
 
     The expression derived in derivations/tradeoff.py (which checks this function against its
-    sympy form); ``drift_floor``, ``lag``, ``rho`` and ``tau`` may be arrays over ``T0``.
+    sympy form). ``t_s = burn_in`` is the round from which the inexact-PL recursion holds and
+    ``b_s = b_start = bias(K_{t_s})``; for ``T0 < t_s`` the bias term is ``burn_in_level``
+    (``max_{t ≤ t_s} bias(K_t)``). ``drift_floor``, ``lag``, ``rho`` and ``tau`` may be arrays over ``T0``;
+    with ``gap`` and ``complement`` the frozen-stage term is the smaller of the two bounds of
+    :func:`frozen_stage_bound`.
     """
     T0 = np.asarray(T0, dtype=float)
-    bias_bound = b_floor + (b0 - b_floor) * np.power(q, T0)
-    return bias_bound + frozen_stage_bound(drift_floor, lag, tau * np.power(rho, T - T0))
+    tail = b_floor + (b_start - b_floor) * np.power(q, np.maximum(T0 - burn_in, 0.0))
+    bias_bound = tail if burn_in_level is None else np.where(T0 < burn_in, burn_in_level, tail)
+    return bias_bound + frozen_stage_bound(drift_floor, lag, tau * np.power(rho, T - T0), gap, complement)
 
 
-def closed_form_warmup(b0: float, b_floor: float, q: float, drift_growth: float) -> float:
-    """``T0* = ln(γ / ((b_0 − b_∞) ln(1/q))) / ln q``: minimiser of the two-term model.
+def closed_form_warmup(b_start: float, b_floor: float, q: float, drift_growth: float, burn_in: float = 0) -> float:
+    """``T0* = t_s + ln(γ / ((b_s − b_∞) ln(1/q))) / ln q``: minimiser of the two-term model.
 
-    The model ``b_∞ + (b_0 − b_∞) q^{T0} + D_0 + γ T0`` (geometric bias, drift floor growing at
-    ``γ`` per warm-up round, frozen-stage transient dropped) is convex; derivations/tradeoff.py
-    derives this stationary point with sympy. It is interior iff
-    ``(b_0 − b_∞) q^T ln(1/q) < γ < (b_0 − b_∞) ln(1/q)``; returns ``nan`` when ``γ ≤ 0`` or
-    ``q ∉ (0, 1)`` (no interior minimiser: warm up as long as possible).
+    The model ``b_∞ + (b_s − b_∞) q^{T0 − t_s} + D_0 + γ T0`` (geometric bias from the burn-in
+    round ``t_s`` on, drift floor growing at ``γ`` per warm-up round, frozen-stage transient
+    dropped) is convex; derivations/tradeoff.py derives this stationary point with sympy. It is
+    interior iff ``(b_s − b_∞) q^{T − t_s} ln(1/q) < γ < (b_s − b_∞) ln(1/q)``; returns ``nan``
+    when ``γ ≤ 0`` or ``q ∉ (0, 1)`` (no stationary point: the model says warm up to the end).
     """
-    if not (0.0 < q < 1.0) or drift_growth <= 0 or b0 <= b_floor:
+    if not (0.0 < q < 1.0) or drift_growth <= 0 or b_start <= b_floor:
         return float("nan")
-    return float(np.log(drift_growth / ((b0 - b_floor) * np.log(1.0 / q))) / np.log(q))
+    return float(burn_in + np.log(drift_growth / ((b_start - b_floor) * np.log(1.0 / q))) / np.log(q))
 
 
 # --------------------------------------------------------------------------------------
@@ -356,19 +374,22 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     rows, grads = [], []
     for t, params in enumerate(path.params):
         K = _host(kernel(params))
-        phi, _ = profile_objective(K, data, lam)
+        phi, V_star = profile_objective(K, data, lam)
         M, _ = frozen_stage_map(K, data, eta, E, lam, s)
         V_FA = fedavg_fixed_point(K, data, eta, E, lam)
         A_c, _, _, A, _ = _moments(K, data, lam)
-        e = _value_matrix(np, _host(params.WV)) - V_FA
+        V = _value_matrix(np, _host(params.WV))
+        e, f = V - V_FA, V - V_star
         k = T - t
-        transient, rho, sqrt_kappa = _transient(M, A, k)
+        transient, complement, sqrt_kappa = _transient(M, A, k)
+        rho = contraction_rate(K, data, eta, E, lam, s)
         lead = drift_floor_leading_order(K, data, eta, E, lam)
         grads.append(_factor_gradient(params, data, lam))
         rows.append({"round": t, "profile_objective": phi, "bias": phi - optimum,
                      "drift_floor": value_drift_floor(K, data, eta, E, lam),
                      "value_lag": float(0.5 * np.sum(e * (A @ e))),
-                     "contraction_rate": rho, "transient": transient,
+                     "value_gap": float(0.5 * np.sum(f * (A @ f))),
+                     "contraction_rate": rho, "transient": transient, "complement": complement,
                      "tau": transient / rho ** k if rho ** k > 0 else sqrt_kappa, "sqrt_condition": sqrt_kappa,
                      "factor_gradient_sq": float(grads[-1] @ grads[-1]),
                      "zeta2": lead["zeta2"], "curvature_spread2": lead["curvature_spread2"],
@@ -385,38 +406,70 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     return pd.DataFrame(rows)
 
 
-def fit_inexact_pl(bias, frozen_bound=None, grid: int = FLOOR_GRID) -> tuple[float, float]:
-    """Constants ``(b_∞, q)`` of the unrolled inexact-PL bound ``bias_t ≤ b_∞ + (b_0 − b_∞) q^t``.
+def fit_inexact_pl(bias, frozen_bound=None, grid: int = FLOOR_GRID) -> tuple[int, float, float]:
+    """Constants ``(t_s, b_∞, q)`` of the unrolled inexact-PL bound ``bias_t ≤ b_∞ + (b_s − b_∞) q^{t − t_s}``.
 
-    For each floor ``b_∞`` on a grid in ``[0, b_0)`` the smallest admissible rate is
-    ``q(b_∞) = max_{t ≥ 1} ((bias_t − b_∞)_+ / (b_0 − b_∞))^{1/t}``, so every pair is a valid
-    bound along the path. Of these, the pair minimising ``min_{T0} [bias bound + frozen_bound]``
-    (the smallest certified excess risk) is returned; without ``frozen_bound``, the pair
-    minimising ``Σ_t log(bias bound / bias_t)`` (tightest in relative terms).
+    For every burn-in round ``t_s`` and every floor ``b_∞`` on a grid in ``[0, b_s)``
+    (``b_s = bias_{t_s}``), the smallest admissible rate is
+    ``q = max_{t > t_s} ((bias_t − b_∞)_+ / (b_s − b_∞))^{1/(t − t_s)}``, so every triple is a valid
+    bound along the path (before ``t_s`` the bias is bounded by ``max_{t ≤ t_s} bias_t``). Of
+    these, the triple minimising ``min_{T0} [bias bound + frozen_bound]`` (the smallest certified
+    excess risk) is returned; without ``frozen_bound``, the one minimising
+    ``Σ_t log(bias bound / bias_t)`` (tightest in relative terms).
     """
     b = np.asarray(bias, dtype=float)
-    t = np.arange(len(b), dtype=float)
-    b0, low = b[0], max(float(np.min(b)), 0.0)
+    n = len(b)
+    if n < 2:
+        return 0, float(max(b[0], 0.0)), 0.0
+    t = np.arange(n, dtype=float)
+    frozen = None if frozen_bound is None else np.asarray(frozen_bound, dtype=float)
+    best = (np.inf, 0, 0.0, 0.0)
+    for s in range(n - 1):
+        curves, floors, q = _pl_curves(b, s, grid)
+        if frozen is None:
+            score = np.sum(np.log(np.maximum(curves, 1e-300) / np.maximum(b, 1e-300)), axis=1)
+        else:
+            score = np.min(curves + frozen[None, :], axis=1)
+        i = int(np.argmin(score))
+        if score[i] < best[0]:
+            best = (float(score[i]), s, float(floors[i]), float(q[i]))
+    return best[1], best[2], best[3]
+
+
+def _pl_curves(b, s: int, grid: int):
+    """Bias bounds of every floor on the grid for burn-in ``s``: ``(curves (g, n), floors (g,), q (g,))``."""
+    n = len(b)
+    b_s, tail = b[s], b[s + 1:]
+    lags = np.arange(1, n - s, dtype=float)
+    low = min(max(float(np.min(tail)), 0.0), b_s)
     floors = np.unique(np.concatenate([low * np.linspace(0.0, 1.0, grid // 2, endpoint=False),
-                                       low + (b0 - low) * np.linspace(0.0, 1.0, grid // 2, endpoint=False)]))
-    floors = floors[floors < b0]
-    ratio = np.clip((b[None, 1:] - floors[:, None]) / (b0 - floors[:, None]), 0.0, None)
-    q = np.max(ratio ** (1.0 / t[None, 1:]), axis=1) if len(b) > 1 else np.zeros(len(floors))
-    curves = floors[:, None] + (b0 - floors[:, None]) * q[:, None] ** t[None, :]
-    if frozen_bound is None:
-        score = np.sum(np.log(np.maximum(curves, 1e-300) / np.maximum(b, 1e-300)), axis=1)
-    else:
-        score = np.min(curves + np.asarray(frozen_bound)[None, :], axis=1)
-    best = int(np.argmin(score))
-    return float(floors[best]), float(q[best])
+                                       low + (b_s - low) * np.linspace(0.0, 1.0, grid // 2, endpoint=False)]))
+    floors = floors[floors < b_s] if b_s > 0 else np.zeros(1)
+    ratio = np.clip((tail[None, :] - floors[:, None]) / (b_s - floors[:, None]), 0.0, None)
+    q = np.max(ratio ** (1.0 / lags[None, :]), axis=1)
+    ahead = np.arange(n, dtype=float) - s
+    curves = floors[:, None] + (b_s - floors[:, None]) * q[:, None] ** np.maximum(ahead, 0.0)[None, :]
+    curves[:, :s] = np.max(b[:s + 1])
+    return curves, floors, q
 
 
-def _drift_growth(drift_floor) -> float:
-    """``γ``: least-squares slope of ``D(K_t)`` against ``t`` over the whole path."""
-    D = np.asarray(drift_floor, dtype=float)
+def _drift_growth(drift_floor, burn_in: int = 0) -> float:
+    """``γ``: least-squares slope of ``D(K_t)`` against ``t`` over the rounds ``t ≥ t_s``."""
+    D = np.asarray(drift_floor, dtype=float)[burn_in:]
     if len(D) < 2:
         return 0.0
     return float(np.polyfit(np.arange(len(D), dtype=float), D, 1)[0])
+
+
+def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int = 4):
+    """``Φ*_λ`` by :func:`~linattn_theory.theory.centralized_optimum`, also started from the path's
+    best and last kernels (so ``Φ*_λ ≤ Φ_λ(K_t)`` on the whole path)."""
+    fed = config.federated
+    data = stack_clients(clients)
+    phis = [profile_objective(_host(kernel(p)), data, fed.ridge)[0] for p in path.params]
+    starts = [_host(kernel(path.params[int(np.argmin(phis))])), _host(kernel(path.params[-1]))]
+    return centralized_optimum(clients, fed.ridge, rank=config.model.rank, heads=config.model.heads,
+                               restarts=restarts, seed=config.seed, initial_kernels=starts)
 
 
 def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None = None,
@@ -435,34 +488,34 @@ def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None =
     if path.divergence is not None:
         raise ValueError(f"the FedAvg warm-up path diverged: {path.divergence.message}")
     if optimum is None:
-        data = stack_clients(clients)
-        phis = [profile_objective(_host(kernel(p)), data, fed.ridge)[0] for p in path.params]
-        starts = [_host(kernel(path.params[int(np.argmin(phis))])), _host(kernel(path.params[-1]))]
-        optimum = centralized_optimum(clients, fed.ridge, rank=config.model.rank, heads=config.model.heads,
-                                      restarts=restarts, seed=config.seed, initial_kernels=starts)
+        optimum = path_optimum(config, clients, path, restarts=restarts)
     phi_star = float(getattr(optimum, "objective", optimum))
     terms = path_terms(path, clients, config, phi_star)
-    frozen = frozen_stage_bound(terms["drift_floor"], terms["value_lag"], terms["transient"])
-    b_floor, q = fit_inexact_pl(terms["bias"], frozen)
+    frozen = frozen_stage_bound(terms["drift_floor"], terms["value_lag"], terms["transient"],
+                                terms["value_gap"], terms["complement"])
+    bias = terms["bias"].to_numpy()
+    burn_in, b_floor, q = fit_inexact_pl(bias, frozen)
+    level = float(np.max(bias[:burn_in + 1]))
     t = terms["round"].to_numpy()
-    U = tradeoff_bound(t, T, terms["bias"].iloc[0], b_floor, q, terms["drift_floor"], terms["value_lag"],
-                       terms["contraction_rate"], terms["tau"])
+    U = tradeoff_bound(t, T, bias[burn_in], b_floor, q, terms["drift_floor"], terms["value_lag"],
+                       terms["contraction_rate"], terms["tau"], burn_in, level, terms["value_gap"],
+                       terms["complement"])
     curve = terms.copy()
     curve.insert(1, "U", U)
-    curve.insert(2, "bias_bound", b_floor + (terms["bias"].iloc[0] - b_floor) * q ** t)
+    curve.insert(2, "bias_bound", U - frozen)
     curve.insert(3, "frozen_bound", frozen)
     T0_theory = int(np.argmin(U))
-    constants = _constants(curve, config, phi_star, b_floor, q, T0_theory)
-    T0_closed = closed_form_warmup(constants.b0, b_floor, q, constants.drift_growth)
+    constants = _constants(curve, config, phi_star, burn_in, b_floor, q, T0_theory)
+    T0_closed = closed_form_warmup(constants.b_start, b_floor, q, constants.drift_growth, burn_in)
     checks = _assumption_checks(curve, config, constants, T0_closed)
     return TradeoffBound(T0_theory, T0_closed, curve, constants, tuple(checks))
 
 
-def _constants(curve: pd.DataFrame, config, phi_star, b_floor, q, T0) -> BoundConstants:
+def _constants(curve: pd.DataFrame, config, phi_star, burn_in, b_floor, q, T0) -> BoundConstants:
     fed = config.federated
     eta, E = fed.learning_rate, fed.local_steps
-    steps = curve["factor_step"].to_numpy()[:-1]
-    changes = curve["gradient_change"].to_numpy()[:-1]
+    steps = curve["factor_step"].to_numpy()[burn_in:-1]
+    changes = curve["gradient_change"].to_numpy()[burn_in:-1]
     moved = steps > 0
     L = float(np.max(changes[moved] / steps[moved])) if np.any(moved) else float("nan")
     step = eta * E * fed.server_learning_rate
@@ -471,56 +524,59 @@ def _constants(curve: pd.DataFrame, config, phi_star, b_floor, q, T0) -> BoundCo
     row = curve.iloc[T0]
     return BoundConstants(
         T=fed.rounds, eta=eta, local_steps=E, lam=fed.ridge, optimum=phi_star,
-        b0=float(curve["bias"].iloc[0]), b_floor=b_floor, q=q, mu=float(mu), L=L,
+        b0=float(curve["bias"].iloc[0]), burn_in=int(burn_in), b_start=float(curve["bias"].iloc[burn_in]),
+        burn_in_level=float(curve["bias"].iloc[:burn_in + 1].max()), b_floor=b_floor, q=q, mu=float(mu), L=L,
         epsilon=(1.0 - q) * b_floor, zeta2=float(row["zeta2"]),
         curvature_spread2=float(row["curvature_spread2"]), lambda_min=float(row["lambda_min"]),
         rho=float(row["contraction_rate"]), tau=float(row["tau"]), drift_floor=float(row["drift_floor"]),
         rho_max=float(curve["contraction_rate"].max()), tau_max=float(curve["tau"].max()),
-        drift_growth=_drift_growth(curve["drift_floor"]),
+        drift_growth=_drift_growth(curve["drift_floor"], burn_in),
         drift_floor_initial=float(curve["drift_floor"].iloc[0]))
 
 
 def _assumption_checks(curve: pd.DataFrame, config: RunConfig, c: BoundConstants,
                        T0_closed: float) -> list[AssumptionCheck]:
+    """Every assumption of derivations/tradeoff.py, measured along the path (warm-up ones from ``t_s`` on)."""
     fed = config.federated
     bias = curve["bias"].to_numpy()
-    t = curve["round"].to_numpy()
+    s = c.burn_in
+    tail, ahead = bias[s:], np.arange(len(bias) - s, dtype=float)
     tol = 1e-12 * max(1.0, abs(c.optimum))
+    since = f"rounds t ≥ t_s = {s}"
     checks = [AssumptionCheck(
-        "full-batch, full-participation frozen stage (the affine map of docs/theory.md §5 is exact)",
+        "(F) full-batch, full-participation frozen stage (the affine map of docs/theory.md §5 is exact)",
         fed.batch_size is None and fed.participation >= 1.0, float(fed.participation),
         f"batch_size = {fed.batch_size}, participation = {fed.participation}")]
     checks.append(AssumptionCheck("Φ*_λ lower-bounds Φ_λ on the path (bias(K_t) ≥ 0)",
                                   bool(np.min(bias) >= -tol), float(np.min(bias)), "min_t bias(K_t)"))
     rho = curve["contraction_rate"].to_numpy()
-    checks.append(AssumptionCheck("stable frozen stage: ρ(K_t) < 1 on the path", bool(np.max(rho) < 1.0),
+    checks.append(AssumptionCheck("(F) stable frozen stage: ρ(K_t) < 1 on the path", bool(np.max(rho) < 1.0),
                                   float(np.max(rho)), "max_t ρ(K_t)"))
-    unrolled = c.b_floor + (c.b0 - c.b_floor) * c.q ** t - bias
+    unrolled = c.b_floor + (c.b_start - c.b_floor) * c.q ** ahead - tail
     checks.append(AssumptionCheck(
-        "inexact PL, unrolled: bias(K_t) ≤ b_∞ + (b_0 − b_∞) q^t for every t (q < 1)",
+        "(PL+I) unrolled: bias(K_t) ≤ b_∞ + (b_s − b_∞) q^{t − t_s} for t ≥ t_s, with q < 1",
         bool(np.min(unrolled) >= -tol and c.q < 1.0), float(np.min(unrolled)),
-        f"min_t slack; q = {c.q:.4g}, b_∞ = {c.b_floor:.4g}"))
-    stepwise = c.q * bias[:-1] + c.epsilon - bias[1:]
+        f"min slack over {since}; q = {c.q:.4g}, b_∞ = {c.b_floor:.4g}"))
+    stepwise = c.q * tail[:-1] + c.epsilon - tail[1:]
     share = float(np.mean(stepwise >= -tol)) if len(stepwise) else 1.0
     checks.append(AssumptionCheck(
-        "inexact PL, stepwise: bias_{t+1} ≤ q bias_t + ε at every round", share == 1.0, share,
-        f"share of rounds where it holds; ε = (1 − q) b_∞ = {c.epsilon:.3g}"))
+        "(PL+I) stepwise: bias_{t+1} ≤ q bias_t + ε at every round", share == 1.0, share,
+        f"share of {since}; ε = (1 − q) b_∞ = {c.epsilon:.3g}"))
     LEeta = c.L * c.eta * c.local_steps * fed.server_learning_rate
-    checks.append(AssumptionCheck("smoothness along the path: L E η < 2 (descent lemma)",
+    checks.append(AssumptionCheck("(S) smoothness along the path: L E η < 2 (descent lemma)",
                                   bool(np.isfinite(LEeta) and LEeta < 2.0), float(LEeta),
-                                  f"L = {c.L:.4g} (secant estimate)"))
-    positive = bias > tol
+                                  f"L = {c.L:.4g}, secant estimate over {since}"))
+    positive = tail > tol
+    name = "(PL) ‖∇_{(W_Q,W_K)} Φ_λ‖² ≥ 2μ bias at every round"
     if np.isfinite(c.mu) and np.any(positive):
-        ratio = curve["factor_gradient_sq"].to_numpy()[positive] / (2.0 * bias[positive])
+        ratio = curve["factor_gradient_sq"].to_numpy()[s:][positive] / (2.0 * tail[positive])
         share = float(np.mean(ratio >= c.mu))
-        checks.append(AssumptionCheck(
-            "PL inequality ‖∇_{(W_Q,W_K)} Φ_λ‖² ≥ 2μ bias at every round", share == 1.0, share,
-            f"share of rounds; μ = {c.mu:.4g} implied by q, min ratio = {np.min(ratio):.4g}"))
+        checks.append(AssumptionCheck(name, share == 1.0, share,
+                                      f"share of {since}; μ = {c.mu:.4g} implied by q, min ratio = {np.min(ratio):.4g}"))
     else:
-        checks.append(AssumptionCheck("PL inequality ‖∇_{(W_Q,W_K)} Φ_λ‖² ≥ 2μ bias at every round", False,
-                                      float("nan"), "μ undefined (L E η ≥ 2)"))
+        checks.append(AssumptionCheck(name, False, float("nan"), "μ undefined (q ≥ 1 or L E η ≥ 2)"))
     transient_ratio = (curve["tau"] / curve["sqrt_condition"]).to_numpy()
-    checks.append(AssumptionCheck("frozen-stage transient: τ ≤ √κ(Ã) (M symmetric)",
+    checks.append(AssumptionCheck("(F) frozen-stage transient: τ ≤ √κ(Ã) (M symmetric)",
                                   bool(np.max(transient_ratio) <= 1.0 + 1e-9), float(np.max(transient_ratio)),
                                   "max_t τ/√κ"))
     row = curve.iloc[int(np.argmin(curve["U"].to_numpy()))]
@@ -528,10 +584,10 @@ def _assumption_checks(curve: pd.DataFrame, config: RunConfig, c: BoundConstants
     checks.append(AssumptionCheck(
         "small-step regime of the drift law: D ≈ D₂ = η²(E−1)²/8 ‖Σ p_c (Ã_c − Ã) g_c‖²_{Ã⁻¹} within 2×",
         bool(np.isfinite(ratio) and 0.5 <= ratio <= 2.0), float(ratio), "D₂/D at K_{T0_theory}"))
-    span = (c.b0 - c.b_floor) * np.log(1.0 / c.q) if 0 < c.q < 1 else float("nan")
-    interior = bool(np.isfinite(span) and span * c.q ** c.T < c.drift_growth < span)
+    span = (c.b_start - c.b_floor) * np.log(1.0 / c.q) if 0 < c.q < 1 else float("nan")
+    interior = bool(np.isfinite(span) and span * c.q ** (c.T - s) < c.drift_growth < span)
     checks.append(AssumptionCheck(
-        "interior minimiser of the two-term model: (b_0 − b_∞) q^T ln(1/q) < γ < (b_0 − b_∞) ln(1/q)",
+        "(G) interior minimiser of the two-term model: (b_s − b_∞) q^{T−t_s} ln(1/q) < γ < (b_s − b_∞) ln(1/q)",
         interior, float(c.drift_growth), f"γ; closed form T0* = {T0_closed:.4g}"))
     return checks
 
@@ -548,21 +604,12 @@ def recommend(config: RunConfig, clients=None, *, measure: bool = True, restarts
     :func:`~linattn_theory.theory.excess_risk_by_warmup` against the same ``Φ*_λ``).
     """
     clients = clients_from_config(config) if clients is None else clients
-    path = warmup_path(config, clients)
-    if path.divergence is not None:
-        raise ValueError(f"the FedAvg warm-up path diverged: {path.divergence.message}")
-    data = stack_clients(clients)
-    fed = config.federated
-    phis = [profile_objective(_host(kernel(p)), data, fed.ridge)[0] for p in path.params]
-    starts = [_host(kernel(path.params[int(np.argmin(phis))])), _host(kernel(path.params[-1]))]
-    optimum = centralized_optimum(clients, fed.ridge, rank=config.model.rank, heads=config.model.heads,
-                                  restarts=restarts, seed=config.seed, initial_kernels=starts)
-    bound = estimate_bound(config, clients, path=path, optimum=optimum)
+    bound = estimate_bound(config, clients, restarts=restarts)
     U = bound.U
     measured = None
     if measure:
-        warmups = sorted({bound.T0_theory, fed.rounds})
-        measured = excess_risk_by_warmup(config, warmups, clients, optimum=optimum)
+        warmups = sorted({bound.T0_theory, config.federated.rounds})
+        measured = excess_risk_by_warmup(config, warmups, clients, optimum=bound.constants.optimum)
     return Recommendation(config, bound, float(U[-1] - U[bound.T0_theory]), measured)
 
 
@@ -589,7 +636,9 @@ def format_recommendation(rec: Recommendation, curve_rows: int | None = None) ->
             lines.append(f"measured  R(T0_theory) = {m.loc[b.T0_theory, 'excess_risk']:.6g}, "
                          f"R(T) = {m.loc[c.T, 'excess_risk']:.6g}, measured gain = {rec.measured_gain:.6g}")
     lines.append("constants:")
-    names = {"optimum": "Φ*_λ", "b0": "b_0 = bias(K_0)", "b_floor": "b_∞ (bias floor)",
+    names = {"optimum": "Φ*_λ", "b0": "b_0 = bias(K_0)", "burn_in": "t_s (PL assumed from this round)",
+             "b_start": "b_s = bias(K_t_s)", "burn_in_level": "max_{t ≤ t_s} bias(K_t)",
+             "b_floor": "b_∞ (bias floor)",
              "q": "q = 1 − 2μEη(1 − LEη/2)", "mu": "μ (PL constant)", "L": "L (smoothness, secant)",
              "epsilon": "ε (per-round inexactness)", "zeta2": "ζ² (client dissimilarity at T0_theory)",
              "curvature_spread2": "σ_A² (curvature spread)", "lambda_min": "λ_min(Ã)",
