@@ -4,26 +4,33 @@ The final excess risk of FedFrozen with warm-up ``T0`` out of ``T`` rounds split
 
     R(T0) = bias(K_{T0}) + D(K_{T0}) + [F_λ(K_{T0}, V_T) − F_λ(K_{T0}, V_FA)].
 
-``derivations/tradeoff.py`` bounds it by
+``derivations/tradeoff.py`` bounds it, for ``T0 ≥ t_s``, by
 
-    U(T0) = b_∞ + (b_0 − b_∞) q^{T0} + ( √D(K_{T0}) + τ ρ^{T−T0} √u(T0) )²,
+    U(T0) = b_∞ + (b_s − b_∞) q^{T0 − t_s} + ( √D(K_{T0}) + τ ρ^{T−T0} √u(T0) )²,
 
 and this module evaluates ``U`` on an instance. The modelling choices, each stated in the
 derivation and checked here along the simulated path (:class:`AssumptionCheck`):
 
 * **warm-up** (first term): inexact Polyak–Łojasiewicz descent of ``Φ_λ`` along the FedAvg
-  path, ``bias_{t+1} ≤ q bias_t + ε`` with ``q = 1 − 2μEη(1 − LEη/2)`` (PL constant ``μ`` and
-  smoothness ``L`` of ``Φ_λ`` in the factors ``(W_Q, W_K)``, ``E`` local steps of size ``η``)
-  and per-round inexactness ``ε`` (client drift, value lag, factor averaging); unrolled,
-  ``bias(K_t) ≤ b_∞ + (b_0 − b_∞) q^t`` with floor ``b_∞ = ε/(1 − q)``. The constants
-  ``(q, b_∞)`` are fitted on the warm-up path (an a-posteriori bound): for every floor on a
-  grid the smallest ``q`` for which the unrolled inequality holds at every round, and of these
-  the pair whose bound certifies the smallest excess risk ``min_{T0} U(T0)``.
+  path from a burn-in round ``t_s`` on, ``bias_{t+1} ≤ q bias_t + ε`` with
+  ``q = 1 − 2μEη(1 − LEη/2)`` (PL constant ``μ`` and smoothness ``L`` of ``Φ_λ`` in the factors
+  ``(W_Q, W_K)``, ``E`` local steps of size ``η``) and per-round inexactness ``ε`` (client
+  drift, value lag, factor averaging); unrolled, ``bias(K_t) ≤ b_∞ + (b_s − b_∞) q^{t − t_s}``
+  with floor ``b_∞ = ε/(1 − q)`` and ``b_s = bias(K_{t_s})``; before ``t_s`` (the first rounds
+  start from a random value block, and the bias may even rise) the bias term is
+  ``max_{t ≤ t_s} bias(K_t)``. The constants ``(t_s, q, b_∞)`` are fitted on the warm-up path
+  (an a-posteriori bound, :func:`fit_inexact_pl`): for every burn-in and floor the smallest
+  ``q`` for which the unrolled inequality holds at every round, and of these the triple whose
+  bound certifies the smallest excess risk ``min_{T0} U(T0)``. The unrolled inequality
+  therefore holds on the path by construction; the stepwise recursion, the PL inequality and
+  the smoothness condition behind it are checked and reported separately.
 * **frozen stage** (second term): exact closed forms at the warm-up kernel ``K_{T0}``
   (docs/theory.md §5): the value drift floor ``D``, the value lag at freezing
   ``u = ½‖V_{T0} − V_FA‖²_Ã`` and the ``Ã``-norm contraction ``τ ρ^{k} = ‖Ã^{½} M^{k} Ã^{-½}‖₂``
-  after ``k = T − T0`` frozen rounds (``M`` symmetric, so ``τ ≤ √κ(Ã)``). The bound follows
-  from ``F_λ(K, V) − Φ_λ(K) = ½‖V − V*_λ‖²_Ã`` and the triangle inequality; it needs a
+  after ``k = T − T0`` frozen rounds (``M`` symmetric, so ``τ ≤ √κ(Ã)``). With
+  ``F_λ(K, V) − Φ_λ(K) = ½‖V − V*_λ‖²_Ã`` and the triangle inequality, ``D + unfinished ≤
+  (√D + τρ^k √u)²``, and also ``≤ (c̄ √D + τρ^k √g)²`` with ``g = F_λ(θ_{T0}) − Φ_λ(K_{T0})`` and
+  ``c̄ = ‖I − M^k‖_Ã`` (exact for plain FedAvg); ``U`` uses the smaller. This needs a
   full-batch, full-participation frozen stage (the affine map of §5).
 
 ``T0_theory`` is the exact minimiser of ``U`` over ``0..T``; :func:`closed_form_warmup` is the
@@ -36,7 +43,7 @@ closed-form minimiser of the two-term model (geometric bias, drift floor growing
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -136,6 +143,7 @@ class BoundConstants:
     drift_floor_initial: float
 
     def as_dict(self) -> dict:
+        """The constants as a plain ``{name: value}`` dictionary."""
         return dict(self.__dict__)
 
 
@@ -157,10 +165,12 @@ class TradeoffBound:
 
     @property
     def U(self) -> np.ndarray:
+        """``U(T0)`` for ``T0 = 0..T``."""
         return self.curve["U"].to_numpy()
 
     @property
     def violated(self) -> list[AssumptionCheck]:
+        """The checks that failed on the simulated path."""
         return [c for c in self.checks if not c.holds]
 
 
@@ -176,10 +186,12 @@ class Recommendation:
 
     @property
     def T0_theory(self) -> int:
+        """The recommended warm-up ``argmin_{T0} U(T0)``."""
         return self.bound.T0_theory
 
     @property
     def measured_gain(self) -> float | None:
+        """``R(T) − R(T0_theory)`` from the two simulations (``None`` if not measured or diverged)."""
         if self.measured is None or self.measured["diverged"].any():
             return None
         R = self.measured.set_index("warmup_rounds")["excess_risk"]
@@ -362,7 +374,9 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     """Per round ``t`` of the warm-up path, every quantity of ``U`` and of its assumptions.
 
     Columns: ``round``, ``profile_objective`` ``Φ_λ(K_t)``, ``bias``, ``drift_floor`` ``D(K_t)``,
-    ``value_lag`` ``u(t)``, ``contraction_rate`` ``ρ(K_t)``, ``transient`` ``‖Ã^{½}M^{T−t}Ã^{-½}‖``,
+    ``value_lag`` ``u(t) = ½‖V_t − V_FA‖²_Ã``, ``value_gap`` ``g(t) = ½‖V_t − V*_λ‖²_Ã``,
+    ``contraction_rate`` ``ρ(K_t)``, ``transient`` ``‖Ã^{½}M^{T−t}Ã^{-½}‖``, ``complement``
+    ``‖Ã^{½}(I − M^{T−t})Ã^{-½}‖``,
     ``tau`` (= transient / ρ^{T−t}), ``sqrt_condition`` ``√κ(Ã)``, ``factor_gradient_sq``
     ``‖∇_{(W_Q,W_K)}Φ_λ‖²``, ``factor_step`` ``‖θ_{t+1} − θ_t‖`` and ``gradient_change``,
     ``zeta2``, ``curvature_spread2``, ``lambda_min``, ``drift_leading_order``, ``drift_upper``,
@@ -660,12 +674,14 @@ def format_recommendation(rec: Recommendation, curve_rows: int | None = None) ->
     return "\n".join(lines)
 
 
-def recommend_main(config_path_or_config, out=sys.stdout, *, measure: bool = True) -> int:
+def recommend_main(config_path_or_config, out=None, *, measure: bool = True) -> int:
     """Entry point for ``linattn recommend CONFIG.toml``: print the recommendation report.
 
-    Returns the exit status: 0 on success, 2 for an invalid configuration (message on stderr),
-    3 when the FedAvg warm-up path diverges.
+    ``out`` defaults to ``sys.stdout``. Returns the exit status: 0 on success, 2 for an invalid
+    configuration (message on stderr, nothing printed to ``out``), 3 when the FedAvg warm-up path
+    diverges.
     """
+    out = sys.stdout if out is None else out
     try:
         config = (config_path_or_config if isinstance(config_path_or_config, RunConfig)
                   else load_config(config_path_or_config))
