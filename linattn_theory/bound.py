@@ -53,7 +53,7 @@ from .config import ConfigError, RunConfig, load_config
 from .federated import Divergence, clients_from_config, initial_params, run_schedule
 from .model import Params, _value_matrix, kernel
 from .moments import value_moments
-from .tasks import stack_clients
+from .tasks import StackedClients, stack_clients
 from .theory import (centralized_optimum, contraction_rate, excess_risk_by_warmup, fedavg_fixed_point,
                      frozen_stage_map, profile_gradient, profile_objective, value_drift_floor)
 
@@ -252,27 +252,28 @@ def _host(a) -> np.ndarray:
     return np.asarray(to_numpy(a), dtype=np.float64)
 
 
+def _stacked(clients) -> StackedClients:
+    return clients if isinstance(clients, StackedClients) else stack_clients(clients)
+
+
 def _moments(K, data, lam):
-    """Per-client ``Ã_c``, ``B_c``, weights and the global ``Ã``, ``V*_λ`` (host arrays)."""
+    """Per-client ``Ã_c`` ``(m, Hd, Hd)``, ``B_c``, weights ``p_c`` and the global ``Ã`` (host arrays)."""
     mom = value_moments(K, data)
     A_c, B_c, w = _host(mom.A), _host(mom.B), _host(mom.weights)
-    n = A_c.shape[-1]
-    A_c = A_c + lam * np.eye(n)
-    A = np.sum(w[:, None, None] * A_c, axis=0)
-    B = np.sum(w[:, None, None] * B_c, axis=0)
-    return A_c, B_c, w, A, B
+    A_c = A_c + lam * np.eye(A_c.shape[-1])
+    return A_c, B_c, w, np.sum(w[:, None, None] * A_c, axis=0)
 
 
 def _client_gradients_at_optimum(K, data, lam):
     """``g_c = ∇_V F_{λ,c}(K, V*_λ) = Ã_c V* − B_c`` (``Σ_c p_c g_c = 0``) and the moments."""
-    A_c, B_c, w, A, B = _moments(K, data, lam)
+    A_c, B_c, w, A = _moments(K, data, lam)
     _, V_star = profile_objective(K, data, lam)
     return A_c @ V_star - B_c, A_c, w, A
 
 
 def gradient_dissimilarity(K, clients, lam: float = 0.0) -> float:
     """Client dissimilarity ``ζ²(K) = Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ(K))‖_F²`` at the value optimum (docs/theory.md §6)."""
-    data = clients if hasattr(clients, "sample_weight") else stack_clients(clients)
+    data = _stacked(clients)
     g, _, w, _ = _client_gradients_at_optimum(K, data, lam)
     return float(np.sum(w * np.sum(g * g, axis=(-2, -1))))
 
@@ -288,7 +289,7 @@ def drift_floor_leading_order(K, clients, eta: float, E: int, lam: float = 0.0) 
     ``σ_A² = Σ_c p_c ‖Ã_c − Ã‖₂²`` (Cauchy–Schwarz). Returns ``leading_order`` (``D₂``),
     ``upper`` (the right-hand bound), ``zeta2``, ``curvature_spread2`` and ``lambda_min``.
     """
-    data = clients if hasattr(clients, "sample_weight") else stack_clients(clients)
+    data = _stacked(clients)
     g, A_c, w, A = _client_gradients_at_optimum(K, data, lam)
     spread = A_c - A
     s = np.sum(w[:, None, None] * (spread @ g), axis=0)
@@ -384,14 +385,14 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     """
     fed = config.federated
     T, eta, E, lam, s = fed.rounds, fed.learning_rate, fed.local_steps, fed.ridge, fed.server_learning_rate
-    data = stack_clients(clients)
+    data = _stacked(clients)
     rows, grads = [], []
     for t, params in enumerate(path.params):
         K = _host(kernel(params))
         phi, V_star = profile_objective(K, data, lam)
         M, _ = frozen_stage_map(K, data, eta, E, lam, s)
         V_FA = fedavg_fixed_point(K, data, eta, E, lam)
-        A_c, _, _, A, _ = _moments(K, data, lam)
+        A_c, _, _, A = _moments(K, data, lam)
         V = _value_matrix(np, _host(params.WV))
         e, f = V - V_FA, V - V_star
         k = T - t
