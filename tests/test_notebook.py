@@ -20,8 +20,10 @@ PAIRED = NOTEBOOK.with_suffix(".ipynb")
 EXERCISES = [
     "scale_symmetry", "value_gradient", "fedavg_e1_is_gd", "drift_grows_with_zeta",
     "profile_is_best_value_loss", "profile_scale_invariant", "envelope_gradient",
+    "drift_costs_kernel_quality",
     "no_drift_with_one_local_step", "drift_quadruples_with_zeta", "drift_scales_as_eta_squared",
-    "no_drift_with_identical_inputs", "best_warmup_earlier_with_more_heterogeneity",
+    "no_drift_with_identical_inputs", "bound_above_excess_risk", "recommended_warmup_regret",
+    "best_warmup_earlier_with_more_heterogeneity",
     "no_drift_train_to_the_end",
 ]
 
@@ -74,7 +76,7 @@ def test_script_draws_every_figure(script_run):
 
     _, tmp_path = script_run
     expected = {"1_model", "2_gradients", "3_client_drift", "4_profile_bias", "5_frozen_stage",
-                "6_tradeoff", "6_heterogeneity"}
+                "6_tradeoff", "6_bound", "6_heterogeneity"}
     written = {p.stem: p for p in (tmp_path / "figures").glob("*.png")}
     assert expected <= set(written), f"missing figures: {expected - set(written)}"
     for name in expected:
