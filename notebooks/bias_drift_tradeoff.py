@@ -478,7 +478,13 @@ print(f"D(K_{T0_demo}) = {value_drift_floor(K_frozen, stacked, ETA, E, LAM):.3e}
 
 # %%
 K_teacher = clients.truth["kernel"]
-D = lambda K, data, eta=ETA, steps=E: value_drift_floor(K, data, eta, steps, LAM)  # noqa: E731
+
+
+def D(K, data, eta=ETA, steps=E):
+    """The value drift floor D(K) for these clients, step size and local steps."""
+    return value_drift_floor(K, data, eta, steps, LAM)
+
+
 # (a) one local step: the fixed point is the centralised minimiser
 D_e1 = D(K_frozen, stacked, steps=1)
 # (b) ζ_V → 2 ζ_V (same inputs, see `two_clients`)
