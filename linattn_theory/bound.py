@@ -4,26 +4,33 @@ The final excess risk of FedFrozen with warm-up ``T0`` out of ``T`` rounds split
 
     R(T0) = bias(K_{T0}) + D(K_{T0}) + [F_λ(K_{T0}, V_T) − F_λ(K_{T0}, V_FA)].
 
-``derivations/tradeoff.py`` bounds it by
+``derivations/tradeoff.py`` bounds it, for ``T0 ≥ t_s``, by
 
-    U(T0) = b_∞ + (b_0 − b_∞) q^{T0} + ( √D(K_{T0}) + τ ρ^{T−T0} √u(T0) )²,
+    U(T0) = b_∞ + (b_s − b_∞) q^{T0 − t_s} + ( √D(K_{T0}) + τ ρ^{T−T0} √u(T0) )²,
 
 and this module evaluates ``U`` on an instance. The modelling choices, each stated in the
 derivation and checked here along the simulated path (:class:`AssumptionCheck`):
 
 * **warm-up** (first term): inexact Polyak–Łojasiewicz descent of ``Φ_λ`` along the FedAvg
-  path, ``bias_{t+1} ≤ q bias_t + ε`` with ``q = 1 − 2μEη(1 − LEη/2)`` (PL constant ``μ`` and
-  smoothness ``L`` of ``Φ_λ`` in the factors ``(W_Q, W_K)``, ``E`` local steps of size ``η``)
-  and per-round inexactness ``ε`` (client drift, value lag, factor averaging); unrolled,
-  ``bias(K_t) ≤ b_∞ + (b_0 − b_∞) q^t`` with floor ``b_∞ = ε/(1 − q)``. The constants
-  ``(q, b_∞)`` are fitted on the warm-up path (an a-posteriori bound): for every floor on a
-  grid the smallest ``q`` for which the unrolled inequality holds at every round, and of these
-  the pair whose bound certifies the smallest excess risk ``min_{T0} U(T0)``.
+  path from a burn-in round ``t_s`` on, ``bias_{t+1} ≤ q bias_t + ε`` with
+  ``q = 1 − 2μEη(1 − LEη/2)`` (PL constant ``μ`` and smoothness ``L`` of ``Φ_λ`` in the factors
+  ``(W_Q, W_K)``, ``E`` local steps of size ``η``) and per-round inexactness ``ε`` (client
+  drift, value lag, factor averaging); unrolled, ``bias(K_t) ≤ b_∞ + (b_s − b_∞) q^{t − t_s}``
+  with floor ``b_∞ = ε/(1 − q)`` and ``b_s = bias(K_{t_s})``; before ``t_s`` (the first rounds
+  start from a random value block, and the bias may even rise) the bias term is
+  ``max_{t ≤ t_s} bias(K_t)``. The constants ``(t_s, q, b_∞)`` are fitted on the warm-up path
+  (an a-posteriori bound, :func:`fit_inexact_pl`): for every burn-in and floor the smallest
+  ``q`` for which the unrolled inequality holds at every round, and of these the triple whose
+  bound certifies the smallest excess risk ``min_{T0} U(T0)``. The unrolled inequality
+  therefore holds on the path by construction; the stepwise recursion, the PL inequality and
+  the smoothness condition behind it are checked and reported separately.
 * **frozen stage** (second term): exact closed forms at the warm-up kernel ``K_{T0}``
   (docs/theory.md §5): the value drift floor ``D``, the value lag at freezing
   ``u = ½‖V_{T0} − V_FA‖²_Ã`` and the ``Ã``-norm contraction ``τ ρ^{k} = ‖Ã^{½} M^{k} Ã^{-½}‖₂``
-  after ``k = T − T0`` frozen rounds (``M`` symmetric, so ``τ ≤ √κ(Ã)``). The bound follows
-  from ``F_λ(K, V) − Φ_λ(K) = ½‖V − V*_λ‖²_Ã`` and the triangle inequality; it needs a
+  after ``k = T − T0`` frozen rounds (``M`` symmetric, so ``τ ≤ √κ(Ã)``). With
+  ``F_λ(K, V) − Φ_λ(K) = ½‖V − V*_λ‖²_Ã`` and the triangle inequality, ``D + unfinished ≤
+  (√D + τρ^k √u)²``, and also ``≤ (c̄ √D + τρ^k √g)²`` with ``g = F_λ(θ_{T0}) − Φ_λ(K_{T0})`` and
+  ``c̄ = ‖I − M^k‖_Ã`` (exact for plain FedAvg); ``U`` uses the smaller. This needs a
   full-batch, full-participation frozen stage (the affine map of §5).
 
 ``T0_theory`` is the exact minimiser of ``U`` over ``0..T``; :func:`closed_form_warmup` is the
@@ -36,7 +43,7 @@ closed-form minimiser of the two-term model (geometric bias, drift floor growing
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -46,7 +53,7 @@ from .config import ConfigError, RunConfig, load_config
 from .federated import Divergence, clients_from_config, initial_params, run_schedule
 from .model import Params, _value_matrix, kernel
 from .moments import value_moments
-from .tasks import stack_clients
+from .tasks import StackedClients, stack_clients
 from .theory import (centralized_optimum, contraction_rate, excess_risk_by_warmup, fedavg_fixed_point,
                      frozen_stage_map, profile_gradient, profile_objective, value_drift_floor)
 
@@ -136,6 +143,7 @@ class BoundConstants:
     drift_floor_initial: float
 
     def as_dict(self) -> dict:
+        """The constants as a plain ``{name: value}`` dictionary."""
         return dict(self.__dict__)
 
 
@@ -157,10 +165,12 @@ class TradeoffBound:
 
     @property
     def U(self) -> np.ndarray:
+        """``U(T0)`` for ``T0 = 0..T``."""
         return self.curve["U"].to_numpy()
 
     @property
     def violated(self) -> list[AssumptionCheck]:
+        """The checks that failed on the simulated path."""
         return [c for c in self.checks if not c.holds]
 
 
@@ -176,10 +186,12 @@ class Recommendation:
 
     @property
     def T0_theory(self) -> int:
+        """The recommended warm-up ``argmin_{T0} U(T0)``."""
         return self.bound.T0_theory
 
     @property
     def measured_gain(self) -> float | None:
+        """``R(T) − R(T0_theory)`` from the two simulations (``None`` if not measured or diverged)."""
         if self.measured is None or self.measured["diverged"].any():
             return None
         R = self.measured.set_index("warmup_rounds")["excess_risk"]
@@ -240,27 +252,28 @@ def _host(a) -> np.ndarray:
     return np.asarray(to_numpy(a), dtype=np.float64)
 
 
+def _stacked(clients) -> StackedClients:
+    return clients if isinstance(clients, StackedClients) else stack_clients(clients)
+
+
 def _moments(K, data, lam):
-    """Per-client ``Ã_c``, ``B_c``, weights and the global ``Ã``, ``V*_λ`` (host arrays)."""
+    """Per-client ``Ã_c`` ``(m, Hd, Hd)``, ``B_c``, weights ``p_c`` and the global ``Ã`` (host arrays)."""
     mom = value_moments(K, data)
     A_c, B_c, w = _host(mom.A), _host(mom.B), _host(mom.weights)
-    n = A_c.shape[-1]
-    A_c = A_c + lam * np.eye(n)
-    A = np.sum(w[:, None, None] * A_c, axis=0)
-    B = np.sum(w[:, None, None] * B_c, axis=0)
-    return A_c, B_c, w, A, B
+    A_c = A_c + lam * np.eye(A_c.shape[-1])
+    return A_c, B_c, w, np.sum(w[:, None, None] * A_c, axis=0)
 
 
 def _client_gradients_at_optimum(K, data, lam):
     """``g_c = ∇_V F_{λ,c}(K, V*_λ) = Ã_c V* − B_c`` (``Σ_c p_c g_c = 0``) and the moments."""
-    A_c, B_c, w, A, B = _moments(K, data, lam)
+    A_c, B_c, w, A = _moments(K, data, lam)
     _, V_star = profile_objective(K, data, lam)
     return A_c @ V_star - B_c, A_c, w, A
 
 
 def gradient_dissimilarity(K, clients, lam: float = 0.0) -> float:
     """Client dissimilarity ``ζ²(K) = Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ(K))‖_F²`` at the value optimum (docs/theory.md §6)."""
-    data = clients if hasattr(clients, "sample_weight") else stack_clients(clients)
+    data = _stacked(clients)
     g, _, w, _ = _client_gradients_at_optimum(K, data, lam)
     return float(np.sum(w * np.sum(g * g, axis=(-2, -1))))
 
@@ -276,7 +289,7 @@ def drift_floor_leading_order(K, clients, eta: float, E: int, lam: float = 0.0) 
     ``σ_A² = Σ_c p_c ‖Ã_c − Ã‖₂²`` (Cauchy–Schwarz). Returns ``leading_order`` (``D₂``),
     ``upper`` (the right-hand bound), ``zeta2``, ``curvature_spread2`` and ``lambda_min``.
     """
-    data = clients if hasattr(clients, "sample_weight") else stack_clients(clients)
+    data = _stacked(clients)
     g, A_c, w, A = _client_gradients_at_optimum(K, data, lam)
     spread = A_c - A
     s = np.sum(w[:, None, None] * (spread @ g), axis=0)
@@ -362,7 +375,9 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     """Per round ``t`` of the warm-up path, every quantity of ``U`` and of its assumptions.
 
     Columns: ``round``, ``profile_objective`` ``Φ_λ(K_t)``, ``bias``, ``drift_floor`` ``D(K_t)``,
-    ``value_lag`` ``u(t)``, ``contraction_rate`` ``ρ(K_t)``, ``transient`` ``‖Ã^{½}M^{T−t}Ã^{-½}‖``,
+    ``value_lag`` ``u(t) = ½‖V_t − V_FA‖²_Ã``, ``value_gap`` ``g(t) = ½‖V_t − V*_λ‖²_Ã``,
+    ``contraction_rate`` ``ρ(K_t)``, ``transient`` ``‖Ã^{½}M^{T−t}Ã^{-½}‖``, ``complement``
+    ``‖Ã^{½}(I − M^{T−t})Ã^{-½}‖``,
     ``tau`` (= transient / ρ^{T−t}), ``sqrt_condition`` ``√κ(Ã)``, ``factor_gradient_sq``
     ``‖∇_{(W_Q,W_K)}Φ_λ‖²``, ``factor_step`` ``‖θ_{t+1} − θ_t‖`` and ``gradient_change``,
     ``zeta2``, ``curvature_spread2``, ``lambda_min``, ``drift_leading_order``, ``drift_upper``,
@@ -370,14 +385,14 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     """
     fed = config.federated
     T, eta, E, lam, s = fed.rounds, fed.learning_rate, fed.local_steps, fed.ridge, fed.server_learning_rate
-    data = stack_clients(clients)
+    data = _stacked(clients)
     rows, grads = [], []
     for t, params in enumerate(path.params):
         K = _host(kernel(params))
         phi, V_star = profile_objective(K, data, lam)
         M, _ = frozen_stage_map(K, data, eta, E, lam, s)
         V_FA = fedavg_fixed_point(K, data, eta, E, lam)
-        A_c, _, _, A, _ = _moments(K, data, lam)
+        A_c, _, _, A = _moments(K, data, lam)
         V = _value_matrix(np, _host(params.WV))
         e, f = V - V_FA, V - V_star
         k = T - t
@@ -660,12 +675,14 @@ def format_recommendation(rec: Recommendation, curve_rows: int | None = None) ->
     return "\n".join(lines)
 
 
-def recommend_main(config_path_or_config, out=sys.stdout, *, measure: bool = True) -> int:
+def recommend_main(config_path_or_config, out=None, *, measure: bool = True) -> int:
     """Entry point for ``linattn recommend CONFIG.toml``: print the recommendation report.
 
-    Returns the exit status: 0 on success, 2 for an invalid configuration (message on stderr),
-    3 when the FedAvg warm-up path diverges.
+    ``out`` defaults to ``sys.stdout``. Returns the exit status: 0 on success, 2 for an invalid
+    configuration (message on stderr, nothing printed to ``out``), 3 when the FedAvg warm-up path
+    diverges.
     """
+    out = sys.stdout if out is None else out
     try:
         config = (config_path_or_config if isinstance(config_path_or_config, RunConfig)
                   else load_config(config_path_or_config))
