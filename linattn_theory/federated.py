@@ -321,8 +321,13 @@ def _stage(blocks) -> str:
 
 
 def _divergence(t, F, K, data, lam, eta, stage) -> Divergence:
-    K_host_ok = bool(np.all(np.isfinite(to_numpy(K))))
-    safe = stable_learning_rate(K, data, lam) if K_host_ok else float("nan")
+    safe = float("nan")
+    if bool(np.all(np.isfinite(to_numpy(K)))):
+        try:                    # the curvature itself may overflow at a runaway kernel
+            with np.errstate(over="ignore", invalid="ignore"):
+                safe = stable_learning_rate(K, data, lam)
+        except np.linalg.LinAlgError:
+            pass
     stage = {"warmup": "warm-up", "frozen": "frozen stage"}.get(stage, stage.replace("_", " ") + " stage")
     msg = (f"diverged at round {t} ({stage}): F = {F:.3g} with learning_rate η = {eta:g}; "
            f"a stable step for the value block needs η < 2/λ_max(Ã_c) = {safe:.3g} "

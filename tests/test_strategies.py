@@ -336,3 +336,85 @@ def test_strategy_names_and_warmup_rounds():
 def test_bad_strategy_settings_are_rejected(key, value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
         make_config(**{key: value})
+
+
+# -- the comparison script (simulations/strategies.py) ------------------------------------------
+
+def load_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("strategies_script", ROOT / "simulations" / "strategies.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SMALL_SWEEP = """
+seeds = [0]
+strategies = {strategies}
+target_fraction = 0.5
+centralised_steps = 20
+[base.task]
+num_clients = 3
+samples_per_client = 12
+tokens = 4
+dim = 3
+heads = 1
+rank = 2
+outputs = 1
+[base.model]
+heads = 1
+rank = 2
+[base.federated]
+rounds = 6
+warmup_rounds = 3
+local_steps = 2
+learning_rate = 0.05
+[levels.low]
+"task.zeta_value" = 0.0
+"task.zeta_covariate" = 0.0
+[levels.medium]
+"task.zeta_value" = 0.5
+"task.zeta_covariate" = 0.2
+[levels.high]
+"task.zeta_value" = 1.0
+"task.zeta_covariate" = 0.4
+[overrides.fedadam]
+"federated.server_learning_rate" = 0.01
+"""
+
+
+def test_strategies_script_writes_table_markdown_and_figure(tmp_path):
+    script = load_script()
+    names = sorted(STRATEGIES)
+    config = tmp_path / "sweep.toml"
+    config.write_text(SMALL_SWEEP.format(strategies=repr(names).replace("'", '"')))
+    paths = script.make(tmp_path / "out", config=config)
+    summary = pd.read_csv(paths["csv"])
+    runs = pd.read_csv(paths["runs"])
+    assert len(summary) == 3 * len(names) and set(summary["strategy"]) == set(names)
+    assert list(summary["level"].unique()) == ["low", "medium", "high"]
+    ok = runs[~runs["diverged"]]
+    assert len(ok) > 0 and np.all(ok["excess_risk"] >= 0)
+    # the reference lies below every loss any run reached, and at or below the centralised one
+    assert np.all(runs["reference"] <= runs["final_loss"].where(~runs["diverged"], np.inf))
+    assert np.all(runs["reference"] <= runs["centralised_reference"])
+    # Γ is zero exactly for the strategies that never move the kernel after round 0
+    assert np.all(ok[ok["strategy"] == "random_kernel"]["kernel_drift"] == 0)
+    assert np.all(ok[ok["strategy"] != "random_kernel"]["kernel_drift"] > 0)
+    table = paths["markdown"].read_text().splitlines()
+    assert sum(line.startswith("| low |") for line in table) == len(names)
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 20_000
+    assert paths["pdf"].read_bytes()[:5] == b"%PDF-"
+
+
+def test_strategies_script_rejects_bad_settings_before_running(tmp_path):
+    script = load_script()
+    config = tmp_path / "sweep.toml"
+    config.write_text(SMALL_SWEEP.format(strategies='["fedavg", "fedmagic"]'))
+    out = tmp_path / "out"
+    assert script.main(["--config", str(config), "--out", str(out)]) == 2
+    assert not out.exists()
+    config.write_text(SMALL_SWEEP.format(strategies='["fedavg"]').replace("learning_rate = 0.05",
+                                                                          "learning_rate = -1"))
+    with pytest.raises(ConfigError, match="federated.learning_rate = -1"):
+        script.load_settings(config)
