@@ -15,6 +15,8 @@ from __future__ import annotations
 from .._array import array_namespace
 from .base import ServerRule, Strategy, local_sgd, train_all, zeros_like_blocks
 
+__all__ = ["NAME", "adam", "strategy"]
+
 NAME = "fedadam"
 
 

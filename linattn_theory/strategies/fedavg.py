@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from .base import Strategy, local_sgd, server_sgd, train_all
 
+__all__ = ["NAME", "strategy"]
+
 NAME = "fedavg"
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from .base import ServerRule, Strategy, local_sgd, train_all, zeros_like_blocks
 
+__all__ = ["NAME", "momentum", "strategy"]
+
 NAME = "fedavgm"
 
 

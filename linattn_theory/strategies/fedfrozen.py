@@ -16,6 +16,8 @@ from __future__ import annotations
 from . import fedprox, scaffold
 from .base import Strategy, freeze_after, local_sgd, server_sgd
 
+__all__ = ["NAME", "strategy", "random_kernel", "fedfrozen_fedprox", "fedfrozen_scaffold"]
+
 NAME = "fedfrozen"
 FROZEN = ("WV",)
 

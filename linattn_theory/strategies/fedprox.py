@@ -22,6 +22,8 @@ import numpy as np
 from .._array import to_numpy
 from .base import ClientRule, Strategy, server_sgd, train_all
 
+__all__ = ["NAME", "proximal", "strategy", "frozen_fixed_point"]
+
 NAME = "fedprox"
 
 

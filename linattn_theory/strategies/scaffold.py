@@ -18,6 +18,8 @@ from __future__ import annotations
 from .base import (ClientRule, Strategy, scatter_clients, server_sgd, take_clients, train_all,
                    weighted_sum, zeros_like_blocks)
 
+__all__ = ["NAME", "control_variates", "strategy"]
+
 NAME = "scaffold"
 
 

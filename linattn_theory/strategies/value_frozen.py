@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from .base import Strategy, freeze_after, local_sgd, server_sgd
 
+__all__ = ["NAME", "strategy"]
+
 NAME = "value_frozen"
 
 
