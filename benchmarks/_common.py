@@ -122,12 +122,13 @@ def print_table(headers, rows) -> None:
 def relative_difference(a, b) -> float:
     """Largest ``|a − b| / |b|`` (0 where equal) between two run tables, two ``Params`` or two arrays.
 
-    Tables are compared on their numeric columns (their ``stage`` columns must be equal);
-    ``Params`` block by block.
+    Tables are compared on their numeric columns (their ``stage`` and ``strategy`` columns
+    must be equal); ``Params`` block by block.
     """
     if hasattr(a, "columns"):
-        assert list(a["stage"]) == list(b["stage"]), "the tables' stages differ"
-        numeric = [c for c in a.columns if c != "stage"]
+        labels = ("stage", "strategy")
+        assert all(list(a[c]) == list(b[c]) for c in labels), "the tables' stages or strategies differ"
+        numeric = [c for c in a.columns if c not in labels]
         a, b = a[numeric].to_numpy(float), b[numeric].to_numpy(float)
     elif hasattr(a, "WV"):
         return max(relative_difference(getattr(a, k), getattr(b, k)) for k in ("WQ", "WK", "WV"))

@@ -1,11 +1,14 @@
-"""The two-stage federated schedule: FedAvg and FedFrozen (docs/theory.md §3).
+"""The federated round engine: FedAvg, FedFrozen and the other strategies (docs/theory.md §3).
 
 Round ``t``: the server sends ``θ^t``; each participating client runs ``E`` local gradient
-steps with step ``η`` on its own ``F_{λ,c}`` (full batch or minibatches of size ``b``); the
-server moves to ``θ^t + η_s Σ_c p̃_c (θ_c − θ^t)`` with ``p̃_c`` the weights renormalised over
-the participants. FedFrozen (Wang et al., FedFrozen, arXiv:2605.06446) updates every block
-for ``t < T0`` and only ``W_V`` afterwards (``W_Q``, ``W_K`` are never touched, so they stay
-bit-identical); FedAvg (McMahan et al. 2017) is ``T0 = T``.
+steps with step ``η`` on its own ``F_{λ,c}`` (full batch or minibatches of size ``b``), plus the
+strategy's gradient correction (FedProx, SCAFFOLD); the server takes the strategy's step on the
+weighted mean delta ``Δ = Σ_c p̃_c θ_c − θ^t`` (``p̃_c`` the weights renormalised over the
+participants; FedAvg: ``θ^t + η_s Δ``). The strategy's schedule says which blocks train in round
+``t``: FedFrozen ("FedFrozen: Two-Stage Federated Optimization via Attention Kernel Freezing", arXiv:2605.06446) updates every block for ``t < T0``
+and only ``W_V`` afterwards (``W_Q``, ``W_K`` are never touched, so they stay bit-identical);
+FedAvg (McMahan et al. 2017) is ``T0 = T``. The strategies live in
+:mod:`linattn_theory.strategies`, one module each.
 
 All clients' local steps run at once as batched array operations (leading client axis).
 """
@@ -16,6 +19,7 @@ import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -24,11 +28,14 @@ from ._array import array_namespace, to_numpy
 from .backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
 from .config import FederatedConfig, RunConfig
 from .model import BLOCKS, Params, _flat, _value_matrix, features, kernel, loss_and_grad_from_moments
+from .strategies import Round, Strategy, make_strategy
+from .strategies.base import weighted_sum
 from .tasks import (SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, StackedClients, make_clients,
                     seed_sequence, stack_clients)
 
 __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
-           "run_metadata", "RunResult", "Divergence", "value_curvature", "stable_learning_rate"]
+           "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
+           "stable_learning_rate", "hessian_curvature"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,27 @@ class RunResult:
     @property
     def diverged(self) -> bool:
         return self.divergence is not None
+
+
+class RunState(NamedTuple):
+    """Everything the round loop carries into round ``round``; a run continues from it exactly.
+
+    :func:`run_schedule` passes one to ``on_round`` after every round and continues from one
+    given as ``prefix``. ``rows`` are the table rows ``0..round``; ``initial`` (``θ^0``),
+    ``best`` (the iterate of least ``F_λ`` so far, ``best_loss``) feed the divergence report;
+    ``warmup_params`` is ``θ^{T0}`` once reached (else ``None``); ``client_state`` and
+    ``server_state`` are the strategy's (control variates, server momentum, ...).
+    """
+
+    round: int
+    params: Params
+    rows: tuple
+    initial: Params
+    best: Params
+    best_loss: float
+    warmup_params: Params | None
+    client_state: Any
+    server_state: Any
 
 
 def clients_from_config(config: RunConfig):
@@ -82,6 +110,42 @@ def value_curvature(K, data: StackedClients, ridge: float = 0.0):
 def stable_learning_rate(K, data: StackedClients, ridge: float = 0.0) -> float:
     """The value block's stability limit ``2 / max_c λ_max(Ã_c)`` (docs/theory.md §5)."""
     return float(2.0 / np.max(value_curvature(K, data, ridge)))
+
+
+def hessian_curvature(params: Params, data: StackedClients, ridge: float = 0.0,
+                      iterations: int = 50, seed: int = 0) -> np.ndarray:
+    """``λ_max(∇²F_{λ,c}(θ))`` per client for the full model, by power iteration (host array ``(m,)``).
+
+    Hessian-vector products are central differences of the closed-form gradients,
+    ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``; all clients are iterated at once.
+    """
+    xp = array_namespace(data.S)
+    m = data.S.shape[0]
+    rng = np.random.default_rng(seed)
+    stacked = params.map(lambda a: xp.broadcast_to(a, (m,) + tuple(a.shape)))
+
+    def grad(P):
+        _, g = loss_and_grad_from_moments(P, data.S, data.q, data.y, data.sample_weight)
+        return g.replace(WV=g.WV + ridge * P.WV)
+
+    def norm(v):
+        return xp.sqrt(sum(_sq_norm(xp, getattr(v, b)) for b in BLOCKS))
+
+    def scale(v, c):
+        return v.map(lambda a: a * xp.reshape(c, (-1,) + (1,) * (a.ndim - 1)))
+
+    v = stacked.map(lambda a: xp.asarray(rng.normal(size=a.shape), dtype=a.dtype))
+    v = scale(v, 1.0 / norm(v))
+    size = max(float(to_numpy(xp.max(xp.abs(getattr(params, b))))) for b in BLOCKS)
+    eps = 1e-5 * max(size, 1.0)
+    estimate = xp.zeros((m,), dtype=data.S.dtype)
+    for _ in range(iterations):
+        plus = grad(stacked.map(lambda a, u: a + eps * u, v))
+        minus = grad(stacked.map(lambda a, u: a - eps * u, v))
+        hv = plus.map(lambda a, b: (a - b) / (2 * eps), minus)
+        estimate = norm(hv)
+        v = scale(hv, 1.0 / xp.maximum(estimate, xp.asarray(1e-300, dtype=estimate.dtype)))
+    return to_numpy(estimate)
 
 
 def _git_revision() -> str:
@@ -118,9 +182,11 @@ def run_metadata(config: RunConfig) -> dict:
 
 
 def simulate(config: RunConfig, clients=None, *, progress: bool = False,
-             params: Params | None = None, max_bytes: int | str | None = "auto") -> RunResult:
+             params: Params | None = None, frozen_features=None,
+             max_bytes: int | str | None = "auto") -> RunResult:
     """Run ``config`` end to end: build the clients, initialise, run the schedule.
 
+    ``frozen_features`` is passed to :func:`run_schedule` (features of the frozen stage).
     ``max_bytes`` bounds a round's working set (see :func:`run_schedule`; ``"auto"``:
     cache-sized chunks of clients on the CPU when the round does not fit in cache, one chunk
     on a GPU, :func:`~linattn_theory.backend.resolve_max_bytes`); results do not depend on it.
@@ -128,7 +194,7 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     data, params = prepare_run(config, clients, params)
     max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
-                          progress=progress, max_bytes=max_bytes)
+                          progress=progress, frozen_features=frozen_features, max_bytes=max_bytes)
     result.metadata.update(run_metadata(config))
     return result
 
@@ -165,7 +231,7 @@ def _take(xp, a, idx):
 
 def _weighted_sum(xp, weights, a):
     """``Σ_c w_c a_c`` over the leading axis."""
-    return xp.sum(xp.reshape(weights, (-1,) + (1,) * (a.ndim - 1)) * a, axis=0)
+    return weighted_sum(weights, a)
 
 
 def _sq_norm(xp, a):
@@ -182,28 +248,43 @@ def _client_losses(xp, params: Params, data: StackedClients, phi=None):
     return 0.5 * xp.sum(e * e * data.sample_weight[..., None], axis=(-2, -1))
 
 
+@np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
 def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, warmup_rounds: int,
-                 seed: int = 0, *, progress: bool = False, max_bytes: int | None = None,
-                 prefix: pd.DataFrame | None = None, on_round=None) -> RunResult:
-    """Run ``fed.rounds`` rounds from ``params`` on stacked clients; freeze ``W_Q, W_K`` at ``warmup_rounds``.
+                 seed: int = 0, *, progress: bool = False, strategy: Strategy | None = None,
+                 frozen_features=None, max_bytes: int | None = None, prefix: RunState | None = None,
+                 on_round=None) -> RunResult:
+    """Run ``fed.rounds`` rounds of ``fed.strategy`` from ``params`` on stacked clients.
+
+    ``warmup_rounds`` is ``T0``: the round at which FedFrozen-type strategies freeze blocks, and
+    the round whose parameters are returned as ``warmup_params``. ``strategy`` overrides the one
+    named in ``fed`` (any :class:`~linattn_theory.strategies.Strategy`). While the kernel is
+    frozen (only ``W_V`` trains) the model is linear in ``V`` with features ``φ`` computed once
+    at the frozen kernel (docs/theory.md §5); ``frozen_features(params) -> φ`` of shape
+    ``(m, N, H·d)`` replaces them (static heads, :mod:`linattn_theory.static`).
+
+    ``max_bytes`` bounds the working set a round adds to the stacked data: the participants'
+    local steps run in chunks of clients (:func:`~linattn_theory.backend.client_chunks`; ``None``:
+    one chunk). Each chunk sees the client rule's state through a :class:`Round` restricted to
+    its participants, and the rule's state update and the server step see all of them, so the
+    results are identical for every budget (a client rule's correction must act on each
+    participant separately, as every rule of :mod:`linattn_theory.strategies` does).
+
+    ``on_round(state)`` is called with the :class:`RunState` of every round the run reaches
+    (``θ^t`` and all the loop carries). ``prefix`` continues a run from such a state (then
+    ``params`` must be ``prefix.params``): the rounds after ``prefix.round`` follow exactly as in
+    the uninterrupted run, provided the strategy agrees with the earlier run's on the rounds
+    before (shared warm-up prefixes, :mod:`linattn_theory.warmup_sweep`).
 
     Returns the per-round table (row ``t`` describes ``θ^t``; drift columns describe the round
     that produced it), the final parameters and those at round ``T0``.
-
-    ``max_bytes`` bounds the working set a round adds to the stacked data: the participating
-    clients train in chunks (:func:`~linattn_theory.backend.client_chunks`); clients are
-    independent within a round, so the results are identical for every budget.
-    ``prefix`` continues a run: it is the table (rows ``0..s``, ``s <= warmup_rounds``) of a
-    run whose round-``s`` parameters are ``params``, and rounds ``s..T-1`` follow exactly as
-    in the uninterrupted run (shared warm-up prefixes, :mod:`linattn_theory.warmup_sweep`).
-    ``on_round(t, params)`` is called with ``θ^t`` for every round ``t`` the run reaches.
     """
     from tqdm.auto import tqdm
 
     xp = array_namespace(data.S)
     m, Nmax = data.S.shape[0], data.S.shape[1]
+    H = params.WV.shape[-3]
     T, T0, E, eta, lam = fed.rounds, warmup_rounds, fed.local_steps, fed.learning_rate, fed.ridge
-    H, d, _, p = params.shape
+    strategy = make_strategy(fed, T0) if strategy is None else strategy
 
     def global_loss(params, phi=None):
         losses = _client_losses(xp, params, data, phi)
@@ -212,122 +293,210 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
 
     if prefix is None:
         F0, F0_reg, losses0 = global_loss(params)
-        rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m)]
+        rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m,
+                     strategy.name)]
+        state = RunState(0, params, tuple(rows), params, params, F0_reg,
+                         params if T0 == 0 else None, strategy.client.init(params, m),
+                         strategy.server.init(params))
     else:
-        rows = prefix.to_dict("records")
-        F0_reg = float(rows[0]["loss_regularized"])
-        if int(rows[-1]["round"]) > T0:
-            raise ValueError(f"prefix ends at round {rows[-1]['round']}; expected a round <= "
-                             f"warmup_rounds = {T0} (the kernel must not be frozen yet)")
-    start = int(rows[-1]["round"])
+        state = _check_prefix(prefix, params, T, T0)
+        rows = list(state.rows)
+    start_round = state.round
+    warm_params = state.warmup_params if start_round > T0 else None   # else set at round T0
+    initial, best, best_loss = state.initial, state.best, state.best_loss
+    client_state, server_state = state.client_state, state.server_state
+    F0_reg = float(rows[0]["loss_regularized"])
     gamma = float(rows[-1]["cumulative_kernel_drift"])
-    warm_params = params if T0 == start else None
+    working = client_working_bytes(data, H, fed.batch_size)
     phi_frozen = None
     divergence = None
-    working = client_working_bytes(data, H, fed.batch_size)
     if on_round is not None:
-        on_round(start, params)
-    for t in tqdm(range(start, T), disable=not progress, desc="rounds", unit="round", leave=False):
-        warm = t < T0
-        if not warm and phi_frozen is None:
+        on_round(state)
+    for t in tqdm(range(start_round, T), disable=not progress, desc="rounds", unit="round",
+                  leave=False):
+        if t == T0:
             warm_params = params
-            phi_frozen = _flat(xp, features(kernel(params), data.S, data.q), 2)   # (m, N, Hd)
+        blocks = strategy.schedule(t)
+        kernel_frozen = "WQ" not in blocks and "WK" not in blocks
+        if not kernel_frozen:
+            phi_frozen = None          # the kernel moves: features are recomputed when it freezes
+        elif phi_frozen is None:
+            phi_frozen = (_flat(xp, features(kernel(params), data.S, data.q), 2)   # (m, N, Hd)
+                          if frozen_features is None else frozen_features(params))
         part = _participants(t, m, fed.participation, seed)
-        full = len(part) == m
-        pw = data.weights if full else xp.take(data.weights, xp.asarray(part), axis=0)
-        pw = pw / xp.sum(pw)
+        client_weights = data.weights if len(part) == m else xp.take(data.weights, xp.asarray(part), axis=0)
+        pw = client_weights / xp.sum(client_weights)
         batches = None
         if fed.batch_size is not None:
             batches = _minibatch_indices(t, part, data.sizes, Nmax, E, fed.batch_size, seed)
-
-        def select(a, lo, hi):
-            if full:
-                return a if hi - lo == m else a[lo:hi, ...]
-            return xp.take(a, xp.asarray(part[lo:hi]), axis=0)
-
-        def local_training(lo, hi):
-            """``E`` local steps of the participants ``part[lo:hi]``, all at once."""
-            k = hi - lo
-            chunk_batches = None if batches is None else batches[lo:hi]
-            if warm:
-                client = params.map(lambda a: xp.broadcast_to(a, (k,) + tuple(a.shape)))
-                S, q, y, w = (select(a, lo, hi) for a in (data.S, data.q, data.y, data.sample_weight))
-                for e in range(E):
-                    if chunk_batches is not None:
-                        S, q, y = (_take(xp, a, chunk_batches[:, e, :]) for a in (data.S, data.q, data.y))
-                        w = xp.full(S.shape[:2], 1.0 / fed.batch_size, dtype=S.dtype)
-                    _, g = loss_and_grad_from_moments(client, S, q, y, w)
-                    client = Params(client.WQ - eta * g.WQ, client.WK - eta * g.WK,
-                                    client.WV - eta * (g.WV + lam * client.WV))
-                return client
-            V = xp.broadcast_to(_value_matrix(xp, params.WV), (k, H * d, p))
-            phi, y, w = (select(a, lo, hi) for a in (phi_frozen, data.y, data.sample_weight))
-            for e in range(E):
-                if chunk_batches is not None:
-                    phi, y = (_take(xp, a, chunk_batches[:, e, :]) for a in (phi_frozen, data.y))
-                    w = xp.full(phi.shape[:2], 1.0 / fed.batch_size, dtype=phi.dtype)
-                err = (xp.matmul(phi, V) - y) * w[..., None]
-                V = V - eta * (xp.matmul(xp.matrix_transpose(phi), err) + lam * V)
-            return Params(None, None, xp.reshape(V, (k, H, d, p)))
-
         k = len(part)
-        pieces = [local_training(lo, hi) for lo, hi in client_chunks(k, working, max_bytes)]
-        client = pieces[0] if len(pieces) == 1 else Params(*(
-            None if getattr(pieces[0], b) is None else xp.concat([getattr(c, b) for c in pieces], axis=0)
-            for b in BLOCKS))
+        rnd = Round(t, blocks, part, m, client_weights, pw, E, eta)
 
-        # server: θ ← θ + η_s Σ p̃_c (θ_c − θ); frozen blocks are left untouched
-        trained = BLOCKS if warm else ("WV",)
-        new, drift = {}, {b: 0.0 for b in BLOCKS}
-        for b in trained:
-            theta, theta_c = getattr(params, b), getattr(client, b)
-            average = _weighted_sum(xp, pw, theta_c)
-            new[b] = theta + fed.server_learning_rate * (average - theta)
-            drift[b] = float(to_numpy(xp.sum(pw * _sq_norm(xp, theta_c - average))))
-        params = params.replace(**new)
+        # clients: E local steps from θ^t, all participants at once (in chunks within max_bytes)
+        anchor = {b: getattr(params, b) for b in blocks}
+        inputs = (phi_frozen,) if kernel_frozen else (data.S, data.q)
+        pieces = [_local_training(xp, params, rnd, lo, hi, strategy.client, client_state, inputs,
+                                  data, batches, fed)
+                  for lo, hi in client_chunks(k, working, max_bytes)]
+        local = pieces[0] if len(pieces) == 1 else {
+            b: xp.concat([piece[b] for piece in pieces], axis=0) for b in blocks}
+        client_state = strategy.client.update(client_state, rnd, anchor, local)
+
+        # server: Δ_b = Σ p̃_c θ_{c,b} − θ_b, θ_b ← θ_b + step_b; untrained blocks are left untouched
+        delta, drift = {}, {b: 0.0 for b in BLOCKS}
+        for b in blocks:
+            average = _weighted_sum(xp, pw, local[b])
+            delta[b] = average - anchor[b]
+            drift[b] = float(to_numpy(xp.sum(pw * _sq_norm(xp, local[b] - average))))
+        step, server_state = strategy.server.update(server_state, rnd, delta)
+        start, params = params, params.replace(**{b: anchor[b] + step[b] for b in blocks})
         kernel_drift = 0.0
-        if warm:
-            K_c = xp.matmul(client.WQ, xp.matrix_transpose(client.WK))
+        if not kernel_frozen:
+            WQ_c, WK_c = (local[b] if b in local else getattr(start, b) for b in ("WQ", "WK"))
+            K_c = xp.matmul(WQ_c, xp.matrix_transpose(WK_c))
             kernel_drift = float(to_numpy(xp.sum(pw * _sq_norm(xp, K_c - kernel(params)))))
             gamma += kernel_drift
-        F, F_reg, losses = global_loss(params, None if warm else phi_frozen)
-        rows.append(_row(t + 1, "warmup" if warm else "frozen", F, F_reg, losses, kernel_drift,
-                         gamma, drift, k))
+        F, F_reg, losses = global_loss(params, phi_frozen if kernel_frozen else None)
+        if F_reg < best_loss:
+            best, best_loss = params, F_reg
+        rows.append(_row(t + 1, _stage(blocks), F, F_reg, losses, kernel_drift, gamma, drift, k,
+                         strategy.name))
         if on_round is not None:
-            on_round(t + 1, params)
+            reached = warm_params if t + 1 > T0 else params if t + 1 == T0 else None
+            on_round(RunState(t + 1, params, tuple(rows), initial, best, best_loss, reached,
+                              client_state, server_state))
         if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
-            K_prev = kernel(warm_params if warm_params is not None and not warm else params)
-            divergence = _divergence(t + 1, F_reg, K_prev, data, lam, eta, warm)
+            divergence = _divergence(t + 1, F_reg, [initial, best, start], data, lam, eta, blocks)
             break
     if warm_params is None:
         warm_params = params
-    return _result(rows, params, warm_params, divergence, T0)
+    return _result(rows, params, warm_params, divergence, T0, strategy.name)
 
 
-def _result(rows, params, warm_params, divergence, warmup_rounds) -> RunResult:
+def _check_prefix(prefix: RunState, params: Params, rounds: int, warmup_rounds: int) -> RunState:
+    """``prefix`` if a run of ``rounds`` rounds can continue from it with ``params``, else a ``ValueError``."""
+    if not isinstance(prefix, RunState):
+        raise ValueError(f"prefix is a {type(prefix).__name__}; expected the RunState that "
+                         f"run_schedule passes to on_round")
+    if params is not prefix.params:
+        raise ValueError("prefix: params must be prefix.params (the run continues from its state)")
+    if not 0 <= prefix.round <= rounds or len(prefix.rows) != prefix.round + 1:
+        raise ValueError(f"prefix ends at round {prefix.round} with {len(prefix.rows)} table rows; "
+                         f"expected a round in 0..fed.rounds = {rounds} and rows 0..round")
+    if prefix.round > warmup_rounds and prefix.warmup_params is None:
+        raise ValueError(f"prefix ends at round {prefix.round} > warmup_rounds = {warmup_rounds} "
+                         f"but holds no round-T0 parameters (warmup_params)")
+    return prefix
+
+
+def _local_training(xp, params: Params, rnd: Round, lo: int, hi: int, client_rule, client_state,
+                    inputs: tuple, data: StackedClients, batches, fed: FederatedConfig) -> dict:
+    """``E`` local steps from ``θ^t`` of the participants ``rnd.participants[lo:hi]``, all at once.
+
+    ``inputs`` are ``(φ,)`` with the kernel frozen, else ``(Ŝ, q)``, for all clients; returns the
+    trained blocks ``{b: θ_{c,b}}`` of the chunk. The client rule sees the chunk's ``Round``.
+    """
+    part, m = rnd.participants, rnd.num_clients
+    k = hi - lo
+    if k < len(part):
+        rnd = rnd._replace(participants=part[lo:hi], client_weights=rnd.client_weights[lo:hi],
+                           weights=rnd.weights[lo:hi])
+
+    def select(a):
+        if len(part) == m:
+            return a if k == m else a[lo:hi, ...]
+        return xp.take(a, xp.asarray(part[lo:hi]), axis=0)
+
+    blocks, eta, lam = rnd.blocks, rnd.learning_rate, fed.ridge
+    anchor = {b: getattr(params, b) for b in blocks}
+    broadcast = {b: xp.broadcast_to(getattr(params, b), (k,) + tuple(getattr(params, b).shape))
+                 for b in BLOCKS}
+    local = {b: broadcast[b] for b in blocks}
+    kernel_frozen = len(inputs) == 1
+    batch = tuple(select(a) for a in inputs + (data.y, data.sample_weight))
+    for e in range(rnd.local_steps):
+        if batches is not None:
+            batch = tuple(_take(xp, a, batches[lo:hi, e, :]) for a in inputs + (data.y,))
+            batch += (xp.full(batch[0].shape[:2], 1.0 / fed.batch_size, dtype=batch[0].dtype),)
+        grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen)
+        correction = client_rule.correction(client_state, rnd, anchor, local)
+        for b in blocks:
+            g = grads[b] + lam * local[b] if b == "WV" else grads[b]
+            if b in correction:
+                g = g + correction[b]
+            local[b] = local[b] - eta * g
+    return local
+
+
+def _result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> RunResult:
     """The :class:`RunResult` of a finished run: table from ``rows``, parameters moved to the host."""
     table = pd.DataFrame(rows)
     host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
     meta = {"diverged": divergence is not None,
             "divergence": None if divergence is None else divergence.__dict__,
-            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": warmup_rounds}
+            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": warmup_rounds,
+            "strategy": strategy}
     return RunResult(table, host(params), host(warm_params), divergence, meta)
 
 
-def _divergence(t, F, K, data, lam, eta, warm) -> Divergence:
-    K_host_ok = bool(np.all(np.isfinite(to_numpy(K))))
-    safe = stable_learning_rate(K, data, lam) if K_host_ok else float("nan")
-    stage = "warm-up" if warm else "frozen stage"
+def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool) -> dict:
+    """``∇F_c`` of the trained blocks for every participant (without ridge and corrections).
+
+    With the kernel frozen ``batch = (φ, y, w)`` and the model is linear, ``ŷ = V^T φ``:
+    ``∇_V = Σ_i w_i φ_i e_i^T``; otherwise ``batch = (Ŝ, q, y, w)`` and the closed-form gradients
+    of :func:`~linattn_theory.model.loss_and_grad_from_moments` apply.
+    """
+    if kernel_frozen:
+        phi, y, w = batch
+        WV = local["WV"]
+        err = (xp.matmul(phi, _value_matrix(xp, WV)) - y) * w[..., None]
+        return {"WV": xp.reshape(xp.matmul(xp.matrix_transpose(phi), err), WV.shape)}
+    S, q, y, w = batch
+    _, g = loss_and_grad_from_moments(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
+                                      blocks=blocks)
+    return {b: getattr(g, b) for b in blocks}
+
+
+def _stage(blocks) -> str:
+    """Row label of a round: ``warmup`` (every block trains), ``frozen`` (only ``W_V``), ``value_frozen``."""
+    if tuple(blocks) == BLOCKS:
+        return "warmup"
+    return "frozen" if tuple(blocks) == ("WV",) else "value_frozen"
+
+
+@np.errstate(over="ignore", invalid="ignore")
+def _divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergence:
+    """Report a divergence at round ``t`` with a stable step: the smallest ``2/λ_max`` over ``points``.
+
+    ``points`` are finite iterates of the run (the start, the best so far, the last finite
+    one): in the factorised model the curvature grows as the kernel is learned, so the step
+    must be stable where the run was heading, not only where it started.
+    """
+    points = [P for P in points if all(np.all(np.isfinite(to_numpy(getattr(P, b)))) for b in BLOCKS)]
+    kernel_trains = "WQ" in blocks or "WK" in blocks
+    safe, where = float("nan"), "2/λ_max(Ã_c), the value block's curvature (docs/theory.md §5)"
+    try:                    # the curvature itself may overflow at a runaway kernel
+        safe = min(stable_learning_rate(kernel(P), data, lam) for P in points)
+        if kernel_trains:
+            curvature = max(float(np.max(hessian_curvature(P, data, lam))) for P in points)
+            if 2.0 / curvature < safe:
+                safe, where = 2.0 / curvature, "2/λ_max(∇²F_c), the full model's curvature at that round"
+    except (np.linalg.LinAlgError, ValueError):
+        pass
+    stage = _stage(blocks)
+    stage = {"warmup": "warm-up", "frozen": "frozen stage"}.get(stage, stage.replace("_", " ") + " stage")
     msg = (f"diverged at round {t} ({stage}): F = {F:.3g} with learning_rate η = {eta:g}; "
-           f"a stable step for the value block needs η < 2/λ_max(Ã_c) = {safe:.3g} "
-           f"(largest value-block curvature over the clients, docs/theory.md §5)")
+           f"try η < {safe:.3g} = {where}, largest over the clients and the run's finite iterates")
+    if kernel_trains:
+        msg += ("; below the value-block bound the frozen stage is guaranteed stable, while the "
+                "warm-up's curvature can grow as the kernel is learned: if it still diverges, halve η")
     return Divergence(t, float(F), safe, msg)
 
 
-def _row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants):
+def _row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants, strategy):
     row = {"round": t, "stage": stage, "loss": F, "loss_regularized": F_reg,
            "kernel_drift": kernel_drift, "cumulative_kernel_drift": gamma,
            "drift_WQ": drift["WQ"], "drift_WK": drift["WK"], "drift_WV": drift["WV"],
-           "participants": participants}
+           "participants": participants, "strategy": strategy}
     row.update({f"client_loss_{c}": float(v) for c, v in enumerate(losses)})
     return row

@@ -20,48 +20,30 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pandas as pd
 
 from ._array import array_namespace, to_numpy
 from .backend import resolve_max_bytes
 from .config import ConfigError, RunConfig
-from .federated import (RunResult, _divergence, _participants, _result, _row, _sq_norm,
+from .federated import (RunResult, RunState, _divergence, _participants, _result, _row, _sq_norm,
                         _weighted_sum, prepare_run, run_metadata, run_schedule)
 from .model import Params, _value_matrix, kernel
-from .moments import ValueMoments, value_moments, value_objective
+from .moments import value_moments, value_objective
+from .theory import frozen_client_map
 
-__all__ = ["warmup_sweep", "frozen_client_map", "frozen_stage_from_moments"]
+__all__ = ["warmup_sweep", "frozen_stage_from_moments"]
 
 FROZEN_STAGES = ("auto", "moments", "explicit")
 
 
-def frozen_client_map(moments: ValueMoments, learning_rate: float, local_steps: int,
-                      ridge: float = 0.0):
-    """Each client's ``E`` local steps on ``F_{λ,c}`` as an affine map ``V ↦ M_c V + b_c`` (docs/theory.md §5).
-
-    ``M_c = (I − η Ã_c)^E`` and ``b_c = Σ_{j<E} (I − η Ã_c)^j η B_c`` with ``Ã_c = A_c + λ I``;
-    built by applying the local step ``V ← V − η (Ã_c V − B_c)`` ``E`` times to ``(I, 0)``.
-    Returns ``(M, b)`` of shapes ``(m, Hd, Hd)`` and ``(m, Hd, p)``.
-    """
-    xp = array_namespace(moments.A, moments.B)
-    m, n = moments.A.shape[0], moments.A.shape[-1]
-    M = xp.broadcast_to(xp.eye(n, dtype=moments.A.dtype), (m, n, n))
-    b = xp.zeros_like(moments.B)
-    for _ in range(local_steps):
-        M = M - learning_rate * (xp.matmul(moments.A, M) + ridge * M)
-        b = b - learning_rate * (xp.matmul(moments.A, b) - moments.B + ridge * b)
-    return M, b
-
-
 @np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
-def frozen_stage_from_moments(params: Params, data, fed, warmup_rounds: int, seed: int,
-                              prefix) -> RunResult:
-    """Rounds ``T0..T−1`` of a full-batch frozen stage, in moment space (docs/theory.md §5).
+def frozen_stage_from_moments(prefix: RunState, data, fed, warmup_rounds: int,
+                              seed: int) -> RunResult:
+    """Rounds ``T0..T−1`` of a full-batch FedFrozen frozen stage, in moment space (docs/theory.md §5).
 
-    ``params`` is ``θ^{T0}`` (its kernel is frozen), ``prefix`` the table rows ``0..T0`` of the
-    run (a DataFrame or a list of row dictionaries). Each round draws the participants as the
-    simulator does, maps every participant's value block through :func:`frozen_client_map` and
-    applies the server step
+    ``prefix`` is the :class:`~linattn_theory.federated.RunState` of the run at round ``T0``
+    (``prefix.params = θ^{T0}``, whose kernel is frozen). Each round draws the participants as
+    the simulator does, maps every participant's value block through
+    :func:`~linattn_theory.theory.frozen_client_map` and applies the server step
     ``V ← V + η_s (Σ_c p̃_c V_c − V)``; the table's losses are ``F_c = value_objective(V)``.
     Equals :func:`~linattn_theory.federated.run_schedule` continued from ``prefix`` up to
     rounding (the moment form ``½ tr(VᵀA_cV) − tr(VᵀB_c) + ½ y2_c`` loses about
@@ -72,14 +54,20 @@ def frozen_stage_from_moments(params: Params, data, fed, warmup_rounds: int, see
                          f"full batches (batch_size = None)")
     xp = array_namespace(data.S)
     T, E, eta, lam = fed.rounds, fed.local_steps, fed.learning_rate, fed.ridge
+    if prefix.round != warmup_rounds:
+        raise ValueError(f"prefix ends at round {prefix.round}; expected the round-T0 state, "
+                         f"T0 = {warmup_rounds}")
+    params = prefix.params
     H, d, _, p = params.shape
     m = data.S.shape[0]
     K = kernel(params)
     moments = value_moments(K, data)
     M, b = frozen_client_map(moments, eta, E, lam)
-    rows = prefix.to_dict("records") if isinstance(prefix, pd.DataFrame) else list(prefix)
+    rows = list(prefix.rows)
     F0_reg = float(rows[0]["loss_regularized"])
     gamma = float(rows[-1]["cumulative_kernel_drift"])
+    best, best_loss = prefix.best, prefix.best_loss
+    current = params
     V = _value_matrix(xp, params.WV)
     divergence = None
     for t in range(warmup_rounds, T):
@@ -94,16 +82,19 @@ def frozen_stage_from_moments(params: Params, data, fed, warmup_rounds: int, see
         average = _weighted_sum(xp, pw, V_c)
         drift = float(to_numpy(xp.sum(pw * _sq_norm(xp, V_c - average))))
         V = V + fed.server_learning_rate * (average - V)
+        start, current = current, params.replace(WV=xp.reshape(V, (H, d, p)))
         losses = value_objective(V, moments)
         F = float(to_numpy(xp.sum(data.weights * losses)))
         F_reg = F + 0.5 * lam * float(to_numpy(xp.sum(V * V)))
+        if F_reg < best_loss:
+            best, best_loss = current, F_reg
         rows.append(_row(t + 1, "frozen", F, F_reg, to_numpy(losses), 0.0, gamma,
-                         {"WQ": 0.0, "WK": 0.0, "WV": drift}, len(part)))
+                         {"WQ": 0.0, "WK": 0.0, "WV": drift}, len(part), "fedfrozen"))
         if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
-            divergence = _divergence(t + 1, F_reg, K, data, lam, eta, False)
+            divergence = _divergence(t + 1, F_reg, [prefix.initial, best, start], data, lam, eta,
+                                     ("WV",))
             break
-    final = params.replace(WV=xp.reshape(V, (H, d, p)))
-    return _result(rows, final, params, divergence, warmup_rounds)
+    return _result(rows, current, params, divergence, warmup_rounds, "fedfrozen")
 
 
 def _check_warmups(warmups, T: int) -> list[int]:
@@ -150,15 +141,14 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
 
     checkpoints = {}
 
-    def keep(t, theta):
-        if t in warmups:
-            checkpoints[t] = theta
+    def keep(state):
+        if state.round in warmups:
+            checkpoints[state.round] = state
 
     longest = warmups[-1]
     warmup = dataclasses.replace(fed, strategy="fedfrozen", rounds=longest, warmup_rounds=longest)
     trajectory = run_schedule(theta0, data, warmup, longest, config.seed, progress=progress,
                               max_bytes=max_bytes, on_round=keep)
-    records = trajectory.table.to_dict("records")
     metadata = run_metadata(config)
     results = {}
     for T0 in warmups:
@@ -171,11 +161,10 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
         else:
             frozen = run_config.federated
             if use_moments:
-                result = frozen_stage_from_moments(checkpoints[T0], data, frozen, T0, config.seed,
-                                                   records[:T0 + 1])
+                result = frozen_stage_from_moments(checkpoints[T0], data, frozen, T0, config.seed)
             else:
-                result = run_schedule(checkpoints[T0], data, frozen, T0, config.seed,
-                                      max_bytes=max_bytes, prefix=trajectory.table.iloc[:T0 + 1])
+                result = run_schedule(checkpoints[T0].params, data, frozen, T0, config.seed,
+                                      max_bytes=max_bytes, prefix=checkpoints[T0])
         result.metadata.update(metadata, config=run_config.to_dict())
         results[T0] = result
     return results

@@ -118,8 +118,8 @@ def test_value_moments_equal_numpy(clients, params):
 def test_federated_rounds_equal_numpy(clients, params, fed):
     seen = []
 
-    def record(t, theta):
-        seen.append(all(_is_strict(getattr(theta, b)) for b in ("WQ", "WK", "WV")))
+    def record(state):
+        seen.append(all(_is_strict(getattr(state.params, b)) for b in ("WQ", "WK", "WV")))
 
     strict = run_schedule(_strict(params), stack_clients(clients, xp=xs), fed, fed.warmup_rounds,
                           seed=3, on_round=record)
@@ -153,7 +153,14 @@ def test_client_chunks():
 @pytest.mark.parametrize("federated", [
     {"rounds": 4, "warmup_rounds": 2, "local_steps": 2},
     {"rounds": 4, "warmup_rounds": 2, "local_steps": 2, "batch_size": 6, "participation": 0.7},
-], ids=["full", "minibatch-partial"])
+    # per-client state (control variates) indexed per chunk, with and without partial participation
+    {"rounds": 4, "warmup_rounds": 4, "local_steps": 2, "strategy": "scaffold", "participation": 0.7},
+    {"rounds": 4, "warmup_rounds": 1, "local_steps": 2, "strategy": "fedfrozen_scaffold",
+     "batch_size": 6},
+    {"rounds": 4, "warmup_rounds": 4, "local_steps": 2, "strategy": "fedprox", "participation": 0.7},
+    {"rounds": 4, "warmup_rounds": 4, "local_steps": 2, "strategy": "fedadam", "server_learning_rate": 0.01},
+], ids=["full", "minibatch-partial", "scaffold-partial", "fedfrozen_scaffold-minibatch",
+        "fedprox-partial", "fedadam"])
 def test_chunked_clients_give_identical_results(federated):
     config = config_from_dict({"seed": 2, "task": {"num_clients": 5, "samples_per_client": 30,
                                                     "dirichlet_alpha": 2.0},

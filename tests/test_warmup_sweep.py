@@ -10,7 +10,8 @@ from linattn_theory import config_from_dict, simulate, stack_clients
 from linattn_theory.model import Params, kernel
 from linattn_theory.moments import value_moments
 from linattn_theory.tasks import planted_kernel_clients
-from linattn_theory.warmup_sweep import frozen_client_map, warmup_sweep
+from linattn_theory.theory import frozen_client_map
+from linattn_theory.warmup_sweep import warmup_sweep
 
 RTOL = 1e-10   # moment-space frozen stage vs per-sample simulation: rounding only
 
@@ -29,7 +30,8 @@ def _assert_same_run(sweep_result, explicit, rtol):
     assert list(a.columns) == list(b.columns)
     assert list(a["stage"]) == list(b["stage"]) and list(a["round"]) == list(b["round"])
     assert list(a["participants"]) == list(b["participants"])
-    numeric = [c for c in a.columns if c not in ("stage", "round", "participants")]
+    assert list(a["strategy"]) == list(b["strategy"])
+    numeric = [c for c in a.columns if c not in ("stage", "round", "participants", "strategy")]
     np.testing.assert_allclose(b[numeric].to_numpy(float), a[numeric].to_numpy(float), rtol=rtol, atol=0)
     for block in ("WQ", "WK", "WV"):
         for which in ("params", "warmup_params"):
