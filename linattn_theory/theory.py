@@ -24,7 +24,7 @@ from scipy import optimize
 from ._array import array_namespace, to_numpy
 from .model import Params, _value_matrix, kernel, kernel_gradient_from_moments, loss_and_grad_from_moments
 from .moments import ValueMoments, value_moments, value_objective
-from .tasks import ClientDataset, FederatedDataset, StackedClients, stack_clients
+from .tasks import FederatedDataset, StackedClients, stack_clients
 
 __all__ = [
     "profile_objective",
@@ -645,25 +645,21 @@ def warmup_inexactness(config_or_params, clients=None, *, rounds: int | None = N
 def population_value_moments(K, config, samples: int = 4096) -> ValueMoments:
     """Monte-Carlo estimate of the population moments ``E_{D_c}[φφ^T]``, ``E_{D_c}[φ y^T]``, ``E_{D_c}‖y‖²``.
 
-    Fresh samples come from each client's own generator stream beyond its training samples: the
-    task of ``config`` is regenerated with ``samples`` more samples per client (the teacher and
-    every client's distribution are unchanged, which is checked through ``truth``) and only the
-    samples past the training ones are used. They are i.i.d. draws from ``D_c``. Weights are the
-    training ``p_c``. Returns host :class:`~linattn_theory.moments.ValueMoments`.
+    Fresh samples: the task of ``config`` is regenerated with ``samples`` samples per client drawn
+    from the evaluation stream (``fresh_samples=True``), independent of the training
+    samples, while the teacher and every client's distribution are unchanged (checked through
+    ``truth``). Weights are the training ``p_c``. Returns host :class:`~linattn_theory.moments.ValueMoments`.
     """
     from .federated import clients_from_config
+    from .tasks import make_clients
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
         raise ValueError(f"samples = {samples!r}; expected an integer >= 1")
     train = clients_from_config(config)
-    bigger = clients_from_config(config.with_updates(
-        {"task.samples_per_client": config.task.samples_per_client + int(samples)}))
+    options = {k: v for k, v in config.to_dict()["task"].items() if k != "family"}
+    options["samples_per_client"] = int(samples)
+    fresh = make_clients(config.task.family, seed=config.seed, fresh_samples=True, **options)
     for key, value in train.truth.items():
-        if not np.array_equal(value, bigger.truth[key]):
+        if not np.array_equal(value, fresh.truth[key]):
             raise RuntimeError(f"regenerating the task changed truth[{key!r}]; cannot draw fresh samples")
-    fresh = []
-    for c, ((X, q, y), N) in enumerate(zip(bigger, train.sizes)):
-        if X.shape[0] <= N:
-            raise ValueError(f"client {c} got no fresh samples; increase samples (= {samples})")
-        fresh.append(ClientDataset(X[N:], q[N:], y[N:]))
-    data = stack_clients(FederatedDataset(tuple(fresh), train.weights, train.family, train.truth))
+    data = stack_clients(FederatedDataset(fresh.clients, train.weights, train.family, train.truth))
     return _host_moments(_check_kernel(K, data), data)
