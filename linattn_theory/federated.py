@@ -27,7 +27,7 @@ from .tasks import (SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, StackedClient
                     seed_sequence, stack_clients)
 
 __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "RunResult",
-           "Divergence", "value_curvature", "stable_learning_rate"]
+           "Divergence", "value_curvature", "stable_learning_rate", "hessian_curvature"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,42 @@ def value_curvature(K, data: StackedClients, ridge: float = 0.0):
 def stable_learning_rate(K, data: StackedClients, ridge: float = 0.0) -> float:
     """The value block's stability limit ``2 / max_c λ_max(Ã_c)`` (docs/theory.md §5)."""
     return float(2.0 / np.max(value_curvature(K, data, ridge)))
+
+
+def hessian_curvature(params: Params, data: StackedClients, ridge: float = 0.0,
+                      iterations: int = 50, seed: int = 0) -> np.ndarray:
+    """``λ_max(∇²F_{λ,c}(θ))`` per client for the full model, by power iteration (host array ``(m,)``).
+
+    Hessian-vector products are central differences of the closed-form gradients,
+    ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``; all clients are iterated at once.
+    """
+    xp = array_namespace(data.S)
+    m = data.S.shape[0]
+    rng = np.random.default_rng(seed)
+    stacked = params.map(lambda a: xp.broadcast_to(a, (m,) + tuple(a.shape)))
+
+    def grad(P):
+        _, g = loss_and_grad_from_moments(P, data.S, data.q, data.y, data.sample_weight)
+        return g.replace(WV=g.WV + ridge * P.WV)
+
+    def norm(v):
+        return xp.sqrt(sum(_sq_norm(xp, getattr(v, b)) for b in BLOCKS))
+
+    def scale(v, c):
+        return v.map(lambda a: a * xp.reshape(c, (-1,) + (1,) * (a.ndim - 1)))
+
+    v = stacked.map(lambda a: xp.asarray(rng.normal(size=a.shape), dtype=a.dtype))
+    v = scale(v, 1.0 / norm(v))
+    size = max(float(to_numpy(xp.max(xp.abs(getattr(params, b))))) for b in BLOCKS)
+    eps = 1e-5 * max(size, 1.0)
+    estimate = xp.zeros((m,), dtype=data.S.dtype)
+    for _ in range(iterations):
+        plus = grad(stacked.map(lambda a, u: a + eps * u, v))
+        minus = grad(stacked.map(lambda a, u: a - eps * u, v))
+        hv = plus.map(lambda a, b: (a - b) / (2 * eps), minus)
+        estimate = norm(hv)
+        v = scale(hv, 1.0 / xp.maximum(estimate, xp.asarray(1e-300, dtype=estimate.dtype)))
+    return to_numpy(estimate)
 
 
 def _git_revision() -> str:
@@ -177,6 +213,7 @@ def _client_losses(xp, params: Params, data: StackedClients, phi=None):
     return 0.5 * xp.sum(e * e * data.sample_weight[..., None], axis=(-2, -1))
 
 
+@np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
 def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, warmup_rounds: int,
                  seed: int = 0, *, progress: bool = False) -> RunResult:
     """Run ``fed.rounds`` rounds from ``params`` on stacked clients; freeze ``W_Q, W_K`` at ``warmup_rounds``.
@@ -199,6 +236,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     F0, F0_reg, losses0 = global_loss(params)
     rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m)]
     warm_params = params if T0 == 0 else None
+    initial, best, best_loss = params, params, F0_reg
     phi_frozen = None
     divergence = None
     gamma = 0.0
@@ -248,18 +286,19 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
             average = _weighted_sum(xp, pw, theta_c)
             new[b] = theta + fed.server_learning_rate * (average - theta)
             drift[b] = float(to_numpy(xp.sum(pw * _sq_norm(xp, theta_c - average))))
-        params = params.replace(**new)
+        start, params = params, params.replace(**new)
         kernel_drift = 0.0
         if warm:
             K_c = xp.matmul(client.WQ, xp.matrix_transpose(client.WK))
             kernel_drift = float(to_numpy(xp.sum(pw * _sq_norm(xp, K_c - kernel(params)))))
             gamma += kernel_drift
         F, F_reg, losses = global_loss(params, None if warm else phi_frozen)
+        if F_reg < best_loss:
+            best, best_loss = params, F_reg
         rows.append(_row(t + 1, "warmup" if warm else "frozen", F, F_reg, losses, kernel_drift,
                          gamma, drift, k))
         if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
-            K_prev = kernel(warm_params if warm_params is not None and not warm else params)
-            divergence = _divergence(t + 1, F_reg, K_prev, data, lam, eta, warm)
+            divergence = _divergence(t + 1, F_reg, [initial, best, start], data, lam, eta, warm)
             break
     if warm_params is None:
         warm_params = params
@@ -271,13 +310,26 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     return RunResult(table, host(params), host(warm_params), divergence, meta)
 
 
-def _divergence(t, F, K, data, lam, eta, warm) -> Divergence:
-    K_host_ok = bool(np.all(np.isfinite(to_numpy(K))))
-    safe = stable_learning_rate(K, data, lam) if K_host_ok else float("nan")
+def _divergence(t, F, points: list[Params], data, lam, eta, warm) -> Divergence:
+    """Report a divergence at round ``t`` with a stable step: the smallest ``2/λ_max`` over ``points``.
+
+    ``points`` are finite iterates of the run (the start, the best so far, the last finite
+    one): in the factorised model the curvature grows as the kernel is learned, so the step
+    must be stable where the run was heading, not only where it started.
+    """
+    points = [P for P in points if all(np.all(np.isfinite(to_numpy(getattr(P, b)))) for b in BLOCKS)]
+    safe = min(stable_learning_rate(kernel(P), data, lam) for P in points)
+    where = "2/λ_max(Ã_c), the value block's curvature (docs/theory.md §5)"
+    if warm:
+        curvature = max(float(np.max(hessian_curvature(P, data, lam))) for P in points)
+        if 2.0 / curvature < safe:
+            safe, where = 2.0 / curvature, "2/λ_max(∇²F_c), the full model's curvature at that round"
     stage = "warm-up" if warm else "frozen stage"
     msg = (f"diverged at round {t} ({stage}): F = {F:.3g} with learning_rate η = {eta:g}; "
-           f"a stable step for the value block needs η < 2/λ_max(Ã_c) = {safe:.3g} "
-           f"(largest value-block curvature over the clients, docs/theory.md §5)")
+           f"try η < {safe:.3g} = {where}, largest over the clients and the run's finite iterates")
+    if warm:
+        msg += ("; below the value-block bound the frozen stage is guaranteed stable, while the "
+                "warm-up's curvature can grow as the kernel is learned: if it still diverges, halve η")
     return Divergence(t, float(F), safe, msg)
 
 

@@ -31,6 +31,7 @@ def atomic_write_bytes(path, data: bytes) -> Path:
 
 
 def atomic_write_text(path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically, as :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode())
 
 
@@ -47,6 +48,7 @@ def _jsonable(obj):
 
 
 def write_json(path, data: dict) -> Path:
+    """Write ``data`` as sorted, indented JSON atomically (non-finite floats as strings)."""
     return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
 
 

@@ -1,0 +1,117 @@
+"""Command line: `linattn simulate` writes a run; invalid configs exit 2 and write nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from linattn_theory.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+VALID = """
+seed = 0
+[task]
+num_clients = 3
+samples_per_client = 16
+tokens = 4
+dim = 3
+rank = 2
+[model]
+rank = 2
+[federated]
+rounds = 4
+warmup_rounds = 2
+local_steps = 2
+learning_rate = 0.05
+"""
+
+
+def write(tmp_path, text, name="run.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_simulate_writes_table_params_and_metadata(tmp_path):
+    out = tmp_path / "out"
+    assert main(["simulate", str(write(tmp_path, VALID)), "--out", str(out), "--quiet"]) == 0
+    table = pd.read_csv(out / "rounds.csv")
+    assert list(table["round"]) == [0, 1, 2, 3, 4]
+    assert list(table["stage"]) == ["init", "warmup", "warmup", "frozen", "frozen"]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["config"]["federated"]["warmup_rounds"] == 2 and meta["seed"] == 0
+    assert meta["version"] and meta["git_revision"] and meta["diverged"] is False
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_console_entry_point_runs_as_module(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "linattn_theory", "simulate",
+                           str(write(tmp_path, VALID)), "--out", str(out), "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "rounds.csv").exists()
+
+
+INVALID = {
+    "unknown key": (VALID.replace("rounds = 4", "rounds = 4\nlocal_epochs = 3"), "federated.local_epochs: unknown key"),
+    "unknown section": ("[optimizer]\nlr = 1\n", "optimizer: unknown key"),
+    "wrong type": (VALID.replace("rounds = 4", 'rounds = "four"'), "federated.rounds = 'four': expected an integer"),
+    "float for int": (VALID.replace("tokens = 4", "tokens = 4.5"), "task.tokens = 4.5: expected an integer"),
+    "negative learning rate": (VALID.replace("learning_rate = 0.05", "learning_rate = -0.1"),
+                               "federated.learning_rate = -0.1: expected a value > 0"),
+    "warm-up longer than run": (VALID.replace("warmup_rounds = 2", "warmup_rounds = 9"),
+                                "federated.warmup_rounds = 9: expected a value <= federated.rounds = 4"),
+    "rank below one": (VALID.replace("[model]\nrank = 2", "[model]\nrank = 0"), "model.rank = 0: expected a value >= 1"),
+    "participation zero": (VALID + "participation = 0.0\n", "federated.participation = 0.0: expected a value > 0"),
+    "participation above one": (VALID + "participation = 1.5\n", "federated.participation = 1.5: expected a value <= 1"),
+    "bad choice": (VALID + 'strategy = "fedsgd"\n', "federated.strategy = 'fedsgd': expected one of"),
+    "key of other family": (VALID.replace("[task]", '[task]\nzeta_task = 1.0'), "task.zeta_task: does not apply"),
+    "not TOML": ("seed = = 1", "not valid TOML"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(INVALID))
+@pytest.mark.parametrize("existing", [False, True])
+def test_invalid_config_exits_2_and_writes_nothing(tmp_path, capsys, kind, existing):
+    text, message = INVALID[kind]
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+        (out / "keep.txt").write_text("earlier results")
+    before = sorted(os.listdir(out)) if existing else None
+    code = main(["simulate", str(write(tmp_path, text)), "--out", str(out), "--quiet"])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    if existing:
+        assert sorted(os.listdir(out)) == before and (out / "keep.txt").read_text() == "earlier results"
+    else:
+        assert not out.exists()
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    assert main(["simulate", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_diverged_run_exits_3_and_records_round(tmp_path, capsys):
+    text = VALID.replace("learning_rate = 0.05", "learning_rate = 8.0").replace("rounds = 4", "rounds = 12")
+    out = tmp_path / "out"
+    assert main(["simulate", str(write(tmp_path, text)), "--out", str(out), "--quiet"]) == 3
+    err = capsys.readouterr().err
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["diverged"] is True
+    assert f"diverged at round {meta['divergence']['round']}" in err and "try η <" in err
+
+
+@pytest.mark.parametrize("config", sorted((ROOT / "simulations" / "configs").glob("*.toml")),
+                         ids=lambda p: p.stem)
+def test_example_configs_are_valid(config):
+    from linattn_theory import load_config
+    load_config(config)

@@ -1,0 +1,81 @@
+"""Task families (docs/theory.md §2): shapes, weights, seeding independent of the client count."""
+
+import numpy as np
+import pytest
+
+from linattn_theory import in_context_regression_clients, make_clients, planted_kernel_clients
+from linattn_theory.model import context_second_moment, features
+from linattn_theory.tasks import as_federated, stack_clients
+
+
+def test_planted_kernel_shapes_and_targets():
+    data = planted_kernel_clients(num_clients=3, samples_per_client=10, tokens=5, dim=4, heads=2,
+                                  rank=2, outputs=3, noise=0.0, seed=1)
+    assert len(data) == 3 and data.dims == (5, 4, 3)
+    np.testing.assert_allclose(data.weights, [1 / 3] * 3)
+    X, q, y = data[1]
+    np.testing.assert_array_equal(q, X[:, -1])          # the query is the last token
+    K, V = data.truth["kernel"], data.truth["value_maps"][1]
+    phi = features(K, context_second_moment(X), q).reshape(10, -1)
+    np.testing.assert_allclose(y, phi @ V.reshape(-1, 3), rtol=1e-12)
+
+
+@pytest.mark.parametrize("family, options", [
+    ("planted_kernel", {"dirichlet_alpha": None}),
+    ("in_context_regression", {}),
+])
+def test_client_data_do_not_depend_on_number_of_clients(family, options):
+    few = make_clients(family, seed=3, num_clients=2, samples_per_client=8, **options)
+    many = make_clients(family, seed=3, num_clients=5, samples_per_client=8, **options)
+    for c in range(2):
+        for a, b in zip(few[c], many[c]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_dirichlet_skew_keeps_first_samples_and_weights_follow_sizes():
+    a = planted_kernel_clients(num_clients=4, samples_per_client=50, dirichlet_alpha=0.5, seed=2)
+    b = planted_kernel_clients(num_clients=6, samples_per_client=50, dirichlet_alpha=0.5, seed=2)
+    sizes = a.sizes
+    assert sizes.min() >= 2 and len(set(sizes)) > 1
+    np.testing.assert_allclose(a.weights, sizes / sizes.sum())
+    k = min(a.sizes[0], b.sizes[0])
+    np.testing.assert_array_equal(a[0].X[:k], b[0].X[:k])
+
+
+def test_heterogeneity_zero_makes_clients_identically_distributed():
+    data = planted_kernel_clients(num_clients=3, samples_per_client=4, zeta_value=0.0,
+                                  zeta_covariate=0.0, seed=0)
+    maps = data.truth["value_maps"]
+    np.testing.assert_array_equal(maps[0], maps[2])
+    np.testing.assert_array_equal(data.truth["token_variances"], 1.0)
+
+
+def test_in_context_regression_layout():
+    data = in_context_regression_clients(num_clients=2, samples_per_client=6, tokens=7, dim=3,
+                                         noise=0.0, seed=0)
+    X, q, y = data[0]
+    assert X.shape == (6, 7, 4) and q.shape == (6, 4) and y.shape == (6, 1)
+    assert np.all(q[:, -1] == 0)
+    # context labels are w^T x: recover w per sample by least squares and predict the query
+    for i in range(6):
+        w, *_ = np.linalg.lstsq(X[i, :, :3], X[i, :, 3], rcond=None)
+        assert q[i, :3] @ w == pytest.approx(y[i, 0], rel=1e-8, abs=1e-8)
+
+
+def test_plain_tuples_are_accepted_and_stacked_with_padding():
+    rng = np.random.default_rng(0)
+    clients = [(rng.normal(size=(N, 3, 2)), rng.normal(size=(N, 2)), rng.normal(size=(N, 1)))
+               for N in (3, 5)]
+    data = as_federated(clients)
+    np.testing.assert_allclose(data.weights, [3 / 8, 5 / 8])
+    stacked = stack_clients(clients)
+    assert stacked.S.shape == (2, 5, 2, 2)
+    np.testing.assert_allclose(stacked.sample_weight.sum(axis=1), 1.0)
+    assert np.all(stacked.sample_weight[0, 3:] == 0)
+    with pytest.raises(ValueError, match="client 1"):
+        as_federated([clients[0], (clients[1][0], clients[1][1][:, :1], clients[1][2])])
+
+
+def test_unknown_family_is_rejected():
+    with pytest.raises(ValueError, match="unknown"):
+        make_clients("vision")
