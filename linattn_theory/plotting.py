@@ -12,6 +12,7 @@ import io as _io
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 
@@ -23,7 +24,7 @@ import seaborn as sns  # noqa: E402
 from .io import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 __all__ = ["LABELS", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
-           "note_dropped", "mark_x", "seed_band", "PALETTE_NAME"]
+           "note_dropped", "mark_x", "seed_band", "data_ticks", "stacked_bars", "PALETTE_NAME"]
 
 PALETTE_NAME = "colorblind"
 
@@ -136,6 +137,30 @@ def note_dropped(ax, dropped: int, what: str = "diverged runs") -> None:
 def mark_x(ax, x: float, text: str, color, linestyle: str = "--") -> None:
     """A vertical marker at ``x`` with its legend entry ``text``."""
     ax.axvline(x, color=color, linestyle=linestyle, linewidth=1.2, label=text)
+
+
+def data_ticks(ax, values, axis: str = "x") -> None:
+    """Ticks of a log axis at the data values, labelled as plain numbers (``0.005``, not ``5×10⁻³``)."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+    values = sorted(set(float(v) for v in values))
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(FixedLocator(values))
+    target.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_locator(NullLocator())
+    target.set_minor_formatter(NullFormatter())
+
+
+def stacked_bars(ax, x, parts: dict, colors, width: float = 0.8) -> None:
+    """Bars of ``parts`` (``{label: values}``) stacked at ``x``: positive values upwards from 0,
+    negative ones downwards, so that a signed decomposition reads off exactly."""
+    x = np.asarray(x, dtype=float)
+    up, down = np.zeros(len(x)), np.zeros(len(x))
+    for (name, values), color in zip(parts.items(), colors):
+        values = np.asarray(values, dtype=float)
+        bottom = np.where(values >= 0, up, down)
+        ax.bar(x, values, width=width, bottom=bottom, color=color, label=name, linewidth=0)
+        up = up + np.clip(values, 0, None)
+        down = down + np.clip(values, None, 0)
 
 
 def seed_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,

@@ -5,8 +5,9 @@ sections of ``linattn simulate``) plus
 
 - ``[grid]``: dotted keys mapped to lists of values, e.g. ``"federated.warmup_rounds" = [0, 5]``,
   ``"task.zeta_value" = [0.25, 1.0]``, ``seed = [0, 1, 2]``; the runs are the Cartesian product
-  (first key slowest, last key fastest);
-- ``[quick]`` (optional): overrides applied with ``quick=True`` (``--quick``): a key of the grid
+  (first key slowest, last key fastest). Several ``[[grid]]`` tables give the union of their
+  products (e.g. one-at-a-time variations around the base config);
+- ``[quick]`` (optional): overrides applied with ``quick=True`` (``--quick``): a key of a grid
   gets a new list, any other dotted key a new base value;
 - ``[figure]`` (optional): free-form settings read by the figure script that uses the sweep.
 
@@ -46,7 +47,7 @@ class Sweep:
 
     configs: tuple[RunConfig, ...]
     points: tuple[dict, ...]
-    grid: dict
+    grid: dict | list[dict]
     base: dict
     figure: dict = field(default_factory=dict)
     source: str | None = None
@@ -103,42 +104,69 @@ def _flatten(data: dict, prefix: str = "") -> dict:
     return out
 
 
+def _grids(data: dict) -> list[dict]:
+    """The ``[grid]`` table, or each table of an array ``[[grid]]`` (their runs are united)."""
+    raw = data.get("grid", {})
+    tables = raw if isinstance(raw, list) else [raw]
+    grids = []
+    for i, table in enumerate(tables):
+        where = f"grid[{i}]" if isinstance(raw, list) else "grid"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: expected a table of dotted keys -> lists, got {table!r}")
+        grid = _flatten(table)
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"{where}.{key} = {values!r}: expected a non-empty list of values")
+        grids.append(grid)
+    return grids
+
+
+def _apply_quick(data: dict, base: dict, grids: list[dict]) -> None:
+    """``[quick]``: a key of a grid gets a new list (in every grid that has it), any other key a new base value."""
+    for key, value in _flatten(_table(data, "quick")).items():
+        holders = [g for g in grids if key in g]
+        if not holders:
+            _set_dotted(base, key, value, "quick")
+            continue
+        if not isinstance(value, list) or not value:
+            raise ConfigError(f"quick.{key} = {value!r}: {key} is a grid key; expected a non-empty list of values")
+        for grid in holders:
+            grid[key] = value
+
+
 def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = None) -> Sweep:
-    """Validate a sweep (as read from TOML) and expand its grid; raises :class:`ConfigError`."""
+    """Validate a sweep (as read from TOML) and expand its grid; raises :class:`ConfigError`.
+
+    ``grid`` is a table (one Cartesian product) or an array of tables (the union of their
+    products, e.g. one-at-a-time variations around the base config). Runs with the same full
+    configuration are kept once, in order of first appearance.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"sweep: expected a table, got {type(data).__name__}")
     base = {k: copy.deepcopy(v) for k, v in data.items() if k not in _SECTIONS}
-    grid = _flatten(_table(data, "grid"))
+    grids = _grids(data)
     figure = _table(data, "figure")
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"grid.{key} = {values!r}: expected a non-empty list of values")
     if quick:
-        for key, value in _flatten(_table(data, "quick")).items():
-            if key in grid:
-                if not isinstance(value, list) or not value:
-                    raise ConfigError(f"quick.{key} = {value!r}: {key} is a grid key; "
-                                      "expected a non-empty list of values")
-                grid[key] = value
-            else:
-                _set_dotted(base, key, value, "quick")
+        _apply_quick(data, base, grids)
     configs, points, seen = [], [], set()
-    for combo in itertools.product(*grid.values()):
-        point = dict(zip(grid, combo))
-        data_i = copy.deepcopy(base)
-        for key, value in point.items():
-            _set_dotted(data_i, key, value, "grid")
-        try:
-            config = config_from_dict(data_i)
-        except ConfigError as err:
-            where = ", ".join(f"{k}={v!r}" for k, v in point.items())
-            raise ConfigError(f"{err} (in the run {where})" if point else str(err)) from None
-        key = config_hash(config)
-        if key not in seen:
-            seen.add(key)
-            configs.append(config)
-            points.append(point)
-    return Sweep(tuple(configs), tuple(points), grid, base, figure, source)
+    for grid in grids:
+        for combo in itertools.product(*grid.values()):
+            point = dict(zip(grid, combo))
+            data_i = copy.deepcopy(base)
+            for key, value in point.items():
+                _set_dotted(data_i, key, value, "grid")
+            try:
+                config = config_from_dict(data_i)
+            except ConfigError as err:
+                where = ", ".join(f"{k}={v!r}" for k, v in point.items())
+                raise ConfigError(f"{err} (in the run {where})" if point else str(err)) from None
+            key = config_hash(config)
+            if key not in seen:
+                seen.add(key)
+                configs.append(config)
+                points.append(point)
+    grid_out = grids[0] if len(grids) == 1 else grids
+    return Sweep(tuple(configs), tuple(points), grid_out, base, figure, source)
 
 
 def load_sweep(path, *, quick: bool = False) -> Sweep:
