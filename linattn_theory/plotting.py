@@ -24,7 +24,7 @@ import seaborn as sns  # noqa: E402
 from .io import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 __all__ = ["LABELS", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
-           "note_dropped", "mark_x", "seed_band", "data_ticks", "stacked_bars", "PALETTE_NAME"]
+           "note_dropped", "mark_x", "seed_band", "data_ticks", "stacked_bars", "log_scale", "PALETTE_NAME"]
 
 PALETTE_NAME = "colorblind"
 
@@ -139,13 +139,30 @@ def mark_x(ax, x: float, text: str, color, linestyle: str = "--") -> None:
     ax.axvline(x, color=color, linestyle=linestyle, linewidth=1.2, label=text)
 
 
+def _plain(value: float, _=None) -> str:
+    return f"{value:g}"
+
+
+def log_scale(ax, axis: str = "y") -> None:
+    """A log axis labelled in plain numbers (``0.3``, ``2``, ``1e-05``), minor ticks 2 and 5 labelled."""
+    from matplotlib.ticker import FuncFormatter
+    getattr(ax, f"set_{axis}scale")("log")
+    target = ax.xaxis if axis == "x" else ax.yaxis
+
+    def minor(value, _=None):
+        mantissa = value / 10 ** np.floor(np.log10(value) + 1e-12)
+        return _plain(value) if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
+    target.set_major_formatter(FuncFormatter(_plain))
+    target.set_minor_formatter(FuncFormatter(minor))
+
+
 def data_ticks(ax, values, axis: str = "x") -> None:
     """Ticks of a log axis at the data values, labelled as plain numbers (``0.005``, not ``5×10⁻³``)."""
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
     values = sorted(set(float(v) for v in values))
     target = ax.xaxis if axis == "x" else ax.yaxis
     target.set_major_locator(FixedLocator(values))
-    target.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_major_formatter(matplotlib.ticker.FuncFormatter(_plain))
     target.set_minor_locator(NullLocator())
     target.set_minor_formatter(NullFormatter())
 

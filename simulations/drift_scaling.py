@@ -74,8 +74,8 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         if len(xs) > 1:
             x0, y0 = np.exp(np.mean(np.log(data[x]))), np.exp(np.mean(np.log(data["measured_drift_floor"])))
             ax.plot(xs, y0 * (xs / x0) ** derived, "--", color="black", linewidth=1.2)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        plotting.log_scale(ax, "x")
+        plotting.log_scale(ax)
         plotting.data_ticks(ax, xs)
         ax.set_xlabel(plotting.label(axis))
         ax.set_ylabel(plotting.label("drift_floor"))

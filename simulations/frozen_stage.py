@@ -85,14 +85,14 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         ax_loss.axhline(info["drift_floor"], color=color, linestyle=":", linewidth=1.3)
         rows.append(sub.assign(rho=info["rho"], drift_floor=info["drift_floor"],
                                final_gap=float(gap.iloc[-1])))
-    ax.set_yscale("log")
+    plotting.log_scale(ax)
     ax.set_xlabel(r"frozen rounds $k = T - T_0$")
     ax.set_ylabel(r"$\|V_T - V_{FA}\|_F \,/\, \|V_{FA}\|_F$")
     ax.set_title(r"distance to the fixed point $V_{FA}(K_{T_0})$")
     handles, _ = ax.get_legend_handles_labels()
     ax.legend(handles=handles + [Line2D([], [], linestyle="--", color="0.4",
                                         label=r"bound $\rho^{k}$ (closed form)")], fontsize="small")
-    ax_loss.set_yscale("log")
+    plotting.log_scale(ax_loss)
     ax_loss.set_xlabel(plotting.label("round"))
     ax_loss.set_ylabel(r"$F_\lambda(\theta_t) - \Phi_\lambda(K_{T_0})$")
     ax_loss.set_title("loss above the profile objective")

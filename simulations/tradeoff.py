@@ -61,7 +61,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         rows.append(stats.assign(quantity="excess_risk", zeta_value=level, best_T0=best["T0"]))
         rows.append(rel.assign(quantity="relative_to_fedavg", zeta_value=level,
                                best_T0=rel_best["T0"]))
-    ax.set_yscale("log")
+    plotting.log_scale(ax)
     ax.set_xlabel(plotting.label("T0"))
     ax.set_ylabel(plotting.label("excess_risk"))
     ax.set_title(r"excess risk after $T$ rounds")
