@@ -191,6 +191,7 @@ def config_from_dict(data: dict) -> RunConfig:
     """Validate a nested dictionary (as read from TOML) and return a :class:`RunConfig`."""
     if not isinstance(data, dict):
         raise ConfigError(f"configuration: expected a table, got {type(data).__name__}")
+    data = _drop_none(data)   # a recorded config (metadata.json) writes absent options as null
     allowed = {"seed", *SECTIONS}
     unknown = sorted(set(data) - allowed)
     if unknown:

@@ -115,3 +115,13 @@ def test_diverged_run_exits_3_and_records_round(tmp_path, capsys):
 def test_example_configs_are_valid(config):
     from linattn_theory import load_config
     load_config(config)
+
+
+def test_recorded_config_round_trips(tmp_path):
+    from linattn_theory import RunConfig, config_from_dict
+    out = tmp_path / "out"
+    assert main(["simulate", str(write(tmp_path, VALID)), "--out", str(out), "--quiet"]) == 0
+    recorded = json.loads((out / "metadata.json").read_text())["config"]
+    assert recorded["federated"]["batch_size"] is None
+    config = config_from_dict(recorded)
+    assert isinstance(config, RunConfig) and config.to_dict() == recorded
