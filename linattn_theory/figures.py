@@ -70,15 +70,17 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
                  progress=False, rounds=False):
     """Run (or reuse) a figure's sweep; returns ``(sweep, results, sweep_dir)``.
 
-    ``results`` is :func:`linattn_theory.load_results` of the sweep folder
-    ``out_dir/_sweeps/<config stem>[-quick]``; with ``rounds=True`` also the per-round table,
-    as ``(summary, per_round)``.
+    ``config`` is a sweep TOML file or a :class:`~linattn_theory.sweep.Sweep` read from one
+    (then ``quick`` only names the folder). ``results`` is :func:`linattn_theory.load_results`
+    of the sweep folder ``out_dir/_sweeps/<config stem>[-quick]``; with ``rounds=True`` also the
+    per-round table, as ``(summary, per_round)``.
     """
     from .results import load_results
-    from .sweep import load_sweep, run_sweep
+    from .sweep import Sweep, load_sweep, run_sweep
 
-    sweep = load_sweep(config, quick=quick)
-    folder = Path(out_dir) / "_sweeps" / (Path(config).stem + ("-quick" if quick else ""))
+    sweep = config if isinstance(config, Sweep) else load_sweep(config, quick=quick)
+    stem = Path(sweep.source).stem if sweep.source else "sweep"
+    folder = Path(out_dir) / "_sweeps" / (stem + ("-quick" if quick else ""))
     run_sweep(sweep, folder, executor=executor, workers=workers, progress=progress)
     summary = load_results(folder)
     if rounds:
@@ -106,100 +108,3 @@ def script_main(make, doc: str | None = None, argv=None) -> int:
     for path in paths:
         print(path)
     return 0
-
-
-def _instance_key(config) -> str:
-    """The problem a run solves: its clients (task, seed), the student's shape and the ridge λ."""
-    import json
-    return json.dumps([config.task.__dict__, config.seed, config.model.rank, config.model.heads,
-                       config.federated.ridge], sort_keys=True, default=str)
-
-
-def runs_by_instance(folder, results):
-    """Group a sweep's runs by problem instance: yields ``(clients, {run_id: (RunConfig, RunResult)})``.
-
-    The clients are built once per instance (same task, seed, student shape and ridge λ).
-    """
-    from .config import config_from_dict
-    from .federated import clients_from_config
-    from .results import load_run
-    from .sweep import _drop_none
-
-    groups: dict[str, dict] = {}
-    for rid in results["run_id"]:
-        run = load_run(folder, rid)
-        config = config_from_dict(_drop_none(run.metadata["config"]))
-        groups.setdefault(_instance_key(config), {})[rid] = (config, run)
-    for runs in groups.values():
-        config = next(iter(runs.values()))[0]
-        yield clients_from_config(config), runs
-
-
-def frozen_stage_table(folder, results):
-    """Per run, the closed forms at its frozen kernel ``K_{T0}`` (docs/theory.md §4–5).
-
-    Adds ``profile`` ``Φ_λ(K_{T0})``, ``drift_floor`` ``D(K_{T0})``, ``contraction_rate`` ``ρ(K_{T0})``
-    and ``measured_drift_floor`` ``F_λ(θ_T) − Φ_λ(K_{T0})`` (equal to ``D`` once the frozen stage
-    has converged). Diverged runs get NaN and must be dropped before plotting.
-    """
-    import pandas as pd
-
-    from .model import kernel
-    from .theory import contraction_rate, profile_objective, value_drift_floor
-
-    rows = []
-    final = results.set_index("run_id")["final_loss_regularized"]
-    for clients, runs in runs_by_instance(folder, results):
-        for rid, (config, run) in runs.items():
-            if run.diverged:
-                continue
-            K, fed = kernel(run.warmup_params), config.federated
-            profile = profile_objective(K, clients, fed.ridge)[0]
-            rows.append({"run_id": rid, "profile": profile,
-                         "drift_floor": value_drift_floor(K, clients, fed.learning_rate,
-                                                          fed.local_steps, fed.ridge),
-                         "contraction_rate": contraction_rate(K, clients, fed.learning_rate,
-                                                              fed.local_steps, fed.ridge),
-                         "measured_drift_floor": float(final[rid]) - profile})
-    return results.merge(pd.DataFrame(rows, columns=["run_id", "profile", "drift_floor",
-                                                     "contraction_rate", "measured_drift_floor"]),
-                         on="run_id", how="left")
-
-
-def excess_risk_table(folder, results):
-    """Per run: ``Φ*_λ``, the excess risk ``R = F_λ(θ_T) − Φ*_λ`` and its three parts (docs/theory.md §6).
-
-    ``bias = Φ_λ(K_{T0}) − Φ*_λ``, ``drift_floor = D(K_{T0})`` and ``unfinished`` (the rest), from
-    :mod:`linattn_theory.theory`; ``Φ*_λ`` is computed once per problem instance (clients, student
-    shape, λ), started also from the best kernel its runs reached, so that no run beats it.
-    Diverged runs get no theory columns (NaN) and must be dropped before plotting.
-    """
-    import pandas as pd
-
-    from .model import kernel
-    from .theory import centralized_optimum, profile_objective, value_drift_floor
-
-    rows = []
-    final = results.set_index("run_id")["final_loss_regularized"]
-    for clients, runs in runs_by_instance(folder, results):
-        config = next(iter(runs.values()))[0]
-        lam = config.federated.ridge
-        ok = {rid: run for rid, (_, run) in runs.items() if not run.diverged}
-        kernels = {rid: kernel(run.warmup_params) for rid, run in ok.items()}
-        profile = {rid: profile_objective(K, clients, lam)[0] for rid, K in kernels.items()}
-        finals = [kernel(run.params) for run in ok.values()]
-        best = [kernels[min(profile, key=profile.get)]] if profile else []
-        best += [min(finals, key=lambda K: profile_objective(K, clients, lam)[0])] if finals else []
-        optimum = centralized_optimum(clients, lam, rank=config.model.rank, heads=config.model.heads,
-                                      seed=config.seed, initial_kernels=best)
-        for rid in runs:
-            row = {"run_id": rid, "optimum": optimum.objective}
-            if rid in kernels:
-                fed = runs[rid][0].federated
-                row["excess_risk"] = float(final[rid]) - optimum.objective
-                row["bias"] = profile[rid] - optimum.objective
-                row["drift_floor"] = value_drift_floor(kernels[rid], clients, fed.learning_rate,
-                                                       fed.local_steps, lam)
-                row["unfinished"] = row["excess_risk"] - row["bias"] - row["drift_floor"]
-            rows.append(row)
-    return results.merge(pd.DataFrame(rows), on="run_id", how="left")

@@ -23,7 +23,7 @@ import seaborn as sns  # noqa: E402
 
 from .io import atomic_write_bytes, atomic_write_text  # noqa: E402
 
-__all__ = ["LABELS", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
+__all__ = ["LABELS", "STRATEGY_NAMES", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
            "note_dropped", "mark_x", "seed_band", "data_ticks", "stacked_bars", "log_scale", "PALETTE_NAME"]
 
 PALETTE_NAME = "colorblind"
@@ -49,7 +49,7 @@ LABELS = {
     "bound": r"bound $U(T_0)$",
     "task.zeta_value": r"concept heterogeneity $\zeta_V$",
     "task.zeta_covariate": r"covariate heterogeneity $\zeta_X$",
-    "zeta": r"heterogeneity $\zeta$",
+    "zeta": r"client dissimilarity $\zeta$",
     "federated.learning_rate": r"step size $\eta$",
     "federated.local_steps": r"local steps $E$",
     "local_steps_minus_one": r"$E - 1$",
@@ -58,6 +58,15 @@ LABELS = {
     "best_T0": r"best warm-up $T_0^{\mathrm{best}}$",
     "gain": r"gain over FedAvg",
     "seed": "seed",
+}
+
+
+#: Display names of the strategies (linattn_theory.strategies), for legends.
+STRATEGY_NAMES = {
+    "fedavg": "FedAvg", "fedfrozen": "FedFrozen", "random_kernel": "random kernel (T$_0$ = 0)",
+    "value_frozen": "value frozen", "fedprox": "FedProx", "scaffold": "SCAFFOLD",
+    "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedfrozen_fedprox": "FedFrozen + FedProx",
+    "fedfrozen_scaffold": "FedFrozen + SCAFFOLD",
 }
 
 
@@ -144,14 +153,22 @@ def _plain(value: float, _=None) -> str:
 
 
 def log_scale(ax, axis: str = "y") -> None:
-    """A log axis labelled in plain numbers (``0.3``, ``2``, ``1e-05``), minor ticks 2 and 5 labelled."""
+    """A log axis labelled in plain numbers (``0.3``, ``2``, ``1e-05``).
+
+    Minor ticks are labelled where few decades are shown: all of them within about one decade,
+    those at 2 and 5 within three, none beyond.
+    """
     from matplotlib.ticker import FuncFormatter
     getattr(ax, f"set_{axis}scale")("log")
     target = ax.xaxis if axis == "x" else ax.yaxis
 
     def minor(value, _=None):
-        mantissa = value / 10 ** np.floor(np.log10(value) + 1e-12)
-        return _plain(value) if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
+        low, high = sorted(target.get_view_interval())
+        decades = np.log10(high / low) if low > 0 else np.inf
+        mantissa = round(value / 10 ** np.floor(np.log10(value) + 1e-12), 6)
+        if decades <= 1.2 or (decades <= 3 and mantissa in (2, 5)):
+            return _plain(float(f"{value:.6g}"))
+        return ""
     target.set_major_formatter(FuncFormatter(_plain))
     target.set_minor_formatter(FuncFormatter(minor))
 

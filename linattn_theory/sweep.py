@@ -30,7 +30,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import ConfigError, RunConfig, _drop_none, config_from_dict, config_hash
+from .config import ConfigError, RunConfig, config_from_dict, config_hash
 from .io import write_json, write_run
 
 __all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
@@ -58,6 +58,18 @@ class Sweep:
 
     def __len__(self) -> int:
         return len(self.configs)
+
+    def with_runs(self, configs, points=None) -> "Sweep":
+        """This sweep with more (validated) runs appended; runs already in it are kept once."""
+        points = [{} for _ in configs] if points is None else list(points)
+        seen = set(self.run_ids)
+        new_configs, new_points = list(self.configs), list(self.points)
+        for config, point in zip(configs, points):
+            if config_hash(config) not in seen:
+                seen.add(config_hash(config))
+                new_configs.append(config)
+                new_points.append(dict(point))
+        return Sweep(tuple(new_configs), tuple(new_points), self.grid, self.base, self.figure, self.source)
 
 
 @dataclass(frozen=True)
@@ -274,7 +286,7 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
     write_json(out / MANIFEST, {"source": sweep.source, "grid": sweep.grid, "base": sweep.base,
                                 "figure": sweep.figure, "runs": ids,
                                 "points": [dict(p) for p in sweep.points]})
-    pending = [(run_id, _drop_none(c.to_dict())) for run_id, c in zip(ids, sweep.configs)
+    pending = [(run_id, c.to_dict()) for run_id, c in zip(ids, sweep.configs)
                if not is_complete(out, run_id)]
     skipped = len(ids) - len(pending)
     diverged = 0

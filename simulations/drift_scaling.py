@@ -1,7 +1,9 @@
 """Figure 6: the value drift floor against heterogeneity ζ, step size η and local steps E (log–log).
 
 Claim (docs/theory.md §5–6): for small η the drift floor D(K) = F_λ(K, V_FA) − Φ_λ(K) grows
-like η²(E−1)²ζ², so on log–log axes it has slope 2 in η, in E − 1 and in ζ. Markers: D measured
+like η²(E−1)²ζ² (derivations/tradeoff.py), so on log–log axes it has slope 2 in η, in E − 1 and
+in the client dissimilarity ζ (ζ² = Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ)‖², varied through the concept
+heterogeneity ζ_V). Markers: D measured
 by simulation (a frozen stage run to convergence from the initial kernel K_0: F_λ(θ_T) −
 Φ_λ(K_0)); thin lines: the closed form D(K_0) of the same seed; dashed black: the derived slope,
 anchored at the data; the legend gives the least-squares slope of the measured points.
@@ -22,16 +24,18 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from linattn_theory import plotting
-from linattn_theory.figures import config_path, figure_sweep, frozen_stage_table, script_main
+from linattn_theory.bound import DRIFT_EXPONENTS
+from linattn_theory.figures import config_path, figure_sweep, script_main
+from linattn_theory.sweep_analysis import frozen_stage_table
 
 NAME = "drift_scaling"
 CONFIG = config_path(__file__, "drift_scaling")
-#: (grid key, x column, axis label key, exponent key of the derived law)
-PANELS = (("task.zeta_value", "task.zeta_value", "zeta", "zeta"),
+#: (grid key, x column, axis label key, exponent key of the derived law); ζ is the measured client
+#: dissimilarity ζ(K_0) of docs/theory.md §6, varied through the concept heterogeneity ζ_V
+PANELS = (("task.zeta_value", "zeta", "zeta", "zeta"),
           ("federated.learning_rate", "federated.learning_rate", "federated.learning_rate", "eta"),
           ("federated.local_steps", "local_steps_minus_one", "local_steps_minus_one",
            "local_steps_minus_one"))
-DRIFT_EXPONENTS = {"eta": 2.0, "local_steps_minus_one": 2.0, "zeta": 2.0}
 
 
 def fitted_slope(x, y) -> float:
@@ -54,10 +58,9 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
                                           workers=workers, progress=progress)
     table, dropped = plotting.drop_diverged(frozen_stage_table(folder, results))
     table = table.assign(local_steps_minus_one=table["federated.local_steps"] - 1)
-    base = sweep.configs[0].to_dict()
-    base = {"task.zeta_value": base["task"]["zeta_value"],
-            "federated.learning_rate": base["federated"]["learning_rate"],
-            "federated.local_steps": base["federated"]["local_steps"]}
+    base = {"task.zeta_value": sweep.base["task"]["zeta_value"],      # the point the panels vary around
+            "federated.learning_rate": sweep.base["federated"]["learning_rate"],
+            "federated.local_steps": sweep.base["federated"]["local_steps"]}
     fig, axes = plotting.figure(3, width=4.0, height=3.6)
     seeds = sorted(table["seed"].unique())
     colors = dict(zip(seeds, plotting.palette(len(seeds))))
@@ -76,9 +79,10 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
             ax.plot(xs, y0 * (xs / x0) ** derived, "--", color="black", linewidth=1.2)
         plotting.log_scale(ax, "x")
         plotting.log_scale(ax)
-        plotting.data_ticks(ax, xs)
+        if x != "zeta":          # ζ is measured per seed: no common grid of values
+            plotting.data_ticks(ax, xs)
         ax.set_xlabel(plotting.label(axis))
-        ax.set_ylabel(plotting.label("drift_floor"))
+        ax.set_ylabel(r"value drift floor $D(K_0)$")
         handles = [Line2D([], [], marker="o", linestyle="none", color="0.4", label="simulation"),
                    Line2D([], [], color="0.4", label=r"closed form $D(K_0)$"),
                    Line2D([], [], linestyle="--", color="black",

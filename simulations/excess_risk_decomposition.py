@@ -22,7 +22,8 @@ except ImportError:  # a checkout without installing: the package is next to sim
 import pandas as pd
 
 from linattn_theory import plotting
-from linattn_theory.figures import config_path, excess_risk_table, figure_sweep, script_main
+from linattn_theory.figures import config_path, figure_sweep, script_main
+from linattn_theory.sweep_analysis import excess_risk_table
 
 NAME = "excess_risk_decomposition"
 CONFIG = config_path(__file__, "tradeoff")

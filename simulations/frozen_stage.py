@@ -24,8 +24,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from linattn_theory import plotting
-from linattn_theory.figures import config_path, figure_sweep, runs_by_instance, script_main
+from linattn_theory.figures import config_path, figure_sweep, script_main
 from linattn_theory.model import _value_matrix, kernel
+from linattn_theory.sweep_analysis import runs_by_instance
 from linattn_theory.theory import (contraction_rate, fedavg_fixed_point, profile_objective,
                                    value_drift_floor)
 
@@ -86,6 +87,11 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         rows.append(sub.assign(rho=info["rho"], drift_floor=info["drift_floor"],
                                final_gap=float(gap.iloc[-1])))
     plotting.log_scale(ax)
+    eps = float(np.finfo(np.float64).eps)
+    ax.axhline(eps, color="0.5", linewidth=0.8, linestyle="-.")
+    ax.text(0.98, eps * 3, "float64 precision", transform=ax.get_yaxis_transform(), ha="right",
+            va="bottom", fontsize="small", color="0.35")
+    ax.set_ylim(bottom=eps / 30)
     ax.set_xlabel(r"frozen rounds $k = T - T_0$")
     ax.set_ylabel(r"$\|V_T - V_{FA}\|_F \,/\, \|V_{FA}\|_F$")
     ax.set_title(r"distance to the fixed point $V_{FA}(K_{T_0})$")
@@ -98,7 +104,8 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     ax_loss.set_title("loss above the profile objective")
     handles, _ = ax_loss.get_legend_handles_labels()
     ax_loss.legend(handles=handles + [Line2D([], [], linestyle=":", color="0.4",
-                                             label=r"drift floor $D(K_{T_0})$")], fontsize="small")
+                                             label=r"drift floor $D(K_{T_0})$")], fontsize="small",
+                   loc="center right")
     plotting.note_dropped(ax, dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 

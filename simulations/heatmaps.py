@@ -23,7 +23,8 @@ import pandas as pd
 import seaborn as sns
 
 from linattn_theory import plotting
-from linattn_theory.figures import config_path, excess_risk_table, figure_sweep, script_main
+from linattn_theory.figures import config_path, figure_sweep, script_main
+from linattn_theory.sweep_analysis import excess_risk_table
 
 NAME = "heatmaps"
 CONFIG = config_path(__file__, "heatmaps")

@@ -5,7 +5,8 @@ kernel-profile bias (falls with T0) against the drift the heterogeneous local st
 (grows with T0), so it is U-shaped under heterogeneity, and the best warm-up moves earlier as the
 heterogeneity ζ grows. Left: R(T0) (mean over seeds, band from the smallest to the largest
 seed); right: R(T0) / R(T), the excess risk relative to plain FedAvg (T0 = T) of the same seed.
-Stars mark the empirical best T0 of the seed-mean curve.
+Stars mark the empirical best T0 of the seed-mean curve; dashed lines the warm-up the bound
+recommends, T0_theory = argmin U(T0) (linattn_theory.bound, median over seeds).
 
 Config: simulations/configs/tradeoff.toml. Run: python simulations/tradeoff.py [--quick] [--out figures]
 """
@@ -22,7 +23,8 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from linattn_theory import plotting
-from linattn_theory.figures import config_path, excess_risk_table, figure_sweep, script_main
+from linattn_theory.figures import config_path, figure_sweep, script_main
+from linattn_theory.sweep_analysis import excess_risk_table
 
 NAME = "tradeoff"
 CONFIG = config_path(__file__, "tradeoff")
@@ -41,7 +43,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     """Run (or reuse) the sweep, draw the figure, write tradeoff.png/.pdf/.csv; returns the paths."""
     _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
-    table, dropped = plotting.drop_diverged(excess_risk_table(folder, results))
+    table, dropped = plotting.drop_diverged(excess_risk_table(folder, results, bound=True))
     relative = relative_to_fedavg(table)
     fig, (ax, ax_rel) = plotting.figure(2)
     levels = sorted(table[HUE].unique())
@@ -58,9 +60,13 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         rel_best = rel.loc[rel["mean"].idxmin()]
         ax_rel.plot(rel_best["T0"], rel_best["mean"], marker="*", markersize=13, color=color,
                     markeredgecolor="black", linestyle="none")
-        rows.append(stats.assign(quantity="excess_risk", zeta_value=level, best_T0=best["T0"]))
+        theory = float(table.loc[table[HUE] == level, "T0_theory"].median())
+        for a in (ax, ax_rel):
+            a.axvline(theory, color=color, linestyle="--", linewidth=1.2)
+        rows.append(stats.assign(quantity="excess_risk", zeta_value=level, best_T0=best["T0"],
+                                 T0_theory=theory))
         rows.append(rel.assign(quantity="relative_to_fedavg", zeta_value=level,
-                               best_T0=rel_best["T0"]))
+                               best_T0=rel_best["T0"], T0_theory=theory))
     plotting.log_scale(ax)
     ax.set_xlabel(plotting.label("T0"))
     ax.set_ylabel(plotting.label("excess_risk"))
@@ -71,8 +77,9 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     ax_rel.set_title("relative to plain FedAvg")
     star = Line2D([], [], marker="*", markersize=11, color="0.5", markeredgecolor="black",
                   linestyle="none", label=r"best $T_0$ (seed mean)")
+    dashed = Line2D([], [], linestyle="--", color="0.4", label=r"$T_0^{\mathrm{theory}} = \arg\min\, U(T_0)$")
     handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles=handles + [star], loc="upper right")
+    ax.legend(handles=handles + [star, dashed], loc="upper right")
     plotting.note_dropped(ax, dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 

@@ -113,8 +113,13 @@ def test_diverged_run_exits_3_and_records_round(tmp_path, capsys):
 @pytest.mark.parametrize("config", sorted((ROOT / "simulations" / "configs").glob("*.toml")),
                          ids=lambda p: p.stem)
 def test_example_configs_are_valid(config):
-    from linattn_theory import load_config
-    load_config(config)
+    import tomllib
+
+    from linattn_theory import load_config, load_sweep
+    if "grid" in tomllib.loads(config.read_text()):      # a sweep: every run, full and --quick
+        assert len(load_sweep(config)) >= 1 and len(load_sweep(config, quick=True)) >= 1
+    else:
+        load_config(config)
 
 
 def test_recorded_config_round_trips(tmp_path):

@@ -1,0 +1,83 @@
+"""Figure 5: the global loss round by round: FedAvg, FedFrozen at T0_theory, and the baselines.
+
+Claim (docs/theory.md §3, §6): on heterogeneous clients, freezing the kernel at the warm-up the
+bound recommends (T0_theory = argmin U(T0), computed per seed by linattn_theory.bound) ends
+below plain FedAvg, whose kernel keeps drifting; the federated-optimisation baselines of the
+config's [grid] are drawn for comparison. Curves: F_λ(θ_t) − Φ*_λ, mean over seeds (bands:
+smallest to largest seed); the dotted line marks the median T0_theory.
+
+Config: simulations/configs/loss_curves.toml. Run: python simulations/loss_curves.py [--quick] [--out figures]
+"""
+
+import sys
+from pathlib import Path
+
+try:
+    import linattn_theory  # noqa: F401
+except ImportError:  # a checkout without installing: the package is next to simulations/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import pandas as pd
+
+from linattn_theory import plotting
+from linattn_theory.bound import estimate_bound
+from linattn_theory.figures import config_path, figure_sweep, script_main
+from linattn_theory.sweep import load_sweep
+from linattn_theory.sweep_analysis import excess_risk_table
+
+NAME = "loss_curves"
+CONFIG = config_path(__file__, "loss_curves")
+
+
+def with_fedfrozen_at_theory(sweep):
+    """The sweep plus, for every seed, FedFrozen at that seed's ``T0_theory``; ``{seed: T0_theory}``."""
+    seeds = sorted({c.seed for c in sweep.configs})
+    base = {c.seed: c for c in sweep.configs}
+    theory = {}
+    for seed in seeds:
+        config = base[seed].with_updates({"federated.strategy": "fedfrozen"})
+        theory[seed] = estimate_bound(config).T0_theory
+    runs = [base[s].with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": theory[s]})
+            for s in seeds]
+    points = [{"seed": s, "federated.strategy": "fedfrozen", "federated.warmup_rounds": theory[s]}
+              for s in seeds]
+    return sweep.with_runs(runs, points), theory
+
+
+def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
+    """Compute T0_theory, run (or reuse) the sweep, draw the loss curves, write loss_curves.*."""
+    sweep, theory = with_fedfrozen_at_theory(load_sweep(CONFIG, quick=quick))
+    _, (results, rounds), folder = figure_sweep(sweep, out_dir, quick=quick, executor=executor,
+                                                workers=workers, progress=progress, rounds=True)
+    optimum = excess_risk_table(folder, results).set_index("run_id")["optimum"]
+    rounds = rounds.assign(gap=rounds["loss_regularized"] - rounds["run_id"].map(optimum))
+    results, dropped = plotting.drop_diverged(results)
+    rounds = rounds[rounds["run_id"].isin(results["run_id"])]
+    strategies = list(dict.fromkeys(results["federated.strategy"]))   # config order, FedFrozen last
+    fig, ax = plotting.figure(width=6.4, height=4.2)
+    rows = []
+    T0s = ", ".join(str(theory[s]) for s in sorted(theory))
+    for strategy, color in zip(strategies, plotting.palette(len(strategies))):
+        sub = rounds[rounds["federated.strategy"] == strategy]
+        name = plotting.STRATEGY_NAMES.get(strategy, strategy)
+        if strategy == "fedfrozen":
+            name += rf" at $T_0^{{\mathrm{{theory}}}}$ ({T0s})"
+        stats = plotting.seed_band(ax, sub, "round", "gap", color=color, label=name, marker="")
+        rows.append(stats.assign(strategy=strategy))
+    ax.axvline(float(np.median(list(theory.values()))), color="0.35", linestyle=":", linewidth=1.2,
+               label=r"median $T_0^{\mathrm{theory}}$")
+    plotting.log_scale(ax)
+    ax.set_xlabel(plotting.label("round"))
+    ax.set_ylabel(plotting.label("loss_gap"))
+    zeta = results["task.zeta_value"].iloc[0]
+    E = results["federated.local_steps"].iloc[0]
+    ax.set_title(rf"$\zeta_V = {zeta:g}$, $E = {E}$, "
+                 rf"$\eta = {results['federated.learning_rate'].iloc[0]:g}$")
+    ax.legend(fontsize="small")
+    plotting.note_dropped(ax, dropped)
+    return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
+
+
+if __name__ == "__main__":
+    sys.exit(script_main(make, __doc__))
