@@ -26,11 +26,10 @@ import itertools
 import json
 import os
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import ConfigError, RunConfig, config_from_dict, config_hash
+from .config import ConfigError, RunConfig, config_from_dict, config_hash, read_toml
 from .io import write_json, write_run
 
 __all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
@@ -183,14 +182,7 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
 
 def load_sweep(path, *, quick: bool = False) -> Sweep:
     """Read and validate a sweep TOML file (see the module docstring)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file {str(path)!r} does not exist")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML ({err})") from None
-    return sweep_from_dict(data, quick=quick, source=str(path))
+    return sweep_from_dict(read_toml(path, "sweep file"), quick=quick, source=str(path))
 
 
 def run_dir(out, config_or_id) -> Path:

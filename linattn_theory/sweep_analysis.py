@@ -98,40 +98,56 @@ def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False) -> 
     kernel its runs reached), ``excess_risk`` ``R(T0) = F_λ(θ_T) − Φ*_λ``, ``bias``,
     ``drift_floor``, ``unfinished`` and ``identity_residual`` from
     :func:`~linattn_theory.theory.decompose_excess_risk`; with ``bound``, from one
-    :func:`~linattn_theory.bound.estimate_bound` per schedule: ``T0_theory``, ``U`` and
-    ``bias_bound`` at the run's ``T0``, and ``assumptions_violated``. Diverged runs get NaN.
+    :func:`~linattn_theory.bound.estimate_bound` per schedule (against the same ``Φ*_λ``):
+    ``T0_theory``, ``U`` and ``bias_bound`` at the run's ``T0``, and ``assumptions_violated``.
+    Diverged runs get NaN.
     """
-    from .bound import estimate_bound
+    table = _memo("excess_risk", folder, results, lambda: _decomposition(folder, results))
+    if bound:
+        table = table.merge(_memo("bound", folder, results, lambda: _bounds(folder, table)),
+                            on="run_id", how="left")
+    return table
+
+
+def _decomposition(folder, results: pd.DataFrame) -> pd.DataFrame:
     from .theory import centralized_optimum, decompose_excess_risk, profile_objective
 
-    def compute():
-        rows = []
-        for clients, runs in runs_by_instance(folder, results):
-            config = next(iter(runs.values()))[0]
-            lam = config.federated.ridge
-            ok = {rid: (c, run) for rid, (c, run) in runs.items() if not run.diverged}
-            kernels = [kernel(run.warmup_params) for _, run in ok.values()]
-            kernels += [kernel(run.params) for _, run in ok.values()]
-            starts = [min(kernels, key=lambda K: profile_objective(K, clients, lam)[0])] if kernels else []
-            optimum = centralized_optimum(clients, lam, rank=config.model.rank, heads=config.model.heads,
-                                          seed=config.seed, initial_kernels=starts)
-            bounds = {}
-            for rid, (c, run) in runs.items():
-                row = {"run_id": rid, "optimum": optimum.objective}
-                if rid in ok:
-                    parts = decompose_excess_risk(run, clients, optimum=optimum)
-                    row.update({k: parts[k] for k in ("excess_risk", "bias", "drift_floor", "unfinished",
-                                                      "identity_residual")})
-                    if bound:
-                        key = _schedule_key(c)
-                        if key not in bounds:
-                            bounds[key] = estimate_bound(c, clients, optimum=optimum)
-                        b = bounds[key]
-                        curve = b.curve.set_index("round")
-                        T0 = run.metadata["warmup_rounds"]
-                        row.update(T0_theory=b.T0_theory, U=float(curve.loc[T0, "U"]),
-                                   bias_bound=float(curve.loc[T0, "bias_bound"]),
-                                   assumptions_violated=len(b.violated))
-                rows.append(row)
-        return results.merge(pd.DataFrame(rows), on="run_id", how="left")
-    return _memo(f"excess_risk(bound={bound})", folder, results, compute)
+    rows = []
+    for clients, runs in runs_by_instance(folder, results):
+        config = next(iter(runs.values()))[0]
+        lam = config.federated.ridge
+        ok = [run for _, run in runs.values() if not run.diverged]
+        kernels = [kernel(run.warmup_params) for run in ok] + [kernel(run.params) for run in ok]
+        starts = [min(kernels, key=lambda K: profile_objective(K, clients, lam)[0])] if kernels else []
+        optimum = centralized_optimum(clients, lam, rank=config.model.rank, heads=config.model.heads,
+                                      seed=config.seed, initial_kernels=starts)
+        for rid, (_, run) in runs.items():
+            row = {"run_id": rid, "optimum": optimum.objective}
+            if not run.diverged:
+                parts = decompose_excess_risk(run, clients, optimum=optimum)
+                row.update({k: parts[k] for k in ("excess_risk", "bias", "drift_floor", "unfinished",
+                                                  "identity_residual")})
+            rows.append(row)
+    return results.merge(pd.DataFrame(rows), on="run_id", how="left")
+
+
+def _bounds(folder, table: pd.DataFrame) -> pd.DataFrame:
+    from .bound import estimate_bound
+
+    optimum = table.set_index("run_id")["optimum"]
+    rows = []
+    for clients, runs in runs_by_instance(folder, table):
+        bounds = {}
+        for rid, (config, run) in runs.items():
+            if run.diverged:
+                continue
+            key = _schedule_key(config)
+            if key not in bounds:
+                bounds[key] = estimate_bound(config, clients, optimum=float(optimum[rid]))
+            b = bounds[key]
+            curve = b.curve.set_index("round")
+            T0 = run.metadata["warmup_rounds"]
+            rows.append({"run_id": rid, "T0_theory": b.T0_theory, "U": float(curve.loc[T0, "U"]),
+                         "bias_bound": float(curve.loc[T0, "bias_bound"]),
+                         "assumptions_violated": len(b.violated)})
+    return pd.DataFrame(rows, columns=["run_id", "T0_theory", "U", "bias_bound", "assumptions_violated"])

@@ -3,8 +3,8 @@
 Claim (docs/theory.md §3, §6): on heterogeneous clients, freezing the kernel at the warm-up the
 bound recommends (T0_theory = argmin U(T0), computed per seed by linattn_theory.bound) ends
 below plain FedAvg, whose kernel keeps drifting; the federated-optimisation baselines of the
-config's [grid] are drawn for comparison. Curves: F_λ(θ_t) − Φ*_λ, mean over seeds (bands:
-smallest to largest seed); the dotted line marks the median T0_theory.
+config's [grid] are drawn for comparison. Curves: F_λ(θ_t) − Φ*_λ, one panel per seed (each
+seed is its own instance: teacher, clients and initialisation); dotted: that seed's T0_theory.
 
 Config: simulations/configs/loss_curves.toml. Run: python simulations/loss_curves.py [--quick] [--out figures]
 """
@@ -17,7 +17,6 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 import pandas as pd
 
 from linattn_theory import plotting
@@ -55,27 +54,32 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     results, dropped = plotting.drop_diverged(results)
     rounds = rounds[rounds["run_id"].isin(results["run_id"])]
     strategies = list(dict.fromkeys(results["federated.strategy"]))   # config order, FedFrozen last
-    fig, ax = plotting.figure(width=6.4, height=4.2)
+    colors = dict(zip(strategies, plotting.palette(len(strategies))))
+    seeds = sorted(theory)
+    fig, axes = plotting.figure(len(seeds), width=4.4, height=3.8, sharey=True)
+    axes = [axes] if len(seeds) == 1 else axes
     rows = []
-    T0s = ", ".join(str(theory[s]) for s in sorted(theory))
-    for strategy, color in zip(strategies, plotting.palette(len(strategies))):
-        sub = rounds[rounds["federated.strategy"] == strategy]
-        name = plotting.STRATEGY_NAMES.get(strategy, strategy)
-        if strategy == "fedfrozen":
-            name += rf" at $T_0^{{\mathrm{{theory}}}}$ ({T0s})"
-        stats = plotting.seed_band(ax, sub, "round", "gap", color=color, label=name, marker="")
-        rows.append(stats.assign(strategy=strategy))
-    ax.axvline(float(np.median(list(theory.values()))), color="0.35", linestyle=":", linewidth=1.2,
-               label=r"median $T_0^{\mathrm{theory}}$")
-    plotting.log_scale(ax)
-    ax.set_xlabel(plotting.label("round"))
-    ax.set_ylabel(plotting.label("loss_gap"))
-    zeta = results["task.zeta_value"].iloc[0]
-    E = results["federated.local_steps"].iloc[0]
-    ax.set_title(rf"$\zeta_V = {zeta:g}$, $E = {E}$, "
-                 rf"$\eta = {results['federated.learning_rate'].iloc[0]:g}$")
-    ax.legend(fontsize="small")
-    plotting.note_dropped(ax, dropped)
+    for ax, seed in zip(axes, seeds):
+        for strategy in strategies:
+            sub = rounds[(rounds["federated.strategy"] == strategy) & (rounds["seed"] == seed)]
+            if sub.empty:
+                continue
+            name = plotting.STRATEGY_NAMES.get(strategy, strategy)
+            if strategy == "fedfrozen":
+                name += r" at $T_0^{\mathrm{theory}}$"
+            ax.plot(sub["round"], sub["gap"], color=colors[strategy], label=name)
+            rows.append(sub[["run_id", "seed", "round", "gap"]].assign(strategy=strategy))
+        ax.axvline(theory[seed], color="0.35", linestyle=":", linewidth=1.2,
+                   label=rf"$T_0^{{\mathrm{{theory}}}} = {theory[seed]}$")
+        plotting.log_scale(ax)
+        ax.set_xlabel(plotting.label("round"))
+        ax.set_title(f"seed {seed}")
+        ax.legend(fontsize="small")
+    axes[0].set_ylabel(plotting.label("loss_gap"))
+    first = results.iloc[0]
+    fig.suptitle(rf"$\zeta_V = {first['task.zeta_value']:g}$, $E = {first['federated.local_steps']}$, "
+                 rf"$\eta = {first['federated.learning_rate']:g}$, $T = {first['federated.rounds']}$")
+    plotting.note_dropped(axes[-1], dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
 
