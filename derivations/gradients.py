@@ -20,8 +20,7 @@ import numpy as np
 import sympy as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import check, finish  # noqa: E402
+from _claims import claim, finish  # noqa: E402  (also puts the repository root on sys.path)
 
 from linattn_theory import Params, loss_and_grad  # noqa: E402
 
@@ -54,7 +53,7 @@ def derive(heads: int, d: int, r: int, p: int, n: int) -> None:
                   "W_Q": (WQ[h], q * (WK[h].T * g).T)}
         for name, (W, formula) in closed.items():
             derived = sp.Matrix(W.shape[0], W.shape[1], lambda i, j: sp.diff(loss, W[i, j]))
-            check(f"∇_{{{name}^{h}}} ℓ equals the closed form ({shape})",
+            claim(f"∇_{{{name}^{h}}} ℓ equals the closed form ({shape})",
                   sp.expand(derived - formula) == sp.zeros(*W.shape))
         # kernel gradient: differentiate through an unfactored symbolic kernel
         Kfree = symbols(f"G{h}", d, d)
@@ -63,7 +62,7 @@ def derive(heads: int, d: int, r: int, p: int, n: int) -> None:
         loss_K = (eK.T * eK)[0, 0] / 2
         derived_K = sp.Matrix(d, d, lambda i, j: sp.diff(loss_K, Kfree[i, j])).subs(
             dict(zip(Kfree, kernels[h])))
-        check(f"∇_{{K_{h}}} ℓ = q g^T ({shape})", sp.expand(derived_K - q * g.T) == sp.zeros(d, d))
+        claim(f"∇_{{K_{h}}} ℓ = q g^T ({shape})", sp.expand(derived_K - q * g.T) == sp.zeros(d, d))
 
     # numeric comparison with the package at a random point
     rng = np.random.default_rng(0)
@@ -79,13 +78,13 @@ def derive(heads: int, d: int, r: int, p: int, n: int) -> None:
     values.update({q[i, 0]: qv[i] for i in range(d)})
     values.update({y[i, 0]: yv[i] for i in range(p)})
     loss_pkg, grads = loss_and_grad(Params(**arrays), Xv[None], qv[None], yv[None])
-    check(f"package loss equals the sympy loss ({shape})",
+    claim(f"package loss equals the sympy loss ({shape})",
           abs(float(loss.subs(values)) - float(loss_pkg)) <= 1e-12 * max(1.0, abs(float(loss_pkg))))
     for key, mats in (("WQ", WQ), ("WK", WK), ("WV", WV)):
         sym = np.array([[[float(sp.diff(loss, M[i, j]).subs(values)) for j in range(M.shape[1])]
                          for i in range(M.shape[0])] for M in mats])
         pkg = getattr(grads, key)
-        check(f"package ∇{key} equals the sympy gradient ({shape})",
+        claim(f"package ∇{key} equals the sympy gradient ({shape})",
               np.allclose(pkg, sym, rtol=1e-10, atol=1e-12))
 
 

@@ -65,6 +65,37 @@ def _figures(args) -> int:
     print(f"{len(made)} figure scripts, {total:.1f} s in all, written to {args.out}")
     return EXIT_OK
 
+def _recommend(args) -> int:
+    from .bound import recommend_main
+
+    return recommend_main(args.config, measure=not args.no_measure)
+
+
+def _derive(args) -> int:
+    import subprocess
+
+    folder = Path(args.root) / "derivations"
+    scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+    if not scripts:
+        raise ConfigError(f"--root {args.root!r}: no derivation scripts in {folder}")
+    if args.only:
+        scripts = [p for p in scripts if p.stem in args.only]
+        missing = set(args.only) - {p.stem for p in scripts}
+        if missing:
+            raise ConfigError(f"--only {sorted(missing)[0]!r}: no such derivation in {folder}")
+    failed = []
+    for script in scripts:
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+        if not args.quiet:
+            print(proc.stdout, end="")
+        status = "PASS" if proc.returncode == 0 else "FAIL"
+        print(f"{status}: derivations/{script.name}")
+        if proc.returncode != 0:
+            failed.append(script.name)
+            print(proc.stderr, end="", file=sys.stderr)
+    print(f"{len(scripts) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else EXIT_OK
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also the source of docs/cli.md)."""
@@ -109,6 +140,24 @@ def build_parser() -> argparse.ArgumentParser:
     _executor_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_figures)
+
+    p = sub.add_parser("recommend", help="recommend the warm-up length T0 from the trade-off bound",
+                       description="Estimate the constants of the bound U(T0) on the excess risk "
+                                   "(docs/theory.md §6) from the instance, print T0_theory, the curve "
+                                   "U(T0) for T0 = 0..T, the constants, each assumption's check and "
+                                   "the predicted (and measured) gain over plain FedAvg.")
+    p.add_argument("config", help="TOML configuration file")
+    p.add_argument("--no-measure", action="store_true",
+                   help="skip the explicit FedFrozen runs that measure R(T0_theory) and R(T)")
+    p.set_defaults(func=_recommend)
+
+    p = sub.add_parser("derive", help="run the sympy derivations and report PASS/FAIL",
+                       description="Run every script in derivations/ (each states a claim, derives it "
+                                   "with sympy and checks it); exit 1 if any fails.")
+    p.add_argument("--root", default=".", help="repository root holding derivations/ (default: .)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these derivations (file stems)")
+    p.add_argument("--quiet", action="store_true", help="print only one line per derivation")
+    p.set_defaults(func=_derive)
     return parser
 
 

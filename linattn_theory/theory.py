@@ -24,7 +24,7 @@ from scipy import optimize
 from ._array import array_namespace, to_numpy
 from .model import Params, _value_matrix, kernel, kernel_gradient_from_moments, loss_and_grad_from_moments
 from .moments import ValueMoments, value_moments, value_objective
-from .tasks import FederatedDataset, StackedClients, stack_clients
+from .tasks import ClientDataset, FederatedDataset, StackedClients, stack_clients
 
 __all__ = [
     "profile_objective",
@@ -45,6 +45,8 @@ __all__ = [
 
 #: eigenvalues below this fraction of the largest are treated as zero (pseudo-inverse).
 PSEUDO_INVERSE_RTOL = 1e-12
+#: SeedSequence spawn key of the solver's random starts (apart from the task purposes 0–5).
+SEED_OPTIMUM = 101
 
 
 # --------------------------------------------------------------------------------------
@@ -182,7 +184,7 @@ def _factors(K, rank: int):
 
 
 def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, heads: int | None = None,
-                        restarts: int = 4, seed: int = 0, initial_kernels=(),
+                        restarts: int = 8, seed: int = 0, initial_kernels=(),
                         max_iterations: int = 1000, tolerance: float = 1e-10) -> CentralizedOptimum:
     """``Φ*_λ = min_K Φ_λ(K)`` over kernels of rank ``≤ r`` per head (docs/theory.md §4).
 
@@ -204,8 +206,8 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
     starts = [("initial_kernel_%d" % i, _check_kernel(K, data, f"initial_kernels[{i}]"))
               for i, K in enumerate(initial_kernels)]
     truth = getattr(clients, "truth", {}) if isinstance(clients, FederatedDataset) else {}
-    if heads is None:
-        heads = starts[0][1].shape[0] if starts else np.shape(truth.get("kernel", np.zeros((1,))))[0]
+    if heads is None:   # from the supplied kernels, else the teacher, else one head
+        heads = starts[0][1].shape[0] if starts else np.shape(truth["kernel"])[0] if "kernel" in truth else 1
     rank = d if rank is None else int(rank)
     if rank < 1 or heads < 1:
         raise ValueError(f"rank = {rank}, heads = {heads}; expected integers >= 1")
@@ -214,7 +216,7 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
             raise ValueError(f"{label} has {K.shape[0]} heads; expected heads = {heads}")
     if "kernel" in truth and np.shape(truth["kernel"]) == (heads, d, d):
         starts.insert(0, ("teacher", np.asarray(truth["kernel"], dtype=np.float64)))
-    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(101,)))
+    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(SEED_OPTIMUM,)))
     shape = (heads, d, rank)
     size = heads * d * rank
 
@@ -249,8 +251,7 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
         raise ValueError("centralized_optimum: nothing to optimise (restarts = 0 and no initial kernels)")
     best = min(candidates, key=lambda c: c[0])
     table = pd.DataFrame(rows)
-    converged = bool(table.loc[table["start"] == best[1], "converged"].all()) if best[1] in set(table["start"]) \
-        else False
+    converged = any(row["converged"] for row in rows if row["start"] == best[1])
     phi, V = profile_objective(best[2], data, 0.0)
     return CentralizedOptimum(best[2], V, phi, float(lam), rank, converged, float(best[3]), best[1], table)
 
@@ -330,3 +331,323 @@ def value_drift_floor(K, clients, eta: float, E: int, lam: float = 0.0) -> float
     moments = _host_moments(_check_kernel(K, data), data)
     _, V_star = _profile_from_moments(moments, lam)
     return _drift_floor(_fixed_point(*_frozen_map(moments, eta, E, lam)), V_star, moments, lam)
+
+
+# --------------------------------------------------------------------------------------
+# §6 the exact bias–drift decomposition of the excess risk
+# --------------------------------------------------------------------------------------
+def _run_setting(run, name: str, given):
+    """A federated setting given explicitly, else read from the run's recorded configuration."""
+    if given is not None:
+        return given
+    try:
+        return run.metadata["config"]["federated"][name]
+    except (AttributeError, KeyError, TypeError):
+        raise ValueError(f"the run records no configuration; pass {name} explicitly") from None
+
+
+def _run_clients(run, clients):
+    if clients is not None:
+        return clients
+    from .config import config_from_dict
+    from .federated import clients_from_config
+    try:
+        recorded = run.metadata["config"]    # drop unset options (None) as RunConfig.with_updates does
+        recorded = {k: ({kk: vv for kk, vv in v.items() if vv is not None} if isinstance(v, dict) else v)
+                    for k, v in recorded.items()}
+        return clients_from_config(config_from_dict(recorded))
+    except (AttributeError, KeyError, TypeError):
+        raise ValueError("the run records no configuration; pass clients explicitly") from None
+
+
+def _optimum_objective(optimum) -> float:
+    return float(optimum.objective if isinstance(optimum, CentralizedOptimum) else optimum)
+
+
+def decompose_excess_risk(run, clients=None, *, optimum=None, lam: float | None = None,
+                          eta: float | None = None, local_steps: int | None = None,
+                          server_learning_rate: float | None = None) -> dict:
+    """Split a run's excess risk exactly (docs/theory.md §6).
+
+    ``R(T0) = F_λ(θ_T) − Φ*_λ = bias(K_{T0}) + D(K_{T0}) + [F_λ(K_{T0}, V_T) − F_λ(K_{T0}, V_FA)]``:
+    kernel-profile bias ``Φ_λ(K_{T0}) − Φ*_λ``, value drift floor ``D(K_{T0})`` and the value
+    stage's unfinished optimisation (which may be negative: ``V_FA`` is not a minimiser).
+    ``R`` is measured from the simulator's last ``loss_regularized``, the three parts from the
+    moments, so ``identity_residual = bias + drift_floor + unfinished − excess_risk`` checks the
+    moments against the simulator.
+
+    ``run`` is a :class:`~linattn_theory.federated.RunResult` (``K_{T0}`` from its
+    ``warmup_params``, ``V_T`` from its final ``params``). ``clients``, ``lam``, ``eta``,
+    ``local_steps`` and ``server_learning_rate`` default to those in the run's recorded
+    configuration; ``optimum`` is ``Φ*_λ`` (a number or a :class:`CentralizedOptimum`;
+    default: :func:`centralized_optimum` started from ``K_{T0}``). Returns a dict.
+    """
+    if getattr(run, "divergence", None) is not None:
+        raise ValueError(f"the run diverged ({run.divergence.message}); its excess risk is undefined")
+    lam = float(_run_setting(run, "ridge", lam))
+    eta = float(_run_setting(run, "learning_rate", eta))
+    E = int(_run_setting(run, "local_steps", local_steps))
+    s = float(_run_setting(run, "server_learning_rate", server_learning_rate))
+    _check_ridge(lam)
+    _check_schedule(eta, E, s)
+    clients = _run_clients(run, clients)
+    data = _stacked(clients)
+    K = _check_kernel(kernel(run.warmup_params), data, "kernel(run.warmup_params)")
+    if optimum is None:
+        optimum = centralized_optimum(clients, lam, rank=run.warmup_params.WQ.shape[-1], heads=K.shape[0],
+                                      initial_kernels=[K])
+    phi_star = _optimum_objective(optimum)
+    moments = _host_moments(K, data)
+    phi, V_star = _profile_from_moments(moments, lam)
+    M, b = _frozen_map(moments, eta, E, lam, s)
+    V_FA = _fixed_point(M, b)
+    V_T = _value_matrix(np, np.asarray(to_numpy(run.params.WV), dtype=np.float64))
+    table = run.table
+    F_T = _global_objective(V_T, moments, lam)
+    measured = float(table["loss_regularized"].iloc[-1])
+    T0 = int(run.metadata.get("warmup_rounds", -1)) if getattr(run, "metadata", None) else -1
+    gamma = table.loc[table["round"] <= max(T0, 0), "cumulative_kernel_drift"].iloc[-1]
+    parts = {"bias": phi - phi_star,
+             "drift_floor": _drift_floor(V_FA, V_star, moments, lam),
+             "unfinished": F_T - _global_objective(V_FA, moments, lam)}
+    R = measured - phi_star
+    return {"warmup_rounds": T0, "rounds": int(table["round"].iloc[-1]), "excess_risk": R, **parts,
+            "identity_residual": parts["bias"] + parts["drift_floor"] + parts["unfinished"] - R,
+            "profile_objective": phi, "optimum": phi_star, "loss_regularized": measured,
+            "loss_regularized_moments": F_T, "contraction_rate": float(np.max(np.abs(np.linalg.eigvalsh(M)))),
+            "cumulative_kernel_drift": float(gamma)}
+
+
+def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restarts: int = 4,
+                          progress: bool = False) -> pd.DataFrame:
+    """:func:`decompose_excess_risk` for each warm-up length ``T0`` in ``warmups`` (docs/theory.md §6).
+
+    Runs :func:`~linattn_theory.federated.simulate` with ``federated.strategy = "fedfrozen"`` and
+    ``federated.warmup_rounds = T0``; ``Φ*_λ`` (unless given) is one :func:`centralized_optimum`
+    started from the teacher, ``restarts`` random kernels and every ``K_{T0}`` the runs reached.
+    One row per ``T0``: ``warmup_rounds, excess_risk, bias, drift_floor, unfinished,
+    identity_residual, …``; a diverged run gives a row with ``diverged = True``, its round and
+    message, and no decomposition.
+    """
+    from .federated import clients_from_config, simulate
+    clients = clients_from_config(config) if clients is None else clients
+    runs = {}
+    for T0 in warmups:
+        cfg = config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": int(T0)})
+        runs[int(T0)] = simulate(cfg, clients, progress=progress)
+    data = _stacked(clients)
+    if optimum is None:
+        kernels = [to_numpy(kernel(r.warmup_params)) for r in runs.values() if not r.diverged]
+        optimum = centralized_optimum(clients, config.federated.ridge, rank=config.model.rank,
+                                      heads=config.model.heads, restarts=restarts, seed=config.seed,
+                                      initial_kernels=kernels)
+    rows = []
+    for T0, run in runs.items():
+        if run.diverged:
+            rows.append({"warmup_rounds": T0, "diverged": True, "diverged_round": run.divergence.round,
+                         "message": run.divergence.message})
+            continue
+        row = decompose_excess_risk(run, data, optimum=optimum)
+        rows.append({**row, "warmup_rounds": T0, "diverged": False, "diverged_round": None, "message": ""})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------
+# §4 the warm-up as inexact descent on Φ_λ
+# --------------------------------------------------------------------------------------
+def local_steps(params: Params, clients, eta: float, E: int, lam: float = 0.0, *,
+                centralized: bool = False) -> Params:
+    """``E`` full-batch gradient steps on every block (docs/theory.md §3).
+
+    ``W ← W − η ∇_W F_{λ,c}`` on each client's own objective, all clients at once (returns
+    parameters with a leading client axis ``(m, …)``), or, with ``centralized=True``, the same
+    steps on the global ``F_λ = Σ_c p_c F_{λ,c}`` (returns unbatched parameters). The ridge
+    ``λ`` acts on ``W_V`` only.
+    """
+    data = _stacked(clients)
+    xp = array_namespace(data.S)
+    m = data.S.shape[0]
+    params = params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
+    if not centralized:
+        params = params.map(lambda a: xp.broadcast_to(a, (m,) + tuple(a.shape)))
+    for _ in range(E):
+        _, g = loss_and_grad_from_moments(params, data.S, data.q, data.y, data.sample_weight)
+        if centralized:
+            g = g.map(lambda a: xp.sum(xp.reshape(data.weights, (-1,) + (1,) * (a.ndim - 1)) * a, axis=0))
+        params = Params(params.WQ - eta * g.WQ, params.WK - eta * g.WK,
+                        params.WV - eta * (g.WV + lam * params.WV))
+    return params
+
+
+def _server_step(params: Params, client_params: Params, weights, server_learning_rate: float) -> Params:
+    """``θ + η_s (Σ_c p_c θ_c − θ)`` block by block, weights renormalised to sum to one."""
+    xp = array_namespace(weights)
+    w = weights / xp.sum(weights)
+
+    def average(theta, theta_c):
+        mean = xp.sum(xp.reshape(w, (-1,) + (1,) * (theta_c.ndim - 1)) * theta_c, axis=0)
+        return theta + server_learning_rate * (mean - theta)
+    return params.map(average, client_params)
+
+
+def replay_round(params: Params, clients, eta: float, E: int, lam: float = 0.0,
+                 server_learning_rate: float = 1.0):
+    """One full-batch, full-participation warm-up round (docs/theory.md §3) from ``params``.
+
+    Returns ``(θ^{t+1}, client_params)``: the server's new parameters and every client's model
+    after its ``E`` local steps (leading client axis). Equals the simulator's round.
+    """
+    _check_ridge(lam)
+    _check_schedule(eta, E, server_learning_rate)
+    data = _stacked(clients)
+    client_params = local_steps(params, data, eta, E, lam)
+    return _server_step(params, client_params, data.weights, server_learning_rate), client_params
+
+
+def _host_kernel(params: Params) -> np.ndarray:
+    return np.asarray(to_numpy(kernel(params)), dtype=np.float64)
+
+
+def _inexactness_row(params: Params, data: StackedClients, eta, E, lam, s):
+    """One warm-up round's realised change of ``Φ_λ``, its first-order prediction and the split of the gap."""
+    WQ, WK = (np.asarray(to_numpy(a), dtype=np.float64) for a in (params.WQ, params.WK))
+    K = WQ @ np.swapaxes(WK, -1, -2)
+    H, d, p = K.shape[0], K.shape[-1], params.WV.shape[-1]
+
+    def profile(K):
+        return _profile_from_moments(_host_moments(K, data), lam)
+
+    phi, V_star = profile(K)
+    G = _kernel_gradient(K, V_star, data)
+    GT = np.swapaxes(G, -1, -2)
+    dK_exact = -s * eta * E * (G @ WK @ np.swapaxes(WK, -1, -2) + WQ @ np.swapaxes(WQ, -1, -2) @ G)
+    predicted = float(np.sum(G * dK_exact))
+    # (a) exact step: centralised steps from V*_λ(K^t); (b) centralised steps from V^t
+    xp = array_namespace(data.S)
+    at_optimum = params.replace(WV=xp.reshape(xp.asarray(V_star, dtype=data.S.dtype), (H, d, p)))
+    K_a = _host_kernel(_server_step(at_optimum, _lift(local_steps(at_optimum, data, eta, E, lam,
+                                                                   centralized=True)), _one(xp, data), s))
+    K_b = _host_kernel(_server_step(params, _lift(local_steps(params, data, eta, E, lam, centralized=True)),
+                                    _one(xp, data), s))
+    # (c) clients' local steps, each client's model put through the server step, products averaged
+    new, client = replay_round(params, data, eta, E, lam, s)
+    own = _server_step_per_client(params, client, s)
+    w = np.asarray(to_numpy(data.weights), dtype=np.float64)
+    K_prod = np.sum((w / w.sum())[:, None, None, None] * _host_kernel(own), axis=0)
+    K_new = _host_kernel(new)
+    phi_a, phi_b, phi_prod, phi_new = (profile(k)[0] for k in (K_a, K_b, K_prod, K_new))
+    V = np.asarray(to_numpy(_value_matrix(xp, params.WV)), dtype=np.float64)
+    realised = phi_new - phi
+    gap = realised - predicted
+    value_lag, client_drift, factor_averaging = phi_b - phi_a, phi_prod - phi_b, phi_new - phi_prod
+    row = {"profile_objective": phi, "value_distance": float(np.linalg.norm(V - V_star)),
+           "gradient_norm": float(np.linalg.norm(G)), "realised_change": realised,
+           "predicted_change": predicted, "gap": gap, "value_lag": value_lag, "client_drift": client_drift,
+           "factor_averaging": factor_averaging,
+           "remainder": gap - value_lag - client_drift - factor_averaging,
+           "exact_step_change": phi_a - phi}
+    return row, new
+
+
+def _lift(params: Params) -> Params:
+    """Give unbatched parameters a client axis of length one."""
+    return params.map(lambda a: a[None])
+
+
+def _one(xp, data):
+    return xp.ones((1,), dtype=data.S.dtype)
+
+
+def _server_step_per_client(params: Params, client_params: Params, s: float) -> Params:
+    """``θ + η_s (θ_c − θ)`` for each client separately (the product each client's model induces)."""
+    return params.map(lambda theta, theta_c: theta + s * (theta_c - theta), client_params)
+
+
+def warmup_inexactness(config_or_params, clients=None, *, rounds: int | None = None,
+                       lam: float | None = None, eta: float | None = None, local_steps: int | None = None,
+                       server_learning_rate: float | None = None) -> pd.DataFrame:
+    """Per warm-up round, the warm-up as inexact descent on ``Φ_λ`` (docs/theory.md §4).
+
+    For each round ``t`` (full batch, full participation) with ``G = ∇_K Φ_λ(K^t)``:
+
+    - ``realised_change = Φ_λ(K^{t+1}) − Φ_λ(K^t)``;
+    - ``predicted_change = ⟨G, ΔK_exact⟩``, ``ΔK_exact = −η_s η E (G W_K W_K^T + W_Q W_Q^T G)``: the
+      first-order kernel change of ``E`` centralised gradient steps on the factors with ``V`` at
+      ``V*_λ(K^t)`` (the exact preconditioned profile step);
+    - ``gap = realised_change − predicted_change``, split telescopically through the kernels
+      ``K_a`` (centralised steps from ``(W_Q, W_K, V*_λ(K^t))``), ``K_b`` (centralised steps from
+      ``θ^t``), ``K_prod = Σ_c p_c W_{Q,c} W_{K,c}^T`` (clients' local steps, products averaged;
+      each client's factors first put through the server step) and ``K^{t+1}`` (factors
+      averaged): ``value_lag = Φ(K_b) − Φ(K_a)``, ``client_drift = Φ(K_prod) − Φ(K_b)``,
+      ``factor_averaging = Φ(K^{t+1}) − Φ(K_prod)`` and ``remainder`` = what is left, which
+      equals ``Φ(K_a) − Φ(K^t) − predicted_change`` (the exact step's higher-order terms).
+
+    ``config_or_params`` is a :class:`~linattn_theory.config.RunConfig` (its initial parameters,
+    clients, settings and ``T0`` rounds) or :class:`~linattn_theory.model.Params` (then pass
+    ``clients``, ``rounds``, ``lam``, ``eta``, ``local_steps``). One row per round.
+    """
+    from .config import RunConfig
+    if isinstance(config_or_params, RunConfig):
+        from .federated import clients_from_config, initial_params
+        config = config_or_params
+        fed = config.federated
+        if fed.batch_size is not None or fed.participation < 1.0:
+            raise ValueError(f"warmup_inexactness replays full-batch, full-participation rounds; the config "
+                             f"has batch_size = {fed.batch_size}, participation = {fed.participation}")
+        clients = clients_from_config(config) if clients is None else clients
+        data = _stacked(clients)
+        params = initial_params(config, data.q.shape[-1], data.y.shape[-1])
+        rounds = config.warmup_rounds if rounds is None else rounds
+        lam = fed.ridge if lam is None else lam
+        eta = fed.learning_rate if eta is None else eta
+        local_steps = fed.local_steps if local_steps is None else local_steps
+        server_learning_rate = fed.server_learning_rate if server_learning_rate is None else server_learning_rate
+    else:
+        params = config_or_params
+        missing = [n for n, v in (("clients", clients), ("rounds", rounds), ("lam", lam), ("eta", eta),
+                                  ("local_steps", local_steps)) if v is None]
+        if missing:
+            raise ValueError(f"warmup_inexactness with Params needs {', '.join(missing)}")
+        data = _stacked(clients)
+        server_learning_rate = 1.0 if server_learning_rate is None else server_learning_rate
+    _check_ridge(lam)
+    _check_schedule(eta, local_steps, server_learning_rate)
+    xp = array_namespace(data.S)
+    params = params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
+    rows = []
+    for t in range(int(rounds)):
+        if not all(np.all(np.isfinite(to_numpy(a))) for a in (params.WQ, params.WK, params.WV)):
+            raise ValueError(f"warm-up diverged before round {t} with eta = {eta}; lower the step size")
+        row, params = _inexactness_row(params, data, eta, local_steps, lam, server_learning_rate)
+        rows.append({"round": t, **row})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------
+# population moments
+# --------------------------------------------------------------------------------------
+def population_value_moments(K, config, samples: int = 4096) -> ValueMoments:
+    """Monte-Carlo estimate of the population moments ``E_{D_c}[φφ^T]``, ``E_{D_c}[φ y^T]``, ``E_{D_c}‖y‖²``.
+
+    Fresh samples come from each client's own generator stream beyond its training samples: the
+    task of ``config`` is regenerated with ``samples`` more samples per client (the teacher and
+    every client's distribution are unchanged, which is checked through ``truth``) and only the
+    samples past the training ones are used. They are i.i.d. draws from ``D_c``. Weights are the
+    training ``p_c``. Returns host :class:`~linattn_theory.moments.ValueMoments`.
+    """
+    from .federated import clients_from_config
+    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
+        raise ValueError(f"samples = {samples!r}; expected an integer >= 1")
+    train = clients_from_config(config)
+    bigger = clients_from_config(config.with_updates(
+        {"task.samples_per_client": config.task.samples_per_client + int(samples)}))
+    for key, value in train.truth.items():
+        if not np.array_equal(value, bigger.truth[key]):
+            raise RuntimeError(f"regenerating the task changed truth[{key!r}]; cannot draw fresh samples")
+    fresh = []
+    for c, ((X, q, y), N) in enumerate(zip(bigger, train.sizes)):
+        if X.shape[0] <= N:
+            raise ValueError(f"client {c} got no fresh samples; increase samples (= {samples})")
+        fresh.append(ClientDataset(X[N:], q[N:], y[N:]))
+    data = stack_clients(FederatedDataset(tuple(fresh), train.weights, train.family, train.truth))
+    return _host_moments(_check_kernel(K, data), data)

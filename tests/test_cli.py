@@ -130,3 +130,17 @@ def test_recorded_config_round_trips(tmp_path):
     assert recorded["federated"]["batch_size"] is None
     config = config_from_dict(recorded)
     assert isinstance(config, RunConfig) and config.to_dict() == recorded
+
+
+def test_derive_runs_every_script_and_fails_on_any_failure(tmp_path, capsys):
+    folder = tmp_path / "derivations"
+    folder.mkdir()
+    (folder / "_helpers.py").write_text("raise SystemExit(1)\n")          # not a derivation
+    (folder / "holds.py").write_text("print('PASS: a claim')\n")
+    assert main(["derive", "--root", str(tmp_path), "--quiet"]) == 0
+    assert "1 passed, 0 failed" in capsys.readouterr().out
+    (folder / "breaks.py").write_text("print('FAIL: a claim'); raise SystemExit(1)\n")
+    assert main(["derive", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: derivations/breaks.py" in out and "1 passed, 1 failed" in out
+    assert main(["derive", "--root", str(tmp_path), "--only", "nope"]) == 2

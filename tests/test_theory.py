@@ -1,0 +1,291 @@
+"""Theory functions against independent computations and simulations (docs/theory.md §4–6)."""
+
+import numpy as np
+import pytest
+
+from linattn_theory import theory as th
+from linattn_theory.config import FederatedConfig, config_from_dict
+from linattn_theory.federated import clients_from_config, initial_params, run_schedule, simulate, stable_learning_rate
+from linattn_theory.model import Params, _flat, _value_matrix, context_second_moment, features, kernel
+from linattn_theory.tasks import planted_kernel_clients, stack_clients
+
+
+def small_clients(num_clients=3, heads=1, seed=1, zeta=1.0, samples=40, noise=0.1):
+    return planted_kernel_clients(num_clients=num_clients, samples_per_client=samples, tokens=4, dim=3,
+                                  heads=heads, rank=2, outputs=2, zeta_value=zeta, zeta_covariate=zeta,
+                                  noise=noise, seed=seed)
+
+
+def small_config(**federated):
+    fed = {"rounds": 12, "warmup_rounds": 4, "local_steps": 3, "learning_rate": 0.01, "ridge": 0.05}
+    fed.update(federated)
+    return config_from_dict({
+        "seed": 1,
+        "task": {"num_clients": 3, "samples_per_client": 32, "tokens": 4, "dim": 3, "rank": 2, "outputs": 2,
+                 "zeta_value": 1.0, "zeta_covariate": 1.0},
+        "model": {"rank": 2, "heads": 2},
+        "federated": fed})
+
+
+def rel(a, b):
+    return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(np.asarray(b)))
+
+
+# ---------------------------------------------------------------- §4 profile objective
+@pytest.mark.parametrize("lam", [0.0, 0.2])
+@pytest.mark.parametrize("heads", [1, 2])
+def test_profile_objective_is_the_ridge_least_squares_minimum(lam, heads):
+    """``V*`` equals an independent weighted least-squares solve on the stacked features."""
+    clients = small_clients(heads=heads)
+    K = kernel(Params.init(3, 2, 2, heads=heads, seed=3))
+    phi_value, V = th.profile_objective(K, clients, lam)
+    rows, targets = [], []
+    for (X, q, y), p in zip(clients, clients.weights):
+        phi = _flat(np, features(K, context_second_moment(X), q), 2)
+        rows.append(np.sqrt(p / len(X)) * phi)
+        targets.append(np.sqrt(p / len(X)) * y)
+    Hd = rows[0].shape[1]
+    design = np.concatenate(rows + [np.sqrt(lam) * np.eye(Hd)])
+    target = np.concatenate(targets + [np.zeros((Hd, 2))])
+    V_ls = np.linalg.lstsq(design, target, rcond=None)[0]
+    assert rel(V, V_ls) < 1e-10
+    F = 0.5 * np.sum((design @ V_ls - target) ** 2)       # = F_λ(K, V_ls)
+    assert phi_value == pytest.approx(F, rel=1e-12)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.1])
+@pytest.mark.parametrize("heads", [1, 2])
+def test_profile_gradient_matches_finite_differences(lam, heads):
+    data = stack_clients(small_clients(heads=heads))
+    K = kernel(Params.init(3, 2, 2, heads=heads, seed=4))
+    G = th.profile_gradient(K, data, lam)
+    h = 1e-6
+    numeric = np.zeros_like(K)
+    for idx in np.ndindex(K.shape):
+        E = np.zeros_like(K)
+        E[idx] = h
+        numeric[idx] = (th.profile_objective(K + E, data, lam)[0] - th.profile_objective(K - E, data, lam)[0]) / (2 * h)
+    assert rel(G, numeric) < 1e-6          # central differences: O(h²) truncation + O(ε/h) rounding
+
+
+def test_plain_list_of_tuples_is_weighted_by_size():
+    clients = small_clients()
+    tuples = [(X, q, y) for X, q, y in clients]
+    K = kernel(Params.init(3, 2, 2, seed=2))
+    assert th.profile_objective(K, tuples, 0.1)[0] == pytest.approx(th.profile_objective(K, clients, 0.1)[0], rel=1e-14)
+    skewed = [tuples[0], (tuples[1][0][:10], tuples[1][1][:10], tuples[1][2][:10])]
+    moments = th._host_moments(K, stack_clients(skewed))
+    np.testing.assert_allclose(moments.weights, [40 / 50, 10 / 50])
+
+
+def test_ridge_profile_decreases_with_kernel_scale_to_the_unregularised_profile():
+    """Scale symmetry behind :func:`centralized_optimum`: ``Φ_λ(cK) ↓ Φ_0(K)`` as ``c → ∞``."""
+    clients = small_clients()
+    K = kernel(Params.init(3, 2, 2, seed=5))
+    values = [th.profile_objective(c * K, clients, 0.1)[0] for c in (1.0, 3.0, 10.0, 1000.0)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+    assert values[-1] == pytest.approx(th.profile_objective(K, clients, 0.0)[0], rel=1e-6)
+
+
+def test_centralized_optimum_is_not_worse_than_simulated_kernels():
+    config = small_config()
+    clients = planted_kernel_clients(num_clients=3, samples_per_client=32, tokens=4, dim=3, rank=2, outputs=2,
+                                     zeta_value=1.0, zeta_covariate=1.0, seed=1)
+    kernels = [kernel(simulate(config.with_updates({"federated.warmup_rounds": T0}), clients).warmup_params)
+               for T0 in (4, 12)]
+    opt = th.centralized_optimum(clients, 0.05, rank=2, heads=2, restarts=2, initial_kernels=kernels)
+    for K in kernels:
+        assert opt.objective <= th.profile_objective(K, clients, 0.0)[0] <= th.profile_objective(K, clients, 0.05)[0]
+    assert opt.objective == pytest.approx(th.profile_objective(opt.kernel, clients, 0.0)[0], rel=1e-12)
+    assert opt.kernel.shape == (2, 3, 3) and np.linalg.matrix_rank(opt.kernel[0]) <= 2
+    assert len(opt.starts) == 2 + 2                    # two simulated kernels + two random starts
+    # the solver improves on the simulated kernels, not just returns them
+    assert opt.objective < min(th.profile_objective(K, clients, 0.0)[0] for K in kernels) - 1e-3
+
+
+# ---------------------------------------------------------------- §5 frozen stage
+FROZEN_CASES = [  # (kernel seed, heads, E, λ, η as a fraction of the stability limit)
+    (3, 2, 3, 0.0, 0.5),
+    (4, 1, 1, 0.1, 0.5),
+    (5, 2, 5, 0.3, 0.9),
+    (6, 1, 2, 0.0, 0.3),
+    (7, 3, 4, 0.05, 0.7),
+]
+
+
+@pytest.mark.parametrize("seed,heads,E,lam,fraction", FROZEN_CASES)
+def test_frozen_stage_simulation_lands_on_fedavg_fixed_point(seed, heads, E, lam, fraction):
+    data = stack_clients(small_clients())
+    params = Params.init(3, 2, 2, heads=heads, seed=seed, scale=1.0)
+    K = kernel(params)
+    eta = fraction * stable_learning_rate(K, data, lam)
+    V_FA = th.fedavg_fixed_point(K, data, eta, E, lam)
+    rho = th.contraction_rate(K, data, eta, E, lam)
+    assert rho < 1
+    V0 = _value_matrix(np, params.WV)
+    # contraction: M is symmetric, so ‖V^t − V_FA‖_F ≤ ρ^t ‖V^0 − V_FA‖_F after any t rounds
+    short = run_schedule(params, data, FederatedConfig(rounds=5, warmup_rounds=0, local_steps=E,
+                                                       learning_rate=eta, ridge=lam), 0)
+    V5 = _value_matrix(np, short.params.WV)
+    assert np.linalg.norm(V5 - V_FA) <= rho**5 * np.linalg.norm(V0 - V_FA) * (1 + 1e-9)
+    # long enough that ρ^T ‖V^0 − V_FA‖ is far below float64 resolution of V_FA
+    T = int(np.ceil(np.log(1e-15) / np.log(rho))) + 20
+    run = run_schedule(params, data, FederatedConfig(rounds=T, warmup_rounds=0, local_steps=E,
+                                                     learning_rate=eta, ridge=lam), 0)
+    np.testing.assert_array_equal(run.params.WQ, params.WQ)
+    assert rel(_value_matrix(np, run.params.WV), V_FA) <= 1e-10
+    # the frozen-stage map is the simulator's round: one round from V^0
+    M, b = th.frozen_stage_map(K, data, eta, E, lam)
+    one = run_schedule(params, data, FederatedConfig(rounds=1, warmup_rounds=0, local_steps=E,
+                                                     learning_rate=eta, ridge=lam), 0)
+    assert rel(_value_matrix(np, one.params.WV), M @ V0 + b) < 1e-12
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.1])
+def test_one_local_step_has_no_drift(lam):
+    clients = small_clients(heads=2)
+    K = kernel(Params.init(3, 2, 2, heads=2, seed=8))
+    eta = 0.5 * stable_learning_rate(K, stack_clients(clients), lam)
+    _, V_star = th.profile_objective(K, clients, lam)
+    assert rel(th.fedavg_fixed_point(K, clients, eta, 1, lam), V_star) < 1e-10
+    phi = th.profile_objective(K, clients, lam)[0]
+    assert abs(th.value_drift_floor(K, clients, eta, 1, lam)) < 1e-12 * phi
+    # heterogeneous clients with E > 1 do drift; the floor equals F_λ(V_FA) − Φ_λ
+    D = th.value_drift_floor(K, clients, eta, 3, lam)
+    V_FA = th.fedavg_fixed_point(K, clients, eta, 3, lam)
+    F_FA = th._global_objective(V_FA, th._host_moments(K, stack_clients(clients)), lam)
+    assert D > 1e-8 and D == pytest.approx(F_FA - phi, rel=1e-8)
+
+
+def test_identical_clients_do_not_drift():
+    """Copies of one client: every ``Ã_c`` equal, so ``V_FA = V*`` for any ``E``."""
+    X, q, y = small_clients(num_clients=1)[0]
+    K = kernel(Params.init(3, 2, 2, seed=9))
+    copies = [(X, q, y)] * 3
+    _, V_star = th.profile_objective(K, copies, 0.0)
+    assert rel(th.fedavg_fixed_point(K, copies, 0.01, 5, 0.0), V_star) < 1e-10
+
+
+def test_bad_arguments_name_the_parameter():
+    clients = small_clients()
+    K = kernel(Params.init(3, 2, 2, seed=2))
+    with pytest.raises(ValueError, match="eta"):
+        th.fedavg_fixed_point(K, clients, -0.1, 2)
+    with pytest.raises(ValueError, match="E = 0"):
+        th.contraction_rate(K, clients, 0.1, 0)
+    with pytest.raises(ValueError, match="lam"):
+        th.profile_objective(K, clients, -1.0)
+    with pytest.raises(ValueError, match=r"K has shape \(1, 4, 4\)"):
+        th.profile_objective(np.zeros((1, 4, 4)), clients)
+
+
+# ---------------------------------------------------------------- §6 decomposition
+def test_decomposition_identity_at_every_warmup_length():
+    config = small_config()
+    table = th.excess_risk_by_warmup(config, [0, 2, 5, 9, 12], restarts=1)
+    assert not table["diverged"].any()
+    assert list(table["warmup_rounds"]) == [0, 2, 5, 9, 12]
+    parts = table["bias"] + table["drift_floor"] + table["unfinished"]
+    assert np.all(np.abs(parts - table["excess_risk"]) <= 1e-10 * np.abs(table["excess_risk"]))
+    # the identity is a real check: F_λ(K_T0, V_T) from the moments = the simulator's loss_regularized
+    np.testing.assert_allclose(table["loss_regularized_moments"], table["loss_regularized"], rtol=1e-12)
+    assert np.all(table["bias"] >= 0) and np.all(table["drift_floor"] >= 0)
+    assert table["cumulative_kernel_drift"].iloc[0] == 0 and np.all(np.diff(table["cumulative_kernel_drift"]) > 0)
+
+
+def test_decompose_reads_the_run_configuration():
+    config = small_config()
+    run = simulate(config)
+    opt = th.centralized_optimum(clients_from_config(config), 0.05, rank=2, heads=2,
+                                 restarts=1, initial_kernels=[kernel(run.warmup_params)])
+    row = th.decompose_excess_risk(run, optimum=opt)
+    assert row["warmup_rounds"] == 4
+    assert abs(row["identity_residual"]) <= 1e-10 * row["excess_risk"]
+    assert row["drift_floor"] == pytest.approx(
+        th.value_drift_floor(kernel(run.warmup_params), clients_from_config(config),
+                             0.01, 3, 0.05), rel=1e-10)
+
+
+def test_diverged_run_is_reported_not_decomposed():
+    config = small_config(learning_rate=0.5)
+    table = th.excess_risk_by_warmup(config, [0, 3], restarts=1)
+    assert table["diverged"].all()
+    assert table["message"].str.contains("diverged at round").all()
+
+
+# ---------------------------------------------------------------- §4 warm-up inexactness
+def test_replayed_rounds_equal_the_simulator():
+    config = small_config()
+    clients = clients_from_config(config)
+    data = stack_clients(clients)
+    params = initial_params(config, 3, 2)
+    for _ in range(config.warmup_rounds):
+        params, _ = th.replay_round(params, data, 0.01, 3, 0.05)
+    run = simulate(config, clients)
+    for block in ("WQ", "WK", "WV"):
+        assert rel(getattr(params, block), getattr(run.warmup_params, block)) < 1e-13
+
+
+def test_inexactness_parts_add_up_to_the_gap():
+    config = small_config(local_steps=3)
+    table = th.warmup_inexactness(config, rounds=4)
+    parts = table[["value_lag", "client_drift", "factor_averaging", "remainder"]].sum(axis=1)
+    scale = table[["realised_change", "predicted_change"]].abs().max(axis=1)
+    assert np.all(np.abs(parts - table["gap"]) <= 1e-12 * scale)
+    # the remainder is the exact step's higher-order part, computed independently
+    assert np.all(np.abs(table["remainder"] - (table["exact_step_change"] - table["predicted_change"]))
+                  <= 1e-10 * scale)
+    # rows chain: the realised change is the next row's Φ minus this row's
+    np.testing.assert_allclose(np.diff(table["profile_objective"]), table["realised_change"].iloc[:-1], rtol=1e-12)
+    assert np.all(table["predicted_change"] < 0)
+    assert np.all(table["client_drift"] != 0) and np.all(table["factor_averaging"] != 0)
+
+
+def test_one_client_has_no_client_drift_or_factor_averaging():
+    """One client: its local steps are steps on the global objective; the averages are the client's model."""
+    clients = small_clients(num_clients=1)
+    params = Params.init(3, 2, 2, seed=11)
+    table = th.warmup_inexactness(params, clients, rounds=3, lam=0.0, eta=0.01, local_steps=4)
+    scale = table["realised_change"].abs()
+    # identical arithmetic up to the order of float64 sums: rounding of Φ (~1e-16 Φ) is the only difference
+    assert np.all(np.abs(table["client_drift"]) <= 1e-12 * scale)
+    assert np.all(np.abs(table["factor_averaging"]) <= 1e-12 * scale)
+    assert np.all(np.abs(table["value_lag"]) > 1e-6 * scale)        # the value block does lag
+
+
+def test_one_local_step_client_drift_cancels_factor_averaging():
+    """FedAvg with E = 1 is centralised GD: K^{t+1} = K_b, so client drift = −factor averaging ≠ 0."""
+    clients = small_clients(num_clients=3, zeta=1.5)
+    params = Params.init(3, 2, 2, seed=12, scale=1.0)
+    table = th.warmup_inexactness(params, clients, rounds=3, lam=0.05, eta=0.01, local_steps=1)
+    assert np.all(np.abs(table["client_drift"]) > 1e-10)
+    assert np.all(np.abs(table["client_drift"] + table["factor_averaging"]) <= 1e-6 * np.abs(table["client_drift"]))
+
+
+def test_remainder_is_second_order_in_the_step():
+    clients = small_clients()
+    params = Params.init(3, 2, 2, seed=13, scale=1.0)
+    tables = [th.warmup_inexactness(params, clients, rounds=1, lam=0.0, eta=eta, local_steps=2)
+              for eta in (2e-6, 1e-6)]
+    big, small = (t.iloc[0] for t in tables)
+    assert big["predicted_change"] / small["predicted_change"] == pytest.approx(2.0, rel=1e-12)
+    # remainder = O(η²): halving η divides it by 4 up to O(η) corrections (here the η³ term is ~1% at
+    # η = 2e-6; the step must be that small because this instance's kernel curvature is large)
+    assert big["remainder"] / small["remainder"] == pytest.approx(4.0, rel=0.05)
+
+
+# ---------------------------------------------------------------- population moments
+def test_population_moments_come_from_the_same_client_distributions():
+    config = config_from_dict({"seed": 3, "task": {"num_clients": 2, "samples_per_client": 16, "tokens": 6,
+                                                   "dim": 3, "rank": 2, "outputs": 2, "noise": 0.05,
+                                                   "zeta_value": 1.0}})
+    clients = clients_from_config(config)
+    K_star = clients.truth["kernel"]
+    moments = th.population_value_moments(K_star, config, samples=3000)
+    # each client's least-squares value map from fresh samples recovers its planted V*_c
+    V_c = th._solve_symmetric(moments.A, moments.B)
+    V_true = clients.truth["value_maps"].reshape(2, -1, 2)
+    assert rel(V_c, V_true) < 0.02       # noise 0.05 over 3000 samples: ~σ·√(cond/N) ≈ 5e-3
+    np.testing.assert_allclose(moments.weights, clients.weights)
+    training = th._host_moments(K_star, stack_clients(clients))
+    assert not np.allclose(training.A, moments.A)     # fresh samples, not the training ones

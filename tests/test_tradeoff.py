@@ -1,0 +1,238 @@
+"""The bias–drift trade-off bound against simulations (docs/theory.md §6, derivations/tradeoff.py)."""
+
+import importlib.util
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linattn_theory import bound as tb
+from linattn_theory.config import FederatedConfig, config_from_dict
+from linattn_theory.config import load_config
+from linattn_theory.federated import (clients_from_config, run_schedule, simulate, stable_learning_rate,
+                                     value_curvature)
+from linattn_theory.model import Params
+from linattn_theory.tasks import planted_kernel_clients, stack_clients
+from linattn_theory.theory import contraction_rate, excess_risk_by_warmup, profile_objective
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: U and R agree to rounding where the bound is tight (T0 = T, where the second splitting of the
+#: frozen stage is exact); R comes from the simulator's loss, U from the moments (≈1e-13 apart).
+ROUNDING = 1e-9
+
+
+def tiny_config(zeta, rounds=14, **federated):
+    """A small planted-kernel instance; ``η = 0.1 · 2/λ_max`` at the teacher kernel."""
+    fed = {"strategy": "fedavg", "rounds": rounds, "warmup_rounds": rounds, "local_steps": 8,
+           "learning_rate": 1e-3}
+    config = config_from_dict({
+        "seed": 0,
+        "task": {"family": "planted_kernel", "num_clients": 4, "samples_per_client": 24, "tokens": 6, "dim": 4,
+                 "rank": 2, "outputs": 2, "zeta_value": zeta, "zeta_covariate": zeta, "noise": 0.1},
+        "model": {"rank": 2},
+        "federated": fed})
+    clients = clients_from_config(config)
+    eta = 0.1 * stable_learning_rate(clients.truth["kernel"], stack_clients(clients))
+    updates = {"federated.learning_rate": float(eta)}
+    updates.update({f"federated.{k}": v for k, v in federated.items()})
+    return config.with_updates(updates), clients
+
+
+# ------------------------------------------------------------------ U(T0) ≥ R(T0) on a sweep
+RELIED_ON = ("(F) full-batch", "Φ*_λ lower-bounds", "(F) stable frozen stage", "(PL+I) unrolled",
+             "(F) frozen-stage transient")
+REPORTED = ("(PL+I) stepwise", "(S) smoothness", "(PL) ", "small-step regime", "(G) interior")
+
+
+@pytest.mark.parametrize("zeta", [0.25, 1.0, 2.0])
+def test_bound_dominates_the_simulated_excess_risk(zeta):
+    """``U(T0) ≥ R(T0)`` at every ``T0 = 0..T``, with ``R`` from explicit FedFrozen simulations."""
+    config, clients = tiny_config(zeta)
+    T = config.federated.rounds
+    path = tb.warmup_path(config, clients)
+    optimum = tb.path_optimum(config, clients, path, restarts=2)
+    result = tb.estimate_bound(config, clients, path=path, optimum=optimum)
+    sweep = excess_risk_by_warmup(config, range(T + 1), clients, optimum=optimum).sort_values("warmup_rounds")
+    assert not sweep["diverged"].any()
+    R = sweep["excess_risk"].to_numpy()
+    curve = result.curve
+    assert len(curve) == T + 1 and np.all(np.isfinite(result.U))
+    assert np.all(result.U >= R * (1 - ROUNDING)), (result.U, R)
+    # each part separately: the bias bound and the frozen-stage bound
+    assert np.all(curve["bias_bound"].to_numpy() >= sweep["bias"].to_numpy() * (1 - ROUNDING))
+    frozen = (sweep["drift_floor"] + sweep["unfinished"]).to_numpy()
+    assert np.all(curve["frozen_bound"].to_numpy() >= frozen - ROUNDING * np.abs(R))
+    assert result.T0_theory == int(np.argmin(result.U))
+    # the path quantities are the closed forms the sweep measured at the same kernels
+    np.testing.assert_allclose(curve["drift_floor"], sweep["drift_floor"], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(curve["bias"], sweep["bias"], rtol=1e-9, atol=1e-12)
+    # every assumption is checked and reported; those the bound relies on hold here
+    names = [c.name for c in result.checks]
+    for prefix in RELIED_ON + REPORTED:
+        assert any(n.startswith(prefix) for n in names), prefix
+    for check in result.checks:
+        assert isinstance(check.holds, bool) and isinstance(check.measured, float)
+        if check.name.startswith(RELIED_ON):
+            assert check.holds, check
+
+
+def test_a_violated_assumption_is_reported():
+    """Minibatches break the exact frozen-stage map: the check says so instead of hiding it."""
+    config, clients = tiny_config(1.0, rounds=4, batch_size=6)
+    result = tb.estimate_bound(config, clients, optimum=0.0)
+    check = next(c for c in result.checks if c.name.startswith("(F) full-batch"))
+    assert not check.holds and "batch_size = 6" in check.detail
+    assert result.violated and check in result.violated
+
+
+def test_warmup_path_is_the_simulators_trajectory():
+    config, clients = tiny_config(1.0, rounds=6)
+    path = tb.warmup_path(config, clients)
+    assert len(path.params) == 7
+    final = simulate(config, clients).params
+    for block in ("WQ", "WK", "WV"):
+        assert np.array_equal(getattr(path.params[-1], block), getattr(final, block))
+    frozen = simulate(config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": 3}),
+                      clients)
+    assert np.array_equal(path.params[3].WQ, frozen.warmup_params.WQ)
+
+
+# ------------------------------------------------------------------ the constants and the closed form
+def test_fit_inexact_pl_returns_a_valid_unrolled_bound():
+    """Every fitted ``(t_s, b_∞, q)`` dominates the sequence from ``t_s`` on (random bias paths)."""
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        n = int(rng.integers(5, 40))
+        b = 0.05 + np.exp(-rng.uniform(0.05, 0.5) * np.arange(n)) * (1 + 0.2 * rng.random(n))
+        if trial % 3 == 0:
+            b[1] = b[0] * 1.3                                  # an early rise, as from a random value block
+        frozen = rng.uniform(0, 0.05) * (1 + np.arange(n) / n)
+        for fz in (None, frozen):
+            t_s, b_floor, q = tb.fit_inexact_pl(b, fz)
+            ahead = np.arange(n - t_s)
+            assert 0 <= t_s < n and 0 <= b_floor < b[t_s] and q >= 0
+            assert np.all(b[t_s:] <= b_floor + (b[t_s] - b_floor) * q ** ahead + 1e-12)
+
+
+def test_closed_form_is_the_minimiser_of_the_two_term_model():
+    rng = np.random.default_rng(1)
+    grid = np.linspace(0, 400, 400001)
+    for _ in range(20):
+        b_s, b_floor, q, t_s = rng.uniform(0.5, 2), rng.uniform(0, 0.2), rng.uniform(0.6, 0.97), int(rng.integers(0, 5))
+        gamma = (b_s - b_floor) * math.log(1 / q) * q ** rng.uniform(1, 40)     # interior by construction
+        model = b_floor + (b_s - b_floor) * q ** (grid - t_s) + gamma * grid
+        T0 = tb.closed_form_warmup(b_s, b_floor, q, gamma, t_s)
+        assert T0 == pytest.approx(grid[np.argmin(model)], abs=2e-3)
+    assert math.isnan(tb.closed_form_warmup(1.0, 0.1, 0.9, 0.0))
+
+
+# ------------------------------------------------------------------ drift laws: log–log slopes
+@pytest.fixture(scope="module")
+def derived_exponents():
+    """The exponents derived by sympy in derivations/tradeoff.py (``derive_drift_exponents``)."""
+    spec = importlib.util.spec_from_file_location("tradeoff_derivation", ROOT / "derivations" / "tradeoff.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.derive_drift_exponents()
+
+
+def _clients(zeta_value):
+    """Noise-free clients; the data X are the same for every ζ_V (one generator stream per client)."""
+    return planted_kernel_clients(num_clients=3, samples_per_client=40, tokens=4, dim=3, rank=2, outputs=2,
+                                  zeta_value=zeta_value, zeta_covariate=0.5, noise=0.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def drift_runs():
+    """Value drift floors measured by running the frozen stage (the simulator) to its fixed point.
+
+    The kernel is the teacher's, where the client optima differ only through ζ_V, so the
+    client-gradient dissimilarity ζ scales with ζ_V at a fixed geometry (the drift law's setting).
+    Each run starts at ``V*_λ(K)`` and runs until ``ρ^t ≤ 1e-5``; ``D = F_λ(θ_T) − Φ_λ(K)``.
+    """
+    K = _clients(1.0).truth["kernel"]
+    U, s, Vt = np.linalg.svd(K[0])
+    factors = Params((U[:, :2] * np.sqrt(s[:2]))[None], (Vt.T[:, :2] * np.sqrt(s[:2]))[None], None)
+    curvature = float(np.max(value_curvature(K, stack_clients(_clients(1.0)))))
+    eta0 = 0.05 / curvature                                     # η E λ_max ≤ 0.25 at E = 5: small-step regime
+
+    def measure(zeta_value, eta, E):
+        data = stack_clients(_clients(zeta_value))
+        phi, V_star = profile_objective(K, data, 0.0)
+        rounds = int(math.ceil(math.log(1e-5) / math.log(contraction_rate(K, data, eta, E))))
+        fed = FederatedConfig(rounds=rounds, warmup_rounds=0, local_steps=E, learning_rate=eta)
+        run = run_schedule(factors.replace(WV=V_star.reshape(1, 3, 2)), data, fed, 0)
+        D = float(run.table["loss_regularized"].iloc[-1]) - phi
+        lead = tb.drift_floor_leading_order(K, data, eta, E)
+        return D, math.sqrt(tb.gradient_dissimilarity(K, data)), lead["leading_order"]
+
+    return {"zeta": [measure(z, eta0, 4) for z in (0.5, 1.0, 2.0)],
+            "eta": [measure(1.0, f * eta0, 4) for f in (1, 2, 4)],
+            "local_steps_minus_one": [measure(1.0, eta0, E) for E in (2, 3, 5)],
+            "abscissa": {"eta": [eta0, 2 * eta0, 4 * eta0], "local_steps_minus_one": [1, 2, 4]}}
+
+
+def _slope(x, y):
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+
+@pytest.mark.parametrize("law", ["zeta", "eta", "local_steps_minus_one"])
+def test_drift_floor_slopes_match_the_derived_exponents(drift_runs, derived_exponents, law):
+    """log–log slope of the simulated drift floor in ζ, η, E − 1 equals the sympy exponent ± 0.25."""
+    derived = derived_exponents[law]
+    assert derived == tb.DRIFT_EXPONENTS[law]
+    runs = drift_runs[law]
+    D = [r[0] for r in runs]
+    x = [r[1] for r in runs] if law == "zeta" else drift_runs["abscissa"][law]
+    assert all(d > 0 for d in D)
+    assert abs(_slope(x, D) - derived) <= 0.25, (law, _slope(x, D), derived)
+
+
+def test_leading_order_drift_floor_converges_to_the_simulated_one(drift_runs):
+    """``D₂ = η²(E−1)²/8 ‖Σ p_c (Ã_c − Ã) g_c‖²_{Ã⁻¹}`` is the small-η limit: error O(η), shrinking with η."""
+    errors = [abs(lead / D - 1) for D, _, lead in drift_runs["eta"]]
+    assert errors[0] < 0.1
+    assert errors[0] < errors[1] < errors[2]
+    assert errors[1] / errors[0] == pytest.approx(2.0, rel=0.35)          # first order in η
+
+
+# ------------------------------------------------------------------ the recommendation entry point
+def test_recommend_main_prints_the_report(tmp_path):
+    text = """seed = 0
+[task]
+family = "planted_kernel"
+num_clients = 3
+samples_per_client = 20
+tokens = 5
+dim = 3
+rank = 2
+outputs = 2
+zeta_value = 1.0
+zeta_covariate = 0.5
+[model]
+rank = 2
+[federated]
+strategy = "fedfrozen"
+rounds = 8
+warmup_rounds = 2
+local_steps = 4
+learning_rate = 0.02
+"""
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    out = io.StringIO()
+    assert tb.recommend_main(path, out=out) == 0
+    report = out.getvalue()
+    rec = tb.recommend(load_config(path))
+    assert f"T0_theory = {rec.T0_theory}" in report
+    assert "predicted gain over FedAvg" in report and "measured" in report and "assumptions" in report
+    assert sum(line.strip().startswith(tuple(f"{t} " for t in range(9))) for line in report.splitlines()) >= 9
+    assert rec.predicted_gain == pytest.approx(rec.bound.U[-1] - rec.bound.U[rec.T0_theory])
+    assert rec.measured_gain is not None
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("rounds = 8", "rounds = 8\nwarmup_round = 2"))
+    out = io.StringIO()
+    assert tb.recommend_main(bad, out=out) == 2 and out.getvalue() == ""
