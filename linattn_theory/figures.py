@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -51,13 +52,20 @@ def _load(name: str, path: Path):
 def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
                  executor: str = "processes", workers: int | None = None,
                  progress: bool = False) -> dict[str, tuple[list[Path], float]]:
-    """Run each script's ``make``; ``{name: (written paths, seconds)}``."""
+    """Run each script's ``make``; ``{name: (written paths, seconds)}``.
+
+    Options a script's ``make`` does not take (e.g. ``executor`` for a script that runs no sweep)
+    are not passed; ``make`` may return a list of paths or a ``{kind: path}`` dict.
+    """
     made = {}
+    options = {"quick": quick, "executor": executor, "workers": workers, "progress": progress}
     for name, path in scripts.items():
         start = time.perf_counter()
-        paths = _load(name, path).make(out_dir, quick=quick, executor=executor, workers=workers,
-                                       progress=progress)
-        made[name] = (list(paths), time.perf_counter() - start)
+        make = _load(name, path).make
+        accepted = inspect.signature(make).parameters
+        paths = make(out_dir, **{k: v for k, v in options.items() if k in accepted})
+        paths = paths.values() if isinstance(paths, dict) else paths
+        made[name] = ([Path(p) for p in paths], time.perf_counter() - start)
     return made
 
 

@@ -24,7 +24,7 @@ import seaborn as sns  # noqa: E402
 from .io import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 __all__ = ["LABELS", "STRATEGY_NAMES", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
-           "note_dropped", "mark_x", "seed_band", "data_ticks", "stacked_bars", "log_scale", "PALETTE_NAME"]
+           "note_dropped", "mark_x", "seed_band", "data_ticks", "stacked_bars", "log_scale", "curve_rows", "PALETTE_NAME"]
 
 PALETTE_NAME = "colorblind"
 
@@ -195,6 +195,13 @@ def stacked_bars(ax, x, parts: dict, colors, width: float = 0.8) -> None:
         ax.bar(x, values, width=width, bottom=bottom, color=color, label=name, linewidth=0)
         up = up + np.clip(values, 0, None)
         down = down + np.clip(values, None, 0)
+
+
+def curve_rows(x: str, series: pd.Series, count: int, **labels) -> pd.DataFrame:
+    """A plotted line (``series`` indexed by ``x``) in :func:`seed_band`'s table format, for the CSV."""
+    values = series.to_numpy(dtype=float)
+    return pd.DataFrame({x: series.index, "mean": values, "min": values, "max": values,
+                         "count": count, **labels})
 
 
 def seed_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,

@@ -48,9 +48,8 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         drift = plotting.seed_band(ax_drift, sub, "T0", "cumulative_kernel_drift", color=color,
                                    label=name)
         rows += [bias.assign(quantity="bias", zeta_value=level),
-                 pd.DataFrame({"T0": bound.index, "mean": bound.to_numpy(), "min": bound.to_numpy(),
-                               "max": bound.to_numpy(), "count": sub["seed"].nunique(),
-                               "quantity": "bias_bound", "zeta_value": level}),
+                 plotting.curve_rows("T0", bound, sub["seed"].nunique(), quantity="bias_bound",
+                                     zeta_value=level),
                  drift.assign(quantity="cumulative_kernel_drift", zeta_value=level)]
     plotting.log_scale(ax_bias)
     ax_bias.set_xlabel(plotting.label("T0"))

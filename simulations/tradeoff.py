@@ -5,8 +5,9 @@ kernel-profile bias (falls with T0) against the drift the heterogeneous local st
 (grows with T0), so it is U-shaped under heterogeneity, and the best warm-up moves earlier as the
 heterogeneity ζ grows. Left: R(T0) (mean over seeds, band from the smallest to the largest
 seed); right: R(T0) / R(T), the excess risk relative to plain FedAvg (T0 = T) of the same seed.
-Stars mark the empirical best T0 of the seed-mean curve; dashed lines the warm-up the bound
-recommends, T0_theory = argmin U(T0) (linattn_theory.bound, median over seeds).
+Stars mark the empirical best T0 of the seed-mean curve; dotted lines the bound U(T0) ≥ R(T0)
+and dashed lines the warm-up it recommends, T0_theory = argmin U(T0) (linattn_theory.bound;
+seed mean and median).
 
 Config: simulations/configs/tradeoff.toml. Run: python simulations/tradeoff.py [--quick] [--out figures]
 """
@@ -52,6 +53,8 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         name = rf"$\zeta_V = {level:g}$"
         stats = plotting.seed_band(ax, table[table[HUE] == level], "T0", "excess_risk",
                                    color=color, label=name)
+        bound = table[table[HUE] == level].groupby("T0")["U"].mean()
+        ax.plot(bound.index, bound.to_numpy(), ":", color=color, linewidth=1.3)
         best = stats.loc[stats["mean"].idxmin()]
         ax.plot(best["T0"], best["mean"], marker="*", markersize=13, color=color,
                 markeredgecolor="black", linestyle="none")
@@ -63,10 +66,10 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         theory = float(table.loc[table[HUE] == level, "T0_theory"].median())
         for a in (ax, ax_rel):
             a.axvline(theory, color=color, linestyle="--", linewidth=1.2)
-        rows.append(stats.assign(quantity="excess_risk", zeta_value=level, best_T0=best["T0"],
-                                 T0_theory=theory))
-        rows.append(rel.assign(quantity="relative_to_fedavg", zeta_value=level,
-                               best_T0=rel_best["T0"], T0_theory=theory))
+        labels = {"zeta_value": level, "best_T0": best["T0"], "T0_theory": theory}
+        rows += [stats.assign(quantity="excess_risk", **labels),
+                 plotting.curve_rows("T0", bound, int(stats["count"].max()), quantity="bound_U", **labels),
+                 rel.assign(quantity="relative_to_fedavg", **dict(labels, best_T0=rel_best["T0"]))]
     plotting.log_scale(ax)
     ax.set_xlabel(plotting.label("T0"))
     ax.set_ylabel(plotting.label("excess_risk"))
@@ -77,9 +80,10 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     ax_rel.set_title("relative to plain FedAvg")
     star = Line2D([], [], marker="*", markersize=11, color="0.5", markeredgecolor="black",
                   linestyle="none", label=r"best $T_0$ (seed mean)")
+    dotted = Line2D([], [], linestyle=":", color="0.4", label=r"bound $U(T_0)$ (seed mean)")
     dashed = Line2D([], [], linestyle="--", color="0.4", label=r"$T_0^{\mathrm{theory}} = \arg\min\, U(T_0)$")
     handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles=handles + [star, dashed], loc="upper right")
+    ax.legend(handles=handles + [star, dotted, dashed], loc="upper right", fontsize="small")
     plotting.note_dropped(ax, dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
