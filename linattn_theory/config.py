@@ -16,6 +16,8 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .strategies import STRATEGIES, effective_warmup_rounds
+
 __all__ = ["ConfigError", "TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig",
            "load_config", "config_from_dict", "config_hash"]
 
@@ -79,9 +81,10 @@ class ModelConfig:
 class FederatedConfig:
     """The schedule (docs/theory.md §3)."""
 
-    strategy: str = _spec("fedfrozen", choices=("fedavg", "fedfrozen"), doc="federated strategy")
+    strategy: str = _spec("fedfrozen", choices=tuple(STRATEGIES),
+                          doc="federated strategy (linattn_theory.strategies; random_kernel = fedfrozen with T0 = 0)")
     rounds: int = _spec(40, low=1, doc="total rounds T")
-    warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen)")
+    warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen, value_frozen, fedfrozen_*)")
     local_steps: int = _spec(5, low=1, doc="local steps E")
     learning_rate: float = _spec(0.05, low=0.0, low_open=True, doc="local step size η")
     batch_size: int | None = _spec(None, low=1, doc="minibatch size b (absent: full batch)")
@@ -89,6 +92,15 @@ class FederatedConfig:
                                  doc="fraction of clients per round")
     server_learning_rate: float = _spec(1.0, low=0.0, low_open=True, doc="server step on the mean delta")
     ridge: float = _spec(0.0, low=0.0, doc="value-block ridge λ")
+    prox_mu: float = _spec(0.1, low=0.0, doc="FedProx proximal weight μ (fedprox, fedfrozen_fedprox)")
+    server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
+                                   doc="FedAvgM server momentum β (fedavgm)")
+    server_beta1: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
+                                doc="FedAdam first-moment decay β1 (fedadam)")
+    server_beta2: float = _spec(0.99, low=0.0, high=1.0, high_open=True,
+                                doc="FedAdam second-moment decay β2 (fedadam)")
+    server_epsilon: float = _spec(1e-3, low=0.0, low_open=True,
+                                  doc="FedAdam adaptivity τ (fedadam)")
     divergence_factor: float = _spec(1e4, low=1.0, low_open=True,
                                      doc="stop when F exceeds this times the initial loss")
 
@@ -124,9 +136,10 @@ class RunConfig:
 
     @property
     def warmup_rounds(self) -> int:
-        """The effective ``T0`` (``T`` for plain FedAvg)."""
+        """The effective ``T0``: ``T`` for strategies that never freeze (fedavg, fedprox, …), 0 for
+        ``random_kernel`` (see :func:`linattn_theory.strategies.effective_warmup_rounds`)."""
         fed = self.federated
-        return fed.rounds if fed.strategy == "fedavg" else fed.warmup_rounds
+        return effective_warmup_rounds(fed.strategy, fed.rounds, fed.warmup_rounds)
 
 
 SECTIONS = {"task": TaskConfig, "model": ModelConfig, "federated": FederatedConfig}

@@ -1,11 +1,14 @@
-"""The two-stage federated schedule: FedAvg and FedFrozen (docs/theory.md §3).
+"""The federated round engine: FedAvg, FedFrozen and the other strategies (docs/theory.md §3).
 
 Round ``t``: the server sends ``θ^t``; each participating client runs ``E`` local gradient
-steps with step ``η`` on its own ``F_{λ,c}`` (full batch or minibatches of size ``b``); the
-server moves to ``θ^t + η_s Σ_c p̃_c (θ_c − θ^t)`` with ``p̃_c`` the weights renormalised over
-the participants. FedFrozen (Wang et al., FedFrozen, arXiv:2605.06446) updates every block
-for ``t < T0`` and only ``W_V`` afterwards (``W_Q``, ``W_K`` are never touched, so they stay
-bit-identical); FedAvg (McMahan et al. 2017) is ``T0 = T``.
+steps with step ``η`` on its own ``F_{λ,c}`` (full batch or minibatches of size ``b``), plus the
+strategy's gradient correction (FedProx, SCAFFOLD); the server takes the strategy's step on the
+weighted mean delta ``Δ = Σ_c p̃_c θ_c − θ^t`` (``p̃_c`` the weights renormalised over the
+participants; FedAvg: ``θ^t + η_s Δ``). The strategy's schedule says which blocks train in round
+``t``: FedFrozen ("FedFrozen: Two-Stage Federated Optimization via Attention Kernel Freezing", arXiv:2605.06446) updates every block for ``t < T0``
+and only ``W_V`` afterwards (``W_Q``, ``W_K`` are never touched, so they stay bit-identical);
+FedAvg (McMahan et al. 2017) is ``T0 = T``. The strategies live in
+:mod:`linattn_theory.strategies`, one module each.
 
 All clients' local steps run at once as batched array operations (leading client axis).
 """
@@ -23,6 +26,8 @@ import pandas as pd
 from ._array import array_namespace, to_numpy
 from .config import FederatedConfig, RunConfig
 from .model import BLOCKS, Params, _flat, _value_matrix, features, kernel, loss_and_grad_from_moments
+from .strategies import Round, Strategy, make_strategy
+from .strategies.base import weighted_sum
 from .tasks import (SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, StackedClients, make_clients,
                     seed_sequence, stack_clients)
 
@@ -149,8 +154,11 @@ def _version() -> str:
 
 
 def simulate(config: RunConfig, clients=None, *, progress: bool = False,
-             params: Params | None = None) -> RunResult:
-    """Run ``config`` end to end: build the clients, initialise, run the schedule."""
+             params: Params | None = None, frozen_features=None) -> RunResult:
+    """Run ``config`` end to end: build the clients, initialise, run the schedule.
+
+    ``frozen_features`` is passed to :func:`run_schedule` (features of the frozen stage).
+    """
     xp = _namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
     data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype))
@@ -158,7 +166,7 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     params = initial_params(config, d, p) if params is None else params
     params = params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
-                          progress=progress)
+                          progress=progress, frozen_features=frozen_features)
     result.metadata.update({"config": config.to_dict(), "seed": config.seed,
                             "version": _version(), "git_revision": _git_revision()})
     return result
@@ -196,7 +204,7 @@ def _take(xp, a, idx):
 
 def _weighted_sum(xp, weights, a):
     """``Σ_c w_c a_c`` over the leading axis."""
-    return xp.sum(xp.reshape(weights, (-1,) + (1,) * (a.ndim - 1)) * a, axis=0)
+    return weighted_sum(weights, a)
 
 
 def _sq_norm(xp, a):
@@ -215,8 +223,16 @@ def _client_losses(xp, params: Params, data: StackedClients, phi=None):
 
 @np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
 def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, warmup_rounds: int,
-                 seed: int = 0, *, progress: bool = False) -> RunResult:
-    """Run ``fed.rounds`` rounds from ``params`` on stacked clients; freeze ``W_Q, W_K`` at ``warmup_rounds``.
+                 seed: int = 0, *, progress: bool = False, strategy: Strategy | None = None,
+                 frozen_features=None) -> RunResult:
+    """Run ``fed.rounds`` rounds of ``fed.strategy`` from ``params`` on stacked clients.
+
+    ``warmup_rounds`` is ``T0``: the round at which FedFrozen-type strategies freeze blocks, and
+    the round whose parameters are returned as ``warmup_params``. ``strategy`` overrides the one
+    named in ``fed`` (any :class:`~linattn_theory.strategies.Strategy`). While the kernel is
+    frozen (only ``W_V`` trains) the model is linear in ``V`` with features ``φ`` computed once
+    at the frozen kernel (docs/theory.md §5); ``frozen_features(params) -> φ`` of shape
+    ``(m, N, H·d)`` replaces them (static heads, :mod:`linattn_theory.static`).
 
     Returns the per-round table (row ``t`` describes ``θ^t``; drift columns describe the round
     that produced it), the final parameters and those at round ``T0``.
@@ -226,7 +242,9 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     xp = array_namespace(data.S)
     m, Nmax = data.S.shape[0], data.S.shape[1]
     T, T0, E, eta, lam = fed.rounds, warmup_rounds, fed.local_steps, fed.learning_rate, fed.ridge
-    H, d, _, p = params.shape
+    strategy = make_strategy(fed, T0) if strategy is None else strategy
+    client_state = strategy.client.init(params, m)
+    server_state = strategy.server.init(params)
 
     def global_loss(params, phi=None):
         losses = _client_losses(xp, params, data, phi)
@@ -234,71 +252,77 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         return F, F + 0.5 * lam * float(to_numpy(xp.sum(params.WV * params.WV))), to_numpy(losses)
 
     F0, F0_reg, losses0 = global_loss(params)
-    rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m)]
-    warm_params = params if T0 == 0 else None
+    rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m, strategy.name)]
+    warm_params = None
     initial, best, best_loss = params, params, F0_reg
     phi_frozen = None
     divergence = None
     gamma = 0.0
     for t in tqdm(range(T), disable=not progress, desc="rounds", unit="round", leave=False):
-        warm = t < T0
-        if not warm and phi_frozen is None:
+        if t == T0:
             warm_params = params
-            phi_frozen = _flat(xp, features(kernel(params), data.S, data.q), 2)   # (m, N, Hd)
+        blocks = strategy.schedule(t)
+        kernel_frozen = "WQ" not in blocks and "WK" not in blocks
+        if not kernel_frozen:
+            phi_frozen = None          # the kernel moves: features are recomputed when it freezes
+        elif phi_frozen is None:
+            phi_frozen = (_flat(xp, features(kernel(params), data.S, data.q), 2)   # (m, N, Hd)
+                          if frozen_features is None else frozen_features(params))
         part = _participants(t, m, fed.participation, seed)
         full = len(part) == m
-        pw = data.weights if full else xp.take(data.weights, xp.asarray(part), axis=0)
-        pw = pw / xp.sum(pw)
-        batches = None
-        if fed.batch_size is not None:
-            batches = _minibatch_indices(t, part, data.sizes, Nmax, E, fed.batch_size, seed)
 
         def select(a):
             return a if full else xp.take(a, xp.asarray(part), axis=0)
 
+        client_weights = select(data.weights)
+        pw = client_weights / xp.sum(client_weights)
+        batches = None
+        if fed.batch_size is not None:
+            batches = _minibatch_indices(t, part, data.sizes, Nmax, E, fed.batch_size, seed)
         k = len(part)
-        if warm:
-            client = params.map(lambda a: xp.broadcast_to(a, (k,) + tuple(a.shape)))
-            S, q, y, w = (select(a) for a in (data.S, data.q, data.y, data.sample_weight))
-            for e in range(E):
-                if batches is not None:
-                    S, q, y = (_take(xp, a, batches[:, e, :]) for a in (data.S, data.q, data.y))
-                    w = xp.full(S.shape[:2], 1.0 / fed.batch_size, dtype=S.dtype)
-                _, g = loss_and_grad_from_moments(client, S, q, y, w)
-                client = Params(client.WQ - eta * g.WQ, client.WK - eta * g.WK,
-                                client.WV - eta * (g.WV + lam * client.WV))
-        else:
-            V = xp.broadcast_to(_value_matrix(xp, params.WV), (k, H * d, p))
-            phi, y, w = (select(a) for a in (phi_frozen, data.y, data.sample_weight))
-            for e in range(E):
-                if batches is not None:
-                    phi, y = (_take(xp, a, batches[:, e, :]) for a in (phi_frozen, data.y))
-                    w = xp.full(phi.shape[:2], 1.0 / fed.batch_size, dtype=phi.dtype)
-                err = (xp.matmul(phi, V) - y) * w[..., None]
-                V = V - eta * (xp.matmul(xp.matrix_transpose(phi), err) + lam * V)
-            client = Params(None, None, xp.reshape(V, (k, H, d, p)))
+        rnd = Round(t, blocks, part, m, client_weights, pw, E, eta)
 
-        # server: θ ← θ + η_s Σ p̃_c (θ_c − θ); frozen blocks are left untouched
-        trained = BLOCKS if warm else ("WV",)
-        new, drift = {}, {b: 0.0 for b in BLOCKS}
-        for b in trained:
-            theta, theta_c = getattr(params, b), getattr(client, b)
-            average = _weighted_sum(xp, pw, theta_c)
-            new[b] = theta + fed.server_learning_rate * (average - theta)
-            drift[b] = float(to_numpy(xp.sum(pw * _sq_norm(xp, theta_c - average))))
-        start, params = params, params.replace(**new)
+        # clients: E local steps from θ^t, all participants at once
+        anchor = {b: getattr(params, b) for b in blocks}
+        broadcast = {b: xp.broadcast_to(getattr(params, b), (k,) + tuple(getattr(params, b).shape))
+                     for b in BLOCKS}
+        local = {b: broadcast[b] for b in blocks}
+        inputs = (phi_frozen,) if kernel_frozen else (data.S, data.q)
+        batch = tuple(select(a) for a in inputs + (data.y, data.sample_weight))
+        for e in range(E):
+            if batches is not None:
+                batch = tuple(_take(xp, a, batches[:, e, :]) for a in inputs + (data.y,))
+                batch += (xp.full(batch[0].shape[:2], 1.0 / fed.batch_size, dtype=batch[0].dtype),)
+            grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen)
+            correction = strategy.client.correction(client_state, rnd, anchor, local)
+            for b in blocks:
+                g = grads[b] + lam * local[b] if b == "WV" else grads[b]
+                if b in correction:
+                    g = g + correction[b]
+                local[b] = local[b] - eta * g
+        client_state = strategy.client.update(client_state, rnd, anchor, local)
+
+        # server: Δ_b = Σ p̃_c θ_{c,b} − θ_b, θ_b ← θ_b + step_b; untrained blocks are left untouched
+        delta, drift = {}, {b: 0.0 for b in BLOCKS}
+        for b in blocks:
+            average = _weighted_sum(xp, pw, local[b])
+            delta[b] = average - anchor[b]
+            drift[b] = float(to_numpy(xp.sum(pw * _sq_norm(xp, local[b] - average))))
+        step, server_state = strategy.server.update(server_state, rnd, delta)
+        start, params = params, params.replace(**{b: anchor[b] + step[b] for b in blocks})
         kernel_drift = 0.0
-        if warm:
-            K_c = xp.matmul(client.WQ, xp.matrix_transpose(client.WK))
+        if not kernel_frozen:
+            WQ_c, WK_c = ({**broadcast, **local}[b] for b in ("WQ", "WK"))
+            K_c = xp.matmul(WQ_c, xp.matrix_transpose(WK_c))
             kernel_drift = float(to_numpy(xp.sum(pw * _sq_norm(xp, K_c - kernel(params)))))
             gamma += kernel_drift
-        F, F_reg, losses = global_loss(params, None if warm else phi_frozen)
+        F, F_reg, losses = global_loss(params, phi_frozen if kernel_frozen else None)
         if F_reg < best_loss:
             best, best_loss = params, F_reg
-        rows.append(_row(t + 1, "warmup" if warm else "frozen", F, F_reg, losses, kernel_drift,
-                         gamma, drift, k))
+        rows.append(_row(t + 1, _stage(blocks), F, F_reg, losses, kernel_drift, gamma, drift, k,
+                         strategy.name))
         if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
-            divergence = _divergence(t + 1, F_reg, [initial, best, start], data, lam, eta, warm)
+            divergence = _divergence(t + 1, F_reg, [initial, best, start], data, lam, eta, blocks)
             break
     if warm_params is None:
         warm_params = params
@@ -306,11 +330,38 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
     meta = {"diverged": divergence is not None,
             "divergence": None if divergence is None else divergence.__dict__,
-            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": T0}
+            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": T0,
+            "strategy": strategy.name}
     return RunResult(table, host(params), host(warm_params), divergence, meta)
 
 
-def _divergence(t, F, points: list[Params], data, lam, eta, warm) -> Divergence:
+def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool) -> dict:
+    """``∇F_c`` of the trained blocks for every participant (without ridge and corrections).
+
+    With the kernel frozen ``batch = (φ, y, w)`` and the model is linear, ``ŷ = V^T φ``:
+    ``∇_V = Σ_i w_i φ_i e_i^T``; otherwise ``batch = (Ŝ, q, y, w)`` and the closed-form gradients
+    of :func:`~linattn_theory.model.loss_and_grad_from_moments` apply.
+    """
+    if kernel_frozen:
+        phi, y, w = batch
+        WV = local["WV"]
+        err = (xp.matmul(phi, _value_matrix(xp, WV)) - y) * w[..., None]
+        return {"WV": xp.reshape(xp.matmul(xp.matrix_transpose(phi), err), WV.shape)}
+    S, q, y, w = batch
+    _, g = loss_and_grad_from_moments(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
+                                      blocks=blocks)
+    return {b: getattr(g, b) for b in blocks}
+
+
+def _stage(blocks) -> str:
+    """Row label of a round: ``warmup`` (every block trains), ``frozen`` (only ``W_V``), ``value_frozen``."""
+    if tuple(blocks) == BLOCKS:
+        return "warmup"
+    return "frozen" if tuple(blocks) == ("WV",) else "value_frozen"
+
+
+@np.errstate(over="ignore", invalid="ignore")
+def _divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergence:
     """Report a divergence at round ``t`` with a stable step: the smallest ``2/λ_max`` over ``points``.
 
     ``points`` are finite iterates of the run (the start, the best so far, the last finite
@@ -318,25 +369,30 @@ def _divergence(t, F, points: list[Params], data, lam, eta, warm) -> Divergence:
     must be stable where the run was heading, not only where it started.
     """
     points = [P for P in points if all(np.all(np.isfinite(to_numpy(getattr(P, b)))) for b in BLOCKS)]
-    safe = min(stable_learning_rate(kernel(P), data, lam) for P in points)
-    where = "2/λ_max(Ã_c), the value block's curvature (docs/theory.md §5)"
-    if warm:
-        curvature = max(float(np.max(hessian_curvature(P, data, lam))) for P in points)
-        if 2.0 / curvature < safe:
-            safe, where = 2.0 / curvature, "2/λ_max(∇²F_c), the full model's curvature at that round"
-    stage = "warm-up" if warm else "frozen stage"
+    kernel_trains = "WQ" in blocks or "WK" in blocks
+    safe, where = float("nan"), "2/λ_max(Ã_c), the value block's curvature (docs/theory.md §5)"
+    try:                    # the curvature itself may overflow at a runaway kernel
+        safe = min(stable_learning_rate(kernel(P), data, lam) for P in points)
+        if kernel_trains:
+            curvature = max(float(np.max(hessian_curvature(P, data, lam))) for P in points)
+            if 2.0 / curvature < safe:
+                safe, where = 2.0 / curvature, "2/λ_max(∇²F_c), the full model's curvature at that round"
+    except (np.linalg.LinAlgError, ValueError):
+        pass
+    stage = _stage(blocks)
+    stage = {"warmup": "warm-up", "frozen": "frozen stage"}.get(stage, stage.replace("_", " ") + " stage")
     msg = (f"diverged at round {t} ({stage}): F = {F:.3g} with learning_rate η = {eta:g}; "
            f"try η < {safe:.3g} = {where}, largest over the clients and the run's finite iterates")
-    if warm:
+    if kernel_trains:
         msg += ("; below the value-block bound the frozen stage is guaranteed stable, while the "
                 "warm-up's curvature can grow as the kernel is learned: if it still diverges, halve η")
     return Divergence(t, float(F), safe, msg)
 
 
-def _row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants):
+def _row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants, strategy):
     row = {"round": t, "stage": stage, "loss": F, "loss_regularized": F_reg,
            "kernel_drift": kernel_drift, "cumulative_kernel_drift": gamma,
            "drift_WQ": drift["WQ"], "drift_WK": drift["WK"], "drift_WV": drift["WV"],
-           "participants": participants}
+           "participants": participants, "strategy": strategy}
     row.update({f"client_loss_{c}": float(v) for c, v in enumerate(losses)})
     return row

@@ -18,7 +18,7 @@
 # clients and ends with the answer to a practical question: **in federated training of an
 # attention layer, after how many rounds should the query/key block be frozen?**
 #
-# FedFrozen (Wang et al., arXiv:2605.06446) trains in two stages: a full-model warm-up of
+# FedFrozen (arXiv:2605.06446) trains in two stages: a full-model warm-up of
 # `T0` rounds of FedAvg, then the query/key block (hence the attention kernel `K = W_Q W_K^T`)
 # is frozen and only the value block `W_V` keeps training. We will see, by running code, that
 #

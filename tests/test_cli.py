@@ -110,16 +110,10 @@ def test_diverged_run_exits_3_and_records_round(tmp_path, capsys):
     assert f"diverged at round {meta['divergence']['round']}" in err and "try η <" in err
 
 
-@pytest.mark.parametrize("config", sorted((ROOT / "simulations" / "configs").glob("*.toml")),
-                         ids=lambda p: p.stem)
-def test_example_configs_are_valid(config):
-    import tomllib
-
-    from linattn_theory import load_config, load_sweep
-    if "grid" in tomllib.loads(config.read_text()):      # a sweep: every run, full and --quick
-        assert len(load_sweep(config)) >= 1 and len(load_sweep(config, quick=True)) >= 1
-    else:
-        load_config(config)
+@pytest.mark.parametrize("name", ["quickstart", "fedavg_minibatch", "in_context_regression"])
+def test_example_run_configs_are_valid(name):
+    from linattn_theory import load_config
+    load_config(ROOT / "simulations" / "configs" / f"{name}.toml")
 
 
 def test_recorded_config_round_trips(tmp_path):

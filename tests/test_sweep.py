@@ -79,6 +79,15 @@ def test_grid_expands_in_order_and_loads_one_row_per_run(tmp_path):
     np.testing.assert_array_equal(results.set_index("run_id")["cumulative_kernel_drift"], last[results["run_id"]])
 
 
+@pytest.mark.parametrize("config", sorted(p for p in (ROOT / "simulations" / "configs").glob("*.toml")
+                                           if "[grid]" in p.read_text() or "[[grid]]" in p.read_text()),
+                         ids=lambda p: p.stem)
+def test_figure_sweep_configs_are_valid_full_and_quick(config):
+    full, quick = load_sweep(config), load_sweep(config, quick=True)
+    assert len(full) >= 1 and len(quick) >= 1
+    assert len(quick) <= len(full)
+
+
 def test_union_of_grids_quick_overrides_and_duplicates(tmp_path):
     data = {"federated": {"rounds": 10, "warmup_rounds": 5},
             "grid": [{"federated.local_steps": [1, 2]}, {"federated.local_steps": [2], "seed": [0, 1]}],

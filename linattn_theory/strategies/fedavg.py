@@ -1,0 +1,20 @@
+"""FedAvg: McMahan, Moore, Ramage, Hampson, Agüera y Arcas, "Communication-Efficient Learning of
+Deep Networks from Decentralized Data", AISTATS 2017 (docs/theory.md §3).
+
+Every block trains in every round: each participant runs ``E`` steps
+``θ_c ← θ_c − η ∇F_{λ,c}(θ_c)`` from ``θ^t`` and the server moves to
+``θ^{t+1} = θ^t + η_s Σ_c p̃_c (θ_c − θ^t)`` (``η_s = 1``: the weighted average).
+"""
+
+from __future__ import annotations
+
+from .base import Strategy, local_sgd, server_sgd, train_all
+
+__all__ = ["NAME", "strategy"]
+
+NAME = "fedavg"
+
+
+def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
+    """FedAvg with the server step ``fed.server_learning_rate`` (``warmup_rounds`` is not used)."""
+    return Strategy(NAME, train_all, local_sgd(), server_sgd(fed.server_learning_rate))

@@ -1,0 +1,37 @@
+"""FedAvgM: server momentum on the averaged delta. Hsu, Qi, Brown, "Measuring the Effects of
+Non-Identical Data Distribution for Federated Visual Classification", arXiv:1909.06335 (2019);
+also Reddi et al. 2020 (docs/theory.md §3).
+
+Clients run plain local gradient descent; the server keeps a momentum buffer ``m`` and with
+``Δ = Σ_c p̃_c θ_c − θ^t``:
+
+    m ← β m + Δ,      θ^{t+1} = θ^t + η_s m.
+
+``β = 0, η_s = 1`` is FedAvg, bit for bit (``0·m + Δ = Δ`` exactly).
+"""
+
+from __future__ import annotations
+
+from .base import ServerRule, Strategy, local_sgd, train_all, zeros_like_blocks
+
+__all__ = ["NAME", "momentum", "strategy"]
+
+NAME = "fedavgm"
+
+
+def momentum(learning_rate: float, beta: float) -> ServerRule:
+    """The heavy-ball server rule ``m ← β m + Δ``, ``step = η_s m``; state ``{block: m}``."""
+
+    def update(state, rnd, delta):
+        state = dict(state)
+        for b, d in delta.items():
+            state[b] = beta * state[b] + d
+        return {b: learning_rate * state[b] for b in delta}, state
+
+    return ServerRule(lambda params: zeros_like_blocks(params), update)
+
+
+def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
+    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``."""
+    return Strategy(NAME, train_all, local_sgd(),
+                    momentum(fed.server_learning_rate, fed.server_momentum))

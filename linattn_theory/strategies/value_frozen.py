@@ -1,0 +1,20 @@
+"""Freezing the other way round: the value block frozen after the warm-up (docs/theory.md §3).
+
+The ablation of FedFrozen (arXiv:2605.06446): every block trains for ``t < T0``;
+from round ``T0`` on ``W_V`` stays at its round-``T0`` value and only ``W_Q, W_K`` (the kernel)
+keep training with FedAvg.
+"""
+
+from __future__ import annotations
+
+from .base import Strategy, freeze_after, local_sgd, server_sgd
+
+__all__ = ["NAME", "strategy"]
+
+NAME = "value_frozen"
+
+
+def strategy(fed, warmup_rounds: int) -> Strategy:
+    """All blocks for ``t < T0``, then only ``W_Q, W_K``."""
+    return Strategy(NAME, freeze_after(warmup_rounds, ("WQ", "WK")), local_sgd(),
+                    server_sgd(fed.server_learning_rate))

@@ -1,0 +1,325 @@
+"""Federated strategies compared at three heterogeneity levels (docs/theory.md §3 and §5).
+
+Runs every strategy of ``simulations/configs/strategies.toml`` (FedAvg, FedFrozen, the random
+kernel, value-frozen, FedProx, SCAFFOLD, FedAvgM, FedAdam, FedFrozen+FedProx, FedFrozen+SCAFFOLD)
+on the planted-kernel family at three heterogeneity levels over several seeds, and writes
+
+- ``figures/strategies.csv``: one row per (level, strategy): mean and standard deviation over
+  seeds of the final excess risk, the cumulative kernel drift ``Γ(T)``, the final value drift
+  and the rounds to reach the target loss (``strategies_runs.csv``: one row per run);
+- ``figures/strategies.md``: the same as a Markdown table (mean ± standard deviation);
+- ``figures/strategies.png`` / ``.pdf``: final excess risk per strategy and level (mean, bars
+  from the smallest to the largest seed), and excess risk against round at the highest level.
+
+Definitions. For each (level, seed) the reference loss ``F_ref`` is the lower of (a) a
+centralised reference: ``centralised_steps`` (400) steps of centralised gradient descent on ``F_λ`` (FedAvg with
+``E = 1``, full batch and participation, which is exactly centralised GD) started at the planted
+teacher kernel with its optimal value block ``V*_λ(K*)`` (docs/theory.md §4), and (b) the best
+``F_λ(θ^t)`` any run of that level and seed reached; the final excess risk is
+``F_λ(θ^T) − F_ref ≥ 0`` (diverged runs are counted, not averaged). Kernel drift is ``Γ(T) = Σ_t Σ_c p_c ‖K_c^{t,E} − K^{t+1}‖²``;
+value drift is ``Σ_c p_c ‖W_{V,c} − W̄_V‖²`` in the last round. The target loss is
+``F_ref + f (F_λ(θ^0) − F_ref)`` with ``f = target_fraction``; a run that never reaches it
+counts as not reached (the table gives how many seeds reached it).
+
+Claim shown (docs/theory.md §5): in the frozen stage SCAFFOLD removes the value drift floor that
+FedAvg, FedProx and the server optimisers keep; freezing the kernel stops the kernel drift.
+
+Run: ``python simulations/strategies.py [--quick] [--out figures]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from linattn_theory.config import ConfigError, config_from_dict  # noqa: E402
+from linattn_theory.model import Params  # noqa: E402
+from linattn_theory.federated import clients_from_config, simulate  # noqa: E402
+from linattn_theory.io import atomic_write_bytes, atomic_write_text  # noqa: E402
+from linattn_theory.static import static_profile_objective  # noqa: E402
+from linattn_theory.strategies import STRATEGIES  # noqa: E402
+
+CONFIG = Path(__file__).with_name("configs") / "strategies.toml"
+CENTRALISED_STEPS = 400
+# seaborn's colour-blind-safe "colorblind" palette (ten colours)
+COLOURS = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494",
+           "#ece133", "#56b4e9"]
+TOP_LEVEL = {"seeds", "strategies", "target_fraction", "centralised_steps", "base", "levels",
+             "overrides", "quick"}
+
+
+def load_settings(path=CONFIG, quick: bool = False) -> dict:
+    """Read the sweep settings and validate every run's configuration before anything runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    raw = tomllib.loads(path.read_text())
+    unknown = sorted(set(raw) - TOP_LEVEL)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key; allowed keys are {', '.join(sorted(TOP_LEVEL))}")
+    seeds = raw.get("seeds", [0])
+    steps = raw.get("centralised_steps", CENTRALISED_STEPS)
+    updates = {}
+    if quick:
+        quick_settings = raw.get("quick", {})
+        unknown = sorted(set(quick_settings) - {"seeds", "centralised_steps", "updates"})
+        if unknown:
+            raise ConfigError(f"quick.{unknown[0]}: unknown key; allowed keys are centralised_steps, "
+                              "seeds, updates")
+        seeds = quick_settings.get("seeds", seeds)
+        steps = quick_settings.get("centralised_steps", steps)
+        updates = quick_settings.get("updates", {})
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"centralised_steps = {steps!r}: expected an integer >= 1")
+    strategies = raw.get("strategies", list(STRATEGIES))
+    for name in strategies:
+        if name not in STRATEGIES:
+            raise ConfigError(f"strategies: {name!r} is not a strategy; expected names from "
+                              f"{', '.join(map(repr, STRATEGIES))}")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+        raise ConfigError(f"seeds = {seeds!r}: expected a non-empty list of integers >= 0")
+    fraction = raw.get("target_fraction", 0.05)
+    if not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ConfigError(f"target_fraction = {fraction!r}: expected a number in (0, 1)")
+    levels = raw.get("levels", {"default": {}})
+    overrides = raw.get("overrides", {})
+    base = config_from_dict(raw.get("base", {})).with_updates(updates)
+    configs = {}
+    for level, level_updates in levels.items():
+        for name in strategies:
+            for seed in seeds:
+                config = base.with_updates({**level_updates, "federated.strategy": name, "seed": seed,
+                                            **overrides.get(name, {})})
+                configs[level, name, seed] = config
+    return {"configs": configs, "levels": list(levels), "strategies": strategies, "seeds": seeds,
+            "target_fraction": float(fraction), "level_updates": levels, "centralised_steps": steps}
+
+
+def teacher_params(clients, config, ridge: float):
+    """The planted teacher kernel ``K*`` factored as ``W_Q W_K^T`` (truncated SVD at the model's
+    rank) with its optimal value block ``V*_λ(K*)``; ``None`` when the model has other heads."""
+    K = np.asarray(clients.truth["kernel"])
+    H, r = config.model.heads, config.model.rank
+    if K.shape[0] != H:
+        return None
+    U, s, Vt = np.linalg.svd(K)
+    k = min(r, K.shape[-1])
+    WQ = np.zeros((H, K.shape[-1], r))
+    WK = np.zeros((H, K.shape[-1], r))
+    WQ[..., :k] = U[..., :k] * np.sqrt(s[:, None, :k])
+    WK[..., :k] = np.swapaxes(Vt, -1, -2)[..., :k] * np.sqrt(s[:, None, :k])
+    K_model = WQ @ np.swapaxes(WK, -1, -2)
+    _, V = static_profile_objective(K_model, clients, ridge)
+    return Params(WQ, WK, V.reshape(H, K.shape[-1], -1))
+
+
+def centralised_reference(config, clients, steps: int = CENTRALISED_STEPS) -> float:
+    """The lowest ``F_λ`` of centralised gradient descent on ``F_λ`` (FedAvg with ``E = 1``, full
+    batch and participation) started at the teacher kernel with its optimal value block, or
+    ``Φ_λ(K*)`` alone when the model cannot hold the teacher."""
+    lam = config.federated.ridge
+    params = teacher_params(clients, config, lam)
+    if params is None:
+        return static_profile_objective(clients.truth["kernel"], clients, lam)[0]
+    gd = config.with_updates({"federated.strategy": "fedavg", "federated.local_steps": 1,
+                              "federated.rounds": steps, "federated.participation": 1.0,
+                              "federated.batch_size": None})
+    result = simulate(gd, clients, params=params)
+    return float(np.nanmin(result.table["loss_regularized"]))
+
+
+def run_grid(settings: dict, progress: bool = True):
+    """Run every configuration; return per-run results and per-round excess-risk curves."""
+    runs, curves = [], []
+    for level in settings["levels"]:
+        for seed in settings["seeds"]:
+            group = {name: settings["configs"][level, name, seed] for name in settings["strategies"]}
+            clients = clients_from_config(next(iter(group.values())))
+            with np.errstate(over="ignore", invalid="ignore"):     # divergence is recorded, not warned
+                results = {name: simulate(config, clients) for name, config in group.items()}
+            config = next(iter(group.values()))
+            with np.errstate(over="ignore", invalid="ignore"):
+                centralised = centralised_reference(config, clients, settings["centralised_steps"])
+            best = min(float(np.nanmin(r.table["loss_regularized"])) for r in results.values())
+            reference = min(centralised, best)
+            for name, result in results.items():
+                table = result.table
+                F = table["loss_regularized"].to_numpy()
+                target = reference + settings["target_fraction"] * (F[0] - reference)
+                reached = np.flatnonzero(F <= target)
+                runs.append({
+                    "level": level, "strategy": name, "seed": seed,
+                    "diverged": result.diverged,
+                    "excess_risk": np.nan if result.diverged else F[-1] - reference,
+                    "kernel_drift": float(table["cumulative_kernel_drift"].iloc[-1]),
+                    "value_drift": float(table["drift_WV"].iloc[-1]),
+                    "rounds_to_target": float(table["round"].iloc[reached[0]]) if reached.size else np.nan,
+                    "final_loss": F[-1], "reference": reference, "centralised_reference": centralised,
+                    "warmup_rounds": config.warmup_rounds if name == "fedavg" else
+                    settings["configs"][level, name, seed].warmup_rounds,
+                })
+                if not result.diverged:
+                    curves.append(pd.DataFrame({"level": level, "strategy": name, "seed": seed,
+                                                "round": table["round"], "excess_risk": F - reference}))
+            if progress:
+                print(f"  {level:>8s} seed {seed}: {len(results)} strategies", file=sys.stderr)
+    return pd.DataFrame(runs), pd.concat(curves, ignore_index=True)
+
+
+def summarise(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """Mean and standard deviation over seeds per (level, strategy); diverged runs are counted apart."""
+    rows = []
+    for level in settings["levels"]:
+        zeta = settings["level_updates"].get(level, {})
+        for name in settings["strategies"]:
+            group = runs[(runs["level"] == level) & (runs["strategy"] == name)]
+            ok = group[~group["diverged"]]
+            row = {"level": level, "zeta_value": zeta.get("task.zeta_value"),
+                   "zeta_covariate": zeta.get("task.zeta_covariate"), "strategy": name,
+                   "runs": len(group), "diverged": int(group["diverged"].sum())}
+            for column in ("excess_risk", "kernel_drift", "value_drift", "rounds_to_target"):
+                values = ok[column].dropna()
+                row[f"{column}_mean"] = float(values.mean()) if len(values) else np.nan
+                row[f"{column}_std"] = float(values.std(ddof=0)) if len(values) else np.nan
+            row["reached_target"] = int(ok["rounds_to_target"].notna().sum())
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _pm(mean, std, digits=2, fixed=False) -> str:
+    if not np.isfinite(mean):
+        return "—"
+    if fixed:
+        return f"{mean:.1f} ± {std:.1f}"
+    return f"{mean:.{digits}e} ± {std:.1e}"
+
+
+def markdown_table(summary: pd.DataFrame, settings: dict) -> str:
+    """The summary as a Markdown table (mean ± standard deviation over seeds)."""
+    lines = [
+        "# Federated strategies compared",
+        "",
+        f"Planted-kernel clients, {len(settings['seeds'])} seeds per cell; mean ± standard deviation "
+        "over seeds. Excess risk: final F_λ minus the reference of the same level and seed, the lower "
+        f"of centralised gradient descent on F_λ started at the teacher kernel "
+        f"({settings['centralised_steps']} steps) and the "
+        "best F_λ any run reached. Γ: cumulative kernel drift; value drift: Σ_c p_c "
+        "‖W_V,c − W̄_V‖² in the last round. Rounds to target: first round with F_λ below "
+        f"reference + {settings['target_fraction']:g} × initial excess (reached: seeds that got there).",
+        "",
+        "| level | strategy | excess risk | kernel drift Γ | value drift | rounds to target (reached) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for _, r in summary.iterrows():
+        excess = _pm(r["excess_risk_mean"], r["excess_risk_std"])
+        if r["diverged"]:
+            excess += f" ({r['diverged']} diverged)"
+        rounds = _pm(r["rounds_to_target_mean"], r["rounds_to_target_std"], fixed=True)
+        lines.append(f"| {r['level']} | {r['strategy']} | {excess} | "
+                     f"{_pm(r['kernel_drift_mean'], r['kernel_drift_std'])} | "
+                     f"{_pm(r['value_drift_mean'], r['value_drift_std'])} | "
+                     f"{rounds} ({r['reached_target']}/{r['runs'] - r['diverged']}) |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict):
+    """Two panels: final excess risk per strategy and level; excess risk against round at the
+    last level. Kept small so that it can adopt the project's shared plotting style."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names, levels = settings["strategies"], settings["levels"]
+    colours = dict(zip(names, COLOURS * (len(names) // len(COLOURS) + 1)))
+    markers = dict(zip(names, "osD^v<>pXh*"))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    width = 0.8 / len(names)
+    ok = runs[~runs["diverged"]]
+    for j, name in enumerate(names):
+        for i, level in enumerate(levels):
+            values = ok[(ok["level"] == level) & (ok["strategy"] == name)]["excess_risk"].to_numpy()
+            if not values.size:
+                continue
+            x = i - 0.4 + (j + 0.5) * width
+            mean = values.mean()
+            left.errorbar(x, mean, yerr=[[mean - values.min()], [values.max() - mean]],
+                          fmt=markers[name], color=colours[name], ms=5, capsize=2,
+                          label=name if i == 0 else None)
+    left.set_yscale("log")
+    left.set_xticks(range(len(levels)), [_level_label(level, settings) for level in levels])
+    left.set_xlabel("heterogeneity level")
+    left.set_ylabel(r"final excess risk $F_\lambda(\theta_T) - F_{\mathrm{ref}}$")
+    left.set_title("final excess risk (mean; bars: min–max over seeds)", fontsize=10)
+    last = levels[-1]
+    for name in names:
+        c = curves[(curves["level"] == last) & (curves["strategy"] == name)]
+        mean = c.groupby("round")["excess_risk"].mean()
+        right.plot(mean.index, np.maximum(mean.to_numpy(), 1e-12), color=colours[name],
+                   marker=markers[name], markevery=max(1, len(mean) // 8), ms=4, lw=1.3)
+    right.set_yscale("log")
+    right.set_xlabel("round t")
+    right.set_ylabel(r"excess risk $F_\lambda(\theta^t) - F_{\mathrm{ref}}$ (mean over seeds)")
+    right.set_title(f"level {_level_label(last, settings)}", fontsize=10)
+    fig.legend(loc="outside right center", fontsize=8, frameon=False)
+    return fig
+
+
+def _level_label(level: str, settings: dict) -> str:
+    updates = settings["level_updates"].get(level, {})
+    zv, zx = updates.get("task.zeta_value"), updates.get("task.zeta_covariate")
+    if zv is None and zx is None:
+        return level
+    return f"{level}\n$\\zeta_V$={zv:g}, $\\zeta_X$={zx:g}"
+
+
+def make(out_dir="figures", quick: bool = False, config=CONFIG, progress: bool = False) -> dict[str, Path]:
+    """Run the comparison and write the CSV tables, the Markdown table and the figure to ``out_dir``."""
+    settings = load_settings(config, quick=quick)
+    runs, curves = run_grid(settings, progress=progress)
+    summary = summarise(runs, settings)
+    out = Path(out_dir)
+    paths = {"csv": out / "strategies.csv", "runs": out / "strategies_runs.csv",
+             "markdown": out / "strategies.md", "png": out / "strategies.png",
+             "pdf": out / "strategies.pdf"}
+    atomic_write_text(paths["csv"], summary.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(paths["runs"], runs.to_csv(index=False, float_format="%.10g"))
+    atomic_write_text(paths["markdown"], markdown_table(summary, settings))
+    fig = plot_comparison(runs, curves, settings)
+    for kind in ("png", "pdf"):
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=kind, dpi=150)
+        atomic_write_bytes(paths[kind], buffer.getvalue())
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer seeds and rounds (seconds)")
+    parser.add_argument("--out", default=str(ROOT / "figures"), help="output folder")
+    parser.add_argument("--config", default=str(CONFIG), help="sweep settings (TOML)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        paths = make(args.out, quick=args.quick, config=args.config, progress=True)
+    except ConfigError as err:
+        print(f"strategies: invalid configuration: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {', '.join(str(p) for p in paths.values())} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
