@@ -21,6 +21,7 @@ import pandas as pd
 
 from linattn_theory import plotting
 from linattn_theory.bound import estimate_bound
+from linattn_theory.config import config_from_dict
 from linattn_theory.figures import config_path, figure_sweep, script_main
 from linattn_theory.sweep import load_sweep
 from linattn_theory.sweep_analysis import excess_risk_table
@@ -30,17 +31,17 @@ CONFIG = config_path(__file__, "loss_curves")
 
 
 def with_fedfrozen_at_theory(sweep):
-    """The sweep plus, for every seed, FedFrozen at that seed's ``T0_theory``; ``{seed: T0_theory}``."""
-    seeds = sorted({c.seed for c in sweep.configs})
-    base = {c.seed: c for c in sweep.configs}
-    theory = {}
-    for seed in seeds:
-        config = base[seed].with_updates({"federated.strategy": "fedfrozen"})
+    """The sweep plus, for every seed, FedFrozen at that seed's ``T0_theory``; ``{seed: T0_theory}``.
+
+    FedFrozen's runs use the config's base settings (not a baseline's overrides).
+    """
+    base = config_from_dict(sweep.base)
+    theory, runs, points = {}, [], []
+    for seed in sorted({c.seed for c in sweep.configs}):
+        config = base.with_updates({"seed": seed, "federated.strategy": "fedfrozen"})
         theory[seed] = estimate_bound(config).T0_theory
-    runs = [base[s].with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": theory[s]})
-            for s in seeds]
-    points = [{"seed": s, "federated.strategy": "fedfrozen", "federated.warmup_rounds": theory[s]}
-              for s in seeds]
+        runs.append(config.with_updates({"federated.warmup_rounds": theory[seed]}))
+        points.append({"seed": seed, "federated.strategy": "fedfrozen", "federated.warmup_rounds": theory[seed]})
     return sweep.with_runs(runs, points), theory
 
 
@@ -54,7 +55,10 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     results, dropped = plotting.drop_diverged(results)
     rounds = rounds[rounds["run_id"].isin(results["run_id"])]
     strategies = list(dict.fromkeys(results["federated.strategy"]))   # config order, FedFrozen last
-    colors = dict(zip(strategies, plotting.palette(len(strategies))))
+    colors = dict(zip(strategies, plotting.palette(len(strategies))), fedfrozen="black")
+    # the two compared by the theory drawn on top, the baselines thinner and dashed
+    styles = {s: {"linewidth": 1.3, "linestyle": "--", "zorder": 2} for s in strategies}
+    styles.update(fedavg={"linewidth": 2.0, "zorder": 4}, fedfrozen={"linewidth": 2.2, "zorder": 5})
     seeds = sorted(theory)
     fig, axes = plotting.figure(len(seeds), width=4.4, height=3.8, sharey=True)
     axes = [axes] if len(seeds) == 1 else axes
@@ -67,7 +71,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
             name = plotting.STRATEGY_NAMES.get(strategy, strategy)
             if strategy == "fedfrozen":
                 name += r" at $T_0^{\mathrm{theory}}$"
-            ax.plot(sub["round"], sub["gap"], color=colors[strategy], label=name)
+            ax.plot(sub["round"], sub["gap"], color=colors[strategy], label=name, **styles[strategy])
             rows.append(sub[["run_id", "seed", "round", "gap"]].assign(strategy=strategy))
         ax.axvline(theory[seed], color="0.35", linestyle=":", linewidth=1.2,
                    label=rf"$T_0^{{\mathrm{{theory}}}} = {theory[seed]}$")
