@@ -50,12 +50,12 @@ def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _heatmap(ax, cells, value, title, fmt, cmap):
+def _heatmap(ax, cells, value, title, fmt, cmap, unit):
     grid = cells.pivot(index=ROW, columns=COL, values=value).sort_index(ascending=False)
     marks = cells.pivot(index=ROW, columns=COL, values="diverged_runs").sort_index(ascending=False)
     text = grid.map(lambda v: "n/a" if not np.isfinite(v) else format(v, fmt))
     text = text + marks.map(lambda k: " †" if k else "")
-    sns.heatmap(grid, ax=ax, annot=text, fmt="", cmap=cmap, cbar_kws={"label": title},
+    sns.heatmap(grid, ax=ax, annot=text, fmt="", cmap=cmap, cbar_kws={"label": unit},
                 linewidths=0.5, linecolor="white")
     ax.set_xlabel(plotting.label(COL))
     ax.set_ylabel(plotting.label(ROW))
@@ -68,9 +68,10 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
                                       workers=workers, progress=progress)
     cells = cell_summary(excess_risk_table(folder, results))
     fig, (ax_best, ax_gain) = plotting.figure(2, width=4.9, height=3.9)
-    _heatmap(ax_best, cells, "best_T0", r"best warm-up $T_0$", ".0f", "mako")
+    _heatmap(ax_best, cells, "best_T0", r"best warm-up $T_0^{\mathrm{best}}$", ".0f", "mako",
+             r"$T_0$ (rounds)")
     _heatmap(ax_gain, cells.assign(gain=100 * cells["gain"]), "gain",
-             r"gain over FedAvg $1 - R(T_0^{\mathrm{best}})/R(T)$ [%]", ".0f", "rocket_r")
+             r"gain over FedAvg $1 - R(T_0^{\mathrm{best}})/R(T)$", ".0f", "rocket_r", "%")
     dropped = int(cells["diverged_runs"].sum())
     if dropped:
         fig.text(0.5, -0.02, f"† cell with diverged runs ({dropped} in all), left out of its seed means",
