@@ -89,7 +89,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     plotting.log_scale(ax)
     eps = float(np.finfo(np.float64).eps)
     ax.axhline(eps, color="0.5", linewidth=0.8, linestyle="-.")
-    ax.text(0.98, eps * 3, "float64 precision", transform=ax.get_yaxis_transform(), ha="right",
+    ax.text(0.02, eps * 3, "float64 precision", transform=ax.get_yaxis_transform(), ha="left",
             va="bottom", fontsize="small", color="0.35")
     ax.set_ylim(bottom=eps / 30)
     ax.set_xlabel(r"frozen rounds $k = T - T_0$")

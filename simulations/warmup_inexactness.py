@@ -61,8 +61,8 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         bottom.set_xlabel(plotting.label("round"))
     axes[0, 0].set_ylabel(r"change of $\Phi_\lambda$ per round")
     axes[1, 0].set_ylabel("inexactness by source")
-    axes[0, 0].legend(fontsize="small")
-    axes[1, 0].legend(fontsize="small", ncol=1)
+    axes[0, -1].legend(fontsize="small", loc="lower right")
+    axes[1, -1].legend(fontsize="small", loc="upper right")
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(tables, ignore_index=True))
 
 
