@@ -5,6 +5,7 @@ See docs/theory.md for the mathematics and README.md for the quick start.
 
 __version__ = "0.1.0"
 
+from .backend import get_namespace
 from .config import ConfigError, RunConfig, config_from_dict, load_config
 from .federated import RunResult, run_schedule, simulate, stable_learning_rate
 from .model import (Params, context_second_moment, features, kernel, loss_and_grad,
@@ -18,6 +19,7 @@ from .results import load_results, load_run
 from .sweep import load_sweep, run_sweep
 from .tasks import (ClientDataset, FederatedDataset, in_context_regression_clients, make_clients,
                     planted_kernel_clients, stack_clients)
+from .warmup_sweep import warmup_sweep
 
 __all__ = [
     "CentralizedOptimum", "Recommendation", "TradeoffBound", "ValueMoments", "centralized_optimum",
@@ -26,9 +28,9 @@ __all__ = [
     "profile_objective", "recommend", "value_drift_floor", "value_moments", "value_objective",
     "warmup_inexactness",
     "ClientDataset", "ConfigError", "FederatedDataset", "Params", "RunConfig", "RunResult",
-    "config_from_dict", "context_second_moment", "features", "in_context_regression_clients",
+    "config_from_dict", "context_second_moment", "features", "get_namespace", "in_context_regression_clients",
     "kernel", "load_config", "loss_and_grad", "loss_and_grad_from_moments", "make_clients",
     "planted_kernel_clients", "predict", "run_schedule", "simulate", "stable_learning_rate",
-    "stack_clients",
+    "stack_clients", "warmup_sweep",
     "load_results", "load_run", "load_sweep", "run_sweep",
 ]

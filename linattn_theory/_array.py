@@ -9,17 +9,23 @@ host for tables and figures happens in :func:`to_numpy` alone.
 from __future__ import annotations
 
 import numpy as np
-from array_api_compat import array_namespace, is_numpy_array, size
+from array_api_compat import array_namespace, is_cupy_array, is_numpy_array, size
 
 __all__ = ["array_namespace", "to_numpy", "size", "moveaxis"]
 
 
 def to_numpy(x) -> np.ndarray:
-    """Return ``x`` as a host NumPy array (the one place results leave the device)."""
+    """Return ``x`` as a host NumPy array (the one place results leave the device).
+
+    NumPy arrays pass through; CuPy arrays are copied from the GPU; other standard arrays
+    (``array-api-strict``, ...) go through DLPack, the standard's exchange protocol.
+    """
     if is_numpy_array(x):
         return x
-    if hasattr(x, "get"):  # CuPy
+    if is_cupy_array(x):
         return x.get()
+    if hasattr(x, "__dlpack__"):
+        return np.from_dlpack(x)
     return np.asarray(x)
 
 

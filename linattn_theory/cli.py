@@ -20,6 +20,8 @@ def _simulate(args) -> int:
     from .io import write_run
 
     config = load_config(args.config)
+    if args.backend is not None:
+        config = config.with_updates({"model.backend": args.backend})
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
@@ -110,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "rounds.csv, params.npz and metadata.json to --out.")
     p.add_argument("config", help="TOML configuration file (see simulations/configs/)")
     p.add_argument("--out", required=True, help="output folder (created if missing)")
+    p.add_argument("--backend", choices=("numpy", "cupy"), default=None,
+                   help="array library, overriding model.backend of the config "
+                        "(cupy needs a GPU and pip install 'linattn-theory[gpu]')")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_simulate)
 

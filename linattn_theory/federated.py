@@ -19,11 +19,13 @@ import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from ._array import array_namespace, to_numpy
+from .backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
 from .config import FederatedConfig, RunConfig
 from .model import BLOCKS, Params, _flat, _value_matrix, features, kernel, loss_and_grad_from_moments
 from .strategies import Round, Strategy, make_strategy
@@ -31,8 +33,9 @@ from .strategies.base import weighted_sum
 from .tasks import (SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, StackedClients, make_clients,
                     seed_sequence, stack_clients)
 
-__all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "RunResult",
-           "Divergence", "value_curvature", "stable_learning_rate", "hessian_curvature"]
+__all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
+           "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
+           "stable_learning_rate", "hessian_curvature"]
 
 
 @dataclass(frozen=True)
@@ -60,16 +63,25 @@ class RunResult:
         return self.divergence is not None
 
 
-def _namespace(backend: str):
-    if backend == "cupy":
-        try:
-            import cupy  # noqa: F401
-        except ImportError:
-            raise RuntimeError("backend 'cupy' needs CuPy and a GPU: pip install 'linattn-theory[gpu]'") from None
-        import array_api_compat.cupy as xp
-        return xp
-    import array_api_compat.numpy as xp
-    return xp
+class RunState(NamedTuple):
+    """Everything the round loop carries into round ``round``; a run continues from it exactly.
+
+    :func:`run_schedule` passes one to ``on_round`` after every round and continues from one
+    given as ``prefix``. ``rows`` are the table rows ``0..round``; ``initial`` (``θ^0``),
+    ``best`` (the iterate of least ``F_λ`` so far, ``best_loss``) feed the divergence report;
+    ``warmup_params`` is ``θ^{T0}`` once reached (else ``None``); ``client_state`` and
+    ``server_state`` are the strategy's (control variates, server momentum, ...).
+    """
+
+    round: int
+    params: Params
+    rows: tuple
+    initial: Params
+    best: Params
+    best_loss: float
+    warmup_params: Params | None
+    client_state: Any
+    server_state: Any
 
 
 def clients_from_config(config: RunConfig):
@@ -153,22 +165,37 @@ def _version() -> str:
         return __version__
 
 
-def simulate(config: RunConfig, clients=None, *, progress: bool = False,
-             params: Params | None = None, frozen_features=None) -> RunResult:
-    """Run ``config`` end to end: build the clients, initialise, run the schedule.
-
-    ``frozen_features`` is passed to :func:`run_schedule` (features of the frozen stage).
-    """
-    xp = _namespace(config.model.backend)
+def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
+    """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
+    xp = get_namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
     data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype))
     d, p = data.q.shape[-1], data.y.shape[-1]
     params = initial_params(config, d, p) if params is None else params
-    params = params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
+    return data, params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
+
+
+def run_metadata(config: RunConfig) -> dict:
+    """The metadata record of a run of ``config``: full config, seed, version, git revision."""
+    return {"config": config.to_dict(), "seed": config.seed, "version": _version(),
+            "git_revision": _git_revision()}
+
+
+def simulate(config: RunConfig, clients=None, *, progress: bool = False,
+             params: Params | None = None, frozen_features=None,
+             max_bytes: int | str | None = "auto") -> RunResult:
+    """Run ``config`` end to end: build the clients, initialise, run the schedule.
+
+    ``frozen_features`` is passed to :func:`run_schedule` (features of the frozen stage).
+    ``max_bytes`` bounds a round's working set (see :func:`run_schedule`; ``"auto"``:
+    cache-sized chunks of clients on the CPU when the round does not fit in cache, one chunk
+    on a GPU, :func:`~linattn_theory.backend.resolve_max_bytes`); results do not depend on it.
+    """
+    data, params = prepare_run(config, clients, params)
+    max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
-                          progress=progress, frozen_features=frozen_features)
-    result.metadata.update({"config": config.to_dict(), "seed": config.seed,
-                            "version": _version(), "git_revision": _git_revision()})
+                          progress=progress, frozen_features=frozen_features, max_bytes=max_bytes)
+    result.metadata.update(run_metadata(config))
     return result
 
 
@@ -224,7 +251,8 @@ def _client_losses(xp, params: Params, data: StackedClients, phi=None):
 @np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
 def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, warmup_rounds: int,
                  seed: int = 0, *, progress: bool = False, strategy: Strategy | None = None,
-                 frozen_features=None) -> RunResult:
+                 frozen_features=None, max_bytes: int | None = None, prefix: RunState | None = None,
+                 on_round=None) -> RunResult:
     """Run ``fed.rounds`` rounds of ``fed.strategy`` from ``params`` on stacked clients.
 
     ``warmup_rounds`` is ``T0``: the round at which FedFrozen-type strategies freeze blocks, and
@@ -234,6 +262,19 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     at the frozen kernel (docs/theory.md §5); ``frozen_features(params) -> φ`` of shape
     ``(m, N, H·d)`` replaces them (static heads, :mod:`linattn_theory.static`).
 
+    ``max_bytes`` bounds the working set a round adds to the stacked data: the participants'
+    local steps run in chunks of clients (:func:`~linattn_theory.backend.client_chunks`; ``None``:
+    one chunk). Each chunk sees the client rule's state through a :class:`Round` restricted to
+    its participants, and the rule's state update and the server step see all of them, so the
+    results are identical for every budget (a client rule's correction must act on each
+    participant separately, as every rule of :mod:`linattn_theory.strategies` does).
+
+    ``on_round(state)`` is called with the :class:`RunState` of every round the run reaches
+    (``θ^t`` and all the loop carries). ``prefix`` continues a run from such a state (then
+    ``params`` must be ``prefix.params``): the rounds after ``prefix.round`` follow exactly as in
+    the uninterrupted run, provided the strategy agrees with the earlier run's on the rounds
+    before (shared warm-up prefixes, :mod:`linattn_theory.warmup_sweep`).
+
     Returns the per-round table (row ``t`` describes ``θ^t``; drift columns describe the round
     that produced it), the final parameters and those at round ``T0``.
     """
@@ -241,24 +282,38 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
 
     xp = array_namespace(data.S)
     m, Nmax = data.S.shape[0], data.S.shape[1]
+    H = params.WV.shape[-3]
     T, T0, E, eta, lam = fed.rounds, warmup_rounds, fed.local_steps, fed.learning_rate, fed.ridge
     strategy = make_strategy(fed, T0) if strategy is None else strategy
-    client_state = strategy.client.init(params, m)
-    server_state = strategy.server.init(params)
 
     def global_loss(params, phi=None):
         losses = _client_losses(xp, params, data, phi)
         F = float(to_numpy(xp.sum(data.weights * losses)))
         return F, F + 0.5 * lam * float(to_numpy(xp.sum(params.WV * params.WV))), to_numpy(losses)
 
-    F0, F0_reg, losses0 = global_loss(params)
-    rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m, strategy.name)]
-    warm_params = None
-    initial, best, best_loss = params, params, F0_reg
+    if prefix is None:
+        F0, F0_reg, losses0 = global_loss(params)
+        rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m,
+                     strategy.name)]
+        state = RunState(0, params, tuple(rows), params, params, F0_reg,
+                         params if T0 == 0 else None, strategy.client.init(params, m),
+                         strategy.server.init(params))
+    else:
+        state = _check_prefix(prefix, params, T, T0)
+        rows = list(state.rows)
+    start_round = state.round
+    warm_params = state.warmup_params if start_round > T0 else None   # else set at round T0
+    initial, best, best_loss = state.initial, state.best, state.best_loss
+    client_state, server_state = state.client_state, state.server_state
+    F0_reg = float(rows[0]["loss_regularized"])
+    gamma = float(rows[-1]["cumulative_kernel_drift"])
+    working = client_working_bytes(data, H, fed.batch_size)
     phi_frozen = None
     divergence = None
-    gamma = 0.0
-    for t in tqdm(range(T), disable=not progress, desc="rounds", unit="round", leave=False):
+    if on_round is not None:
+        on_round(state)
+    for t in tqdm(range(start_round, T), disable=not progress, desc="rounds", unit="round",
+                  leave=False):
         if t == T0:
             warm_params = params
         blocks = strategy.schedule(t)
@@ -269,12 +324,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
             phi_frozen = (_flat(xp, features(kernel(params), data.S, data.q), 2)   # (m, N, Hd)
                           if frozen_features is None else frozen_features(params))
         part = _participants(t, m, fed.participation, seed)
-        full = len(part) == m
-
-        def select(a):
-            return a if full else xp.take(a, xp.asarray(part), axis=0)
-
-        client_weights = select(data.weights)
+        client_weights = data.weights if len(part) == m else xp.take(data.weights, xp.asarray(part), axis=0)
         pw = client_weights / xp.sum(client_weights)
         batches = None
         if fed.batch_size is not None:
@@ -282,24 +332,14 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         k = len(part)
         rnd = Round(t, blocks, part, m, client_weights, pw, E, eta)
 
-        # clients: E local steps from θ^t, all participants at once
+        # clients: E local steps from θ^t, all participants at once (in chunks within max_bytes)
         anchor = {b: getattr(params, b) for b in blocks}
-        broadcast = {b: xp.broadcast_to(getattr(params, b), (k,) + tuple(getattr(params, b).shape))
-                     for b in BLOCKS}
-        local = {b: broadcast[b] for b in blocks}
         inputs = (phi_frozen,) if kernel_frozen else (data.S, data.q)
-        batch = tuple(select(a) for a in inputs + (data.y, data.sample_weight))
-        for e in range(E):
-            if batches is not None:
-                batch = tuple(_take(xp, a, batches[:, e, :]) for a in inputs + (data.y,))
-                batch += (xp.full(batch[0].shape[:2], 1.0 / fed.batch_size, dtype=batch[0].dtype),)
-            grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen)
-            correction = strategy.client.correction(client_state, rnd, anchor, local)
-            for b in blocks:
-                g = grads[b] + lam * local[b] if b == "WV" else grads[b]
-                if b in correction:
-                    g = g + correction[b]
-                local[b] = local[b] - eta * g
+        pieces = [_local_training(xp, params, rnd, lo, hi, strategy.client, client_state, inputs,
+                                  data, batches, fed)
+                  for lo, hi in client_chunks(k, working, max_bytes)]
+        local = pieces[0] if len(pieces) == 1 else {
+            b: xp.concat([piece[b] for piece in pieces], axis=0) for b in blocks}
         client_state = strategy.client.update(client_state, rnd, anchor, local)
 
         # server: Δ_b = Σ p̃_c θ_{c,b} − θ_b, θ_b ← θ_b + step_b; untrained blocks are left untouched
@@ -312,7 +352,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         start, params = params, params.replace(**{b: anchor[b] + step[b] for b in blocks})
         kernel_drift = 0.0
         if not kernel_frozen:
-            WQ_c, WK_c = ({**broadcast, **local}[b] for b in ("WQ", "WK"))
+            WQ_c, WK_c = (local[b] if b in local else getattr(start, b) for b in ("WQ", "WK"))
             K_c = xp.matmul(WQ_c, xp.matrix_transpose(WK_c))
             kernel_drift = float(to_numpy(xp.sum(pw * _sq_norm(xp, K_c - kernel(params)))))
             gamma += kernel_drift
@@ -321,17 +361,81 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
             best, best_loss = params, F_reg
         rows.append(_row(t + 1, _stage(blocks), F, F_reg, losses, kernel_drift, gamma, drift, k,
                          strategy.name))
+        if on_round is not None:
+            reached = warm_params if t + 1 > T0 else params if t + 1 == T0 else None
+            on_round(RunState(t + 1, params, tuple(rows), initial, best, best_loss, reached,
+                              client_state, server_state))
         if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
             divergence = _divergence(t + 1, F_reg, [initial, best, start], data, lam, eta, blocks)
             break
     if warm_params is None:
         warm_params = params
+    return _result(rows, params, warm_params, divergence, T0, strategy.name)
+
+
+def _check_prefix(prefix: RunState, params: Params, rounds: int, warmup_rounds: int) -> RunState:
+    """``prefix`` if a run of ``rounds`` rounds can continue from it with ``params``, else a ``ValueError``."""
+    if not isinstance(prefix, RunState):
+        raise ValueError(f"prefix is a {type(prefix).__name__}; expected the RunState that "
+                         f"run_schedule passes to on_round")
+    if params is not prefix.params:
+        raise ValueError("prefix: params must be prefix.params (the run continues from its state)")
+    if not 0 <= prefix.round <= rounds or len(prefix.rows) != prefix.round + 1:
+        raise ValueError(f"prefix ends at round {prefix.round} with {len(prefix.rows)} table rows; "
+                         f"expected a round in 0..fed.rounds = {rounds} and rows 0..round")
+    if prefix.round > warmup_rounds and prefix.warmup_params is None:
+        raise ValueError(f"prefix ends at round {prefix.round} > warmup_rounds = {warmup_rounds} "
+                         f"but holds no round-T0 parameters (warmup_params)")
+    return prefix
+
+
+def _local_training(xp, params: Params, rnd: Round, lo: int, hi: int, client_rule, client_state,
+                    inputs: tuple, data: StackedClients, batches, fed: FederatedConfig) -> dict:
+    """``E`` local steps from ``θ^t`` of the participants ``rnd.participants[lo:hi]``, all at once.
+
+    ``inputs`` are ``(φ,)`` with the kernel frozen, else ``(Ŝ, q)``, for all clients; returns the
+    trained blocks ``{b: θ_{c,b}}`` of the chunk. The client rule sees the chunk's ``Round``.
+    """
+    part, m = rnd.participants, rnd.num_clients
+    k = hi - lo
+    if k < len(part):
+        rnd = rnd._replace(participants=part[lo:hi], client_weights=rnd.client_weights[lo:hi],
+                           weights=rnd.weights[lo:hi])
+
+    def select(a):
+        if len(part) == m:
+            return a if k == m else a[lo:hi, ...]
+        return xp.take(a, xp.asarray(part[lo:hi]), axis=0)
+
+    blocks, eta, lam = rnd.blocks, rnd.learning_rate, fed.ridge
+    anchor = {b: getattr(params, b) for b in blocks}
+    broadcast = {b: xp.broadcast_to(getattr(params, b), (k,) + tuple(getattr(params, b).shape))
+                 for b in BLOCKS}
+    local = {b: broadcast[b] for b in blocks}
+    kernel_frozen = len(inputs) == 1
+    batch = tuple(select(a) for a in inputs + (data.y, data.sample_weight))
+    for e in range(rnd.local_steps):
+        if batches is not None:
+            batch = tuple(_take(xp, a, batches[lo:hi, e, :]) for a in inputs + (data.y,))
+            batch += (xp.full(batch[0].shape[:2], 1.0 / fed.batch_size, dtype=batch[0].dtype),)
+        grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen)
+        correction = client_rule.correction(client_state, rnd, anchor, local)
+        for b in blocks:
+            g = grads[b] + lam * local[b] if b == "WV" else grads[b]
+            if b in correction:
+                g = g + correction[b]
+            local[b] = local[b] - eta * g
+    return local
+
+
+def _result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> RunResult:
+    """The :class:`RunResult` of a finished run: table from ``rows``, parameters moved to the host."""
     table = pd.DataFrame(rows)
     host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
     meta = {"diverged": divergence is not None,
             "divergence": None if divergence is None else divergence.__dict__,
-            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": T0,
-            "strategy": strategy.name}
+            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": warmup_rounds,
+            "strategy": strategy}
     return RunResult(table, host(params), host(warm_params), divergence, meta)
 
 

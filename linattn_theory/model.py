@@ -200,7 +200,7 @@ def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
         gV = xp.matmul(xp.matrix_transpose(phi), ew)                 # (..., Hd, p)
         gWV = xp.reshape(gV, gV.shape[:-2] + (H, d, p))
     if "WQ" in blocks or "WK" in blocks:
-        gK = _kernel_gradient(xp, S, q, ew, V, H, d)
+        gK = _kernel_gradient(xp, S, q, ew, params.WV)
         if "WQ" in blocks:
             gWQ = xp.matmul(gK, params.WK)
         if "WK" in blocks:
@@ -208,9 +208,12 @@ def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
     return loss, Params(gWQ, gWK, gWV)
 
 
-def _kernel_gradient(xp, S, q, ew, V, H, d):
+def _kernel_gradient(xp, S, q, ew, WV):
     """``∇_{K_h} = Σ_i q_i g_{h,i}^T`` with ``g_h = Ŝ W_V^h e_w``; returns ``(..., H, d, d)``."""
-    u = xp.matmul(ew, xp.matrix_transpose(V))                        # (..., N, Hd) = W_V^h e
+    H, d, p = WV.shape[-3:]
+    # V^T (..., p, Hd) as a C-ordered copy: BLAS multiplies it about twice as fast as a transposed view
+    VT = xp.reshape(moveaxis(xp, WV, -1, -3), WV.shape[:-3] + (p, H * d), copy=True)
+    u = xp.matmul(ew, VT)                                            # (..., N, Hd) = W_V^h e
     u = xp.reshape(u, u.shape[:-1] + (H, d))
     g = _flat(xp, xp.matmul(u, S), 2)                                # (..., N, Hd), Ŝ symmetric
     gK = xp.matmul(xp.matrix_transpose(q), g)                        # (..., d, Hd)
@@ -228,7 +231,7 @@ def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None):
     V = _value_matrix(xp, params.WV)
     phi = _flat(xp, features(kernel(params), S, q), 2)
     ew = (xp.matmul(phi, V) - y) * sample_weight[..., None]
-    return _kernel_gradient(xp, S, q, ew, V, H, d)
+    return _kernel_gradient(xp, S, q, ew, params.WV)
 
 
 def loss_and_grad(params: Params, X, q, y):

@@ -29,6 +29,13 @@ class ValueMoments:
     B: object
     y2: object
     weights: object
+    lam: float = 0.0
+
+    @property
+    def A_tilde(self):
+        """``Ã_c = A_c + λ I`` (docs/theory.md §4), shape ``(m, Hd, Hd)``."""
+        xp = array_namespace(self.A)
+        return self.A + self.lam * xp.eye(self.A.shape[-1], dtype=self.A.dtype)
 
     def weighted(self):
         """The global moments ``(A, B, y2) = Σ_c p_c (A_c, B_c, y2_c)``."""
@@ -38,12 +45,15 @@ class ValueMoments:
                 xp.sum(w * self.y2))
 
 
-def value_moments(K, clients, xp=None) -> ValueMoments:
+def value_moments(K, clients, lam: float = 0.0, *, xp=None) -> ValueMoments:
     """``A_c = E_c[φφ^T]``, ``B_c = E_c[φ y^T]``, ``y2_c = E_c‖y‖²`` for kernels ``K`` ``(H, d, d)``.
 
     ``clients`` is a :class:`~linattn_theory.tasks.StackedClients`, a
-    :class:`~linattn_theory.tasks.FederatedDataset` or a list of ``(X, q, y)`` tuples.
+    :class:`~linattn_theory.tasks.FederatedDataset` or a list of ``(X, q, y)`` tuples. ``lam``
+    is recorded on the result, whose ``A_tilde`` is ``Ã_c = A_c + λI``; ``A`` stays unregularised.
     """
+    if not lam >= 0:
+        raise ValueError(f"lam = {lam!r}; expected a number >= 0")
     data = clients if isinstance(clients, StackedClients) else stack_clients(clients, xp=xp)
     xp = array_namespace(data.S)
     phi = _flat(xp, features(xp.asarray(K, dtype=data.S.dtype), data.S, data.q), 2)   # (m, N, Hd)
@@ -51,7 +61,7 @@ def value_moments(K, clients, xp=None) -> ValueMoments:
     A = xp.matmul(xp.matrix_transpose(phi), phi * w)
     B = xp.matmul(xp.matrix_transpose(phi), data.y * w)
     y2 = xp.sum(data.y * data.y * w, axis=(-2, -1))
-    return ValueMoments(A, B, y2, data.weights)
+    return ValueMoments(A, B, y2, data.weights, float(lam))
 
 
 def value_objective(V, moments: ValueMoments, lam: float = 0.0):

@@ -127,13 +127,24 @@ def stack_clients(clients, xp=None, dtype=np.float64) -> StackedClients:
     return StackedClients(S, q, y, w, weights, data.sizes)
 
 
-def _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs):
-    """Equal sizes, or ``N_c ∝`` Dirichlet(α) via per-client Gamma(α) draws (at least 2 each)."""
+def _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=False):
+    """Equal sizes, or ``N_c ∝`` Dirichlet(α) via per-client Gamma(α) draws (at least 2 each).
+
+    ``fresh=True`` (evaluation samples) still makes the Gamma draws, so that every client's
+    distribution is the training one, but gives every client ``samples_per_client`` samples.
+    """
     if dirichlet_alpha is None:
         return [samples_per_client] * num_clients
     g = np.array([rng.gamma(dirichlet_alpha) for rng in rngs]) + 1e-12
+    if fresh:
+        return [samples_per_client] * num_clients
     total = samples_per_client * num_clients
     return [max(2, int(round(total * gc / g.sum()))) for gc in g]
+
+
+def _sample_stream(client_rng, seed, client, fresh):
+    """Where client ``c``'s samples come from: its own stream (training) or ``(SEED_EVAL, c)`` (fresh)."""
+    return np.random.default_rng(seed_sequence(seed, SEED_EVAL, client)) if fresh else client_rng
 
 
 def _positional_means(n, d, strength, rng):
@@ -146,7 +157,7 @@ def _positional_means(n, d, strength, rng):
 def planted_kernel_clients(num_clients=8, samples_per_client=256, tokens=16, dim=8, heads=1,
                            rank=4, outputs=2, zeta_value=0.5, zeta_covariate=0.5, zeta_mean=0.0,
                            noise=0.1, dirichlet_alpha=None, query="last",
-                           positional_strength=0.0, seed=0) -> FederatedDataset:
+                           positional_strength=0.0, seed=0, fresh_samples=False) -> FederatedDataset:
     """Planted-kernel family (docs/theory.md §2).
 
     Teacher kernels ``K*_h = W_Q* (W_K*)^T`` (entries of the factors ``N(0, 1/d)``), shared by all
@@ -164,12 +175,13 @@ def planted_kernel_clients(num_clients=8, samples_per_client=256, tokens=16, dim
     V_bar = teacher.normal(0, std, size=(H, d, p))
     positions = _positional_means(n, d, positional_strength, teacher)
     rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(num_clients)]
-    sizes = _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs)
+    sizes = _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh_samples)
     clients, value_maps, means, scales = [], [], [], []
-    for rng, N in zip(rngs, sizes):
+    for c, (rng, N) in enumerate(zip(rngs, sizes)):
         V_c = V_bar + zeta_value * rng.normal(0, std, size=(H, d, p))
         scale = np.exp(0.5 * zeta_covariate * rng.normal(size=d))     # sqrt of diag(Σ_c)
         mu = zeta_mean * rng.normal(size=d)
+        rng = _sample_stream(rng, seed, c, fresh_samples)
         X = mu + positions + scale * rng.normal(size=(N, n, d))
         if query == "last":
             q = X[:, -1, :].copy()
@@ -191,7 +203,7 @@ def planted_kernel_clients(num_clients=8, samples_per_client=256, tokens=16, dim
 
 def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=16, dim=4,
                                   zeta_covariate=0.5, zeta_task=0.5, noise=0.0,
-                                  dirichlet_alpha=None, seed=0) -> FederatedDataset:
+                                  dirichlet_alpha=None, seed=0, fresh_samples=False) -> FederatedDataset:
     """In-context linear regression (docs/theory.md §2), token dimension ``dim + 1``, ``p = 1``.
 
     Tokens ``z_i = (x_i, y_i)`` with ``x_i ~ N(0, Λ_c)``, ``Λ_c = diag(exp(ζ_X ε_c))``,
@@ -200,11 +212,12 @@ def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=
     """
     d, n = dim, tokens
     rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(num_clients)]
-    sizes = _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs)
+    sizes = _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh_samples)
     clients, task_means, spectra = [], [], []
-    for rng, N in zip(rngs, sizes):
+    for c, (rng, N) in enumerate(zip(rngs, sizes)):
         lam = np.exp(zeta_covariate * rng.normal(size=d))
         mu = zeta_task * rng.normal(size=d)
+        rng = _sample_stream(rng, seed, c, fresh_samples)
         w = mu + rng.normal(size=(N, d))
         x = np.sqrt(lam) * rng.normal(size=(N, n + 1, d))
         ys = np.einsum("bid,bd->bi", x, w)

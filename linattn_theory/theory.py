@@ -24,13 +24,14 @@ from scipy import optimize
 from ._array import array_namespace, to_numpy
 from .model import Params, _value_matrix, kernel, kernel_gradient_from_moments, loss_and_grad_from_moments
 from .moments import ValueMoments, value_moments, value_objective
-from .tasks import ClientDataset, FederatedDataset, StackedClients, stack_clients
+from .tasks import FederatedDataset, StackedClients, stack_clients
 
 __all__ = [
     "profile_objective",
     "profile_gradient",
     "CentralizedOptimum",
     "centralized_optimum",
+    "frozen_client_map",
     "frozen_stage_map",
     "fedavg_fixed_point",
     "contraction_rate",
@@ -268,16 +269,31 @@ def _check_schedule(eta, E, server_learning_rate=1.0):
         raise ValueError(f"server_learning_rate = {server_learning_rate!r}; expected a number > 0")
 
 
+def frozen_client_map(moments: ValueMoments, eta: float, E: int, lam: float = 0.0):
+    """Each client's ``E`` local steps on ``F_{λ,c}`` as an affine map ``V ↦ M_c V + b_c`` (docs/theory.md §5).
+
+    ``M_c = (I − ηÃ_c)^E`` and ``b_c = Σ_{j<E} (I − ηÃ_c)^j η B_c`` with ``Ã_c = A_c + λI``:
+    the local step ``V ← V − η(Ã_c V − B_c)`` applied ``E`` times from ``V = I`` and ``V = 0``.
+    Array-API (runs on the moments' namespace); returns ``(M, b)`` of shapes ``(m, Hd, Hd)``
+    and ``(m, Hd, p)``.
+    """
+    A, B = moments.A, moments.B
+    xp = array_namespace(A, B)
+    identity = xp.eye(A.shape[-1], dtype=A.dtype)
+    step = identity - eta * (A + lam * identity)                 # (m, Hd, Hd)
+    M = xp.broadcast_to(identity, A.shape)
+    b = xp.zeros_like(B)
+    for _ in range(E):
+        b = xp.matmul(step, b) + eta * B
+        M = xp.matmul(step, M)
+    return M, b
+
+
 def _frozen_map(moments: ValueMoments, eta: float, E: int, lam: float, server_learning_rate: float = 1.0):
     """``(M, b)``: ``M = Σ_c p_c (I − ηÃ_c)^E``, ``b = Σ_c p_c Σ_{j<E} (I − ηÃ_c)^j η B_c`` (with server step)."""
-    A, B, w = moments.A, moments.B, moments.weights
-    n = A.shape[-1]
-    step = np.eye(n) - eta * _ridge(A, lam)                      # (m, Hd, Hd)
-    Mc = np.broadcast_to(np.eye(n), A.shape).copy()
-    bc = np.zeros_like(B)
-    for _ in range(E):                                           # E local steps from V = 0 and V = I
-        bc = step @ bc + eta * B
-        Mc = step @ Mc
+    Mc, bc = frozen_client_map(moments, eta, E, lam)
+    w = moments.weights
+    n = Mc.shape[-1]
     M = np.sum(w[:, None, None] * Mc, axis=0)
     b = np.sum(w[:, None, None] * bc, axis=0)
     s = server_learning_rate
@@ -629,25 +645,21 @@ def warmup_inexactness(config_or_params, clients=None, *, rounds: int | None = N
 def population_value_moments(K, config, samples: int = 4096) -> ValueMoments:
     """Monte-Carlo estimate of the population moments ``E_{D_c}[φφ^T]``, ``E_{D_c}[φ y^T]``, ``E_{D_c}‖y‖²``.
 
-    Fresh samples come from each client's own generator stream beyond its training samples: the
-    task of ``config`` is regenerated with ``samples`` more samples per client (the teacher and
-    every client's distribution are unchanged, which is checked through ``truth``) and only the
-    samples past the training ones are used. They are i.i.d. draws from ``D_c``. Weights are the
-    training ``p_c``. Returns host :class:`~linattn_theory.moments.ValueMoments`.
+    Fresh samples: the task of ``config`` is regenerated with ``samples`` samples per client drawn
+    from the evaluation stream (``fresh_samples=True``), independent of the training
+    samples, while the teacher and every client's distribution are unchanged (checked through
+    ``truth``). Weights are the training ``p_c``. Returns host :class:`~linattn_theory.moments.ValueMoments`.
     """
     from .federated import clients_from_config
+    from .tasks import make_clients
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
         raise ValueError(f"samples = {samples!r}; expected an integer >= 1")
     train = clients_from_config(config)
-    bigger = clients_from_config(config.with_updates(
-        {"task.samples_per_client": config.task.samples_per_client + int(samples)}))
+    options = {k: v for k, v in config.to_dict()["task"].items() if k != "family"}
+    options["samples_per_client"] = int(samples)
+    fresh = make_clients(config.task.family, seed=config.seed, fresh_samples=True, **options)
     for key, value in train.truth.items():
-        if not np.array_equal(value, bigger.truth[key]):
+        if not np.array_equal(value, fresh.truth[key]):
             raise RuntimeError(f"regenerating the task changed truth[{key!r}]; cannot draw fresh samples")
-    fresh = []
-    for c, ((X, q, y), N) in enumerate(zip(bigger, train.sizes)):
-        if X.shape[0] <= N:
-            raise ValueError(f"client {c} got no fresh samples; increase samples (= {samples})")
-        fresh.append(ClientDataset(X[N:], q[N:], y[N:]))
-    data = stack_clients(FederatedDataset(tuple(fresh), train.weights, train.family, train.truth))
+    data = stack_clients(FederatedDataset(fresh.clients, train.weights, train.family, train.truth))
     return _host_moments(_check_kernel(K, data), data)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from linattn_theory import Params, RunConfig, kernel, loss_and_grad_from_moments, simulate
-from linattn_theory.federated import clients_from_config, initial_params
+from linattn_theory.federated import RunState, clients_from_config, initial_params, prepare_run, run_schedule
 from linattn_theory.tasks import stack_clients
 
 SMALL = {"task.num_clients": 4, "task.samples_per_client": 24, "task.tokens": 5, "task.dim": 4,
@@ -159,3 +159,49 @@ def test_hessian_curvature_matches_dense_hessian():
     estimate = hessian_curvature(params, data, ridge=0.1, iterations=200)
     # power iteration converges to the largest |eigenvalue|; 200 iterations suffice here
     np.testing.assert_allclose(estimate, dense, rtol=1e-3)
+
+
+def _states(config):
+    """The run of ``config`` and the :class:`RunState` of every round, from ``on_round``."""
+    data, theta0 = prepare_run(config)
+    states = []
+    result = run_schedule(theta0, data, config.federated, config.warmup_rounds, config.seed,
+                          on_round=states.append)
+    return data, result, states
+
+
+@pytest.mark.parametrize("updates", [
+    {"federated.strategy": "scaffold", "federated.participation": 0.5},
+    {"federated.strategy": "fedavgm", "federated.batch_size": 5},
+    {"federated.strategy": "fedfrozen_scaffold"},
+    {"federated.learning_rate": 0.48, "federated.rounds": 30},     # diverges at round 3
+], ids=["scaffold-partial", "fedavgm-minibatch", "fedfrozen_scaffold", "divergent"])
+def test_run_continued_from_a_round_state_equals_the_uninterrupted_run(updates):
+    config = small_config(**updates)
+    data, whole, states = _states(config)
+    assert [s.round for s in states] == list(range(len(whole.table)))
+    for s in sorted({1, 4, len(states) - 2} & set(range(len(states) - 1))):   # rounds it continued from
+        state = states[s]
+        assert isinstance(state, RunState) and len(state.rows) == s + 1
+        resumed = run_schedule(state.params, data, config.federated, config.warmup_rounds,
+                               config.seed, prefix=state)
+        assert resumed.table.equals(whole.table)
+        for b in ("WQ", "WK", "WV"):
+            np.testing.assert_array_equal(getattr(resumed.params, b), getattr(whole.params, b))
+            np.testing.assert_array_equal(getattr(resumed.warmup_params, b),
+                                          getattr(whole.warmup_params, b))
+        assert resumed.divergence == whole.divergence
+    if "federated.learning_rate" in updates:
+        assert whole.diverged and whole.divergence.round == 3
+
+
+def test_bad_prefix_is_rejected():
+    config = small_config()
+    data, _, states = _states(config)
+    fed, T0 = config.federated, config.warmup_rounds
+    with pytest.raises(ValueError, match="prefix.params"):
+        run_schedule(states[0].params.map(np.copy), data, fed, T0, prefix=states[2])
+    with pytest.raises(ValueError, match="expected the RunState"):
+        run_schedule(states[2].params, data, fed, T0, prefix=states[2].rows)
+    with pytest.raises(ValueError, match="rows 0..round"):
+        run_schedule(states[2].params, data, fed, T0, prefix=states[2]._replace(rows=states[2].rows[:2]))

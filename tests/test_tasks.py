@@ -79,3 +79,15 @@ def test_plain_tuples_are_accepted_and_stacked_with_padding():
 def test_unknown_family_is_rejected():
     with pytest.raises(ValueError, match="unknown"):
         make_clients("vision")
+
+
+@pytest.mark.parametrize("family", ["planted_kernel", "in_context_regression"])
+def test_fresh_samples_share_the_clients_but_not_the_draws(family):
+    train = make_clients(family, seed=4, num_clients=3, samples_per_client=6, dirichlet_alpha=0.7)
+    fresh = make_clients(family, seed=4, num_clients=3, samples_per_client=50, dirichlet_alpha=0.7,
+                         fresh_samples=True)
+    for key in train.truth:
+        np.testing.assert_array_equal(train.truth[key], fresh.truth[key])
+    assert list(fresh.sizes) == [50, 50, 50]
+    for c in range(3):
+        assert not np.isin(train[c].X, fresh[c].X).any()

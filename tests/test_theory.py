@@ -289,3 +289,14 @@ def test_population_moments_come_from_the_same_client_distributions():
     np.testing.assert_allclose(moments.weights, clients.weights)
     training = th._host_moments(K_star, stack_clients(clients))
     assert not np.allclose(training.A, moments.A)     # fresh samples, not the training ones
+
+
+def test_value_moments_record_the_ridge():
+    from linattn_theory import planted_kernel_clients, value_moments
+    clients = planted_kernel_clients(num_clients=2, samples_per_client=8, tokens=4, dim=3, rank=2, seed=0)
+    K = clients.truth["kernel"]
+    plain, ridge = value_moments(K, clients), value_moments(K, clients, 0.3)
+    np.testing.assert_array_equal(plain.A, ridge.A)
+    np.testing.assert_allclose(ridge.A_tilde - plain.A_tilde, 0.3 * np.eye(plain.A.shape[-1])[None].repeat(2, 0))
+    with pytest.raises(ValueError, match="lam"):
+        value_moments(K, clients, -1.0)

@@ -1,0 +1,139 @@
+"""Warm-up sweeps share their prefix and equal the explicit runs (docs/theory.md §3, §5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import linattn_theory.federated as federated
+from linattn_theory import config_from_dict, simulate, stack_clients
+from linattn_theory.model import Params, kernel
+from linattn_theory.moments import value_moments
+from linattn_theory.tasks import planted_kernel_clients
+from linattn_theory.theory import frozen_client_map
+from linattn_theory.warmup_sweep import warmup_sweep
+
+RTOL = 1e-10   # moment-space frozen stage vs per-sample simulation: rounding only
+
+
+def _config(**federated_settings):
+    fed = {"rounds": 7, "warmup_rounds": 0, "local_steps": 3, "learning_rate": 0.05,
+           "ridge": 0.05, "server_learning_rate": 0.8}
+    fed.update(federated_settings)
+    return config_from_dict({"seed": 4, "task": {"num_clients": 4, "samples_per_client": 30,
+                                                  "dirichlet_alpha": 2.0, "zeta_value": 1.0},
+                             "model": {"heads": 2}, "federated": fed})
+
+
+def _assert_same_run(sweep_result, explicit, rtol):
+    a, b = explicit.table, sweep_result.table
+    assert list(a.columns) == list(b.columns)
+    assert list(a["stage"]) == list(b["stage"]) and list(a["round"]) == list(b["round"])
+    assert list(a["participants"]) == list(b["participants"])
+    assert list(a["strategy"]) == list(b["strategy"])
+    numeric = [c for c in a.columns if c not in ("stage", "round", "participants", "strategy")]
+    np.testing.assert_allclose(b[numeric].to_numpy(float), a[numeric].to_numpy(float), rtol=rtol, atol=0)
+    for block in ("WQ", "WK", "WV"):
+        for which in ("params", "warmup_params"):
+            np.testing.assert_allclose(getattr(getattr(sweep_result, which), block),
+                                       getattr(getattr(explicit, which), block), rtol=rtol, atol=0)
+    assert (sweep_result.divergence is None) == (explicit.divergence is None)
+    if explicit.divergence is not None:
+        assert sweep_result.divergence.round == explicit.divergence.round
+        np.testing.assert_allclose([sweep_result.divergence.loss, sweep_result.divergence.stable_learning_rate],
+                                   [explicit.divergence.loss, explicit.divergence.stable_learning_rate],
+                                   rtol=rtol)
+    drop = lambda meta: {k: v for k, v in meta.items() if k != "divergence"}  # noqa: E731
+    assert drop(sweep_result.metadata) == drop(explicit.metadata)
+
+
+@pytest.mark.parametrize("settings", [{}, {"participation": 0.5}], ids=["full", "partial"])
+def test_full_batch_sweep_equals_explicit_runs_at_every_T0(settings):
+    config = _config(**settings)
+    sweep = warmup_sweep(config)
+    assert sorted(sweep) == list(range(config.federated.rounds + 1))
+    for T0, result in sweep.items():
+        explicit = simulate(config.with_updates({"federated.strategy": "fedfrozen",
+                                                 "federated.warmup_rounds": T0}))
+        assert not explicit.diverged
+        _assert_same_run(result, explicit, RTOL)
+        # the frozen stage really froze the kernel at round T0
+        np.testing.assert_array_equal(result.params.WQ, result.warmup_params.WQ)
+
+
+def _count_warmup_gradients(monkeypatch):
+    calls = []
+    original = federated.loss_and_grad_from_moments
+
+    def counting(params, *args, blocks=federated.BLOCKS, **kwargs):
+        if "WQ" in blocks:
+            calls.append(1)
+        return original(params, *args, blocks=blocks, **kwargs)
+
+    monkeypatch.setattr(federated, "loss_and_grad_from_moments", counting)
+    return calls
+
+
+def test_minibatch_sweep_shares_the_prefix_and_is_bit_identical(monkeypatch):
+    config = _config(batch_size=6, participation=0.75)
+    T, E = config.federated.rounds, config.federated.local_steps
+    warmups = [0, 2, 5, T]
+    explicit = {T0: simulate(config.with_updates({"federated.warmup_rounds": T0}))
+                for T0 in warmups}
+    calls = _count_warmup_gradients(monkeypatch)
+    sweep = warmup_sweep(config, warmups)
+    # one warm-up trajectory of max(T0) rounds, not one per T0
+    assert len(calls) == max(warmups) * E < sum(warmups) * E
+    for T0 in warmups:
+        _assert_same_run(sweep[T0], explicit[T0], rtol=0)
+
+
+def test_full_batch_sweep_runs_one_trajectory(monkeypatch):
+    config = _config()
+    calls = _count_warmup_gradients(monkeypatch)
+    warmup_sweep(config)
+    assert len(calls) == config.federated.rounds * config.federated.local_steps
+
+
+def test_diverging_runs_match_explicit_runs():
+    # a large random kernel: the frozen stage at T0 = 0 diverges in round 3, every warm-up in round 1
+    config = config_from_dict({"seed": 1, "task": {"num_clients": 4, "samples_per_client": 30,
+                                                    "dirichlet_alpha": 2.0},
+                               "model": {"heads": 2, "init_scale": 1.5},
+                               "federated": {"rounds": 5, "warmup_rounds": 0, "local_steps": 3,
+                                             "learning_rate": 0.05}})
+    with np.errstate(over="ignore", invalid="ignore"):
+        sweep = warmup_sweep(config)
+        rounds = {}
+        for T0, result in sweep.items():
+            explicit = simulate(config.with_updates({"federated.warmup_rounds": T0}))
+            _assert_same_run(result, explicit, RTOL)
+            rounds[T0] = result.divergence.round
+    assert rounds[0] > 1 and all(rounds[T0] == 1 for T0 in rounds if T0 > 0)
+
+
+def test_frozen_client_map_is_E_local_steps():
+    clients = planted_kernel_clients(num_clients=3, samples_per_client=20, tokens=5, dim=4,
+                                     heads=2, rank=2, outputs=2, seed=3)
+    K = kernel(Params.init(4, 2, 2, heads=2, seed=1))
+    moments = value_moments(K, stack_clients(clients))
+    eta, E, lam = 0.07, 4, 0.2
+    M, b = frozen_client_map(moments, eta, E, lam)
+    n = moments.A.shape[-1]
+    for c in range(3):
+        step = np.eye(n) - eta * (moments.A[c] + lam * np.eye(n))
+        np.testing.assert_allclose(M[c], np.linalg.matrix_power(step, E), rtol=1e-12, atol=1e-14)
+        series = sum(np.linalg.matrix_power(step, j) for j in range(E)) @ (eta * moments.B[c])
+        np.testing.assert_allclose(b[c], series, rtol=1e-12, atol=1e-14)
+
+
+def test_bad_warmups_and_options():
+    config = _config()
+    with pytest.raises(ValueError, match=r"warmups contains 8"):
+        warmup_sweep(config, [0, 8])
+    with pytest.raises(ValueError, match=r"warmups contains -1"):
+        warmup_sweep(config, [-1])
+    with pytest.raises(ValueError, match="frozen_stage"):
+        warmup_sweep(config, frozen_stage="fast")
+    with pytest.raises(ValueError, match="full batches"):
+        warmup_sweep(_config(batch_size=4), frozen_stage="moments")
