@@ -36,6 +36,17 @@ def _run_dirs(out: Path) -> list[Path]:
     return [d for d in dirs if (d / "metadata.json").is_file()]
 
 
+#: integer columns of a run's table; every other numeric column is a float64 measurement
+_INTEGER_COLUMNS = ("round", "participants")
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """A run's ``rounds.csv`` with its dtypes restored (a column of zeros reads back as integers)."""
+    table = pd.read_csv(path)
+    cast = {c: "float64" for c in table.select_dtypes(include="number").columns if c not in _INTEGER_COLUMNS}
+    return table.astype(cast)
+
+
 def _summary(metadata: dict, table: pd.DataFrame, run_id: str) -> dict:
     last = table.iloc[-1]
     div = metadata.get("divergence") or {}
@@ -65,7 +76,7 @@ def load_results(out, *, rounds: bool = False) -> pd.DataFrame:
     summaries, tables = [], []
     for path in _run_dirs(out):
         metadata = json.loads((path / "metadata.json").read_text())
-        table = pd.read_csv(path / "rounds.csv")
+        table = _read_table(path / "rounds.csv")
         run_id = metadata.get("run_id", path.name)
         summaries.append(_summary(metadata, table, run_id))
         if rounds:
@@ -89,7 +100,7 @@ def load_run(out, run_id: str | None = None) -> RunResult:
     if not (path / "metadata.json").is_file():
         raise FileNotFoundError(f"{path}: no finished run here (metadata.json is missing)")
     metadata = json.loads((path / "metadata.json").read_text())
-    table = pd.read_csv(path / "rounds.csv")
+    table = _read_table(path / "rounds.csv")
     with np.load(path / "params.npz") as npz:
         final = Params(*(npz[f"final_{b}"] for b in ("WQ", "WK", "WV")))
         warmup = Params(*(npz[f"warmup_{b}"] for b in ("WQ", "WK", "WV")))

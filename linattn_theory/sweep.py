@@ -17,6 +17,9 @@ Every expanded configuration is validated before any run starts. Run ``i`` is st
 sweep skips those, and a sweep killed at any instant and restarted completes with nothing lost.
 Workers only compute; the calling process writes every file, so the executor (in-process, local
 processes through joblib, or Dask) and the number of workers cannot change the results.
+FedFrozen runs that differ only in the warm-up length ``T0`` form one task and share their
+warm-up trajectory (:func:`~linattn_theory.warmup_sweep.warmup_sweep` with explicit frozen stages:
+the same numbers as separate simulations, bit for bit, at about the cost of the longest run).
 """
 
 from __future__ import annotations
@@ -196,10 +199,41 @@ def is_complete(out, config_or_id) -> bool:
     return (run_dir(out, config_or_id) / "metadata.json").is_file()
 
 
-def _compute(run_id: str, config_dict: dict):
-    """Worker side: simulate one run (nothing is written here); returns ``(run_id, RunResult)``."""
+def _prefix_key(config: RunConfig) -> str | None:
+    """Runs with the same key differ only in ``T0`` and share their warm-up (FedFrozen only)."""
+    if config.federated.strategy != "fedfrozen":
+        return None
+    data = config.to_dict()
+    data["federated"]["warmup_rounds"] = None
+    return json.dumps(data, sort_keys=True)
+
+
+def _tasks(pending: list[tuple[str, RunConfig]]) -> list[list[tuple[str, dict]]]:
+    """Group the pending runs into tasks: FedFrozen runs that differ only in ``T0`` form one task."""
+    groups: dict[str, list] = {}
+    for run_id, config in pending:
+        groups.setdefault(_prefix_key(config) or run_id, []).append((run_id, config.to_dict()))
+    return list(groups.values())
+
+
+def _compute(task: list[tuple[str, dict]]) -> list:
+    """Worker side: simulate one task (nothing is written here); returns ``[(run_id, RunResult)]``.
+
+    A task of several FedFrozen runs shares one warm-up trajectory
+    (:func:`~linattn_theory.warmup_sweep.warmup_sweep` with explicit frozen stages, which gives
+    the same numbers as :func:`~linattn_theory.federated.simulate` bit for bit).
+    """
+    import numpy as np
+
     from .federated import simulate
-    return run_id, simulate(config_from_dict(config_dict))
+    configs = [config_from_dict(data) for _, data in task]
+    with np.errstate(over="ignore", invalid="ignore"):      # divergence is detected and recorded
+        if len(task) == 1:
+            return [(task[0][0], simulate(configs[0]))]
+        from .warmup_sweep import warmup_sweep
+        results = warmup_sweep(configs[0], [c.federated.warmup_rounds for c in configs],
+                               frozen_stage="explicit")
+    return [(run_id, results[c.federated.warmup_rounds]) for (run_id, _), c in zip(task, configs)]
 
 
 def _store(run_id: str, result, out: Path) -> bool:
@@ -232,16 +266,16 @@ def _dask():
     return distributed
 
 
-def _results(executor: str, jobs: list[tuple[str, dict]], workers: int | None, scheduler: str | None):
-    """Yield ``(run_id, RunResult)`` for each job as it finishes (any order)."""
-    if executor == "serial" or not jobs:
-        yield from (_compute(*job) for job in jobs)
+def _results(executor: str, tasks: list, workers: int | None, scheduler: str | None):
+    """Yield ``[(run_id, RunResult)]`` for each task as it finishes (any order)."""
+    if executor == "serial" or not tasks:
+        yield from map(_compute, tasks)
         return
     workers = workers or os.cpu_count() or 1
     if executor == "processes":
         from joblib import Parallel, delayed
         parallel = Parallel(n_jobs=workers, return_as="generator_unordered")
-        yield from parallel(delayed(_compute)(*job) for job in jobs)
+        yield from parallel(delayed(_compute)(task) for task in tasks)
         return
     distributed = _dask()
     cluster = None
@@ -250,7 +284,7 @@ def _results(executor: str, jobs: list[tuple[str, dict]], workers: int | None, s
                                            host="127.0.0.1", dashboard_address=None)
     client = distributed.Client(cluster if cluster is not None else scheduler)
     try:
-        futures = [client.submit(_compute, *job, pure=False) for job in jobs]
+        futures = [client.submit(_compute, task, pure=False) for task in tasks]
         for future in distributed.as_completed(futures):
             yield future.result()
     finally:
@@ -278,18 +312,13 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
     write_json(out / MANIFEST, {"source": sweep.source, "grid": sweep.grid, "base": sweep.base,
                                 "figure": sweep.figure, "runs": ids,
                                 "points": [dict(p) for p in sweep.points]})
-    pending = [(run_id, c.to_dict()) for run_id, c in zip(ids, sweep.configs)
-               if not is_complete(out, run_id)]
+    pending = [(run_id, c) for run_id, c in zip(ids, sweep.configs) if not is_complete(out, run_id)]
     skipped = len(ids) - len(pending)
     diverged = 0
     with tqdm(total=len(ids), initial=skipped, disable=not progress, desc="runs", unit="run") as bar:
-        for run_id, result in _results(executor, pending, workers, scheduler):
-            diverged += _store(run_id, result, out)
-            bar.update()
+        for finished in _results(executor, _tasks(pending), workers, scheduler):
+            for run_id, result in finished:
+                diverged += _store(run_id, result, out)
+                bar.update()
     return SweepSummary(len(ids), skipped, len(pending), diverged, time.perf_counter() - start, out)
 
-
-def manifest(out) -> dict | None:
-    """The ``sweep.json`` of a sweep folder, or ``None``."""
-    path = Path(out) / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,5 +1,6 @@
 """Sweeps: validation before any run, resumption after SIGKILL, identical results on every executor."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from linattn_theory import load_results, load_run, load_sweep
+from linattn_theory import load_results, load_run, load_sweep, simulate
 from linattn_theory.cli import main
 from linattn_theory.config import ConfigError
+from linattn_theory.io import _jsonable
 from linattn_theory.sweep import run_sweep, sweep_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +133,20 @@ def test_bad_executor_options_fail_before_writing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_shared_warmups_equal_separate_simulations(tmp_path):
+    sweep = load_sweep(write(tmp_path, SMALL))      # FedFrozen runs differing in T0 share a warm-up
+    run_sweep(sweep, tmp_path / "out")
+    for config, run_id in zip(sweep.configs, sweep.run_ids):
+        stored, direct = load_run(tmp_path / "out", run_id), simulate(config)
+        pd.testing.assert_frame_equal(stored.table, direct.table, check_exact=True)
+        for block in ("WQ", "WK", "WV"):
+            np.testing.assert_array_equal(getattr(stored.params, block), getattr(direct.params, block))
+            np.testing.assert_array_equal(getattr(stored.warmup_params, block),
+                                          getattr(direct.warmup_params, block))
+        recorded = json.loads(json.dumps(_jsonable(direct.metadata)))
+        assert {k: v for k, v in stored.metadata.items() if k != "run_id"} == recorded
+
+
 def test_diverged_runs_are_recorded(tmp_path):
     data = {"task": {"num_clients": 3, "samples_per_client": 16, "tokens": 4, "dim": 3},
             "federated": {"rounds": 8, "warmup_rounds": 8, "learning_rate": 5.0},
@@ -191,3 +207,12 @@ def test_rerun_skips_finished_runs(tmp_path, capsys):
     assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--executor", "serial", "--quiet"]) == 0
     assert "0 computed, 12 already finished" in capsys.readouterr().out
     assert before == {p: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("runs/*/rounds.csv")}
+
+
+def test_dask_missing_is_a_clear_error_before_writing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "dask", None)          # import dask.distributed now fails
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
+    out = tmp_path / "out"
+    assert main(["sweep", str(write(tmp_path, SMALL)), "--out", str(out), "--executor", "dask"]) == 2
+    assert "pip install 'linattn-theory[dask]'" in capsys.readouterr().err
+    assert not out.exists()
