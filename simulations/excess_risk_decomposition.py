@@ -19,7 +19,6 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd
 
 from linattn_theory import plotting
 from linattn_theory.figures import config_path, figure_sweep, script_main
