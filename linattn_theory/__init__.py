@@ -15,6 +15,8 @@ from .theory import (CentralizedOptimum, centralized_optimum, contraction_rate, 
                      excess_risk_by_warmup, fedavg_fixed_point, frozen_stage_map, population_value_moments,
                      profile_gradient, profile_objective, value_drift_floor, warmup_inexactness)
 from .bound import Recommendation, TradeoffBound, estimate_bound, recommend
+from .results import load_results, load_run
+from .sweep import load_sweep, run_sweep
 from .tasks import (ClientDataset, FederatedDataset, in_context_regression_clients, make_clients,
                     planted_kernel_clients, stack_clients)
 from .warmup_sweep import warmup_sweep
@@ -30,4 +32,5 @@ __all__ = [
     "kernel", "load_config", "loss_and_grad", "loss_and_grad_from_moments", "make_clients",
     "planted_kernel_clients", "predict", "run_schedule", "simulate", "stable_learning_rate",
     "stack_clients", "warmup_sweep",
+    "load_results", "load_run", "load_sweep", "run_sweep",
 ]

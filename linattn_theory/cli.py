@@ -35,6 +35,38 @@ def _simulate(args) -> int:
     return EXIT_OK
 
 
+def _sweep(args) -> int:
+    from .sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.config, quick=args.quick)
+    if args.dry_run:
+        for run_id, point in zip(sweep.run_ids, sweep.points):
+            print(run_id, " ".join(f"{k}={v}" for k, v in point.items()))
+        print(f"{len(sweep)} runs (nothing written)")
+        return EXIT_OK
+    summary = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
+                        scheduler=args.scheduler, progress=not args.quiet)
+    print(f"{summary.total} runs in {summary.out}: {summary.computed} computed, {summary.skipped} "
+          f"already finished, {summary.diverged} diverged ({summary.seconds:.1f} s)")
+    return EXIT_OK
+
+
+def _figures(args) -> int:
+    from .figures import discover, make_figures
+
+    scripts = discover(args.root, only=args.only)
+    if args.list:
+        for name, path in scripts.items():
+            print(f"{name}\t{path}")
+        return EXIT_OK
+    made = make_figures(scripts, args.out, quick=args.quick, executor=args.executor,
+                        workers=args.workers, progress=not args.quiet)
+    for name, (paths, seconds) in made.items():
+        print(f"{name}: {len(paths)} files in {seconds:.1f} s")
+    total = sum(seconds for _, seconds in made.values())
+    print(f"{len(made)} figure scripts, {total:.1f} s in all, written to {args.out}")
+    return EXIT_OK
+
 def _recommend(args) -> int:
     from .bound import recommend_main
 
@@ -86,6 +118,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_simulate)
 
+    p = sub.add_parser("sweep", help="run a grid of simulations in parallel (resumable)",
+                       description="Run every configuration of a sweep file's [grid] (dotted keys -> "
+                                   "lists) and store each run under DIR/runs/<config hash>/; "
+                                   "finished runs are skipped, so an interrupted sweep resumes. "
+                                   "Load the results with linattn_theory.load_results(DIR).")
+    p.add_argument("config", help="sweep TOML: a run config plus a [grid] table")
+    p.add_argument("--out", required=True, help="sweep folder (created if missing)")
+    p.add_argument("--quick", action="store_true", help="apply the file's [quick] overrides")
+    p.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
+    _executor_arguments(p)
+    p.add_argument("--scheduler", default=None,
+                   help="Dask scheduler address (executor dask; default: a local cluster on 127.0.0.1)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_sweep)
+
+    p = sub.add_parser("figures", help="regenerate the figures (simulations/*.py)",
+                       description="Run every figure script of ROOT/simulations (or those named by "
+                                   "--only) and write PNG, PDF and a CSV of the plotted data per figure.")
+    p.add_argument("--out", default="figures", help="output folder (default: figures)")
+    p.add_argument("--root", default=".", help="repository root holding simulations/ (default: .)")
+    p.add_argument("--only", action="append", metavar="NAME",
+                   help="only this figure script (repeatable)")
+    p.add_argument("--quick", action="store_true", help="small grids: the whole set in under two minutes")
+    p.add_argument("--list", action="store_true", help="list the figure scripts and exit")
+    _executor_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_figures)
+
     p = sub.add_parser("recommend", help="recommend the warm-up length T0 from the trade-off bound",
                        description="Estimate the constants of the bound U(T0) on the excess risk "
                                    "(docs/theory.md §6) from the instance, print T0_theory, the curve "
@@ -104,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only one line per derivation")
     p.set_defaults(func=_derive)
     return parser
+
+
+def _executor_arguments(p) -> None:
+    from .sweep import EXECUTORS
+    p.add_argument("--executor", choices=EXECUTORS, default="processes",
+                   help="serial (in-process), processes (joblib, default) or dask")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: one per core)")
 
 
 def _version() -> str:

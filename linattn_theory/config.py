@@ -225,16 +225,20 @@ def config_from_dict(data: dict) -> RunConfig:
     return RunConfig(seed=seed, **sections)
 
 
-def load_config(path) -> RunConfig:
-    """Read and validate a TOML configuration file."""
+def read_toml(path, what: str = "config file") -> dict:
+    """The table of a TOML file; a missing file or invalid TOML is a :class:`ConfigError`."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
-    return config_from_dict(data)
+
+
+def load_config(path) -> RunConfig:
+    """Read and validate a TOML configuration file."""
+    return config_from_dict(read_toml(path))
 
 
 def config_hash(config: RunConfig) -> str:

@@ -1,0 +1,218 @@
+"""Sweeps: validation before any run, resumption after SIGKILL, identical results on every executor."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from linattn_theory import load_results, load_run, load_sweep, simulate
+from linattn_theory.cli import main
+from linattn_theory.config import ConfigError
+from linattn_theory.io import _jsonable
+from linattn_theory.sweep import run_sweep, sweep_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = """
+seed = 0
+[task]
+num_clients = 3
+samples_per_client = 16
+tokens = 4
+dim = 3
+rank = 2
+outputs = 1
+[model]
+rank = 2
+[federated]
+rounds = {rounds}
+warmup_rounds = 3
+local_steps = 2
+learning_rate = 0.02
+"""
+
+SMALL = BASE.format(rounds=6) + """
+[grid]
+"federated.warmup_rounds" = [0, 3, 6]
+"task.zeta_value" = [0.5, 2.0]
+seed = [0, 1]
+"""
+
+
+def write(tmp_path, text, name="sweep.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def assert_same_results(a: Path, b: Path):
+    pd.testing.assert_frame_equal(load_results(a), load_results(b))
+    pd.testing.assert_frame_equal(load_results(a, rounds=True), load_results(b, rounds=True))
+    for run_id in load_results(a)["run_id"]:
+        pa, pb = load_run(a, run_id), load_run(b, run_id)
+        for block in ("WQ", "WK", "WV"):
+            np.testing.assert_array_equal(getattr(pa.params, block), getattr(pb.params, block))
+            np.testing.assert_array_equal(getattr(pa.warmup_params, block), getattr(pb.warmup_params, block))
+
+
+def test_grid_expands_in_order_and_loads_one_row_per_run(tmp_path):
+    sweep = load_sweep(write(tmp_path, SMALL))
+    assert len(sweep) == 12
+    assert [p["federated.warmup_rounds"] for p in sweep.points[:4]] == [0, 0, 0, 0]
+    assert [p["seed"] for p in sweep.points[:4]] == [0, 1, 0, 1]     # last key fastest
+    assert main(["sweep", str(tmp_path / "sweep.toml"), "--out", str(tmp_path / "out"),
+                 "--executor", "serial", "--quiet"]) == 0
+    results = load_results(tmp_path / "out")
+    assert list(results["run_id"]) == sweep.run_ids
+    assert list(results["T0"]) == [p["federated.warmup_rounds"] for p in sweep.points]
+    assert (results["rounds_completed"] == 6).all() and not results["diverged"].any()
+    assert np.isfinite(results["final_loss_regularized"]).all()
+    rounds = load_results(tmp_path / "out", rounds=True)
+    assert len(rounds) == 12 * 7 and set(rounds["run_id"]) == set(sweep.run_ids)
+    # Γ(T0) of the summary is the last row of each run's table
+    last = rounds.groupby("run_id")["cumulative_kernel_drift"].last()
+    np.testing.assert_array_equal(results.set_index("run_id")["cumulative_kernel_drift"], last[results["run_id"]])
+
+
+@pytest.mark.parametrize("config", sorted(p for p in (ROOT / "simulations" / "configs").glob("*.toml")
+                                           if "[grid]" in p.read_text() or "[[grid]]" in p.read_text()),
+                         ids=lambda p: p.stem)
+def test_figure_sweep_configs_are_valid_full_and_quick(config):
+    full, quick = load_sweep(config), load_sweep(config, quick=True)
+    assert len(full) >= 1 and len(quick) >= 1
+    assert len(quick) <= len(full)
+
+
+def test_union_of_grids_quick_overrides_and_duplicates(tmp_path):
+    data = {"federated": {"rounds": 10, "warmup_rounds": 5},
+            "grid": [{"federated.local_steps": [1, 2]}, {"federated.local_steps": [2], "seed": [0, 1]}],
+            "quick": {"federated.rounds": 6, "seed": [3]}}
+    sweep = sweep_from_dict(data)
+    assert [(c.federated.local_steps, c.seed) for c in sweep.configs] == [(1, 0), (2, 0), (2, 1)]
+    quick = sweep_from_dict(data, quick=True)
+    assert [(c.federated.local_steps, c.seed, c.federated.rounds) for c in quick.configs] == \
+        [(1, 0, 6), (2, 0, 6), (2, 3, 6)]
+
+
+@pytest.mark.parametrize("grid, message", [
+    ('"federated.warmup_rounds" = 3', "expected a non-empty list"),
+    ('"federated.warmup_rounds" = []', "expected a non-empty list"),
+    ('"federated.warmup_steps" = [1, 2]', "federated.warmup_steps: unknown key"),
+    ('"optimizer.lr" = [1]', "optimizer: unknown key"),
+    ('"federated.warmup_rounds" = [0, 7]', "warmup_rounds = 7"),          # only one run is invalid
+    ('"federated.learning_rate" = [0.1, -1.0]', "learning_rate = -1.0"),
+    ('"task.zeta_value" = ["big"]', "expected a number"),
+])
+def test_bad_sweep_fails_before_any_run_with_exit_2(tmp_path, capsys, grid, message):
+    path = write(tmp_path, BASE.format(rounds=6) + "[grid]\n" + grid + "\n")
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--executor", "serial"]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_executor_options_fail_before_writing(tmp_path, capsys):
+    path = write(tmp_path, SMALL)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--executor", "serial",
+                 "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    assert main(["sweep", str(path), "--out", str(out), "--workers", "0"]) == 2
+    (tmp_path / "file").write_text("x")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "file"), "--executor", "serial"]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="executor"):
+        run_sweep(load_sweep(path), out, executor="threads")
+    assert not out.exists()
+
+
+def test_shared_warmups_equal_separate_simulations(tmp_path):
+    sweep = load_sweep(write(tmp_path, SMALL))      # FedFrozen runs differing in T0 share a warm-up
+    run_sweep(sweep, tmp_path / "out")
+    for config, run_id in zip(sweep.configs, sweep.run_ids):
+        stored, direct = load_run(tmp_path / "out", run_id), simulate(config)
+        pd.testing.assert_frame_equal(stored.table, direct.table, check_exact=True)
+        for block in ("WQ", "WK", "WV"):
+            np.testing.assert_array_equal(getattr(stored.params, block), getattr(direct.params, block))
+            np.testing.assert_array_equal(getattr(stored.warmup_params, block),
+                                          getattr(direct.warmup_params, block))
+        recorded = json.loads(json.dumps(_jsonable(direct.metadata)))
+        assert {k: v for k, v in stored.metadata.items() if k != "run_id"} == recorded
+
+
+def test_diverged_runs_are_recorded(tmp_path):
+    data = {"task": {"num_clients": 3, "samples_per_client": 16, "tokens": 4, "dim": 3},
+            "federated": {"rounds": 8, "warmup_rounds": 8, "learning_rate": 5.0},
+            "grid": {"federated.learning_rate": [0.01, 5.0]}}
+    run_sweep(sweep_from_dict(data), tmp_path / "out")
+    results = load_results(tmp_path / "out").set_index("federated.learning_rate")
+    assert not results.loc[0.01, "diverged"] and results.loc[0.01, "divergence_round"] == -1
+    assert results.loc[5.0, "diverged"] and 1 <= results.loc[5.0, "divergence_round"] <= 8
+    run = load_run(tmp_path / "out", results.loc[5.0, "run_id"])
+    assert run.diverged and "learning_rate" in run.divergence.message
+
+
+def test_sigkill_mid_sweep_then_rerun_equals_uninterrupted(tmp_path):
+    text = BASE.format(rounds=150) + """
+[grid]
+"federated.warmup_rounds" = [0, 50, 100, 150]
+seed = [0, 1, 2]
+"""
+    path = write(tmp_path, text)
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "linattn_theory", "sweep", str(path), "--out",
+                             str(killed), "--executor", "serial", "--quiet"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(list(killed.glob("runs/*/metadata.json"))) >= 3:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the sweep finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    finished_before = len(list(killed.glob("runs/*/metadata.json")))
+    assert 3 <= finished_before < 12
+    assert main(["sweep", str(path), "--out", str(killed), "--executor", "serial", "--quiet"]) == 0
+    assert len(list(killed.glob("runs/*/metadata.json"))) == 12
+    assert not list(killed.rglob("*.tmp")), "a temporary file survived the resumed sweep"
+    run_sweep(load_sweep(path), clean)
+    assert_same_results(killed, clean)
+
+
+def test_serial_processes_and_dask_give_identical_results(tmp_path):
+    path = write(tmp_path, SMALL)
+    for executor in ("serial", "processes", "dask"):
+        args = ["sweep", str(path), "--out", str(tmp_path / executor), "--executor", executor, "--quiet"]
+        assert main(args + ([] if executor == "serial" else ["--workers", "2"])) == 0
+    assert_same_results(tmp_path / "serial", tmp_path / "processes")
+    assert_same_results(tmp_path / "serial", tmp_path / "dask")
+
+
+def test_rerun_skips_finished_runs(tmp_path, capsys):
+    path = write(tmp_path, SMALL)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--executor", "serial", "--quiet"]) == 0
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("runs/*/rounds.csv")}
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--executor", "serial", "--quiet"]) == 0
+    assert "0 computed, 12 already finished" in capsys.readouterr().out
+    assert before == {p: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("runs/*/rounds.csv")}
+
+
+def test_dask_missing_is_a_clear_error_before_writing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "dask", None)          # import dask.distributed now fails
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
+    out = tmp_path / "out"
+    assert main(["sweep", str(write(tmp_path, SMALL)), "--out", str(out), "--executor", "dask"]) == 2
+    assert "pip install 'linattn-theory[dask]'" in capsys.readouterr().err
+    assert not out.exists()
