@@ -13,7 +13,7 @@ derivation and checked here along the simulated path (:class:`AssumptionCheck`):
 
 * **warm-up** (first term): inexact Polyak–Łojasiewicz descent of ``Φ_λ`` along the FedAvg
   path from a burn-in round ``t_s`` on, ``bias_{t+1} ≤ q bias_t + ε`` with
-  ``q = 1 − 2μEη(1 − LEη/2)`` (PL constant ``μ`` and smoothness ``L`` of ``Φ_λ`` in the factors
+  ``q = 1 − 2μη_sηE(1 − Lη_sηE/2)`` (server step ``η_s``, PL constant ``μ`` and smoothness ``L`` of ``Φ_λ`` in the factors
   ``(W_Q, W_K)``, ``E`` local steps of size ``η``) and per-round inexactness ``ε`` (client
   drift, value lag, factor averaging); unrolled, ``bias(K_t) ≤ b_∞ + (b_s − b_∞) q^{t − t_s}``
   with floor ``b_∞ = ε/(1 − q)`` and ``b_s = bias(K_{t_s})``; before ``t_s`` (the first rounds
@@ -109,7 +109,7 @@ class BoundConstants:
 
     ``b0 = bias(K_0)``; ``burn_in`` ``t_s`` (the inexact-PL recursion is assumed from round ``t_s``
     on), ``b_start = bias(K_{t_s})``, ``burn_in_level = max_{t ≤ t_s} bias(K_t)``; ``b_floor = b_∞``,
-    ``q = 1 − 2μEη(1 − LEη/2)``; ``mu`` (PL constant implied by ``q``), ``L`` (smoothness of ``Φ_λ``
+    ``q = 1 − 2μη_sηE(1 − Lη_sηE/2)`` (``η_s`` the server step); ``mu`` (PL constant implied by ``q``), ``L`` (smoothness of ``Φ_λ``
     along the path from ``t_s`` on, secant estimate), ``epsilon = (1 − q) b_∞`` (per-round inexactness); ``zeta2`` (client dissimilarity ``Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ)‖²``),
     ``curvature_spread2`` (``σ_A² = Σ_c p_c ‖Ã_c − Ã‖₂²``), ``lambda_min`` (of ``Ã``), ``rho``,
     ``tau``, ``drift_floor`` at ``K_{T0_theory}``; ``rho_max``/``tau_max`` over the path;
@@ -654,7 +654,7 @@ def format_recommendation(rec: Recommendation, curve_rows: int | None = None) ->
     names = {"optimum": "Φ*_λ", "b0": "b_0 = bias(K_0)", "burn_in": "t_s (PL assumed from this round)",
              "b_start": "b_s = bias(K_t_s)", "burn_in_level": "max_{t ≤ t_s} bias(K_t)",
              "b_floor": "b_∞ (bias floor)",
-             "q": "q = 1 − 2μEη(1 − LEη/2)", "mu": "μ (PL constant)", "L": "L (smoothness, secant)",
+             "q": "q = 1 − 2μη_sηE(1 − Lη_sηE/2)", "mu": "μ (PL constant)", "L": "L (smoothness, secant)",
              "epsilon": "ε (per-round inexactness)", "zeta2": "ζ² (client dissimilarity at T0_theory)",
              "curvature_spread2": "σ_A² (curvature spread)", "lambda_min": "λ_min(Ã)",
              "rho": "ρ(K_T0_theory)", "tau": "τ (Ã-norm transient)", "drift_floor": "D(K_T0_theory)",

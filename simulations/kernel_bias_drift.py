@@ -4,8 +4,9 @@ Claim (docs/theory.md §4, §6): a longer warm-up buys a better kernel, the bias
 Φ_λ(K_{T0}) − Φ*_λ falls (at first geometrically), while the heterogeneous local steps drift
 apart: the cumulative kernel drift Γ(T0) = Σ_{t<T0} Σ_c p_c ‖K_c^{t,E} − K^{t+1}‖_F² grows with
 T0, faster for more heterogeneous clients, and the bias stops falling. Lines: seed means, bands:
-smallest to largest seed; dashed: the bound's bias term b_∞ + (b_0 − b_∞) q^{T0} (inexact
-Polyak–Łojasiewicz descent, fitted on the FedAvg path; linattn_theory.bound), seed mean.
+smallest to largest seed; dashed: the bound's bias term (linattn_theory.bound, docs/theory.md §6):
+max_{t≤t_s} bias(K_t) before the burn-in round t_s, then b_∞ + (b_s − b_∞) q^{T0−t_s} (inexact
+Polyak–Łojasiewicz descent, constants fitted on the FedAvg path), seed mean.
 
 Config: simulations/configs/tradeoff.toml (the sweep of figure 2).
 Run: python simulations/kernel_bias_drift.py [--quick] [--out figures]
