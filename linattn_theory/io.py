@@ -13,6 +13,12 @@ import numpy as np
 __all__ = ["atomic_write_bytes", "atomic_write_text", "write_json", "write_run"]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path, data: bytes) -> Path:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
     path = Path(path)
@@ -23,6 +29,7 @@ def atomic_write_bytes(path, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

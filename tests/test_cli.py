@@ -138,3 +138,14 @@ def test_derive_runs_every_script_and_fails_on_any_failure(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAIL: derivations/breaks.py" in out and "1 passed, 1 failed" in out
     assert main(["derive", "--root", str(tmp_path), "--only", "nope"]) == 2
+
+
+def test_results_get_the_usual_file_permissions(tmp_path):
+    from linattn_theory.io import atomic_write_text
+    old = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "a" / "x.txt", "hello")
+    finally:
+        os.umask(old)
+    assert path.read_text() == "hello" and (path.stat().st_mode & 0o777) == 0o644
+    assert [p.name for p in path.parent.iterdir()] == ["x.txt"]
