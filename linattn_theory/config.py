@@ -142,6 +142,9 @@ class RunConfig:
         return effective_warmup_rounds(fed.strategy, fed.rounds, fed.warmup_rounds)
 
 
+#: FedAdam's server step is a per-coordinate step size (Reddi et al. 2020): FedAvg's default 1 diverges.
+FEDADAM_MAX_SERVER_STEP = 0.1
+
 SECTIONS = {"task": TaskConfig, "model": ModelConfig, "federated": FederatedConfig}
 
 
@@ -219,6 +222,10 @@ def config_from_dict(data: dict) -> RunConfig:
         raise ConfigError(f"task.{key}: does not apply to family {task.family!r}; "
                           f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
     fed = sections["federated"]
+    if fed.strategy == "fedadam" and fed.server_learning_rate > FEDADAM_MAX_SERVER_STEP:
+        raise ConfigError(f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
+                          f"every coordinate by about this much per round; expected a value <= "
+                          f"{FEDADAM_MAX_SERVER_STEP} for strategy 'fedadam' (e.g. 0.01)")
     if fed.warmup_rounds > fed.rounds:
         raise ConfigError(f"federated.warmup_rounds = {fed.warmup_rounds}: expected a value <= "
                           f"federated.rounds = {fed.rounds}")

@@ -70,6 +70,8 @@ INVALID = {
     "rank below one": (VALID.replace("[model]\nrank = 2", "[model]\nrank = 0"), "model.rank = 0: expected a value >= 1"),
     "participation zero": (VALID + "participation = 0.0\n", "federated.participation = 0.0: expected a value > 0"),
     "participation above one": (VALID + "participation = 1.5\n", "federated.participation = 1.5: expected a value <= 1"),
+    "fedadam with FedAvg's server step": (VALID + 'strategy = "fedadam"\n',
+                                          "federated.server_learning_rate = 1.0: FedAdam"),
     "bad choice": (VALID + 'strategy = "fedsgd"\n', "federated.strategy = 'fedsgd': expected one of"),
     "key of other family": (VALID.replace("[task]", '[task]\nzeta_task = 1.0'), "task.zeta_task: does not apply"),
     "not TOML": ("seed = = 1", "not valid TOML"),
