@@ -9,7 +9,11 @@ on the planted-kernel family at three heterogeneity levels over several seeds, a
   and the rounds to reach the target loss (``strategies_runs.csv``: one row per run);
 - ``figures/strategies.md``: the same as a Markdown table (mean ± standard deviation);
 - ``figures/strategies.png`` / ``.pdf``: final excess risk per strategy and level (mean, bars
-  from the smallest to the largest seed), and excess risk against round at the highest level.
+  from the smallest to the largest seed), and excess risk against round at the highest level,
+  in the shared figure style (linattn_theory.plotting); diverged runs are left out and counted
+  in a note on each panel;
+- ``figures/strategies_plot.csv``: the plotted numbers (mean, min, max and count over seeds, runs
+  left out as diverged), like every figure's ``NAME.csv`` (``strategies.csv`` is the summary).
 
 Definitions. For each (level, seed) the reference loss ``F_ref`` is the lower of (a) a
 centralised reference: ``centralised_steps`` (400) steps of centralised gradient descent on ``F_λ`` (FedAvg with
@@ -30,7 +34,6 @@ Run: ``python simulations/strategies.py [--quick] [--out figures]``.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import time
 import tomllib
@@ -46,15 +49,16 @@ if str(ROOT) not in sys.path:
 from linattn_theory.config import ConfigError, config_from_dict  # noqa: E402
 from linattn_theory.model import Params  # noqa: E402
 from linattn_theory.federated import clients_from_config, simulate  # noqa: E402
-from linattn_theory.io import atomic_write_bytes, atomic_write_text  # noqa: E402
+from linattn_theory import plotting  # noqa: E402
+from linattn_theory.io import atomic_write_text  # noqa: E402
 from linattn_theory.static import static_profile_objective  # noqa: E402
 from linattn_theory.strategies import STRATEGIES  # noqa: E402
 
 CONFIG = Path(__file__).with_name("configs") / "strategies.toml"
 CENTRALISED_STEPS = 400
-# seaborn's colour-blind-safe "colorblind" palette (ten colours)
-COLOURS = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494",
-           "#ece133", "#56b4e9"]
+NAME, PLOT_DATA = "strategies", "strategies_plot"
+#: one marker per strategy, so that the ten colours of the colour-blind palette are not the only cue
+MARKERS = "osD^v<>pXP"
 TOP_LEVEL = {"seeds", "strategies", "target_fraction", "centralised_steps", "base", "levels",
              "overrides", "quick"}
 
@@ -233,54 +237,88 @@ def markdown_table(summary: pd.DataFrame, settings: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict):
-    """Two panels: final excess risk per strategy and level; excess risk against round at the
-    last level. Kept small so that it can adopt the project's shared plotting style."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def comparison_data(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """The plotted numbers: per (level, strategy) the final excess risk over the non-diverged
+    seeds (``panel = "final"``, at the final round), and per (strategy, round) at the last level
+    the excess risk over seeds (``panel = "curve"``); columns mean, min, max, count (seeds) and
+    diverged (runs left out)."""
+    ok, _ = plotting.drop_diverged(runs)
+    diverged = runs.groupby(["level", "strategy"])["diverged"].sum()
+    final = (ok.groupby(["level", "strategy"])["excess_risk"]
+             .agg(["mean", "min", "max", "count"]).reset_index())
+    keys = list(zip(final["level"], final["strategy"]))
+    last_round = curves.groupby(["level", "strategy"])["round"].max()      # the round of F_λ(θ_T)
+    final = final.assign(panel="final", round=[last_round[key] for key in keys],
+                         diverged=[int(diverged[key]) for key in keys])
+    last = settings["levels"][-1]
+    curve = (curves[curves["level"] == last].groupby(["strategy", "round"])["excess_risk"]
+             .agg(["mean", "min", "max", "count"]).reset_index())
+    curve = curve.assign(panel="curve", level=last,
+                         diverged=[int(diverged.get((last, name), 0)) for name in curve["strategy"]])
+    order = {name: i for i, name in enumerate(settings["strategies"])}
+    levels = {level: i for i, level in enumerate(settings["levels"])}
+    table = pd.concat([final, curve], ignore_index=True)
+    table = table.assign(_level=table["level"].map(levels), _strategy=table["strategy"].map(order))
+    table = table.sort_values(["panel", "_level", "_strategy", "round"], ascending=[False, True, True, True])
+    columns = ["panel", "level", "strategy", "round", "mean", "min", "max", "count", "diverged"]
+    return table[columns].reset_index(drop=True)
 
+
+def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict):
+    """``(figure, plotted data)``. Left: final excess risk per strategy and level (mean over seeds,
+    bars from the smallest to the largest seed); right: excess risk against round at the last
+    level (mean over seeds). Diverged runs are left out and counted in a note on each panel."""
     names, levels = settings["strategies"], settings["levels"]
-    colours = dict(zip(names, COLOURS * (len(names) // len(COLOURS) + 1)))
-    markers = dict(zip(names, "osD^v<>pXh*"))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    data = comparison_data(runs, curves, settings)
+    final, curve = data[data["panel"] == "final"], data[data["panel"] == "curve"]
+    colours = dict(zip(names, plotting.palette(len(names))))
+    markers = dict(zip(names, MARKERS * (len(names) // len(MARKERS) + 1)))
+    fig, (left, right) = plotting.figure(2, width=5.2, height=4.3)
     width = 0.8 / len(names)
-    ok = runs[~runs["diverged"]]
     for j, name in enumerate(names):
-        for i, level in enumerate(levels):
-            values = ok[(ok["level"] == level) & (ok["strategy"] == name)]["excess_risk"].to_numpy()
-            if not values.size:
-                continue
-            x = i - 0.4 + (j + 0.5) * width
-            mean = values.mean()
-            left.errorbar(x, mean, yerr=[[mean - values.min()], [values.max() - mean]],
-                          fmt=markers[name], color=colours[name], ms=5, capsize=2,
-                          label=name if i == 0 else None)
-    left.set_yscale("log")
+        rows = final[final["strategy"] == name]
+        x = rows["level"].map(levels.index).to_numpy() - 0.4 + (j + 0.5) * width
+        mean = rows["mean"].to_numpy()
+        left.errorbar(x, mean, yerr=[mean - rows["min"].to_numpy(), rows["max"].to_numpy() - mean],
+                      fmt=markers[name], color=colours[name], markersize=5, capsize=2, linewidth=1.2,
+                      label=plotting.STRATEGY_NAMES.get(name, name))
+    for boundary in np.arange(0.5, len(levels) - 1):
+        left.axvline(boundary, color="0.8", linewidth=0.8)
+    plotting.log_scale(left)
     left.set_xticks(range(len(levels)), [_level_label(level, settings) for level in levels])
+    left.tick_params(axis="x", which="both", length=0)
+    left.grid(False, axis="x")
     left.set_xlabel("heterogeneity level")
     left.set_ylabel(r"final excess risk $F_\lambda(\theta_T) - F_{\mathrm{ref}}$")
-    left.set_title("final excess risk (mean; bars: min–max over seeds)", fontsize=10)
+    left.set_title("after $T$ rounds (mean; bars: min–max over seeds)")
     last = levels[-1]
     for name in names:
-        c = curves[(curves["level"] == last) & (curves["strategy"] == name)]
-        mean = c.groupby("round")["excess_risk"].mean()
-        right.plot(mean.index, np.maximum(mean.to_numpy(), 1e-12), color=colours[name],
-                   marker=markers[name], markevery=max(1, len(mean) // 8), ms=4, lw=1.3)
-    right.set_yscale("log")
-    right.set_xlabel("round t")
-    right.set_ylabel(r"excess risk $F_\lambda(\theta^t) - F_{\mathrm{ref}}$ (mean over seeds)")
-    right.set_title(f"level {_level_label(last, settings)}", fontsize=10)
-    fig.legend(loc="outside right center", fontsize=8, frameon=False)
-    return fig
+        rows = curve[curve["strategy"] == name]
+        if rows.empty:
+            continue
+        # the reference is the best loss reached, so a mean of exactly 0 is floored for the log axis
+        right.plot(rows["round"], np.maximum(rows["mean"].to_numpy(), 1e-12), color=colours[name],
+                   marker=markers[name], markevery=max(1, len(rows) // 8), markersize=4, linewidth=1.3)
+    warmup = runs.loc[runs["strategy"] == "fedfrozen", "warmup_rounds"]
+    if not warmup.empty:
+        plotting.mark_x(right, float(warmup.iloc[0]), r"FedFrozen's warm-up $T_0$", "0.4", linestyle=":")
+    plotting.log_scale(right)
+    right.set_xlabel(plotting.label("round"))
+    right.set_ylabel(r"excess risk $F_\lambda(\theta_t) - F_{\mathrm{ref}}$ (mean over seeds)")
+    right.set_title(f"level {_level_label(last, settings, sep=': ', join=', ')}")
+    handles, labels = left.get_legend_handles_labels()
+    extra, extra_labels = right.get_legend_handles_labels()
+    fig.legend(handles + extra, labels + extra_labels, loc="outside right center", fontsize="small")
+    plotting.note_dropped(left, int(runs["diverged"].sum()))
+    plotting.note_dropped(right, int(runs.loc[runs["level"] == last, "diverged"].sum()))
+    return fig, data
 
 
-def _level_label(level: str, settings: dict) -> str:
+def _level_label(level: str, settings: dict, sep: str = "\n", join: str = "\n") -> str:
     updates = settings["level_updates"].get(level, {})
-    zv, zx = updates.get("task.zeta_value"), updates.get("task.zeta_covariate")
-    if zv is None and zx is None:
-        return level
-    return f"{level}\n$\\zeta_V$={zv:g}, $\\zeta_X$={zx:g}"
+    parts = [f"${symbol} = {updates[key]:g}$" for key, symbol in
+             (("task.zeta_value", r"\zeta_V"), ("task.zeta_covariate", r"\zeta_X")) if key in updates]
+    return level + sep + join.join(parts) if parts else level
 
 
 def make(out_dir="figures", quick: bool = False, config=CONFIG, progress: bool = False) -> dict[str, Path]:
@@ -291,17 +329,14 @@ def make(out_dir="figures", quick: bool = False, config=CONFIG, progress: bool =
     out = Path(out_dir)
     paths = {"csv": out / "strategies.csv", "runs": out / "strategies_runs.csv",
              "markdown": out / "strategies.md", "png": out / "strategies.png",
-             "pdf": out / "strategies.pdf"}
+             "pdf": out / "strategies.pdf", "plot_data": out / f"{PLOT_DATA}.csv"}
     atomic_write_text(paths["csv"], summary.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(paths["runs"], runs.to_csv(index=False, float_format="%.10g"))
     atomic_write_text(paths["markdown"], markdown_table(summary, settings))
-    fig = plot_comparison(runs, curves, settings)
-    for kind in ("png", "pdf"):
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format=kind, dpi=150)
-        atomic_write_bytes(paths[kind], buffer.getvalue())
-    import matplotlib.pyplot as plt
-    plt.close(fig)
+    fig, data = plot_comparison(runs, curves, settings)
+    # strategies.csv is the summary table, so the plotted numbers go to strategies_plot.csv
+    paths["plot_data"], = plotting.save_figure(fig, PLOT_DATA, out, data, formats=())
+    paths["png"], paths["pdf"] = plotting.save_figure(fig, NAME, out)
     return paths
 
 

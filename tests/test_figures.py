@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the figures of issue 4 (docs/theory.md §4–6), by script name
 EXPECTED = {"kernel_bias_drift", "tradeoff", "excess_risk_decomposition", "heatmaps",
             "loss_curves", "drift_scaling", "frozen_stage", "warmup_inexactness"}
+#: every figure drawn in the shared style: issue 4's and the strategy comparison (issue 5)
+STYLED = EXPECTED | {"strategies"}
+#: the CSV of the plotted numbers where NAME.csv is another table (strategies.csv: issue 5's summary)
+PLOT_DATA = {"strategies": "strategies_plot"}
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +33,19 @@ def quick_figures(tmp_path_factory):
 
 def test_every_issue_figure_has_a_script_and_a_config():
     scripts = discover(ROOT)
-    assert EXPECTED <= set(scripts)
-    for name in EXPECTED:
+    assert STYLED <= set(scripts)
+    for name in STYLED:
         source = scripts[name].read_text()
         assert "docs/theory.md §" in source, f"{name}: the docstring must cite the claim it shows"
         assert "simulations/configs/" in source
+        assert "plotting.figure(" in source and "plotting.save_figure(" in source, \
+            f"{name}: draw and save with linattn_theory.plotting (the shared style)"
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(STYLED))
 def test_quick_figure_is_a_valid_image_drawn_from_data(quick_figures, name):
-    png, pdf, csv = (quick_figures / f"{name}.{ext}" for ext in ("png", "pdf", "csv"))
+    png, pdf = (quick_figures / f"{name}.{ext}" for ext in ("png", "pdf"))
+    csv = quick_figures / f"{PLOT_DATA.get(name, name)}.csv"
     assert png.is_file() and pdf.is_file() and csv.is_file()
     assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 5_000
     with Image.open(png) as image:
