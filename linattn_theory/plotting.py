@@ -136,10 +136,11 @@ def drop_diverged(results: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return results[keep], int((~keep).sum())
 
 
-def note_dropped(ax, dropped: int, what: str = "diverged runs") -> None:
+def note_dropped(ax, dropped: int, what: str = "diverged run") -> None:
     """Say on the axes that ``dropped`` runs are not shown (nothing when 0)."""
     if dropped:
-        ax.text(0.99, 0.01, f"{dropped} {what} not shown", transform=ax.transAxes,
+        noun = what if dropped == 1 else f"{what}s"
+        ax.text(0.99, 0.01, f"{dropped} {noun} not shown", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize="small", color="0.35")
 
 
