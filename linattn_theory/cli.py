@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("simulate", help="run one federated simulation from a TOML config",
-                       description="Run one federated simulation (FedAvg or FedFrozen) and write "
+                       description="Run one federated simulation (the strategy of federated.strategy: FedAvg, "
+                                   "FedFrozen or a baseline) and write "
                                    "rounds.csv, params.npz and metadata.json to --out.")
     p.add_argument("config", help="TOML configuration file (see simulations/configs/)")
     p.add_argument("--out", required=True, help="output folder (created if missing)")
