@@ -14,7 +14,8 @@ from .moments import ValueMoments, value_moments, value_objective
 from .theory import (CentralizedOptimum, centralized_optimum, contraction_rate, decompose_excess_risk,
                      excess_risk_by_warmup, fedavg_fixed_point, frozen_stage_map, population_value_moments,
                      profile_gradient, profile_objective, value_drift_floor, warmup_inexactness)
-from .bound import Recommendation, TradeoffBound, estimate_bound, recommend
+from .bound import TradeoffBound, estimate_bound
+from .recommenders import OnlineRule, Recommendation, recommend, run_online
 from .results import load_results, load_run
 from .sweep import load_sweep, run_sweep
 from .tasks import (ClientDataset, FederatedDataset, in_context_regression_clients, make_clients,
@@ -25,7 +26,7 @@ __all__ = [
     "CentralizedOptimum", "Recommendation", "TradeoffBound", "ValueMoments", "centralized_optimum",
     "contraction_rate", "decompose_excess_risk", "estimate_bound", "excess_risk_by_warmup",
     "fedavg_fixed_point", "frozen_stage_map", "population_value_moments", "profile_gradient",
-    "profile_objective", "recommend", "value_drift_floor", "value_moments", "value_objective",
+    "profile_objective", "recommend", "run_online", "OnlineRule", "value_drift_floor", "value_moments", "value_objective",
     "warmup_inexactness",
     "ClientDataset", "ConfigError", "FederatedDataset", "Params", "RunConfig", "RunResult",
     "config_from_dict", "context_second_moment", "features", "get_namespace", "in_context_regression_clients",

@@ -42,19 +42,18 @@ closed-form minimiser of the two-term model (geometric bias, drift floor growing
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from ._array import to_numpy
-from .config import ConfigError, RunConfig, load_config
+from .config import RunConfig
 from .federated import Divergence, clients_from_config, initial_params, run_schedule
 from .model import Params, _value_matrix, kernel
 from .moments import value_moments
 from .tasks import StackedClients, stack_clients
-from .theory import (centralized_optimum, contraction_rate, excess_risk_by_warmup, fedavg_fixed_point,
+from .theory import (centralized_optimum, contraction_rate, fedavg_fixed_point,
                      frozen_stage_map, profile_gradient, profile_objective, value_drift_floor)
 
 __all__ = [
@@ -62,7 +61,6 @@ __all__ = [
     "AssumptionCheck",
     "BoundConstants",
     "TradeoffBound",
-    "Recommendation",
     "WarmupPath",
     "warmup_path",
     "gradient_dissimilarity",
@@ -74,9 +72,6 @@ __all__ = [
     "path_terms",
     "path_optimum",
     "estimate_bound",
-    "recommend",
-    "format_recommendation",
-    "recommend_main",
 ]
 
 #: Exponents of the leading-order value drift floor ``D ∝ η^a (E−1)^b ζ^c`` (derivations/tradeoff.py).
@@ -172,30 +167,6 @@ class TradeoffBound:
     def violated(self) -> list[AssumptionCheck]:
         """The checks that failed on the simulated path."""
         return [c for c in self.checks if not c.holds]
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """What :func:`recommend` returns: the bound, the predicted gain over FedAvg and, when measured,
-    the simulated excess risks ``R(T0_theory)`` and ``R(T)``."""
-
-    config: RunConfig
-    bound: TradeoffBound
-    predicted_gain: float
-    measured: pd.DataFrame | None = None
-
-    @property
-    def T0_theory(self) -> int:
-        """The recommended warm-up ``argmin_{T0} U(T0)``."""
-        return self.bound.T0_theory
-
-    @property
-    def measured_gain(self) -> float | None:
-        """``R(T) − R(T0_theory)`` from the two simulations (``None`` if not measured or diverged)."""
-        if self.measured is None or self.measured["diverged"].any():
-            return None
-        R = self.measured.set_index("warmup_rounds")["excess_risk"]
-        return float(R.loc[self.bound.constants.T] - R.loc[self.T0_theory])
 
 
 # --------------------------------------------------------------------------------------
@@ -436,7 +407,6 @@ def fit_inexact_pl(bias, frozen_bound=None, grid: int = FLOOR_GRID) -> tuple[int
     n = len(b)
     if n < 2:
         return 0, float(max(b[0], 0.0)), 0.0
-    t = np.arange(n, dtype=float)
     frozen = None if frozen_bound is None else np.asarray(frozen_bound, dtype=float)
     best = (np.inf, 0, 0.0, 0.0)
     for s in range(n - 1):
@@ -499,7 +469,7 @@ def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None =
     clients = clients_from_config(config) if clients is None else clients
     path = warmup_path(config, clients) if path is None else path
     fed = config.federated
-    T, eta, E = fed.rounds, fed.learning_rate, fed.local_steps
+    T = fed.rounds
     if path.divergence is not None:
         raise ValueError(f"the FedAvg warm-up path diverged: {path.divergence.message}")
     if optimum is None:
@@ -605,96 +575,3 @@ def _assumption_checks(curve: pd.DataFrame, config: RunConfig, c: BoundConstants
         "(G) interior minimiser of the two-term model: (b_s − b_∞) q^{T−t_s} ln(1/q) < γ < (b_s − b_∞) ln(1/q)",
         interior, float(c.drift_growth), f"γ; closed form T0* = {T0_closed:.4g}"))
     return checks
-
-
-# --------------------------------------------------------------------------------------
-# the recommendation
-# --------------------------------------------------------------------------------------
-def recommend(config: RunConfig, clients=None, *, measure: bool = True, restarts: int = 4) -> Recommendation:
-    """Recommend a warm-up length: ``T0_theory = argmin_{T0} U(T0)`` (docs/theory.md §6).
-
-    Returns a :class:`Recommendation` with the bound (curve, constants, assumption checks), the
-    predicted gain over plain FedAvg ``U(T) − U(T0_theory)`` and, with ``measure``, the simulated
-    excess risks ``R(T0_theory)`` and ``R(T)`` (two runs of
-    :func:`~linattn_theory.theory.excess_risk_by_warmup` against the same ``Φ*_λ``).
-    """
-    clients = clients_from_config(config) if clients is None else clients
-    bound = estimate_bound(config, clients, restarts=restarts)
-    U = bound.U
-    measured = None
-    if measure:
-        warmups = sorted({bound.T0_theory, config.federated.rounds})
-        measured = excess_risk_by_warmup(config, warmups, clients, optimum=bound.constants.optimum)
-    return Recommendation(config, bound, float(U[-1] - U[bound.T0_theory]), measured)
-
-
-def format_recommendation(rec: Recommendation, curve_rows: int | None = None) -> str:
-    """A plain-text report: the recommendation, the predicted (and measured) gain, the constants,
-    the assumption checks and the bound curve ``U(T0)`` for ``T0 = 0..T``."""
-    b, c = rec.bound, rec.bound.constants
-    cfg = rec.config
-    U = b.U
-    lines = [
-        f"instance: {cfg.task.family}, {cfg.task.num_clients} clients, T = {c.T} rounds, "
-        f"E = {c.local_steps}, η = {c.eta:g}, λ = {c.lam:g}, seed = {cfg.seed}",
-        f"recommended warm-up  T0_theory = {b.T0_theory}  (argmin of U over 0..{c.T}; closed form of the "
-        f"two-term model: {b.T0_closed_form:.1f})",
-        f"bound at T0_theory   U = {U[b.T0_theory]:.6g}",
-        f"bound for FedAvg     U(T) = {U[-1]:.6g}",
-        f"predicted gain over FedAvg  U(T) − U(T0_theory) = {rec.predicted_gain:.6g}",
-    ]
-    if rec.measured is not None:
-        m = rec.measured.set_index("warmup_rounds")
-        if m["diverged"].any():
-            lines.append("measured: a run diverged: " + "; ".join(m.loc[m["diverged"], "message"]))
-        else:
-            lines.append(f"measured  R(T0_theory) = {m.loc[b.T0_theory, 'excess_risk']:.6g}, "
-                         f"R(T) = {m.loc[c.T, 'excess_risk']:.6g}, measured gain = {rec.measured_gain:.6g}")
-    lines.append("constants:")
-    names = {"optimum": "Φ*_λ", "b0": "b_0 = bias(K_0)", "burn_in": "t_s (PL assumed from this round)",
-             "b_start": "b_s = bias(K_t_s)", "burn_in_level": "max_{t ≤ t_s} bias(K_t)",
-             "b_floor": "b_∞ (bias floor)",
-             "q": "q = 1 − 2μη_sηE(1 − Lη_sηE/2)", "mu": "μ (PL constant)", "L": "L (smoothness, secant)",
-             "epsilon": "ε (per-round inexactness)", "zeta2": "ζ² (client dissimilarity at T0_theory)",
-             "curvature_spread2": "σ_A² (curvature spread)", "lambda_min": "λ_min(Ã)",
-             "rho": "ρ(K_T0_theory)", "tau": "τ (Ã-norm transient)", "drift_floor": "D(K_T0_theory)",
-             "rho_max": "max_t ρ(K_t)", "tau_max": "max_t τ", "drift_growth": "γ (drift-floor growth/round)",
-             "drift_floor_initial": "D(K_0)"}
-    for key, label in names.items():
-        lines.append(f"  {label:<44s} {getattr(c, key):.6g}")
-    lines.append("assumptions (checked along the simulated FedAvg path):")
-    for check in b.checks:
-        flag = "ok " if check.holds else "VIOLATED"
-        lines.append(f"  [{flag}] {check.name}: {check.measured:.4g} ({check.detail})")
-    lines.append("bound curve:")
-    lines.append(f"  {'T0':>4s} {'U':>12s} {'bias bound':>12s} {'frozen bound':>12s}")
-    rows = b.curve if curve_rows is None else b.curve.iloc[np.unique(np.linspace(0, c.T, curve_rows).astype(int))]
-    for _, r in rows.iterrows():
-        mark = "  <- T0_theory" if int(r["round"]) == b.T0_theory else ""
-        lines.append(f"  {int(r['round']):4d} {r['U']:12.6g} {r['bias_bound']:12.6g} {r['frozen_bound']:12.6g}{mark}")
-    return "\n".join(lines)
-
-
-def recommend_main(config_path_or_config, out=None, *, measure: bool = True) -> int:
-    """Entry point for ``linattn recommend CONFIG.toml``: print the recommendation report.
-
-    ``out`` defaults to ``sys.stdout``. Returns the exit status: 0 on success, 2 for an invalid
-    configuration (message on stderr, nothing printed to ``out``), 3 when the FedAvg warm-up path
-    diverges.
-    """
-    out = sys.stdout if out is None else out
-    try:
-        config = (config_path_or_config if isinstance(config_path_or_config, RunConfig)
-                  else load_config(config_path_or_config))
-    except ConfigError as err:
-        print(f"linattn recommend: invalid configuration: {err}", file=sys.stderr)
-        return 2
-    try:
-        rec = recommend(config, measure=measure)
-    except ValueError as err:
-        if "diverged" in str(err):
-            print(f"linattn recommend: {err}", file=sys.stderr)
-            return 3
-        raise
-    print(format_recommendation(rec), file=out)
-    return 0

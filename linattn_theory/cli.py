@@ -68,9 +68,10 @@ def _figures(args) -> int:
     return EXIT_OK
 
 def _recommend(args) -> int:
-    from .bound import recommend_main
+    from .cli_recommend import recommend_main
 
-    return recommend_main(args.config, measure=not args.no_measure)
+    return recommend_main(args.config, mode=args.mode, measure=not args.no_measure,
+                          pilot_rounds=args.pilot_rounds, transfer_seeds=args.transfer_seeds)
 
 
 def _derive(args) -> int:
@@ -147,14 +148,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_figures)
 
-    p = sub.add_parser("recommend", help="recommend the warm-up length T0 from the trade-off bound",
-                       description="Estimate the constants of the bound U(T0) on the excess risk "
-                                   "(docs/theory.md §6) from the instance, print T0_theory, the curve "
-                                   "U(T0) for T0 = 0..T, the constants, each assumption's check and "
-                                   "the predicted (and measured) gain over plain FedAvg.")
+    p = sub.add_parser("recommend", help="recommend the warm-up length T0 (causal by default)",
+                       description="Recommend a warm-up length T0 from a named information set "
+                                   "(docs/theory.md §8): online (default; a causal rule that runs with "
+                                   "the training and freezes when more warm-up no longer pays), pilot "
+                                   "(the bound U(T0) fitted on the first T/4 rounds), transfer (the "
+                                   "bound's T0 on other seeds) or a_posteriori (the bound fitted on the "
+                                   "whole path it is judged on: descriptive, not a prediction). Prints "
+                                   "what the recommendation used, violated assumptions first, and the "
+                                   "measured excess risk against plain FedAvg.")
     p.add_argument("config", help="TOML configuration file")
+    p.add_argument("--mode", choices=("online", "pilot", "transfer", "a_posteriori"), default="online",
+                   help="information set of the recommendation (default: online)")
+    p.add_argument("--pilot-rounds", type=int, default=None, metavar="T_P",
+                   help="pilot rounds (mode pilot; default T/4, at most T/4)")
+    p.add_argument("--transfer-seeds", type=int, nargs="+", default=None, metavar="SEED",
+                   help="seeds of the same setting to transfer from (mode transfer; default the three "
+                        "seeds after the config's seed; never the config's own seed)")
     p.add_argument("--no-measure", action="store_true",
-                   help="skip the explicit FedFrozen runs that measure R(T0_theory) and R(T)")
+                   help="skip the explicit runs that measure R(recommended) and R(T)")
     p.set_defaults(func=_recommend)
 
     p = sub.add_parser("derive", help="run the sympy derivations and report PASS/FAIL",

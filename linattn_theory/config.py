@@ -93,6 +93,8 @@ class FederatedConfig:
     server_learning_rate: float = _spec(1.0, low=0.0, low_open=True, doc="server step on the mean delta")
     ridge: float = _spec(0.0, low=0.0, doc="value-block ridge λ")
     prox_mu: float = _spec(0.1, low=0.0, doc="FedProx proximal weight μ (fedprox, fedfrozen_fedprox)")
+    adaptive_window: int = _spec(5, low=1, doc="fedfrozen_adaptive: rounds w of the R_freeze trend (docs/theory.md §8)")
+    adaptive_horizon: int = _spec(3, low=1, doc="fedfrozen_adaptive: rounds h of warm-up whose gain and cost are compared")
     server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
                                    doc="FedAvgM server momentum β (fedavgm)")
     server_beta1: float = _spec(0.9, low=0.0, high=1.0, high_open=True,

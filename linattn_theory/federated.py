@@ -191,6 +191,11 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     cache-sized chunks of clients on the CPU when the round does not fit in cache, one chunk
     on a GPU, :func:`~linattn_theory.backend.resolve_max_bytes`); results do not depend on it.
     """
+    if config.federated.strategy == "fedfrozen_adaptive":
+        if frozen_features is not None:
+            raise ValueError("frozen_features: not supported by fedfrozen_adaptive")
+        from .recommenders import run_online
+        return run_online(config, clients, params=params, max_bytes=max_bytes, progress=progress).result
     data, params = prepare_run(config, clients, params)
     max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,

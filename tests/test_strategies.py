@@ -275,9 +275,10 @@ def test_every_strategy_is_deterministic_and_freezes_exactly(name):
     pd.testing.assert_frame_equal(a.table, b.table, check_exact=True)
     assert set(a.table["strategy"]) == {name} and a.metadata["strategy"] == name
     config = strategy_config(name)
-    T0 = config.warmup_rounds
+    T0 = a.metadata["stop_round"] if name == "fedfrozen_adaptive" else config.warmup_rounds
     frozen = {"fedfrozen": ("WQ", "WK"), "random_kernel": ("WQ", "WK"), "fedfrozen_fedprox": ("WQ", "WK"),
-              "fedfrozen_scaffold": ("WQ", "WK"), "value_frozen": ("WV",)}.get(name, ())
+              "fedfrozen_scaffold": ("WQ", "WK"), "value_frozen": ("WV",),
+              "fedfrozen_adaptive": ("WQ", "WK")}.get(name, ())
     for block in frozen:
         assert np.array_equal(getattr(a.params, block), getattr(a.warmup_params, block))
     stages = list(a.table["stage"].iloc[1:])
@@ -288,8 +289,9 @@ def test_every_strategy_is_deterministic_and_freezes_exactly(name):
         assert T0 == 0 and np.array_equal(a.params.WQ, init.WQ) and np.array_equal(a.params.WK, init.WK)
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", sorted(set(STRATEGIES) - {"fedfrozen_adaptive"}))
 def test_every_strategy_runs_unchanged_under_array_api_strict(name):
+    # fedfrozen_adaptive is a driver of run_schedule (recommenders.run_online), not a round rule
     xps = pytest.importorskip("array_api_strict")
     config = strategy_config(name, rounds=3, warmup_rounds=1, participation=0.5)
     clients = clients_from_config(config)

@@ -1,7 +1,6 @@
 """The bias–drift trade-off bound against simulations (docs/theory.md §6, derivations/tradeoff.py)."""
 
 import importlib.util
-import io
 import math
 from pathlib import Path
 
@@ -10,7 +9,6 @@ import pytest
 
 from linattn_theory import bound as tb
 from linattn_theory.config import FederatedConfig, config_from_dict
-from linattn_theory.config import load_config
 from linattn_theory.federated import (clients_from_config, run_schedule, simulate, stable_learning_rate,
                                      value_curvature)
 from linattn_theory.model import Params
@@ -197,42 +195,3 @@ def test_leading_order_drift_floor_converges_to_the_simulated_one(drift_runs):
     assert errors[0] < 0.1
     assert errors[0] < errors[1] < errors[2]
     assert errors[1] / errors[0] == pytest.approx(2.0, rel=0.35)          # first order in η
-
-
-# ------------------------------------------------------------------ the recommendation entry point
-def test_recommend_main_prints_the_report(tmp_path):
-    text = """seed = 0
-[task]
-family = "planted_kernel"
-num_clients = 3
-samples_per_client = 20
-tokens = 5
-dim = 3
-rank = 2
-outputs = 2
-zeta_value = 1.0
-zeta_covariate = 0.5
-[model]
-rank = 2
-[federated]
-strategy = "fedfrozen"
-rounds = 8
-warmup_rounds = 2
-local_steps = 4
-learning_rate = 0.02
-"""
-    path = tmp_path / "run.toml"
-    path.write_text(text)
-    out = io.StringIO()
-    assert tb.recommend_main(path, out=out) == 0
-    report = out.getvalue()
-    rec = tb.recommend(load_config(path))
-    assert f"T0_theory = {rec.T0_theory}" in report
-    assert "predicted gain over FedAvg" in report and "measured" in report and "assumptions" in report
-    assert sum(line.strip().startswith(tuple(f"{t} " for t in range(9))) for line in report.splitlines()) >= 9
-    assert rec.predicted_gain == pytest.approx(rec.bound.U[-1] - rec.bound.U[rec.T0_theory])
-    assert rec.measured_gain is not None
-    bad = tmp_path / "bad.toml"
-    bad.write_text(text.replace("rounds = 8", "rounds = 8\nwarmup_round = 2"))
-    out = io.StringIO()
-    assert tb.recommend_main(bad, out=out) == 2 and out.getvalue() == ""

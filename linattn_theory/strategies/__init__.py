@@ -16,6 +16,8 @@ are chosen by name in configs (``federated.strategy``):
 ``fedadam``          FedAdam (Reddi et al. 2020): server Adam
 ``fedfrozen_fedprox``   FedFrozen with FedProx in the frozen stage
 ``fedfrozen_scaffold``  FedFrozen with SCAFFOLD in the frozen stage
+``fedfrozen_adaptive``  FedFrozen whose warm-up length a causal rule chooses during training
+                        (:func:`linattn_theory.recommenders.run_online`, docs/theory.md §8)
 ==================== ===================================================================
 """
 
@@ -38,6 +40,7 @@ STRATEGIES = {
     "fedadam": fedadam.strategy,
     "fedfrozen_fedprox": fedfrozen.fedfrozen_fedprox,
     "fedfrozen_scaffold": fedfrozen.fedfrozen_scaffold,
+    "fedfrozen_adaptive": fedfrozen.adaptive,
 }
 
 # strategies whose schedule changes at the configured warm-up length T0
@@ -46,7 +49,8 @@ _WARMUP_STRATEGIES = ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfroz
 
 def effective_warmup_rounds(strategy: str, rounds: int, warmup_rounds: int) -> int:
     """The round ``T0`` at which ``strategy`` freezes a block: ``warmup_rounds`` for the
-    FedFrozen family, ``0`` for ``random_kernel``, ``T = rounds`` (never) for the others."""
+    FedFrozen family, ``0`` for ``random_kernel``, ``T = rounds`` (never) for the others
+    (``fedfrozen_adaptive`` chooses its ``T0`` during the run: its metadata's ``kernel_round``)."""
     if strategy == "random_kernel":
         return 0
     return warmup_rounds if strategy in _WARMUP_STRATEGIES else rounds

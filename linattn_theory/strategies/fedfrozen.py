@@ -16,7 +16,7 @@ from __future__ import annotations
 from . import fedprox, scaffold
 from .base import Strategy, freeze_after, local_sgd, server_sgd
 
-__all__ = ["NAME", "strategy", "random_kernel", "fedfrozen_fedprox", "fedfrozen_scaffold"]
+__all__ = ["NAME", "strategy", "random_kernel", "fedfrozen_fedprox", "fedfrozen_scaffold", "adaptive"]
 
 NAME = "fedfrozen"
 FROZEN = ("WV",)
@@ -45,3 +45,14 @@ def fedfrozen_scaffold(fed, warmup_rounds: int) -> Strategy:
     return Strategy("fedfrozen_scaffold", freeze_after(warmup_rounds, FROZEN),
                     scaffold.control_variates(start=warmup_rounds),
                     server_sgd(fed.server_learning_rate))
+
+
+def adaptive(fed, warmup_rounds: int | None = None) -> Strategy:
+    """``fedfrozen_adaptive`` has no fixed schedule: its rule decides during the run.
+
+    Run it through :func:`~linattn_theory.federated.simulate` (which hands it to
+    :func:`linattn_theory.recommenders.run_online`); the round engine alone cannot run it.
+    """
+    raise ValueError("federated.strategy = 'fedfrozen_adaptive' decides when to freeze during the "
+                     "run: use simulate() or linattn_theory.recommenders.run_online(), not "
+                     "run_schedule()")

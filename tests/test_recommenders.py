@@ -1,0 +1,216 @@
+"""Recommenders with named information sets (docs/theory.md §8) and their regret score."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from linattn_theory.cli_recommend import recommend_main
+from linattn_theory.config import config_from_dict
+from linattn_theory.federated import clients_from_config, prepare_run, run_schedule, simulate
+from linattn_theory.recommenders import (MODES, OnlineRule, freeze_forecast, online_decision, recommend,
+                                         run_online)
+from linattn_theory.regret import best_warmup, is_u_shaped, regret
+
+SMALL = {"seed": 3,
+         "task": {"family": "planted_kernel", "num_clients": 3, "samples_per_client": 20, "tokens": 5,
+                  "dim": 3, "rank": 2, "outputs": 2, "zeta_value": 2.0, "zeta_covariate": 0.5},
+         "model": {"rank": 2},
+         "federated": {"strategy": "fedfrozen", "rounds": 8, "warmup_rounds": 2, "local_steps": 4,
+                       "learning_rate": 0.01, "ridge": 0.01}}
+
+
+@pytest.fixture(scope="module")
+def small():
+    config = config_from_dict(SMALL)
+    return config, clients_from_config(config)
+
+
+# ----------------------------------------------------------------- the forecast vs the simulator
+@pytest.mark.parametrize("server_learning_rate", [1.0, 0.5])
+def test_freeze_forecast_equals_simulated_frozen_stage(small, server_learning_rate):
+    """``F_λ(K_s, V_T)`` from the affine map (§5) equals an explicit frozen stage of k rounds.
+
+    The simulator runs local gradient steps on the samples; the forecast uses only the value
+    moments and ``M = Q diag(μ) Qᵀ``. Agreement to 1e-10 relative (float64 rounding over ≤ 12
+    rounds of E = 4 steps) is far below the 1e-3 a wrong power of ``M`` or a dropped server step
+    would leave.
+    """
+    config, clients = small
+    config = config.with_updates({"federated.server_learning_rate": server_learning_rate})
+    fed = config.federated
+    data, theta = prepare_run(config, clients)
+    states = []
+    run_schedule(theta, data, dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=3, rounds=3), 3,
+                 config.seed, on_round=states.append)
+    for s in (0, 3):
+        forecast = freeze_forecast(states[s].params, data, fed, s)
+        for k in (1, 5, 12):
+            frozen = dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=0, rounds=k)
+            run = run_schedule(states[s].params, data, frozen, 0, config.seed)
+            simulated = float(run.table["loss_regularized"].iloc[-1])
+            assert forecast.final_objective(k) == pytest.approx(simulated, rel=1e-10)
+        assert forecast.final_objective(0) == pytest.approx(float(states[s].rows[-1]["loss_regularized"]),
+                                                            rel=1e-10)
+        ks = np.array([1, 5, 12])
+        np.testing.assert_allclose(forecast.final_objective(ks), [forecast.final_objective(k) for k in ks],
+                                   rtol=1e-13)
+
+
+def test_adaptive_run_realises_its_forecast_and_equals_fedfrozen(small):
+    """The adaptive strategy's final loss is the rule's forecast; without roll-back it is the
+    FedFrozen run of the same T0 bit for bit; ``simulate`` dispatches to it."""
+    config, clients = small
+    config = config.with_updates({"federated.rounds": 24, "federated.strategy": "fedfrozen_adaptive",
+                                  "federated.adaptive_window": 2, "federated.adaptive_horizon": 1})
+    online = run_online(config, clients)
+    final = float(online.result.table["loss_regularized"].iloc[-1])
+    assert final == pytest.approx(online.predicted_objective, rel=1e-10)
+    assert len(online.result.table) == 25 and online.result.metadata["stop_round"] == online.stop_round
+    assert online.decisions["stop"].tolist() == [False] * online.stop_round + [True]
+    again = simulate(config, clients)
+    assert again.table["loss_regularized"].iloc[-1] == final
+    if online.kernel_round == online.stop_round:
+        fixed = simulate(config.with_updates({"federated.strategy": "fedfrozen",
+                                              "federated.warmup_rounds": online.kernel_round}), clients)
+        assert fixed.table["loss_regularized"].iloc[-1] == final
+
+
+def test_run_online_decides_from_the_past_only(small):
+    """Each recorded decision is what the rule says on the forecasts of rounds ≤ t of the path."""
+    config, clients = small
+    config = config.with_updates({"federated.rounds": 24})
+    rule = OnlineRule(window=2, horizon=1)
+    online = run_online(config, clients, rule)
+    data, theta = prepare_run(config, clients)
+    states = []
+    fed = config.federated
+    run_schedule(theta, data, dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=24), 24,
+                 config.seed, on_round=states.append)
+    forecasts = [freeze_forecast(st.params, data, fed, st.round) for st in states]
+    for t, row in online.decisions.iterrows():
+        decision = online_decision(forecasts[:t + 1], 24, 2, 1)
+        assert (decision.stop, decision.kernel_round) == (row["stop"], row["kernel_round"])
+
+
+# ----------------------------------------------------------------- the rule on designed histories
+class _Fake:
+    """A forecast whose final objective is ``level + penalty(k)`` (a stand-in for FreezeForecast)."""
+
+    def __init__(self, round_, level, slope=0.0):
+        self.round, self.level, self.slope = round_, level, slope
+
+    def final_objective(self, k):
+        return self.level + self.slope / (1.0 + np.asarray(k, dtype=float))
+
+
+def _decide(levels, T, **kw):
+    return online_decision([_Fake(t, v, 0.01) for t, v in enumerate(levels)], T, **kw)
+
+
+def test_rule_waits_out_the_saddle_plateau():
+    """R_freeze flat then rising (the saddle, §8): a rule without the escape guard would stop."""
+    plateau = [1.0, 1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06]
+    decision = _decide(plateau, 40, window=3, horizon=2)
+    assert not decision.stop and "saddle" in decision.reason
+
+
+def test_rule_continues_in_descent_and_stops_when_it_turns():
+    descent = [1.0 - 0.05 * t for t in range(12)]
+    assert not _decide(descent, 40, window=3, horizon=2).stop
+    turned = descent + [descent[-1] + 0.02 * i for i in range(1, 5)]
+    decision = _decide(turned, 40, window=3, horizon=2)
+    assert decision.stop and decision.kernel_round == 11          # rolled back to the best kernel
+
+
+def test_rule_at_the_budget_is_fedavg_and_rejects_bad_settings():
+    decision = _decide([1.0, 0.9, 0.8], 2)
+    assert decision.stop and decision.kernel_round == 2
+    with pytest.raises(ValueError, match="window"):
+        OnlineRule(window=0)
+    with pytest.raises(ValueError, match="forecasts"):
+        _decide([1.0] * 5, 3)
+
+
+# ----------------------------------------------------------------- the recommenders
+@pytest.mark.parametrize("mode", MODES)
+def test_recommend_names_its_information_set(small, mode):
+    config, clients = small
+    kwargs = {"transfer_seeds": [4]} if mode == "transfer" else {}
+    rec = recommend(config, clients if mode != "transfer" else None, mode=mode, measure=(mode == "online"),
+                    restarts=1, **kwargs)
+    T = config.federated.rounds
+    assert rec.mode == mode and 0 <= rec.T0_theory <= T
+    assert rec.descriptive == (mode == "a_posteriori")
+    word = {"online": "causal", "pilot": "pilot", "transfer": "transfer", "a_posteriori": "a posteriori"}[mode]
+    assert rec.information.startswith(word)
+    if mode == "pilot":
+        assert rec.T0_theory >= rec.details["pilot_rounds"]
+    if mode == "online":
+        m = rec.measured.set_index("run")
+        assert m.loc["recommended", "excess_risk"] == pytest.approx(
+            rec.details["predicted_objective"] - m.loc["recommended", "optimum"], rel=1e-9)
+
+
+def test_recommend_refuses_leaking_information(small):
+    config, clients = small
+    with pytest.raises(ValueError, match="own seed"):
+        recommend(config, mode="transfer", transfer_seeds=[config.seed], measure=False)
+    with pytest.raises(ValueError, match="T/4"):
+        recommend(config, clients, mode="pilot", pilot_rounds=3, measure=False)
+    with pytest.raises(ValueError, match="mode"):
+        recommend(config, clients, mode="oracle")
+
+
+def test_recommend_command_labels_the_fit_descriptive(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(_toml(SMALL))
+    out = io.StringIO()
+    assert recommend_main(path, out=out, mode="a_posteriori", measure=False) == 0
+    report = out.getvalue()
+    assert "A POSTERIORI FIT (descriptive)" in report and "mode: a_posteriori" in report
+    out = io.StringIO()
+    assert recommend_main(path, out=out, measure=False) == 0
+    assert "mode: online" in out.getvalue() and "descriptive" not in out.getvalue()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(_toml(SMALL).replace("rounds = 8", "rounds = 8\nwarmup_round = 2"))
+    out = io.StringIO()
+    assert recommend_main(bad, out=out) == 2 and out.getvalue() == ""
+
+
+def _toml(data: dict) -> str:
+    lines = [f"seed = {data['seed']}"]
+    for section in ("task", "model", "federated"):
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {v!r}".replace("'", '"') for k, v in data[section].items()]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------- regret
+def test_regret_helpers():
+    R = np.array([3.0, 1.0, 1.0, 2.0, np.inf])
+    assert best_warmup(R) == 1
+    assert regret(2.0, R) == pytest.approx(1.0)
+    assert regret(np.inf, R) == np.inf
+    assert is_u_shaped([2.0, 1.0, 2.0]) and not is_u_shaped([2.0, 1.5, 1.0])
+    assert not is_u_shaped([1.04, 1.0, 1.2])        # an end within 5 % of the best is not a clear U
+
+
+def test_quoted_regret_table_is_the_committed_one():
+    """docs/theory.md §8 quotes the evaluation table; it must be the one the committed scores give."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("predictive_regret", root / "benchmarks" / "predictive_regret.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    scores = pd.read_csv(root / "figures" / "predictive_regret.csv")
+    table = bench.markdown(bench.summary(scores), scores)
+    assert (root / "figures" / "predictive_regret.md").read_text() == table
+    docs = (root / "docs" / "theory.md").read_text()
+    assert table.strip() in docs
