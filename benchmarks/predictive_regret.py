@@ -21,9 +21,10 @@ each recommender is scored by its regret ``R(T0_rec)/R(T0_best) − 1``:
   ``T0`` of the next evaluation seed of the same setting).
 
 Per-instance records are cached as JSON (atomic writes) under ``--cache``: an interrupted run
-resumes, and a second run only re-tabulates. Results: ``<out>/predictive_regret.csv`` (a row per
-instance and recommender), ``<out>/predictive_regret_summary.csv`` and ``.md``, and the figure
-``<out>/predictive_regret.png`` (+ PDF).
+resumes, and a second run only re-tabulates. Results in ``<out>``: ``predictive_regret_scores.csv``
+(a row per instance and recommender), ``predictive_regret_summary.csv``, ``predictive_regret_design.csv``
+(candidate online rules on the design set), ``predictive_regret.md`` (the tables) and the figure
+``predictive_regret.png`` (+ PDF, and ``predictive_regret.csv`` with its plotted numbers).
 
 Run:  python benchmarks/predictive_regret.py [--quick] [--workers 2] [--out figures]
 """
@@ -284,10 +285,12 @@ def summary(scores: pd.DataFrame) -> pd.DataFrame:
             if len(r) == 0:
                 continue
             boot = np.median(rng.choice(r, size=(2000, len(r))), axis=1)
+            order = dict(method="higher")     # order statistics: a diverged run (regret ∞) stays ∞
             rows.append({"set": name, "recommender": rec, "subset": subset, "instances": len(r),
-                         "median": np.median(r), "median_low": np.percentile(boot, 2.5),
-                         "median_high": np.percentile(boot, 97.5), "mean": np.mean(r),
-                         "p90": np.percentile(r, 90), "max": np.max(r), "share_within_5pct": np.mean(r <= 0.05)})
+                         "median": np.percentile(r, 50, **order), "median_low": np.percentile(boot, 2.5, **order),
+                         "median_high": np.percentile(boot, 97.5, **order), "mean": np.mean(r),
+                         "p90": np.percentile(r, 90, **order), "max": np.max(r),
+                         "share_within_5pct": np.mean(r <= 0.05), "diverged": int(np.sum(~np.isfinite(r)))})
     table = pd.DataFrame(rows)
     order = {name: i for i, name in enumerate(RECOMMENDERS + BASELINES)}
     return table.sort_values(["set", "recommender", "subset"], key=lambda c: c.map(order) if c.name == "recommender"
@@ -301,14 +304,30 @@ def markdown(summ: pd.DataFrame, scores: pd.DataFrame) -> str:
     lines = [f"Evaluation set: {len(inst)} instances ({int(inst['fedavg_diverged'].sum())} with a diverging "
              f"FedAvg path, not scored), {int(inst['u_shaped'].sum())} with a U-shaped R(T0) "
              f"(both ends ≥ 5 % above the best T0). Regret R(T0_rec)/R(T0_best) − 1 in percent; "
-             f"median with a bootstrap 95 % interval.", "",
-             "| recommender | subset | n | median [95 % CI] | mean | 90th pct | max | ≤ 5 % |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"median with a bootstrap 95 % interval; a recommended T0 whose run diverges has regret ∞ "
+             f"(counted under 'diverged').", "",
+             "| recommender | subset | n | median [95 % CI] | mean | 90th pct | max | ≤ 5 % | diverged |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    pct = lambda v: "∞" if not np.isfinite(v) else f"{100 * v:.1f}"  # noqa: E731
     for _, r in ev.iterrows():
         lines.append(f"| {LABELS[r['recommender']]} | {r['subset'].replace('_', '-')} | {r['instances']} | "
-                     f"{100 * r['median']:.1f} [{100 * r['median_low']:.1f}, {100 * r['median_high']:.1f}] | "
-                     f"{100 * r['mean']:.1f} | {100 * r['p90']:.1f} | {100 * r['max']:.1f} | "
-                     f"{100 * r['share_within_5pct']:.0f} % |")
+                     f"{pct(r['median'])} [{pct(r['median_low'])}, {pct(r['median_high'])}] | "
+                     f"{pct(r['mean'])} | {pct(r['p90'])} | {pct(r['max'])} | "
+                     f"{100 * r['share_within_5pct']:.0f} % | {int(r['diverged'])} |")
+    scored = scores[(scores["set"] == "evaluation") & (scores["recommender"] != "none")]
+    paired = scored.pivot_table(index=["setting", "seed"], columns="recommender", values="regret")
+    lines += ["", "Paired, per evaluation instance: the online rule against each other choice "
+              "(better / tied within 1e-9 / worse regret):", "",
+              "| against | instances | online better | tied | online worse | better on U-shaped |",
+              "|---|---|---|---|---|---|"]
+    shaped = scored.drop_duplicates(["setting", "seed"]).set_index(["setting", "seed"])["u_shaped"]
+    for other in [r for r in RECOMMENDERS + BASELINES if r != "online" and r in paired]:
+        both = paired[["online", other]].dropna()
+        d = both["online"].to_numpy() - both[other].to_numpy()
+        d = np.where(np.isnan(d), 0.0, d)      # both ∞ (both diverged) counts as tied
+        u = shaped.loc[both.index].to_numpy()
+        lines.append(f"| {LABELS[other]} | {len(both)} | {int(np.sum(d < -1e-9))} | {int(np.sum(np.abs(d) <= 1e-9))} | "
+                     f"{int(np.sum(d > 1e-9))} | {int(np.sum((d < -1e-9) & u))} of {int(u.sum())} |")
     lines += ["", "U-shaped R(T0) on the evaluation set (instances with both ends ≥ 5 % above the best T0, "
               "of all scored instances; both step sizes):", "",
               "| family | heterogeneity | " + " | ".join(f"E = {E}" for E in sorted(inst["local_steps"].unique())) + " |",
@@ -322,38 +341,76 @@ def markdown(summ: pd.DataFrame, scores: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(scores: pd.DataFrame, out: Path, quick: bool) -> None:
-    """Recommended vs best ``T0`` (y = x) per recommender, and the regret distributions."""
+def report(scores: pd.DataFrame, design: pd.DataFrame) -> str:
+    """``predictive_regret.md``: the evaluation table, the U-shape counts and the design table."""
+    return markdown(summary(scores), scores) + "\n" + design_markdown(design)
+
+
+def plot(scores: pd.DataFrame, records: dict, table: pd.DataFrame, out: Path, quick: bool) -> None:
+    """Recommended vs best ``T0`` (y = x) per recommender, the regret distributions, and the
+    online rule's worst evaluation instance (``R(T0)`` with its stop and the best ``T0``)."""
+    import matplotlib.pyplot as plt
+
     from linattn_theory import plotting
 
     ev = scores[(scores["set"] == "evaluation") & (scores["recommender"] != "none")]
+    diverged = ev[~np.isfinite(ev["regret"])]
+    ev = ev[np.isfinite(ev["regret"])]
     plotting.apply_style()
-    fig, axes = plotting.figure(ncols=5, width=14.0, height=3.2)
-    colors = plotting.palette(2)
-    T = int(ev["T0"].max()) if len(ev) else 1
-    for ax, rec in zip(axes[:4], RECOMMENDERS):
-        part = ev[ev["recommender"] == rec]
-        for u, color, text in ((False, colors[1], "not U-shaped"), (True, colors[0], "U-shaped")):
-            sub = part[part["u_shaped"] == u]
-            jitter = np.random.default_rng(1).uniform(-0.3, 0.3, len(sub))
-            ax.scatter(sub["best_T0"] + jitter, sub["T0"], s=10, color=color, alpha=0.7, label=text)
-        ax.plot([0, T], [0, T], color="0.5", lw=0.8, ls="--")
-        ax.set(xlabel="best $T_0$ (truth)", ylabel="recommended $T_0$", title=LABELS[rec], xlim=(-1, T + 1),
-               ylim=(-1, T + 1))
-    axes[0].legend(loc="upper left", fontsize=7, frameon=False)
-    ax = axes[4]
-    order = list(RECOMMENDERS) + list(BASELINES)
-    data = [100 * ev.loc[ev["recommender"] == r, "regret"].to_numpy() for r in order]
-    ax.boxplot(data, orientation="horizontal", whis=(0, 100), widths=0.6)
-    ax.set_yticks(range(1, len(order) + 1), [LABELS[r] for r in order], fontsize=7)
-    ax.set_xscale("symlog", linthresh=1.0)
-    ax.axvline(5, color="0.5", lw=0.8, ls=":")
-    ax.set(xlabel="regret (%)", title="regret on the evaluation set (min–max whiskers)")
-    if quick:
-        fig.text(0.5, 0.5, "QUICK (smoke test)", fontsize=28, color="red", alpha=0.25, ha="center",
-                 va="center", rotation=20)
+    with plt.rc_context({"font.size": 7, "axes.titlesize": 7, "axes.labelsize": 7, "xtick.labelsize": 7,
+                         "ytick.labelsize": 7, "legend.fontsize": 7}):
+        fig, axes = plt.subplots(2, 3, figsize=(7.0, 4.8), layout="constrained")
+        axes = axes.ravel()
+        colors = plotting.palette(3)
+        T = int(ev["T0"].max()) if len(ev) else 1
+        for ax, rec in zip(axes[:4], RECOMMENDERS):
+            part = ev[ev["recommender"] == rec]
+            for u, color, text in ((False, colors[1], "not U-shaped"), (True, colors[0], "U-shaped")):
+                sub = part[part["u_shaped"] == u]
+                jitter = np.random.default_rng(1).uniform(-0.3, 0.3, len(sub))
+                ax.scatter(sub["best_T0"] + jitter, sub["T0"], s=6, color=color, alpha=0.7, label=text,
+                           linewidths=0)
+            ax.plot([0, T], [0, T], color="0.5", lw=0.8, ls="--")
+            ax.set(xlabel="best $T_0$ (truth)", ylabel="recommended $T_0$", title=LABELS[rec],
+                   xlim=(-1, T + 1), ylim=(-1, T + 1))
+        axes[0].legend(loc="upper left", frameon=False, handletextpad=0.1)
+        ax = axes[4]
+        order = list(RECOMMENDERS) + list(BASELINES)
+        data = [100 * ev.loc[ev["recommender"] == r, "regret"].to_numpy() for r in order]
+        ax.boxplot(data, orientation="horizontal", whis=(0, 100), widths=0.6, flierprops={"markersize": 2})
+        ax.set_yticks(range(1, len(order) + 1), [LABELS[r].replace(" (", "\n(") for r in order])
+        ax.invert_yaxis()
+        ax.set_xscale("symlog", linthresh=1.0)
+        top = max(1.0, float(np.nanmax(np.concatenate([d for d in data if len(d)] or [np.ones(1)]))))
+        ticks = [0.0] + [10.0 ** k for k in range(0, int(np.ceil(np.log10(top))) + 1, 2)]
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_xlim(0, ticks[-1])
+        ax.axvline(5, color="0.5", lw=0.8, ls=":")
+        title = "regret, evaluation set\n(box: IQR; whiskers: min–max)"
+        if len(diverged):
+            title += f"\n{len(diverged)} diverged recommendations not drawn"
+        ax.set(xlabel="regret (%)", title=title)
+        ax = axes[5]
+        online = ev[ev["recommender"] == "online"]
+        worst = online.loc[online["regret"].idxmax()] if len(online) else None
+        if worst is not None:
+            key = table.loc[(table["setting"] == worst["setting"]) & (table["seed"] == worst["seed"]), "key"].iloc[0]
+            R = np.asarray(records[key]["excess_risk"], dtype=float)
+            ax.plot(np.arange(len(R)), R / R.min(), color=colors[2], lw=1.2, label="truth")
+            ax.axvline(worst["best_T0"], color="0.3", ls=":", lw=0.9, label=f"best $T_0$ = {int(worst['best_T0'])}")
+            ax.axvline(worst["stop_round"], color=colors[0], ls="--", lw=0.9,
+                       label=f"online stop = {int(worst['stop_round'])}, froze $K_{{{int(worst['T0'])}}}$")
+            ax.set_yscale("log")
+            ax.set(xlabel="warm-up length $T_0$", ylabel="$R(T_0)/R(T_0^{best})$",
+                   title=f"online's worst case, regret {100 * worst['regret']:.0f} %\n"
+                         f"{worst['family'].replace('_', ' ')}, het. {worst['heterogeneity']:g},\n"
+                         f"E = {int(worst['local_steps'])}, η = {worst['learning_rate']:g}, seed {int(worst['seed'])}")
+            ax.legend(loc="lower left", frameon=False)
+        if quick:
+            fig.text(0.5, 0.5, "QUICK (smoke test)", fontsize=24, color="red", alpha=0.25, ha="center",
+                     va="center", rotation=20)
     plot_data = ev[["recommender", "family", "heterogeneity", "local_steps", "learning_rate", "seed",
-                    "best_T0", "T0", "regret", "u_shaped"]]
+                    "best_T0", "T0", "stop_round", "regret", "u_shaped"]]
     plotting.save_figure(fig, "predictive_regret", out, plot_data.reset_index(drop=True))
 
 
@@ -371,17 +428,21 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     table = instances(args.quick)
     records = compute(table, cache, args.workers)
-    scores = score_table(table, records)
-    summ = summary(scores)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "predictive_regret.csv", scores.to_csv(index=False, float_format="%.6g"))
+    # everything downstream is computed from the CSVs as written, so the committed tables can be
+    # regenerated from the committed CSVs exactly (tests/test_recommenders.py)
+    atomic_write_text(out / "predictive_regret_scores.csv",
+                      score_table(table, records).to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(out / "predictive_regret_design.csv",
+                      design_table(table, records).to_csv(index=False, float_format="%.6g"))
+    scores = pd.read_csv(out / "predictive_regret_scores.csv")
+    design = pd.read_csv(out / "predictive_regret_design.csv")
+    summ = summary(scores)
     atomic_write_text(out / "predictive_regret_summary.csv", summ.to_csv(index=False, float_format="%.6g"))
-    design = design_table(table, records)
-    atomic_write_text(out / "predictive_regret_design.csv", design.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(out / "predictive_regret.md", markdown(summ, scores) + "\n" + design_markdown(design))
-    plot(scores, out, args.quick)
-    print(markdown(summ, scores) + "\n" + design_markdown(design))
-    print(f"wrote {out / 'predictive_regret.csv'}, predictive_regret_summary.csv, predictive_regret.md, "
+    atomic_write_text(out / "predictive_regret.md", report(scores, design))
+    plot(scores, records, table, out, args.quick)
+    print(report(scores, design))
+    print(f"wrote {out / 'predictive_regret_scores.csv'}, predictive_regret_summary.csv, predictive_regret_design.csv, predictive_regret.md, "
           f"predictive_regret.png/.pdf ({time.perf_counter() - start:.0f} s)")
     return 0
 

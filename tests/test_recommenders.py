@@ -209,8 +209,29 @@ def test_quoted_regret_table_is_the_committed_one():
     spec = importlib.util.spec_from_file_location("predictive_regret", root / "benchmarks" / "predictive_regret.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    scores = pd.read_csv(root / "figures" / "predictive_regret.csv")
-    table = bench.markdown(bench.summary(scores), scores)
+    scores = pd.read_csv(root / "figures" / "predictive_regret_scores.csv")
+    design = pd.read_csv(root / "figures" / "predictive_regret_design.csv")
+    table = bench.report(scores, design)
     assert (root / "figures" / "predictive_regret.md").read_text() == table
     docs = (root / "docs" / "theory.md").read_text()
     assert table.strip() in docs
+    # the declared sets: ≥ 60 evaluation instances, disjoint from the design seeds
+    evaluation = scores[scores["set"] == "evaluation"].drop_duplicates(["setting", "seed"])
+    assert len(evaluation) >= 60
+    assert not set(evaluation["seed"]) & set(scores.loc[scores["set"] == "design", "seed"])
+
+
+def test_quoted_worst_case_is_the_committed_one():
+    """docs/theory.md §8 names the online rule's worst evaluation instance; the scores must agree."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    scores = pd.read_csv(root / "figures" / "predictive_regret_scores.csv")
+    online = scores[(scores["set"] == "evaluation") & (scores["recommender"] == "online")]
+    worst = online.loc[online["regret"].idxmax()]
+    assert worst["family"] == "in_context_regression" and worst["local_steps"] == 20
+    assert worst["learning_rate"] == 0.01 and int(worst["stop_round"]) == 13
+    assert worst["heterogeneity"] == online["heterogeneity"][online["family"] == worst["family"]].max()
+    assert 0.25 < worst["regret"] and float(np.median(online["regret"])) < 0.0005   # "0.0 %"
+    docs = (root / "docs" / "theory.md").read_text()
+    assert "freezes at round 13" in docs and "$E = 20$, $\\eta = 0.01$" in docs
