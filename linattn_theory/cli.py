@@ -86,17 +86,37 @@ def _derive(args) -> int:
         if missing:
             raise ConfigError(f"--only {sorted(missing)[0]!r}: no such derivation in {folder}")
     failed = []
+    totals = dict.fromkeys(CLAIM_KINDS, 0)
     for script in scripts:
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
         if not args.quiet:
             print(proc.stdout, end="")
-        status = "PASS" if proc.returncode == 0 else "FAIL"
-        print(f"{status}: derivations/{script.name}")
-        if proc.returncode != 0:
+        counts = count_claims(proc.stdout)
+        totals = {kind: totals[kind] + counts[kind] for kind in CLAIM_KINDS}
+        ok = proc.returncode == 0 and counts["PASS"] > 0 and counts["FAIL"] == 0   # bookkeeping alone is no evidence
+        print(f"{'PASS' if ok else 'FAIL'}: derivations/{script.name} ({counts['PASS']} claims hold, "
+              f"{counts['FAIL']} fail, {counts['BOOKKEEPING']} bookkeeping)")
+        if not ok:
             failed.append(script.name)
             print(proc.stderr, end="", file=sys.stderr)
-    print(f"{len(scripts) - len(failed)} passed, {len(failed)} failed")
+    print(f"{len(scripts) - len(failed)} derivations passed, {len(failed)} failed; claims: {totals['PASS']} hold, "
+          f"{totals['FAIL']} fail; {totals['BOOKKEEPING']} bookkeeping statements (hold by definition, "
+          "not counted)")
     return 1 if failed else EXIT_OK
+
+
+#: line prefixes of derivations/_claims.py: evidence (PASS/FAIL) and bookkeeping (not counted)
+CLAIM_KINDS = ("PASS", "FAIL", "BOOKKEEPING")
+
+
+def count_claims(stdout: str) -> dict:
+    """Count the ``PASS:``, ``FAIL:`` and ``BOOKKEEPING:`` lines a derivation script printed."""
+    counts = dict.fromkeys(CLAIM_KINDS, 0)
+    for line in stdout.splitlines():
+        kind = line.split(":", 1)[0]
+        if kind in counts and ":" in line:
+            counts[kind] += 1
+    return counts
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,85 @@
+"""The exponents of the value drift floor's scaling law, derived with sympy (docs/theory.md §5).
+
+The exponents of ``D ∝ η^a (E−1)^b ζ^c`` are not typed in: :func:`drift_exponents` reads them
+off the exact drift floor of the smallest heterogeneous instance, two equally weighted scalar
+clients with curvatures ``a(1 ± α)`` and optima ``v ± δ`` (docs/theory.md §5):
+
+* ``a``: the order of the first non-zero term of the Taylor series of ``D(η)`` at ``η = 0``
+  (``E`` symbolic);
+* ``b``: that leading coefficient, written in ``s = E − 1``, is a monomial ``C s^b``;
+* ``c``: ``D`` and ``ζ`` are homogeneous in the client spread ``δ`` at fixed curvatures, of
+  degrees ``k_D`` and ``k_ζ`` (from ``x ∂_x log f``); ``c = k_D / k_ζ``.
+
+The simulations and tests compare measured log–log slopes with these numbers
+(``derivations/tradeoff.py`` claim E3 checks them against the package's ``value_drift_floor``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+__all__ = ["drift_floor_two_clients", "drift_exponents"]
+
+
+def drift_floor_two_clients():
+    """Exact ``(D, ζ, symbols)`` of two scalar clients, ``p_c = ½`` (docs/theory.md §5).
+
+    ``D = ½ Ã (V_FA − V*)²`` with ``V_FA = Σ p_c P_c v_c / Σ p_c P_c``, ``P_c = 1 − (1 − η a_c)^E``,
+    ``V* = Σ p_c a_c v_c / Ã``; ``ζ² = Σ_c p_c g_c²``, ``g_c = a_c (V* − v_c)``. Returns sympy
+    expressions and the dict of symbols ``a, alpha, v, delta, eta, E``.
+    """
+    import sympy as sp
+
+    a, al, v, de, eta = sp.symbols("a alpha v delta eta", positive=True)
+    E = sp.symbols("E", positive=True, integer=True)
+    p = sp.Rational(1, 2)
+    a_c, v_c = [a * (1 + al), a * (1 - al)], [v + de, v - de]
+    P = [1 - (1 - eta * x) ** E for x in a_c]
+    V_FA = sum(p * Pc * vc for Pc, vc in zip(P, v_c)) / sum(p * Pc for Pc in P)
+    A = sum(p * x for x in a_c)
+    V_star = sum(p * x * y for x, y in zip(a_c, v_c)) / A
+    D = sp.Rational(1, 2) * A * (V_FA - V_star) ** 2
+    zeta = sp.sqrt(sum(p * (x * (V_star - y)) ** 2 for x, y in zip(a_c, v_c)))
+    return D, zeta, {"a": a, "alpha": al, "v": v, "delta": de, "eta": eta, "E": E}
+
+
+def _homogeneity_degree(expr, x) -> float:
+    """``k`` with ``f(s x) = s^k f(x)``, from ``x ∂_x log f`` (which must be free of every symbol)."""
+    import sympy as sp
+
+    degree = sp.simplify(x * sp.diff(expr, x) / expr)
+    if degree.free_symbols:
+        raise ValueError(f"not homogeneous in {x}: x ∂_x log f = {degree}")
+    return float(degree)
+
+
+@lru_cache(maxsize=1)
+def drift_exponents(max_order: int = 4) -> dict:
+    """Exponents of the drift floor's leading order in ``η``, ``E − 1`` and ``ζ`` (docs/theory.md §5).
+
+    Returns ``{"eta": a, "local_steps_minus_one": b, "zeta": c}`` (floats), derived from the
+    Taylor series of the exact two-client drift floor (module docstring). Raises when the
+    series has no non-zero term up to ``η^max_order`` or the leading coefficient is not a
+    monomial in ``E − 1``.
+    """
+    import sympy as sp
+
+    D, zeta, sym = drift_floor_two_clients()
+    eta, E = sym["eta"], sym["E"]
+    order, leading = None, None
+    for k in range(max_order + 1):
+        series = sp.expand(sp.series(D, eta, 0, k + 1).removeO())
+        coefficient = sp.factor(sp.simplify(series.coeff(eta, k)))
+        if coefficient != 0:
+            order, leading = k, coefficient
+            break
+    if order is None:
+        raise ValueError(f"the drift floor has no term up to η^{max_order}")
+    s = sp.symbols("s", positive=True)
+    in_s = sp.Poly(sp.expand(leading.subs(E, s + 1)), s)
+    if len(in_s.terms()) != 1:
+        raise ValueError(f"the leading coefficient is not a monomial in E − 1: {leading}")
+    (power,), _ = in_s.terms()[0]
+    delta = sym["delta"]
+    zeta_exponent = _homogeneity_degree(D, delta) / _homogeneity_degree(zeta, delta)
+    return {"eta": float(order), "local_steps_minus_one": float(power), "zeta": zeta_exponent}
