@@ -5,7 +5,7 @@ off the exact drift floor of the smallest heterogeneous instance, two equally we
 clients with curvatures ``a(1 ± α)`` and optima ``v ± δ`` (docs/theory.md §5):
 
 * ``a``: the order of the first non-zero term of the Taylor series of ``D(η)`` at ``η = 0``
-  (``E`` symbolic);
+  (``E`` symbolic), from the series of the numerator and denominator of ``V_FA − V*``;
 * ``b``: that leading coefficient, written in ``s = E − 1``, is a monomial ``C s^b``;
 * ``c``: ``D`` and ``ζ`` are homogeneous in the client spread ``δ`` at fixed curvatures, of
   degrees ``k_D`` and ``k_ζ`` (from ``x ∂_x log f``); ``c = k_D / k_ζ``.
@@ -22,11 +22,12 @@ __all__ = ["drift_floor_two_clients", "drift_exponents"]
 
 
 def drift_floor_two_clients():
-    """Exact ``(D, ζ, symbols)`` of two scalar clients, ``p_c = ½`` (docs/theory.md §5).
+    """Exact drift floor of two scalar clients, ``p_c = ½`` (docs/theory.md §5).
 
-    ``D = ½ Ã (V_FA − V*)²`` with ``V_FA = Σ p_c P_c v_c / Σ p_c P_c``, ``P_c = 1 − (1 − η a_c)^E``,
-    ``V* = Σ p_c a_c v_c / Ã``; ``ζ² = Σ_c p_c g_c²``, ``g_c = a_c (V* − v_c)``. Returns sympy
-    expressions and the dict of symbols ``a, alpha, v, delta, eta, E``.
+    ``V_FA − V* = N(η)/P(η)`` with ``N = Σ p_c P_c (v_c − V*)``, ``P = Σ p_c P_c``,
+    ``P_c = 1 − (1 − η a_c)^E``, ``V* = Σ p_c a_c v_c / Ã``; ``D = ½ Ã (N/P)²``;
+    ``ζ² = Σ_c p_c g_c²``, ``g_c = a_c (V* − v_c)``. Returns a dict of sympy expressions
+    (``D``, ``N``, ``P``, ``A``, ``zeta``) and symbols (``a, alpha, v, delta, eta, E``).
     """
     import sympy as sp
 
@@ -34,13 +35,26 @@ def drift_floor_two_clients():
     E = sp.symbols("E", positive=True, integer=True)
     p = sp.Rational(1, 2)
     a_c, v_c = [a * (1 + al), a * (1 - al)], [v + de, v - de]
-    P = [1 - (1 - eta * x) ** E for x in a_c]
-    V_FA = sum(p * Pc * vc for Pc, vc in zip(P, v_c)) / sum(p * Pc for Pc in P)
+    P_c = [1 - (1 - eta * x) ** E for x in a_c]
     A = sum(p * x for x in a_c)
     V_star = sum(p * x * y for x, y in zip(a_c, v_c)) / A
-    D = sp.Rational(1, 2) * A * (V_FA - V_star) ** 2
+    N = sum(p * P * (y - V_star) for P, y in zip(P_c, v_c))
+    P = sum(p * P for P in P_c)
     zeta = sp.sqrt(sum(p * (x * (V_star - y)) ** 2 for x, y in zip(a_c, v_c)))
-    return D, zeta, {"a": a, "alpha": al, "v": v, "delta": de, "eta": eta, "E": E}
+    return {"D": sp.Rational(1, 2) * A * (N / P) ** 2, "N": N, "P": P, "A": A, "zeta": zeta,
+            "a": a, "alpha": al, "v": v, "delta": de, "eta": eta, "E": E}
+
+
+def _leading_term(expr, x, max_order: int):
+    """``(k, c)``: the first non-zero Taylor term ``c x^k`` of ``expr`` at ``x = 0``, ``k ≤ max_order``."""
+    import sympy as sp
+
+    series = sp.expand(sp.series(expr, x, 0, max_order + 1).removeO())
+    for k in range(max_order + 1):
+        coefficient = sp.factor(sp.simplify(series.coeff(x, k)))
+        if coefficient != 0:
+            return k, coefficient
+    raise ValueError(f"no non-zero term up to {x}^{max_order}")
 
 
 def _homogeneity_degree(expr, x) -> float:
@@ -57,29 +71,21 @@ def _homogeneity_degree(expr, x) -> float:
 def drift_exponents(max_order: int = 4) -> dict:
     """Exponents of the drift floor's leading order in ``η``, ``E − 1`` and ``ζ`` (docs/theory.md §5).
 
-    Returns ``{"eta": a, "local_steps_minus_one": b, "zeta": c}`` (floats), derived from the
-    Taylor series of the exact two-client drift floor (module docstring). Raises when the
-    series has no non-zero term up to ``η^max_order`` or the leading coefficient is not a
-    monomial in ``E − 1``.
+    Returns ``{"eta": a, "local_steps_minus_one": b, "zeta": c}`` (floats) derived from the exact
+    two-client drift floor: ``N`` and ``P`` both vanish at ``η = 0``, so with their leading Taylor
+    terms ``n η^i`` and ``p η^j``, ``V_FA − V* = (n/p) η^{i−j} + …`` and ``D = ½Ã(n/p)² η^{2(i−j)} + …``;
+    that coefficient must be a monomial in ``E − 1``. Raises otherwise.
     """
     import sympy as sp
 
-    D, zeta, sym = drift_floor_two_clients()
-    eta, E = sym["eta"], sym["E"]
-    order, leading = None, None
-    for k in range(max_order + 1):
-        series = sp.expand(sp.series(D, eta, 0, k + 1).removeO())
-        coefficient = sp.factor(sp.simplify(series.coeff(eta, k)))
-        if coefficient != 0:
-            order, leading = k, coefficient
-            break
-    if order is None:
-        raise ValueError(f"the drift floor has no term up to η^{max_order}")
+    f = drift_floor_two_clients()
+    eta, E = f["eta"], f["E"]
+    (i, n), (j, p) = _leading_term(f["N"], eta, max_order), _leading_term(f["P"], eta, max_order)
+    leading = sp.factor(f["A"] * (n / p) ** 2 / 2)
     s = sp.symbols("s", positive=True)
     in_s = sp.Poly(sp.expand(leading.subs(E, s + 1)), s)
     if len(in_s.terms()) != 1:
         raise ValueError(f"the leading coefficient is not a monomial in E − 1: {leading}")
     (power,), _ = in_s.terms()[0]
-    delta = sym["delta"]
-    zeta_exponent = _homogeneity_degree(D, delta) / _homogeneity_degree(zeta, delta)
-    return {"eta": float(order), "local_steps_minus_one": float(power), "zeta": zeta_exponent}
+    zeta_exponent = _homogeneity_degree(f["D"], f["delta"]) / _homogeneity_degree(f["zeta"], f["delta"])
+    return {"eta": float(2 * (i - j)), "local_steps_minus_one": float(power), "zeta": zeta_exponent}
