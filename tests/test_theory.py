@@ -103,6 +103,69 @@ def test_centralized_optimum_is_not_worse_than_simulated_kernels():
     assert opt.objective < min(th.profile_objective(K, clients, 0.0)[0] for K in kernels) - 1e-3
 
 
+def _published_icl_optimum(Lam, n, sigma):
+    """Zhang, Frei & Bartlett (2024): ``Γ* = ((1 + 1/n)Λ + (tr Λ + σ²)/n · I)⁻¹`` and
+    ``Φ*_0 = ½(tr Λ − tr(Λ Γ* Λ))`` (docs/theory.md §2, in-context linear regression)."""
+    d = len(Lam)
+    gamma = np.linalg.inv((1 + 1 / n) * Lam + (np.trace(Lam) + sigma ** 2) / n * np.eye(d))
+    return gamma, 0.5 * (np.trace(Lam) - np.trace(Lam @ gamma @ Lam))
+
+
+def _effective_preconditioner(K, V, d):
+    """``Γ`` of the layer's prediction ``x_q^T Γ h``, ``h = (1/n)Σ_i y_i x_i`` (docs/theory.md §2).
+
+    Read off by probing :func:`features` with ``Ŝ = e_a e_y^T + e_y e_a^T`` (the context's ``h = e_a``)
+    and the query ``z_q = (e_j, 0)``: ``Γ_{ja} = V^T φ``.
+    """
+    gamma = np.zeros((d, d))
+    for a in range(d):
+        S = np.zeros((d + 1, d + 1))
+        S[a, d] = S[d, a] = 1.0
+        for j in range(d):
+            q = np.zeros(d + 1)
+            q[j] = 1.0
+            gamma[j, a] = float(np.reshape(features(K, S, q), -1) @ V[:, 0])     # head-major, as V
+    return gamma
+
+
+def test_centralized_optimum_reproduces_the_published_in_context_optimum():
+    """Identical clients, ``μ = 0``: the solver's ``Γ`` is ZFB (2024)'s ``Γ*`` within Monte-Carlo error.
+
+    The solver minimises the empirical loss of ``N`` samples, so its ``Γ̂`` is a least-squares estimate:
+    ``Γ̂ − Γ*`` is asymptotically normal with the sandwich (HC0) covariance of the least-squares fit of
+    ``y_q`` on the features ``x_{q,j} h_a``, computed from the same samples. The test requires the
+    joint statistic ``(Γ̂ − Γ*)^T Cov⁻¹ (Γ̂ − Γ*)`` below the 0.999 quantile of ``χ²_{d²}``. With
+    ``n = 3`` tokens the ``1/n`` terms matter: dropping the ``1/n`` of ``(1 + 1/n)Λ`` moves ``Γ*`` by
+    ≈ 6 standard errors (χ² ≈ 45). ``Λ`` is one client's spectrum ``diag(exp(ζ_X ε))`` (``ζ_X = 0.8``).
+    """
+    from scipy import stats
+    from linattn_theory.tasks import in_context_regression_clients
+    d, n, sigma, N = 2, 3, 0.5, 3000
+    clients = in_context_regression_clients(num_clients=1, samples_per_client=N, tokens=n, dim=d,
+                                            zeta_covariate=0.8, zeta_task=0.0, noise=sigma, seed=0)
+    Lam = np.diag(clients.truth["spectra"][0])
+    gamma_star, phi_star = _published_icl_optimum(Lam, n, sigma)
+    opt = th.centralized_optimum(clients, 0.0, rank=d + 1, heads=1, seed=0)     # default 8 random starts
+    gamma_hat = _effective_preconditioner(opt.kernel, opt.value, d)
+    X, q, y = clients[0]
+    h = np.einsum("bi,bia->ba", X[:, :, d], X[:, :, :d]) / n
+    xq = q[:, :d]
+    design = np.einsum("bj,ba->bja", xq, h).reshape(N, d * d)              # column j·d + a: Γ_{ja}
+    coef = np.linalg.lstsq(design, y[:, 0], rcond=None)[0]
+    residual = y[:, 0] - design @ coef
+    bread = np.linalg.inv(design.T @ design)
+    cov = bread @ (design.T * residual ** 2) @ design @ bread
+    diff = (gamma_hat - gamma_star).reshape(-1)
+    assert diff @ np.linalg.solve(cov, diff) <= stats.chi2.ppf(0.999, d * d), (gamma_hat, gamma_star)
+    # the published kernel (K^T z_q = (Γ*^T x_q, 0)) is a candidate on the same samples: the solver is not worse
+    K_star = np.zeros((1, d + 1, d + 1))
+    K_star[0, :d, :d] = gamma_star
+    assert opt.objective <= th.profile_objective(K_star, clients, 0.0)[0] * (1 + 1e-12)
+    # Φ*_0 is the population loss at Γ*: the sample mean of the loss there agrees within 4 standard errors
+    loss = 0.5 * (np.einsum("bj,jk,bk->b", xq, gamma_star, h) - y[:, 0]) ** 2
+    assert abs(loss.mean() - phi_star) <= 4 * loss.std() / np.sqrt(N)
+
+
 # ---------------------------------------------------------------- §5 frozen stage
 FROZEN_CASES = [  # (kernel seed, heads, E, λ, η as a fraction of the stability limit)
     (3, 2, 3, 0.0, 0.5),
