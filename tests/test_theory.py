@@ -243,17 +243,48 @@ def test_bad_arguments_name_the_parameter():
 
 
 # ---------------------------------------------------------------- §6 decomposition
-def test_decomposition_identity_at_every_warmup_length():
+def test_decomposition_parts_computed_independently_add_up_to_the_simulated_risk():
+    """``R(T0) = bias + D + unfinished`` with every part predicted from the state at freezing.
+
+    ``bias = Φ_λ(K_{T0}) − Φ*_λ`` and ``D = ½‖V_FA − V*‖²_Ã`` are closed forms at ``K_{T0}``; the
+    unfinished part is predicted from the warm-up's value block ``V_{T0}`` alone, through the exact
+    affine map of §5: ``e = M^k (V_{T0} − V_FA)``, ``k = T − T0``, ``Δ = V_FA − V*``, unfinished
+    ``= tr(e^T Ã Δ) + ½ tr(e^T Ã e)``. Their sum must equal the excess risk the simulator measures
+    after ``k`` frozen rounds (``F_λ(θ_T) − Φ*_λ`` from its ``loss_regularized``), to 1e-9 relative;
+    no part is defined as a difference of the others.
+    """
+    from linattn_theory.moments import value_moments
     config = small_config()
-    table = th.excess_risk_by_warmup(config, [0, 2, 5, 9, 12], restarts=1)
-    assert not table["diverged"].any()
-    assert list(table["warmup_rounds"]) == [0, 2, 5, 9, 12]
-    parts = table["bias"] + table["drift_floor"] + table["unfinished"]
-    assert np.all(np.abs(parts - table["excess_risk"]) <= 1e-10 * np.abs(table["excess_risk"]))
-    # the identity is a real check: F_λ(K_T0, V_T) from the moments = the simulator's loss_regularized
-    np.testing.assert_allclose(table["loss_regularized_moments"], table["loss_regularized"], rtol=1e-12)
-    assert np.all(table["bias"] >= 0) and np.all(table["drift_floor"] >= 0)
-    assert table["cumulative_kernel_drift"].iloc[0] == 0 and np.all(np.diff(table["cumulative_kernel_drift"]) > 0)
+    clients = clients_from_config(config)
+    fed = config.federated
+    T, eta, E, lam = fed.rounds, fed.learning_rate, fed.local_steps, fed.ridge
+    runs = {T0: simulate(config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0}),
+                         clients) for T0 in (0, 2, 5, 9, 12)}
+    assert not any(run.diverged for run in runs.values())
+    opt = th.centralized_optimum(clients, lam, rank=2, heads=2, restarts=1,
+                                 initial_kernels=[kernel(run.warmup_params) for run in runs.values()])
+    for T0, run in runs.items():
+        K = kernel(run.warmup_params)
+        phi, V_star = th.profile_objective(K, clients, lam)
+        V_FA = th.fedavg_fixed_point(K, clients, eta, E, lam)
+        M, _ = th.frozen_stage_map(K, clients, eta, E, lam)
+        moments = value_moments(K, clients, lam)
+        A = np.sum(moments.weights[:, None, None] * moments.A_tilde, axis=0)
+        delta = V_FA - V_star
+        e = np.linalg.matrix_power(M, T - T0) @ (_value_matrix(np, run.warmup_params.WV) - V_FA)
+        predicted = {"bias": phi - opt.objective,
+                     "drift_floor": th.value_drift_floor(K, clients, eta, E, lam),
+                     "unfinished": float(np.sum(e * (A @ delta)) + 0.5 * np.sum(e * (A @ e)))}
+        measured = float(run.table["loss_regularized"].iloc[-1]) - opt.objective
+        assert sum(predicted.values()) == pytest.approx(measured, rel=1e-9), (T0, predicted, measured)
+        assert predicted["drift_floor"] == pytest.approx(0.5 * np.sum(delta * (A @ delta)), rel=1e-10)
+        assert predicted["bias"] >= 0          # the solver found a kernel at least as good as every K_{T0}
+        # the package's decomposition reports the same parts
+        row = th.decompose_excess_risk(run, clients, optimum=opt)
+        for part, value in predicted.items():
+            assert row[part] == pytest.approx(value, rel=1e-9, abs=1e-12 * abs(measured)), (T0, part)
+    drift = [float(run.table["cumulative_kernel_drift"].iloc[-1]) for run in runs.values()]
+    assert drift[0] == 0 and np.all(np.diff(drift) > 0)         # heterogeneous clients: the kernel drifts
 
 
 def test_decompose_reads_the_run_configuration():
@@ -289,19 +320,85 @@ def test_replayed_rounds_equal_the_simulator():
         assert rel(getattr(params, block), getattr(run.warmup_params, block)) < 1e-13
 
 
-def test_inexactness_parts_add_up_to_the_gap():
-    config = small_config(local_steps=3)
-    table = th.warmup_inexactness(config, rounds=4)
-    parts = table[["value_lag", "client_drift", "factor_averaging", "remainder"]].sum(axis=1)
-    scale = table[["realised_change", "predicted_change"]].abs().max(axis=1)
-    assert np.all(np.abs(parts - table["gap"]) <= 1e-12 * scale)
-    # the remainder is the exact step's higher-order part, computed independently
-    assert np.all(np.abs(table["remainder"] - (table["exact_step_change"] - table["predicted_change"]))
-                  <= 1e-10 * scale)
-    # rows chain: the realised change is the next row's Φ minus this row's
-    np.testing.assert_allclose(np.diff(table["profile_objective"]), table["realised_change"].iloc[:-1], rtol=1e-12)
-    assert np.all(table["predicted_change"] < 0)
-    assert np.all(table["client_drift"] != 0) and np.all(table["factor_averaging"] != 0)
+def _reference_round(params, clients, eta, E, lam, s):
+    """One warm-up round and the kernels of the §4 chain, written out with per-client loops.
+
+    Plain NumPy on each client's ``(X, q, y)`` with :func:`loss_and_grad` (checked against finite
+    differences in test_model.py); shares no code with ``theory.warmup_inexactness`` beyond it.
+    Returns ``(θ^{t+1}, {"K_a", "K_b", "K_prod", "K_new"})``.
+    """
+    from linattn_theory.model import loss_and_grad
+    weights = np.asarray(clients.weights, dtype=float)
+    weights = weights / weights.sum()
+
+    def grad(theta, client):
+        X, q, y = client
+        g = loss_and_grad(theta, X, q, y)[1]
+        return Params(g.WQ, g.WK, g.WV + lam * theta.WV)
+
+    def step(theta, g):
+        return Params(theta.WQ - eta * g.WQ, theta.WK - eta * g.WK, theta.WV - eta * g.WV)
+
+    def server(theta, new):
+        return Params(*(a + s * (b - a) for a, b in zip((theta.WQ, theta.WK, theta.WV), (new.WQ, new.WK, new.WV))))
+
+    def centralised(theta):
+        for _ in range(E):
+            gs = [grad(theta, c) for c in clients]
+            theta = step(theta, Params(*(sum(w * getattr(g, k) for w, g in zip(weights, gs)) for k in ("WQ", "WK", "WV"))))
+        return theta
+
+    def own(theta, client):
+        for _ in range(E):
+            theta = step(theta, grad(theta, client))
+        return theta
+
+    _, V_star = th.profile_objective(kernel(params), clients, lam)
+    at_optimum = params.replace(WV=V_star.reshape(params.WV.shape))
+    locals_ = [own(params, c) for c in clients]
+    mean = Params(*(sum(w * getattr(t, k) for w, t in zip(weights, locals_)) for k in ("WQ", "WK", "WV")))
+    new = server(params, mean)
+    return new, {"K_a": kernel(server(at_optimum, centralised(at_optimum))),
+                 "K_b": kernel(server(params, centralised(params))),
+                 "K_prod": sum(w * kernel(server(params, t)) for w, t in zip(weights, locals_)),
+                 "K_new": kernel(new)}
+
+
+@pytest.mark.parametrize("E,s", [(3, 1.0), (2, 0.7)])
+def test_inexactness_parts_match_an_independent_chain(E, s):
+    """Each part of the §4 split equals ``Φ_λ`` differences along a chain built independently.
+
+    The predicted change is ``⟨G, −η_s η E 𝒫_t(G)⟩`` with ``G`` the envelope gradient and
+    ``𝒫_t(G) = G W_K W_K^T + W_Q W_Q^T G`` (docs/theory.md §4); the value lag, client drift, factor
+    averaging and remainder are differences of ``Φ_λ`` at the kernels of :func:`_reference_round`.
+    None of them is defined as the gap minus the others.
+    """
+    clients = small_clients(num_clients=3, zeta=1.0)
+    lam, eta = 0.05, 0.01
+    params = Params.init(3, 2, 2, heads=2, seed=14, scale=1.0)
+    table = th.warmup_inexactness(params, clients, rounds=2, lam=lam, eta=eta, local_steps=E,
+                                  server_learning_rate=s)
+    theta = params
+    for _, row in table.iterrows():
+        K = kernel(theta)
+        phi = th.profile_objective(K, clients, lam)[0]
+        G = th.profile_gradient(K, clients, lam)
+        WQ, WK = theta.WQ, theta.WK
+        precondition = G @ WK @ np.swapaxes(WK, -1, -2) + WQ @ np.swapaxes(WQ, -1, -2) @ G
+        predicted = -s * eta * E * float(np.sum(G * precondition))
+        theta, chain = _reference_round(theta, clients, eta, E, lam, s)
+        value = {name: th.profile_objective(k, clients, lam)[0] for name, k in chain.items()}
+        expected = {"predicted_change": predicted,
+                    "realised_change": value["K_new"] - phi,
+                    "value_lag": value["K_b"] - value["K_a"],
+                    "client_drift": value["K_prod"] - value["K_b"],
+                    "factor_averaging": value["K_new"] - value["K_prod"],
+                    "remainder": value["K_a"] - phi - predicted}
+        scale = abs(predicted)
+        for name, v in expected.items():
+            assert abs(row[name] - v) <= 1e-9 * scale, (name, row[name], v)
+        assert row["profile_objective"] == pytest.approx(phi, rel=1e-12)
+        assert predicted < 0 and row["client_drift"] != 0 and row["factor_averaging"] != 0
 
 
 def test_one_client_has_no_client_drift_or_factor_averaging():
