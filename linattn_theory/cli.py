@@ -178,8 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_recommend)
 
     p = sub.add_parser("derive", help="run the sympy derivations and report PASS/FAIL",
-                       description="Run every script in derivations/ (each states a claim, derives it "
-                                   "with sympy and checks it); exit 1 if any fails.")
+                       description="Run every script in derivations/ (each states claims, derives them "
+                                   "with sympy and checks them) and count the claims. Statements that "
+                                   "hold by definition are printed as BOOKKEEPING and never counted as "
+                                   "PASS; a script fails if a claim fails or if it has no claim that "
+                                   "could fail. Exit 1 if any script fails.")
     p.add_argument("--root", default=".", help="repository root holding derivations/ (default: .)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these derivations (file stems)")
     p.add_argument("--quiet", action="store_true", help="print only one line per derivation")
