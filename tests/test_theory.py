@@ -161,6 +161,9 @@ def test_centralized_optimum_reproduces_the_published_in_context_optimum():
     K_star = np.zeros((1, d + 1, d + 1))
     K_star[0, :d, :d] = gamma_star
     assert opt.objective <= th.profile_objective(K_star, clients, 0.0)[0] * (1 + 1e-12)
+    # full-rank factors (r = d + 1): a stationary point of the factors has ∇_K Φ_0 = 0 (scale-free measure)
+    G = th.profile_gradient(opt.kernel, clients, 0.0)
+    assert np.linalg.norm(G) * np.linalg.norm(opt.kernel) <= 1e-6 * opt.objective
     # Φ*_0 is the population loss at Γ*: the sample mean of the loss there agrees within 4 standard errors
     loss = 0.5 * (np.einsum("bj,jk,bk->b", xq, gamma_star, h) - y[:, 0]) ** 2
     assert abs(loss.mean() - phi_star) <= 4 * loss.std() / np.sqrt(N)
