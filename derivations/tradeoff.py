@@ -37,7 +37,8 @@ Modelling choices (how each term is bounded):
   * norms: Frobenius on V (columns independent), the Ã-norm for the value error, the spectral
     norm for M and for the client curvature spread σ_A² = Σ_c p_c ‖Ã_c − Ã‖₂².
 
-Claims
+Claims (PASS/FAIL; statements that hold by definition or are textbook identities — A2–A4, B1,
+B2, B5, E9 — are printed as BOOKKEEPING and not counted, docs/theory.md §6)
   A. (frozen stage) F_λ(K, V) − Φ_λ(K) = ½‖V − V*‖²_Ã exactly; ½‖x + y‖² ≤ (‖x‖/√2 + ‖y‖/√2)²
      (Cauchy–Schwarz, Lagrange's identity); M is symmetric, so ‖M^k‖₂ = ρ^k; both splittings
      of V_T − V* hold.
@@ -54,11 +55,15 @@ Claims
      interior iff (b_s − b_∞) q^{T−t_s} ln(1/q) < γ < (b_s − b_∞) ln(1/q); the package's
      closed_form_warmup equals it. If γ ∝ ζ² (the drift law, claim E), ζ dT0*/dζ = 2/ln q < 0:
      more heterogeneity, earlier freezing. With the transient term kept, dU/dT0 = 0 mixes q^{T0}
-     and ρ^{−T0} and sympy finds no closed form (the package minimises U on the grid 0..T).
+     and ρ^{−T0}; no closed form is used (the package minimises U on the grid 0..T). What is
+     claimed (D6): U₃ = U₂ + e ρ^{2(T−T0)} is strictly convex with U₃'(T0*) > 0, so the transient
+     moves the minimiser before T0*.
   E. (drift laws) two clients, p_c = ½, curvatures a(1 ± α), client optima v ± δ:
      D = ½ A (V_FA − V*)² = η²(E−1)²/8 · (Σ_c p_c (a_c − A) g_c)² / A + O(η³),
-     g_c = a_c (V* − v_c) the client gradients at V*, ζ² = Σ_c p_c g_c²; so D₂ = (aα²/8) η²(E−1)²ζ²
-     with exponents 2 in η, 2 in E−1 and 2 in ζ (at fixed curvature heterogeneity α);
+     g_c = a_c (V* − v_c) the client gradients at V*, ζ² = Σ_c p_c g_c²; so D₂ = (aα²/8) η²(E−1)²ζ²;
+     the exponents in η, E − 1 and ζ are read off the exact series of D
+     (linattn_theory.scaling_laws.drift_exponents: 2, 2, 2 at fixed curvature heterogeneity α)
+     and checked as log–log slopes of the package's value_drift_floor at small η (E3);
      E = 1 or α = 0 give D = 0 exactly; D ∝ δ² exactly for every η; the same leading
      coefficient holds for 2×2 matrix curvatures; and (Σ p_c (a_c − A) g_c)² ≤ σ_A² ζ²
      (the bound D₂ ≤ η²(E−1)²σ_A²ζ²/(8 λ_min)).
@@ -73,7 +78,7 @@ import numpy as np
 import sympy as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _claims import claim, finish  # noqa: E402  (also puts the repository root on sys.path)
+from _claims import bookkeeping, claim, finish, note  # noqa: E402  (also puts the repository root on sys.path)
 
 
 def is_zero(expr) -> bool:
@@ -94,9 +99,9 @@ def claim_A():
     x1, x2, y1, y2_ = sp.symbols("x1 x2 y1 y2", real=True)
     nx, ny = sp.sqrt(x1 ** 2 + x2 ** 2), sp.sqrt(y1 ** 2 + y2_ ** 2)
     lagrange = (x1 ** 2 + x2 ** 2) * (y1 ** 2 + y2_ ** 2) - (x1 * y1 + x2 * y2_) ** 2 - (x1 * y2_ - x2 * y1) ** 2
-    claim("A2 Lagrange's identity ‖x‖²‖y‖² − ⟨x,y⟩² = (x1y2 − x2y1)² ≥ 0 (Cauchy–Schwarz)", is_zero(lagrange))
+    bookkeeping("A2 Lagrange's identity ‖x‖²‖y‖² − ⟨x,y⟩² = (x1y2 − x2y1)² ≥ 0 (Cauchy–Schwarz)", is_zero(lagrange))
     gap = (nx / sp.sqrt(2) + ny / sp.sqrt(2)) ** 2 - ((x1 + y1) ** 2 + (x2 + y2_) ** 2) / 2
-    claim("A3 (‖x‖/√2 + ‖y‖/√2)² − ½‖x + y‖² = ‖x‖‖y‖ − ⟨x,y⟩ ≥ 0",
+    bookkeeping("A3 (‖x‖/√2 + ‖y‖/√2)² − ½‖x + y‖² = ‖x‖‖y‖ − ⟨x,y⟩ ≥ 0",
           is_zero(gap - (nx * ny - (x1 * y1 + x2 * y2_))))
     P = sp.Matrix(2, 2, sp.symbols("m11 m12 m21 m22", real=True))          # stands for M^k
     V_FA, V0 = sp.Matrix(sp.symbols("f1 f2", real=True)), sp.Matrix(sp.symbols("z1 z2", real=True))
@@ -109,7 +114,7 @@ def claim_A():
     A2 = sp.Matrix([[b11, b12], [b12, b22]])
     for E in (2, 3):
         M = ((sp.eye(2) - eta * A1) ** E + (sp.eye(2) - eta * A2) ** E) / 2
-        claim(f"A4 M = Σ_c p_c (I − ηÃ_c)^E is symmetric (E = {E}), so ‖M^k‖₂ = ρ^k",
+        bookkeeping(f"A4 M = Σ_c p_c (I − ηÃ_c)^E is symmetric (E = {E}), so ‖M^k‖₂ = ρ^k",
               all(is_zero(e) for e in (M - M.T)))
 
 
@@ -120,10 +125,10 @@ def claim_B():
     # descent lemma for θ' = θ − Eη∇Φ: Φ' ≤ Φ − Eη‖∇Φ‖² + (L/2)E²η²‖∇Φ‖², plus inexactness ε
     after = b - step * g2 + L / 2 * step ** 2 * g2 + eps
     factor = step * (1 - L * step / 2)                         # ≥ 0 iff EηL ≤ 2
-    claim("B1 descent lemma: Φ' − Φ* ≤ b − Eη(1 − LEη/2)‖∇Φ‖² + ε", is_zero(after - (b - factor * g2 + eps)))
+    bookkeeping("B1 descent lemma: Φ' − Φ* ≤ b − Eη(1 − LEη/2)‖∇Φ‖² + ε", is_zero(after - (b - factor * g2 + eps)))
     q = 1 - 2 * mu * factor
     # with (PL) ‖∇Φ‖² ≥ 2μ b and factor ≥ 0: b − factor·g2 ≤ b − factor·2μb = q b
-    claim("B2 with PL: b − Eη(1 − LEη/2)·2μb = q b, q = 1 − 2μEη(1 − LEη/2)",
+    bookkeeping("B2 with PL: b − Eη(1 − LEη/2)·2μb = q b, q = 1 − 2μEη(1 − LEη/2)",
           is_zero((b - factor * 2 * mu * b) - q * b))
     t, b0, qq, e = sp.symbols("t b_0 q epsilon", positive=True)
     b_inf = e / (1 - qq)
@@ -142,7 +147,7 @@ def claim_B():
         ok &= bool(np.all(np.array(seq) <= np.array(Sv) + 1e-12))
     claim("B4 every sequence with b_{t+1} ≤ q b_t + ε stays below S(t) (200 random sequences)", ok)
     # q ∈ [0, 1) exactly when 0 < 2μEη(1 − LEη/2) ≤ 1
-    claim("B5 q < 1 ⇔ μEη(2 − LEη) > 0 (needs EηL < 2)", is_zero((1 - q) - mu * step * (2 - L * step)))
+    bookkeeping("B5 q < 1 ⇔ μEη(2 − LEη) > 0 (needs EηL < 2)", is_zero((1 - q) - mu * step * (2 - L * step)))
 
 
 # ================================================================ C. the bound
@@ -237,12 +242,29 @@ def claim_D():
         worst = max(worst, abs(closed_form_warmup(*args) - f(*args)) / abs(f(*args)))
     claim("D5 linattn_theory.bound.closed_form_warmup equals the sympy T0*", worst < 1e-12, f"max rel. diff {worst:.1e}")
     rho, e_ = sp.symbols("rho e", positive=True)
-    U3 = U2 + e_ * rho ** (2 * (T - T0))
-    try:
-        none = len(sp.solve(sp.diff(U3, T0), T0)) == 0
-    except NotImplementedError:
-        none = True
-    claim("D6 with the frozen-stage transient kept, sympy finds no closed-form minimiser (grid argmin used)", none)
+    U3 = U2 + e_ * rho ** (2 * (T - T0))                   # the frozen-stage transient kept, e ≥ 0
+    # No closed form is claimed (sympy cannot prove that none exists); what is claimed: U₃ is
+    # strictly convex and increasing at T0*, so its minimiser lies before T0* (the transient, which
+    # shrinks with the number of frozen rounds, argues for freezing earlier); the package takes the
+    # grid argmin of U.
+    extra_curvature = sp.simplify(sp.diff(U3, T0, 2) - sp.diff(U2, T0, 2))
+    slope_at_star = sp.simplify(sp.diff(U3, T0).subs(T0, closed))
+    f_slope = sp.lambdify((b_s, b_inf, q, gamma, t_s, e_, rho, T), slope_at_star, "math")
+    f_curv = sp.lambdify((e_, rho, T, T0), extra_curvature, "math")
+    f_U3 = sp.lambdify((T0, b_s, b_inf, q, gamma, t_s, e_, rho, T, D0), U3, "numpy")
+    ok = is_zero(slope_at_star - (-2 * e_ * sp.log(rho) * rho ** (2 * (T - closed))))
+    ok &= is_zero(extra_curvature - 4 * e_ * sp.log(rho) ** 2 * rho ** (2 * (T - T0)))
+    grid = np.linspace(0, 200, 20001)
+    for _ in range(30):
+        args = (rng.uniform(0.5, 2), rng.uniform(0, 0.2), rng.uniform(0.6, 0.97), rng.uniform(1e-4, 1e-2),
+                int(rng.integers(0, 5)), rng.uniform(1e-3, 1), rng.uniform(0.5, 0.99), 200)
+        star = f(*args[:5])
+        ok &= f_slope(*args) > 0 and f_curv(args[5], args[6], 200, star) > 0
+        ok &= bool(grid[np.argmin(f_U3(grid, *args, 0.0))] <= star + 1e-2)
+    claim("D6 with the transient e ρ^{2(T−T0)} kept (e > 0, ρ < 1), U₃ is strictly convex and U₃'(T0*) "
+          "= 2e ln(1/ρ) ρ^{2(T−T0*)} > 0: its minimiser lies before T0* (grid argmin on 30 random instances)", ok)
+    note("dU₃/dT0 = 0 mixes q^T0 and ρ^−T0 (sympy's solve has no algorithm for it); no closed form of the "
+         "minimiser of U is used: the package minimises U on the grid 0..T")
 
 
 # ================================================================ E. the drift laws
@@ -258,13 +280,9 @@ def two_client_drift(a, al, v, de, eta, E):
     return V_FA, V_star, A, a_c, g, sp.Rational(1, 2) * A * (V_FA - V_star) ** 2
 
 
-def derive_drift_exponents() -> dict:
-    """Leading-order drift floor of the two-client quadratic: its log-derivatives in η, E − 1, ζ.
-
-    Returns ``{"eta": 2, "local_steps_minus_one": 2, "zeta": 2}`` as floats derived by sympy
-    (the tests compare measured log–log slopes with these numbers).
-    """
-    a, al, v, de, eta, E, Em1 = sp.symbols("a alpha v delta eta E E_minus_1", positive=True)
+def leading_order_two_clients():
+    """``(D₂, ζ²)``: the η² term of the two-client drift floor, from the first-order fixed point."""
+    a, al, v, de, eta, E = sp.symbols("a alpha v delta eta E", positive=True)
     p = sp.Rational(1, 2)
     a_c, v_c = [a * (1 + al), a * (1 - al)], [v + de, v - de]
     P = [E * eta * x - E * (E - 1) / 2 * eta ** 2 * x ** 2 for x in a_c]      # P_c to O(η³)
@@ -274,19 +292,16 @@ def derive_drift_exponents() -> dict:
     c1 = sp.simplify(sp.diff(V_FA, eta).subs(eta, 0))
     D2 = sp.Rational(1, 2) * A * (c1 * eta) ** 2
     g = [x * (V_star - y) for x, y in zip(a_c, v_c)]
-    zeta2 = sp.simplify(sum(p * gc ** 2 for gc in g))
-    zeta = sp.symbols("zeta", positive=True)
-    D2_zeta = sp.simplify((D2 / zeta2) * zeta ** 2).subs(E, Em1 + 1)      # D₂ = (D₂/ζ²)·ζ², ζ free
-    return {"eta": float(sp.simplify(eta * sp.diff(D2_zeta, eta) / D2_zeta)),
-            "local_steps_minus_one": float(sp.simplify(Em1 * sp.diff(D2_zeta, Em1) / D2_zeta)),
-            "zeta": float(sp.simplify(zeta * sp.diff(D2_zeta, zeta) / D2_zeta)),
-            "_D2": D2, "_c1": c1, "_zeta2": zeta2}
+    return D2, sp.simplify(sum(p * gc ** 2 for gc in g))
+
+
+def _slope(x, y) -> float:
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
 
 
 def claim_E():
     a, al, v, de, eta, E = sp.symbols("a alpha v delta eta E", positive=True)
-    derived = derive_drift_exponents()
-    D2, zeta2 = derived["_D2"], derived["_zeta2"]
+    D2, zeta2 = leading_order_two_clients()
     p = sp.Rational(1, 2)
     a_c, v_c = [a * (1 + al), a * (1 - al)], [v + de, v - de]
     A = sum(p * x for x in a_c)
@@ -298,11 +313,22 @@ def claim_E():
     ratio = sp.factor(sp.simplify(D2 / (eta ** 2 * (E - 1) ** 2 * zeta2)))
     claim("E2 D₂ = (aα²/8) η²(E−1)²ζ², ζ² = Σ p_c g_c² (no δ left: D₂ ∝ ζ²)", is_zero(ratio - a * al ** 2 / 8),
           f"D₂/(η²(E−1)²ζ²) = {ratio}")
-    expected = {"eta": 2.0, "local_steps_minus_one": 2.0, "zeta": 2.0}
-    got = {k: derived[k] for k in expected}
-    from linattn_theory.bound import DRIFT_EXPONENTS
-    claim("E3 exponents of D₂ in (η, E − 1, ζ) are (2, 2, 2) and equal linattn_theory.bound.DRIFT_EXPONENTS",
-          got == expected and DRIFT_EXPONENTS == got, f"{got}")
+    # the exponents are read off the exact series (not typed in), then checked on the package's D(K)
+    from linattn_theory.model import Params, kernel
+    from linattn_theory.scaling_laws import drift_exponents
+    from linattn_theory.tasks import planted_kernel_clients
+    from linattn_theory.theory import value_drift_floor
+    derived = drift_exponents()
+    clients = planted_kernel_clients(num_clients=3, samples_per_client=30, tokens=4, dim=3, heads=2, rank=2,
+                                     outputs=2, zeta_value=1.0, zeta_covariate=1.0, noise=0.1, seed=4)
+    K = kernel(Params.init(3, 2, 2, heads=2, seed=6))
+    etas, steps = np.array([1e-5, 2e-5, 4e-5]), np.array([2, 3, 5])
+    slope_eta = _slope(etas, [value_drift_floor(K, clients, h, 3, 0.1) for h in etas])
+    slope_E = _slope(steps - 1, [value_drift_floor(K, clients, 1e-5, int(E_), 0.1) for E_ in steps])
+    claim("E3 exponents of the drift floor read off the exact series: the package's D(K) (random 2-head kernel, "
+          "λ = 0.1) has these log–log slopes in η and E − 1 at η ≤ 4e-5 (±0.01)",
+          abs(slope_eta - derived["eta"]) <= 0.01 and abs(slope_E - derived["local_steps_minus_one"]) <= 0.01,
+          f"derived {derived}; package slopes η {slope_eta:.4f}, E−1 {slope_E:.4f}")
     # exact statements (no series)
     for Ev in (1,):
         _, _, _, _, _, D = two_client_drift(a, al, v, de, eta, Ev)
@@ -343,7 +369,7 @@ def claim_E():
           "D₂ = η²(E−1)²/8 ‖Σ p_c (Ã_c − Ã) g_c‖²_{Ã⁻¹}", ok)
     x1, x2, y1, y2 = sp.symbols("x1 x2 y1 y2", real=True)
     cs = (p * x1 ** 2 + p * x2 ** 2) * (p * y1 ** 2 + p * y2 ** 2) - (p * x1 * y1 + p * x2 * y2) ** 2
-    claim("E9 (Σ p_c x_c y_c)² ≤ (Σ p_c x_c²)(Σ p_c y_c²): gap = p₁p₂(x₁y₂ − x₂y₁)² (so D₂ ≤ η²(E−1)²σ_A²ζ²/(8λ_min))",
+    bookkeeping("E9 (Σ p_c x_c y_c)² ≤ (Σ p_c x_c²)(Σ p_c y_c²): gap = p₁p₂(x₁y₂ − x₂y₁)² (so D₂ ≤ η²(E−1)²σ_A²ζ²/(8λ_min))",
           is_zero(cs - p * p * (x1 * y2 - x2 * y1) ** 2))
 
 

@@ -37,7 +37,8 @@ derivation and checked here along the simulated path (:class:`AssumptionCheck`):
 closed-form minimiser of the two-term model (geometric bias, drift floor growing linearly at rate
 ``γ``, frozen-stage transient dropped) that sympy derives. The drift scaling law
 ``D ≈ η²(E−1)²/8 ‖Σ_c p_c (Ã_c − Ã) g_c‖²_{Ã⁻¹} ≤ η²(E−1)² σ_A² ζ² / (8 λ_min(Ã))`` is
-:func:`drift_floor_leading_order`, with exponents :data:`DRIFT_EXPONENTS`.
+:func:`drift_floor_leading_order`; its exponents are derived, not typed in
+(:func:`linattn_theory.scaling_laws.drift_exponents`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ from .theory import (centralized_optimum, contraction_rate, fedavg_fixed_point,
                      frozen_stage_map, profile_gradient, profile_objective, value_drift_floor)
 
 __all__ = [
-    "DRIFT_EXPONENTS",
     "AssumptionCheck",
     "BoundConstants",
     "TradeoffBound",
@@ -74,8 +74,6 @@ __all__ = [
     "estimate_bound",
 ]
 
-#: Exponents of the leading-order value drift floor ``D ∝ η^a (E−1)^b ζ^c`` (derivations/tradeoff.py).
-DRIFT_EXPONENTS = {"eta": 2.0, "local_steps_minus_one": 2.0, "zeta": 2.0}
 
 #: Relative size of the floor grid searched by :func:`fit_inexact_pl`.
 FLOOR_GRID = 400

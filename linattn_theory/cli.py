@@ -87,17 +87,37 @@ def _derive(args) -> int:
         if missing:
             raise ConfigError(f"--only {sorted(missing)[0]!r}: no such derivation in {folder}")
     failed = []
+    totals = dict.fromkeys(CLAIM_KINDS, 0)
     for script in scripts:
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
         if not args.quiet:
             print(proc.stdout, end="")
-        status = "PASS" if proc.returncode == 0 else "FAIL"
-        print(f"{status}: derivations/{script.name}")
-        if proc.returncode != 0:
+        counts = count_claims(proc.stdout)
+        totals = {kind: totals[kind] + counts[kind] for kind in CLAIM_KINDS}
+        ok = proc.returncode == 0 and counts["PASS"] > 0 and counts["FAIL"] == 0   # bookkeeping alone is no evidence
+        print(f"{'PASS' if ok else 'FAIL'}: derivations/{script.name} ({counts['PASS']} claims hold, "
+              f"{counts['FAIL']} fail, {counts['BOOKKEEPING']} bookkeeping)")
+        if not ok:
             failed.append(script.name)
             print(proc.stderr, end="", file=sys.stderr)
-    print(f"{len(scripts) - len(failed)} passed, {len(failed)} failed")
+    print(f"{len(scripts) - len(failed)} derivations passed, {len(failed)} failed; claims: {totals['PASS']} hold, "
+          f"{totals['FAIL']} fail; {totals['BOOKKEEPING']} bookkeeping statements (hold by definition, "
+          "not counted)")
     return 1 if failed else EXIT_OK
+
+
+#: line prefixes of derivations/_claims.py: evidence (PASS/FAIL) and bookkeeping (not counted)
+CLAIM_KINDS = ("PASS", "FAIL", "BOOKKEEPING")
+
+
+def count_claims(stdout: str) -> dict:
+    """Count the ``PASS:``, ``FAIL:`` and ``BOOKKEEPING:`` lines a derivation script printed."""
+    counts = dict.fromkeys(CLAIM_KINDS, 0)
+    for line in stdout.splitlines():
+        kind = line.split(":", 1)[0]
+        if kind in counts and ":" in line:
+            counts[kind] += 1
+    return counts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,8 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_recommend)
 
     p = sub.add_parser("derive", help="run the sympy derivations and report PASS/FAIL",
-                       description="Run every script in derivations/ (each states a claim, derives it "
-                                   "with sympy and checks it); exit 1 if any fails.")
+                       description="Run every script in derivations/ (each states claims, derives them "
+                                   "with sympy and checks them) and count the claims. Statements that "
+                                   "hold by definition are printed as BOOKKEEPING and never counted as "
+                                   "PASS; a script fails if a claim fails or if it has no claim that "
+                                   "could fail. Exit 1 if any script fails.")
     p.add_argument("--root", default=".", help="repository root holding derivations/ (default: .)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these derivations (file stems)")
     p.add_argument("--quiet", action="store_true", help="print only one line per derivation")

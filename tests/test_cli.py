@@ -133,12 +133,20 @@ def test_derive_runs_every_script_and_fails_on_any_failure(tmp_path, capsys):
     folder.mkdir()
     (folder / "_helpers.py").write_text("raise SystemExit(1)\n")          # not a derivation
     (folder / "holds.py").write_text("print('PASS: a claim')\n")
+    (folder / "books.py").write_text("print('PASS: a claim'); print('BOOKKEEPING: a definition')\n")
     assert main(["derive", "--root", str(tmp_path), "--quiet"]) == 0
-    assert "1 passed, 0 failed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 derivations passed, 0 failed; claims: 2 hold, 0 fail; 1 bookkeeping" in out
+    assert "PASS: derivations/books.py (1 claims hold, 0 fail, 1 bookkeeping)" in out
+    # bookkeeping alone is no evidence: a script whose only statements hold by definition fails
+    (folder / "only_books.py").write_text("print('BOOKKEEPING: a definition')\n")
+    assert main(["derive", "--root", str(tmp_path), "--quiet", "--only", "only_books"]) == 1
+    assert "FAIL: derivations/only_books.py (0 claims hold, 0 fail, 1 bookkeeping)" in capsys.readouterr().out
+    (folder / "only_books.py").unlink()
     (folder / "breaks.py").write_text("print('FAIL: a claim'); raise SystemExit(1)\n")
     assert main(["derive", "--root", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "FAIL: derivations/breaks.py" in out and "1 passed, 1 failed" in out
+    assert "FAIL: derivations/breaks.py" in out and "2 derivations passed, 1 failed" in out
     assert main(["derive", "--root", str(tmp_path), "--only", "nope"]) == 2
 
 

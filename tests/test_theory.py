@@ -103,6 +103,72 @@ def test_centralized_optimum_is_not_worse_than_simulated_kernels():
     assert opt.objective < min(th.profile_objective(K, clients, 0.0)[0] for K in kernels) - 1e-3
 
 
+def _published_icl_optimum(Lam, n, sigma):
+    """Zhang, Frei & Bartlett (2024): ``Γ* = ((1 + 1/n)Λ + (tr Λ + σ²)/n · I)⁻¹`` and
+    ``Φ*_0 = ½(tr Λ − tr(Λ Γ* Λ))`` (docs/theory.md §2, in-context linear regression)."""
+    d = len(Lam)
+    gamma = np.linalg.inv((1 + 1 / n) * Lam + (np.trace(Lam) + sigma ** 2) / n * np.eye(d))
+    return gamma, 0.5 * (np.trace(Lam) - np.trace(Lam @ gamma @ Lam))
+
+
+def _effective_preconditioner(K, V, d):
+    """``Γ`` of the layer's prediction ``x_q^T Γ h``, ``h = (1/n)Σ_i y_i x_i`` (docs/theory.md §2).
+
+    Read off by probing :func:`features` with ``Ŝ = e_a e_y^T + e_y e_a^T`` (the context's ``h = e_a``)
+    and the query ``z_q = (e_j, 0)``: ``Γ_{ja} = V^T φ``.
+    """
+    gamma = np.zeros((d, d))
+    for a in range(d):
+        S = np.zeros((d + 1, d + 1))
+        S[a, d] = S[d, a] = 1.0
+        for j in range(d):
+            q = np.zeros(d + 1)
+            q[j] = 1.0
+            gamma[j, a] = float(np.reshape(features(K, S, q), -1) @ V[:, 0])     # head-major, as V
+    return gamma
+
+
+def test_centralized_optimum_reproduces_the_published_in_context_optimum():
+    """Identical clients, ``μ = 0``: the solver's ``Γ`` is ZFB (2024)'s ``Γ*`` within Monte-Carlo error.
+
+    The solver minimises the empirical loss of ``N`` samples, so its ``Γ̂`` is a least-squares estimate:
+    ``Γ̂ − Γ*`` is asymptotically normal with the sandwich (HC0) covariance of the least-squares fit of
+    ``y_q`` on the features ``x_{q,j} h_a``, computed from the same samples. The test requires the
+    joint statistic ``(Γ̂ − Γ*)^T Cov⁻¹ (Γ̂ − Γ*)`` below the 0.999 quantile of ``χ²_{d²}``. With
+    ``n = 3`` tokens the ``1/n`` terms matter: dropping the ``1/n`` of ``(1 + 1/n)Λ`` moves ``Γ*`` by
+    ≈ 6 standard errors (χ² ≈ 45). ``Λ`` is one client's spectrum ``diag(exp(ζ_X ε))`` (``ζ_X = 0.8``).
+    """
+    from scipy import stats
+    from linattn_theory.tasks import in_context_regression_clients
+    d, n, sigma, N = 2, 3, 0.5, 3000
+    clients = in_context_regression_clients(num_clients=1, samples_per_client=N, tokens=n, dim=d,
+                                            zeta_covariate=0.8, zeta_task=0.0, noise=sigma, seed=0)
+    Lam = np.diag(clients.truth["spectra"][0])
+    gamma_star, phi_star = _published_icl_optimum(Lam, n, sigma)
+    opt = th.centralized_optimum(clients, 0.0, rank=d + 1, heads=1, seed=0)     # default 8 random starts
+    gamma_hat = _effective_preconditioner(opt.kernel, opt.value, d)
+    X, q, y = clients[0]
+    h = np.einsum("bi,bia->ba", X[:, :, d], X[:, :, :d]) / n
+    xq = q[:, :d]
+    design = np.einsum("bj,ba->bja", xq, h).reshape(N, d * d)              # column j·d + a: Γ_{ja}
+    coef = np.linalg.lstsq(design, y[:, 0], rcond=None)[0]
+    residual = y[:, 0] - design @ coef
+    bread = np.linalg.inv(design.T @ design)
+    cov = bread @ (design.T * residual ** 2) @ design @ bread
+    diff = (gamma_hat - gamma_star).reshape(-1)
+    assert diff @ np.linalg.solve(cov, diff) <= stats.chi2.ppf(0.999, d * d), (gamma_hat, gamma_star)
+    # the published kernel (K^T z_q = (Γ*^T x_q, 0)) is a candidate on the same samples: the solver is not worse
+    K_star = np.zeros((1, d + 1, d + 1))
+    K_star[0, :d, :d] = gamma_star
+    assert opt.objective <= th.profile_objective(K_star, clients, 0.0)[0] * (1 + 1e-12)
+    # full-rank factors (r = d + 1): a stationary point of the factors has ∇_K Φ_0 = 0 (scale-free measure)
+    G = th.profile_gradient(opt.kernel, clients, 0.0)
+    assert np.linalg.norm(G) * np.linalg.norm(opt.kernel) <= 1e-6 * opt.objective
+    # Φ*_0 is the population loss at Γ*: the sample mean of the loss there agrees within 4 standard errors
+    loss = 0.5 * (np.einsum("bj,jk,bk->b", xq, gamma_star, h) - y[:, 0]) ** 2
+    assert abs(loss.mean() - phi_star) <= 4 * loss.std() / np.sqrt(N)
+
+
 # ---------------------------------------------------------------- §5 frozen stage
 FROZEN_CASES = [  # (kernel seed, heads, E, λ, η as a fraction of the stability limit)
     (3, 2, 3, 0.0, 0.5),
@@ -180,17 +246,48 @@ def test_bad_arguments_name_the_parameter():
 
 
 # ---------------------------------------------------------------- §6 decomposition
-def test_decomposition_identity_at_every_warmup_length():
+def test_decomposition_parts_computed_independently_add_up_to_the_simulated_risk():
+    """``R(T0) = bias + D + unfinished`` with every part predicted from the state at freezing.
+
+    ``bias = Φ_λ(K_{T0}) − Φ*_λ`` and ``D = ½‖V_FA − V*‖²_Ã`` are closed forms at ``K_{T0}``; the
+    unfinished part is predicted from the warm-up's value block ``V_{T0}`` alone, through the exact
+    affine map of §5: ``e = M^k (V_{T0} − V_FA)``, ``k = T − T0``, ``Δ = V_FA − V*``, unfinished
+    ``= tr(e^T Ã Δ) + ½ tr(e^T Ã e)``. Their sum must equal the excess risk the simulator measures
+    after ``k`` frozen rounds (``F_λ(θ_T) − Φ*_λ`` from its ``loss_regularized``), to 1e-9 relative;
+    no part is defined as a difference of the others.
+    """
+    from linattn_theory.moments import value_moments
     config = small_config()
-    table = th.excess_risk_by_warmup(config, [0, 2, 5, 9, 12], restarts=1)
-    assert not table["diverged"].any()
-    assert list(table["warmup_rounds"]) == [0, 2, 5, 9, 12]
-    parts = table["bias"] + table["drift_floor"] + table["unfinished"]
-    assert np.all(np.abs(parts - table["excess_risk"]) <= 1e-10 * np.abs(table["excess_risk"]))
-    # the identity is a real check: F_λ(K_T0, V_T) from the moments = the simulator's loss_regularized
-    np.testing.assert_allclose(table["loss_regularized_moments"], table["loss_regularized"], rtol=1e-12)
-    assert np.all(table["bias"] >= 0) and np.all(table["drift_floor"] >= 0)
-    assert table["cumulative_kernel_drift"].iloc[0] == 0 and np.all(np.diff(table["cumulative_kernel_drift"]) > 0)
+    clients = clients_from_config(config)
+    fed = config.federated
+    T, eta, E, lam = fed.rounds, fed.learning_rate, fed.local_steps, fed.ridge
+    runs = {T0: simulate(config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0}),
+                         clients) for T0 in (0, 2, 5, 9, 12)}
+    assert not any(run.diverged for run in runs.values())
+    opt = th.centralized_optimum(clients, lam, rank=2, heads=2, restarts=1,
+                                 initial_kernels=[kernel(run.warmup_params) for run in runs.values()])
+    for T0, run in runs.items():
+        K = kernel(run.warmup_params)
+        phi, V_star = th.profile_objective(K, clients, lam)
+        V_FA = th.fedavg_fixed_point(K, clients, eta, E, lam)
+        M, _ = th.frozen_stage_map(K, clients, eta, E, lam)
+        moments = value_moments(K, clients, lam)
+        A = np.sum(moments.weights[:, None, None] * moments.A_tilde, axis=0)
+        delta = V_FA - V_star
+        e = np.linalg.matrix_power(M, T - T0) @ (_value_matrix(np, run.warmup_params.WV) - V_FA)
+        predicted = {"bias": phi - opt.objective,
+                     "drift_floor": th.value_drift_floor(K, clients, eta, E, lam),
+                     "unfinished": float(np.sum(e * (A @ delta)) + 0.5 * np.sum(e * (A @ e)))}
+        measured = float(run.table["loss_regularized"].iloc[-1]) - opt.objective
+        assert sum(predicted.values()) == pytest.approx(measured, rel=1e-9), (T0, predicted, measured)
+        assert predicted["drift_floor"] == pytest.approx(0.5 * np.sum(delta * (A @ delta)), rel=1e-10)
+        assert predicted["bias"] >= 0          # the solver found a kernel at least as good as every K_{T0}
+        # the package's decomposition reports the same parts
+        row = th.decompose_excess_risk(run, clients, optimum=opt)
+        for part, value in predicted.items():
+            assert row[part] == pytest.approx(value, rel=1e-9, abs=1e-12 * abs(measured)), (T0, part)
+    drift = [float(run.table["cumulative_kernel_drift"].iloc[-1]) for run in runs.values()]
+    assert drift[0] == 0 and np.all(np.diff(drift) > 0)         # heterogeneous clients: the kernel drifts
 
 
 def test_decompose_reads_the_run_configuration():
@@ -226,19 +323,85 @@ def test_replayed_rounds_equal_the_simulator():
         assert rel(getattr(params, block), getattr(run.warmup_params, block)) < 1e-13
 
 
-def test_inexactness_parts_add_up_to_the_gap():
-    config = small_config(local_steps=3)
-    table = th.warmup_inexactness(config, rounds=4)
-    parts = table[["value_lag", "client_drift", "factor_averaging", "remainder"]].sum(axis=1)
-    scale = table[["realised_change", "predicted_change"]].abs().max(axis=1)
-    assert np.all(np.abs(parts - table["gap"]) <= 1e-12 * scale)
-    # the remainder is the exact step's higher-order part, computed independently
-    assert np.all(np.abs(table["remainder"] - (table["exact_step_change"] - table["predicted_change"]))
-                  <= 1e-10 * scale)
-    # rows chain: the realised change is the next row's Φ minus this row's
-    np.testing.assert_allclose(np.diff(table["profile_objective"]), table["realised_change"].iloc[:-1], rtol=1e-12)
-    assert np.all(table["predicted_change"] < 0)
-    assert np.all(table["client_drift"] != 0) and np.all(table["factor_averaging"] != 0)
+def _reference_round(params, clients, eta, E, lam, s):
+    """One warm-up round and the kernels of the §4 chain, written out with per-client loops.
+
+    Plain NumPy on each client's ``(X, q, y)`` with :func:`loss_and_grad` (checked against finite
+    differences in test_model.py); shares no code with ``theory.warmup_inexactness`` beyond it.
+    Returns ``(θ^{t+1}, {"K_a", "K_b", "K_prod", "K_new"})``.
+    """
+    from linattn_theory.model import loss_and_grad
+    weights = np.asarray(clients.weights, dtype=float)
+    weights = weights / weights.sum()
+
+    def grad(theta, client):
+        X, q, y = client
+        g = loss_and_grad(theta, X, q, y)[1]
+        return Params(g.WQ, g.WK, g.WV + lam * theta.WV)
+
+    def step(theta, g):
+        return Params(theta.WQ - eta * g.WQ, theta.WK - eta * g.WK, theta.WV - eta * g.WV)
+
+    def server(theta, new):
+        return Params(*(a + s * (b - a) for a, b in zip((theta.WQ, theta.WK, theta.WV), (new.WQ, new.WK, new.WV))))
+
+    def centralised(theta):
+        for _ in range(E):
+            gs = [grad(theta, c) for c in clients]
+            theta = step(theta, Params(*(sum(w * getattr(g, k) for w, g in zip(weights, gs)) for k in ("WQ", "WK", "WV"))))
+        return theta
+
+    def own(theta, client):
+        for _ in range(E):
+            theta = step(theta, grad(theta, client))
+        return theta
+
+    _, V_star = th.profile_objective(kernel(params), clients, lam)
+    at_optimum = params.replace(WV=V_star.reshape(params.WV.shape))
+    locals_ = [own(params, c) for c in clients]
+    mean = Params(*(sum(w * getattr(t, k) for w, t in zip(weights, locals_)) for k in ("WQ", "WK", "WV")))
+    new = server(params, mean)
+    return new, {"K_a": kernel(server(at_optimum, centralised(at_optimum))),
+                 "K_b": kernel(server(params, centralised(params))),
+                 "K_prod": sum(w * kernel(server(params, t)) for w, t in zip(weights, locals_)),
+                 "K_new": kernel(new)}
+
+
+@pytest.mark.parametrize("E,s", [(3, 1.0), (2, 0.7)])
+def test_inexactness_parts_match_an_independent_chain(E, s):
+    """Each part of the §4 split equals ``Φ_λ`` differences along a chain built independently.
+
+    The predicted change is ``⟨G, −η_s η E 𝒫_t(G)⟩`` with ``G`` the envelope gradient and
+    ``𝒫_t(G) = G W_K W_K^T + W_Q W_Q^T G`` (docs/theory.md §4); the value lag, client drift, factor
+    averaging and remainder are differences of ``Φ_λ`` at the kernels of :func:`_reference_round`.
+    None of them is defined as the gap minus the others.
+    """
+    clients = small_clients(num_clients=3, zeta=1.0)
+    lam, eta = 0.05, 0.01
+    params = Params.init(3, 2, 2, heads=2, seed=14, scale=1.0)
+    table = th.warmup_inexactness(params, clients, rounds=2, lam=lam, eta=eta, local_steps=E,
+                                  server_learning_rate=s)
+    theta = params
+    for _, row in table.iterrows():
+        K = kernel(theta)
+        phi = th.profile_objective(K, clients, lam)[0]
+        G = th.profile_gradient(K, clients, lam)
+        WQ, WK = theta.WQ, theta.WK
+        precondition = G @ WK @ np.swapaxes(WK, -1, -2) + WQ @ np.swapaxes(WQ, -1, -2) @ G
+        predicted = -s * eta * E * float(np.sum(G * precondition))
+        theta, chain = _reference_round(theta, clients, eta, E, lam, s)
+        value = {name: th.profile_objective(k, clients, lam)[0] for name, k in chain.items()}
+        expected = {"predicted_change": predicted,
+                    "realised_change": value["K_new"] - phi,
+                    "value_lag": value["K_b"] - value["K_a"],
+                    "client_drift": value["K_prod"] - value["K_b"],
+                    "factor_averaging": value["K_new"] - value["K_prod"],
+                    "remainder": value["K_a"] - phi - predicted}
+        scale = abs(predicted)
+        for name, v in expected.items():
+            assert abs(row[name] - v) <= 1e-9 * scale, (name, row[name], v)
+        assert row["profile_objective"] == pytest.approx(phi, rel=1e-12)
+        assert predicted < 0 and row["client_drift"] != 0 and row["factor_averaging"] != 0
 
 
 def test_one_client_has_no_client_drift_or_factor_averaging():

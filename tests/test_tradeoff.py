@@ -1,6 +1,5 @@
 """The bias–drift trade-off bound against simulations (docs/theory.md §6, derivations/tradeoff.py)."""
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from linattn_theory import bound as tb
 from linattn_theory.config import FederatedConfig, config_from_dict
 from linattn_theory.federated import (clients_from_config, run_schedule, simulate, stable_learning_rate,
                                      value_curvature)
-from linattn_theory.model import Params
+from linattn_theory.model import Params, kernel
 from linattn_theory.tasks import planted_kernel_clients, stack_clients
 from linattn_theory.theory import contraction_rate, excess_risk_by_warmup, profile_objective
 
@@ -39,15 +38,18 @@ def tiny_config(zeta, rounds=14, **federated):
     return config.with_updates(updates), clients
 
 
-# ------------------------------------------------------------------ U(T0) ≥ R(T0) on a sweep
-RELIED_ON = ("(F) full-batch", "Φ*_λ lower-bounds", "(F) stable frozen stage", "(PL+I) unrolled",
-             "(F) frozen-stage transient")
-REPORTED = ("(PL+I) stepwise", "(S) smoothness", "(PL) ", "small-step regime", "(G) interior")
+# ------------------------------------------------------------------ the frozen-stage half of U(T0) on a sweep
+# U ≥ R as a whole is not tested: its bias half holds by construction (the constants (t_s, b_∞, q) are
+# fitted on the same FedAvg path so that the unrolled bias bound holds at every round; see
+# docs/theory.md §6). What can fail, and is tested, is the frozen-stage half: a triangle inequality
+# through the exact affine map of §5, against explicit FedFrozen simulations.
+RELIED_ON = ("(F) full-batch", "Φ*_λ lower-bounds", "(F) stable frozen stage", "(F) frozen-stage transient")
+REPORTED = ("(PL+I) unrolled", "(PL+I) stepwise", "(S) smoothness", "(PL) ", "small-step regime", "(G) interior")
 
 
 @pytest.mark.parametrize("zeta", [0.25, 1.0, 2.0])
-def test_bound_dominates_the_simulated_excess_risk(zeta):
-    """``U(T0) ≥ R(T0)`` at every ``T0 = 0..T``, with ``R`` from explicit FedFrozen simulations."""
+def test_frozen_stage_bound_dominates_the_simulated_value_stage(zeta):
+    """``D + unfinished ≤ min{(√D + τρ^k√u)², (c̄√D + τρ^k√g)²}`` at every ``T0 = 0..T`` (simulated)."""
     config, clients = tiny_config(zeta)
     T = config.federated.rounds
     path = tb.warmup_path(config, clients)
@@ -58,16 +60,15 @@ def test_bound_dominates_the_simulated_excess_risk(zeta):
     R = sweep["excess_risk"].to_numpy()
     curve = result.curve
     assert len(curve) == T + 1 and np.all(np.isfinite(result.U))
-    assert np.all(result.U >= R * (1 - ROUNDING)), (result.U, R)
-    # each part separately: the bias bound and the frozen-stage bound
-    assert np.all(curve["bias_bound"].to_numpy() >= sweep["bias"].to_numpy() * (1 - ROUNDING))
     frozen = (sweep["drift_floor"] + sweep["unfinished"]).to_numpy()
     assert np.all(curve["frozen_bound"].to_numpy() >= frozen - ROUNDING * np.abs(R))
+    # T0 = T (k = 0, plain FedAvg): the second splitting is exact, so the bound is tight there
+    assert curve["frozen_bound"].iloc[-1] == pytest.approx(frozen[-1], rel=1e-9)
     assert result.T0_theory == int(np.argmin(result.U))
     # the path quantities are the closed forms the sweep measured at the same kernels
     np.testing.assert_allclose(curve["drift_floor"], sweep["drift_floor"], rtol=1e-9, atol=1e-15)
     np.testing.assert_allclose(curve["bias"], sweep["bias"], rtol=1e-9, atol=1e-12)
-    # every assumption is checked and reported; those the bound relies on hold here
+    # every assumption is checked and reported; those the frozen-stage bound relies on hold here
     names = [c.name for c in result.checks]
     for prefix in RELIED_ON + REPORTED:
         assert any(n.startswith(prefix) for n in names), prefix
@@ -128,48 +129,50 @@ def test_closed_form_is_the_minimiser_of_the_two_term_model():
 
 
 # ------------------------------------------------------------------ drift laws: log–log slopes
+# Regime (docs/theory.md §5): a random kernel (not the teacher's), target noise σ = 0.1, covariate
+# heterogeneity ζ_X = 0.5, ζ varied through the concept knob ζ_V ∈ {0.5, 1, 2}, η = 0.05/λ_max·{1, 2, 4}
+# (η E λ_max up to 0.8), E ∈ {2, 3, 5}. Here the kernel is misspecified, so the client optima differ even
+# at ζ_V = 0 and D/ζ² is not constant in ζ_V (asserted below); at finite η the law is only leading order.
+# At the teacher kernel without noise D/ζ² would be constant for every η, E: no check at all.
 @pytest.fixture(scope="module")
 def derived_exponents():
-    """The exponents derived by sympy in derivations/tradeoff.py (``derive_drift_exponents``)."""
-    spec = importlib.util.spec_from_file_location("tradeoff_derivation", ROOT / "derivations" / "tradeoff.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.derive_drift_exponents()
+    """The exponents read off the exact series of the two-client drift floor (sympy)."""
+    from linattn_theory.scaling_laws import drift_exponents
+    return drift_exponents()
 
 
 def _clients(zeta_value):
-    """Noise-free clients; the data X are the same for every ζ_V (one generator stream per client)."""
+    """Noisy clients; X and the noise draws are the same for every ζ_V (one generator stream per client)."""
     return planted_kernel_clients(num_clients=3, samples_per_client=40, tokens=4, dim=3, rank=2, outputs=2,
-                                  zeta_value=zeta_value, zeta_covariate=0.5, noise=0.0, seed=3)
+                                  zeta_value=zeta_value, zeta_covariate=0.5, noise=0.1, seed=3)
+
+
+def _measure_drift(factors, zeta_value, eta, E):
+    """``(D, ζ, D₂)``: the frozen stage (the simulator) run from ``V*_λ(K)`` until ``ρ^t ≤ 1e-5``."""
+    K = kernel(factors)
+    data = stack_clients(_clients(zeta_value))
+    phi, V_star = profile_objective(K, data, 0.0)
+    rounds = int(math.ceil(math.log(1e-5) / math.log(contraction_rate(K, data, eta, E))))
+    fed = FederatedConfig(rounds=rounds, warmup_rounds=0, local_steps=E, learning_rate=eta)
+    run = run_schedule(factors.replace(WV=V_star.reshape(1, 3, 2)), data, fed, 0)
+    D = float(run.table["loss_regularized"].iloc[-1]) - phi
+    lead = tb.drift_floor_leading_order(K, data, eta, E)
+    return D, math.sqrt(tb.gradient_dissimilarity(K, data)), lead["leading_order"]
+
+
+def _random_factors(seed):
+    return Params.init(3, 2, 2, seed=seed, scale=1.0).replace(WV=None)
 
 
 @pytest.fixture(scope="module")
 def drift_runs():
-    """Value drift floors measured by running the frozen stage (the simulator) to its fixed point.
-
-    The kernel is the teacher's, where the client optima differ only through ζ_V, so the
-    client-gradient dissimilarity ζ scales with ζ_V at a fixed geometry (the drift law's setting).
-    Each run starts at ``V*_λ(K)`` and runs until ``ρ^t ≤ 1e-5``; ``D = F_λ(θ_T) − Φ_λ(K)``.
-    """
-    K = _clients(1.0).truth["kernel"]
-    U, s, Vt = np.linalg.svd(K[0])
-    factors = Params((U[:, :2] * np.sqrt(s[:2]))[None], (Vt.T[:, :2] * np.sqrt(s[:2]))[None], None)
-    curvature = float(np.max(value_curvature(K, stack_clients(_clients(1.0)))))
-    eta0 = 0.05 / curvature                                     # η E λ_max ≤ 0.25 at E = 5: small-step regime
-
-    def measure(zeta_value, eta, E):
-        data = stack_clients(_clients(zeta_value))
-        phi, V_star = profile_objective(K, data, 0.0)
-        rounds = int(math.ceil(math.log(1e-5) / math.log(contraction_rate(K, data, eta, E))))
-        fed = FederatedConfig(rounds=rounds, warmup_rounds=0, local_steps=E, learning_rate=eta)
-        run = run_schedule(factors.replace(WV=V_star.reshape(1, 3, 2)), data, fed, 0)
-        D = float(run.table["loss_regularized"].iloc[-1]) - phi
-        lead = tb.drift_floor_leading_order(K, data, eta, E)
-        return D, math.sqrt(tb.gradient_dissimilarity(K, data)), lead["leading_order"]
-
-    return {"zeta": [measure(z, eta0, 4) for z in (0.5, 1.0, 2.0)],
-            "eta": [measure(1.0, f * eta0, 4) for f in (1, 2, 4)],
-            "local_steps_minus_one": [measure(1.0, eta0, E) for E in (2, 3, 5)],
+    """Value drift floors measured by running the frozen stage to its fixed point (regime above)."""
+    factors = _random_factors(1)
+    curvature = float(np.max(value_curvature(kernel(factors), stack_clients(_clients(1.0)))))
+    eta0 = 0.05 / curvature
+    return {"zeta": [_measure_drift(factors, z, eta0, 4) for z in (0.5, 1.0, 2.0)],
+            "eta": [_measure_drift(factors, 1.0, f * eta0, 4) for f in (1, 2, 4)],
+            "local_steps_minus_one": [_measure_drift(factors, 1.0, eta0, E) for E in (2, 3, 5)],
             "abscissa": {"eta": [eta0, 2 * eta0, 4 * eta0], "local_steps_minus_one": [1, 2, 4]}}
 
 
@@ -181,12 +184,27 @@ def _slope(x, y):
 def test_drift_floor_slopes_match_the_derived_exponents(drift_runs, derived_exponents, law):
     """log–log slope of the simulated drift floor in ζ, η, E − 1 equals the sympy exponent ± 0.25."""
     derived = derived_exponents[law]
-    assert derived == tb.DRIFT_EXPONENTS[law]
     runs = drift_runs[law]
     D = [r[0] for r in runs]
     x = [r[1] for r in runs] if law == "zeta" else drift_runs["abscissa"][law]
     assert all(d > 0 for d in D)
     assert abs(_slope(x, D) - derived) <= 0.25, (law, _slope(x, D), derived)
+
+
+def test_the_zeta_law_is_not_an_identity_in_this_regime(drift_runs, derived_exponents):
+    """D/ζ² varies with ζ_V at the random kernel; where misspecification dominates the law fails.
+
+    At kernel seed 2 and small ζ_V the client optima differ mostly through the misspecified kernel
+    (a part that does not grow with ζ_V), so D and ζ² are not proportional and the slope is far from
+    the derived exponent: the slope check above can fail.
+    """
+    ratio = [D / zeta ** 2 for D, zeta, _ in drift_runs["zeta"]]
+    assert max(ratio) / min(ratio) - 1 > 0.01
+    factors = _random_factors(2)
+    eta = 0.05 / float(np.max(value_curvature(kernel(factors), stack_clients(_clients(1.0)))))
+    runs = [_measure_drift(factors, z, eta, 4) for z in (0.25, 0.5, 1.0)]
+    slope = _slope([r[1] for r in runs], [r[0] for r in runs])
+    assert abs(slope - derived_exponents["zeta"]) > 0.5, slope
 
 
 def test_leading_order_drift_floor_converges_to_the_simulated_one(drift_runs):
