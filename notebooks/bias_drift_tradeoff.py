@@ -16,9 +16,9 @@
 #
 # **The question.** Federated training of an attention layer with FedFrozen (arXiv:2605.06446)
 # runs `T0` rounds of FedAvg on every block, then freezes the query/key block and trains only the
-# value block. After how many rounds should one freeze? You will answer it with code in about
-# **40 minutes**: about 12 minutes of reading (≈ 2,000 words of text) and 7 exercises of 2–5
-# minutes each.
+# value block. After how many rounds should one freeze? You will answer it with code in **40–45
+# minutes**: about 12 minutes of reading (≈ 2,000 words at 170 words a minute), a few minutes to
+# skim the code, and 7 exercises (9 answers) of 2–5 minutes each.
 #
 # **How to work.** Run the cells from top to bottom. An *exercise* is a function whose body is
 # `raise NotImplementedError`: replace that line by your answer, run the cell, then run the
