@@ -20,7 +20,8 @@
 # minutes**: about 12 minutes of reading (≈ 2,000 words at 170 words a minute), a few minutes to
 # skim the code, and 7 exercises (9 answers) of 2–5 minutes each.
 #
-# **How to work.** Run the cells from top to bottom. An *exercise* is a function whose body is
+# **How to work.** Run the cells from top to bottom (in Jupyter, or headless with
+# `python notebooks/execute.py --out my_run.ipynb`, which prints every check). An *exercise* is a function whose body is
 # `raise NotImplementedError`: replace that line by your answer, run the cell, then run the
 # check cell below it. The check compares **your** answer with an independent computation and
 # prints `EXERCISE <name>: PASS`, `FAIL` (with what went wrong) or `UNANSWERED`; it never stops
@@ -141,8 +142,7 @@ def verify_rescale(new):
 check_exercise("1 scale symmetry", lambda: rescale(params0, 3.0), verify_rescale)
 
 # %% [markdown]
-# So a kernel is only meaningful up to its scale; section 4 measures kernels in a way that does not
-# see the scale.
+# A kernel is only meaningful up to its scale.
 #
 # ## 2. Closed-form gradients (§1)
 #
@@ -165,8 +165,8 @@ check_exercise("1 scale symmetry", lambda: rescale(params0, 3.0), verify_rescale
 # \nabla_{W_K^h}\ell = (\nabla_{K_h}\ell)^\top W_Q^h = g\, u^\top .
 # $$
 #
-# The batch gradient is the mean over samples. The package's `loss_and_grad(params, X, q, y)`
-# evaluates these formulas (no autodiff).
+# The batch gradient is the mean over samples; `loss_and_grad(params, X, q, y)` evaluates these
+# formulas.
 #
 # **Exercise 2 (the value gradient).** Compute $\nabla_{W_V}$ of the batch loss of client 0 for
 # the one-head model, shape $(d, p)$, with plain NumPy (`context_second_moment(X)` gives
@@ -248,8 +248,6 @@ tendency("drift grows with heterogeneity", bool(np.all(np.diff([gaps[z][-1] for 
          "(kernel gap after E steps for ζ_V = " + ", ".join(f"{z:g}: {gaps[z][-1]:.3f}" for z in zetas) + ")")
 
 # %% [markdown]
-# (Even at $\zeta_V = 0$ the clients differ a little: different samples and token variances.)
-#
 # **Exercise 3 (the server's step).** `local_steps(theta, clients, η, E)` returns every client's
 # model after its local steps, stacked on a leading client axis. Write the server's step with
 # $\eta_s = 1$: the $p_c$-weighted average of the client models, block by block. The check
@@ -381,8 +379,7 @@ check_exercise("4b better kernel", better_kernel_after_T_rounds,
                                f"{bias_fedavg[-1]:.4f}, centralised {bias_central[-1]:.4f}"))
 
 # %% [markdown]
-# The first half of the trade-off: **a longer warm-up buys a better kernel** — at first. Then
-# drift bends FedAvg's kernel path and it falls behind the drift-free one.
+# The first half of the trade-off: **a longer warm-up buys a better kernel** — at first.
 #
 # ## 5. The frozen stage: a quadratic problem with a drift floor (§5)
 #
@@ -571,9 +568,8 @@ check_exercise("6 final value block", lambda: final_value_block(V_T0_run, M, V_F
 # %% [markdown]
 # ## 7. More heterogeneity: freeze earlier or later?
 #
-# More heterogeneous clients drift more, both in the kernel and in the value stage, while the
-# bias curve changes less. The theory therefore expects the drift side of the U to rise sooner,
-# and the best warm-up to move **earlier** — a tendency, not a theorem.
+# More heterogeneous clients drift more, in the kernel and in the value stage, so the theory
+# expects the drift side of the U to rise sooner: a tendency, not a theorem.
 #
 # **Exercise 7 (predict).** When $\zeta_V$ grows from `zeta_low` to `zeta_high`, does the best
 # warm-up move `"earlier"` or `"later"`? The cell below repeats the sweep for three data seeds;
