@@ -14,9 +14,9 @@
 # %% [markdown]
 # # Why freeze the attention kernel? The bias–drift trade-off of FedFrozen
 #
-# **The question.** Federated training of an attention layer with FedFrozen (arXiv:2605.06446)
-# runs `T0` rounds of FedAvg on every block, then freezes the query/key block and trains only the
-# value block. After how many rounds should one freeze? You will answer it with code in **40–45
+# **The question.** With a budget of $T$ federated rounds, FedFrozen (arXiv:2605.06446) trains
+# an attention layer with $T_0$ rounds of FedAvg on every block, then freezes the query/key block
+# and trains only the value block. How long should the warm-up $T_0$ be? You will answer it with code in **40–45
 # minutes**: about 12 minutes of reading (≈ 2,000 words at 170 words a minute), a few minutes to
 # skim the code, and 7 exercises (9 answers) of 2–5 minutes each.
 #
@@ -53,7 +53,7 @@ plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3,
 
 def show(fig):
     """Display a figure in Jupyter (a plain script just closes it)."""
-    if "inline" in plt.get_backend():
+    if plt.get_backend().lower() != "agg":
         plt.show()
     plt.close(fig)
 
@@ -222,7 +222,7 @@ check_exercise("2 value gradient", lambda: value_gradient(params0, X, q, y), ver
 #
 # With $E > 1$ each client walks towards *its own* optimum and the clients' models pull apart:
 # **client drift**. The figure shows the distance between the two clients' kernels after $e$ local
-# steps, for several $\zeta_V$.
+# steps $j$, for several $\zeta_V$.
 
 # %%
 ETA, E = 0.04, 20          # local step size η and local steps per round E (try E = 5 later)
@@ -241,7 +241,7 @@ gaps = {z: [kernel_gap(pairs[z], e) for e in range(E + 1)] for z in zetas}
 fig, ax = plt.subplots(figsize=(4.5, 3))
 for z in zetas:
     ax.plot(gaps[z], label=rf"$\zeta_V = {z:g}$")
-ax.set(xlabel="local step $e$", ylabel=r"$\|K_1 - K_2\|_F$", title="the clients' kernels drift apart")
+ax.set(xlabel="local step $j$", ylabel=r"$\|K_1 - K_2\|_F$", title="the clients' kernels drift apart")
 ax.legend()
 show(fig)
 tendency("drift grows with heterogeneity", bool(np.all(np.diff([gaps[z][-1] for z in zetas]) > 0)),
@@ -312,9 +312,9 @@ theorem("FedAvg with E = 1 is gradient descent on F", gap_e1 < 1e-12, f"(max dif
 # \operatorname{bias}(K) = \Phi_\lambda(K) - \Phi^*_\lambda \ \ge 0,
 # $$
 #
-# is what a kernel costs once it is frozen. The figure follows the bias of FedAvg's kernel
-# round by round, next to centralised gradient descent on $F$ with as many gradient steps
-# ($E$ per round, no drift).
+# is what a kernel costs once it is frozen. The figure follows the bias of $K_t$, the kernel of
+# $\theta^t$, over $T$ rounds of FedAvg, next to centralised gradient descent on $F$ with as many
+# gradient steps ($E$ per round, no drift).
 
 # %%
 T = 80                                   # the budget of rounds
@@ -373,9 +373,9 @@ def better_kernel_after_T_rounds():
     raise NotImplementedError
 
 # %%
-observed = "fedavg" if bias_fedavg[-1] < bias_central[-1] else "centralised"
+better_observed = "fedavg" if bias_fedavg[-1] < bias_central[-1] else "centralised"
 check_exercise("4b better kernel", better_kernel_after_T_rounds,
-               lambda answer: (answer == observed, f"after T = {T} rounds with E = {E}: bias FedAvg "
+               lambda answer: (answer == better_observed, f"after T = {T} rounds with E = {E}: bias FedAvg "
                                f"{bias_fedavg[-1]:.4f}, centralised {bias_central[-1]:.4f}"))
 
 # %% [markdown]
@@ -597,12 +597,14 @@ for seed in (0, 1, 2):
 ax.set(xlabel=r"warm-up length $T_0$", ylabel=r"$R(T_0)$", title="best warm-up (dots)")
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
 show(fig)
-observed = {seed: "earlier" if high < low else "later" if high > low else "same" for seed, (low, high) in moves.items()}
+moves_observed = {seed: "earlier" if high < low else "later" if high > low else "same"
+                  for seed, (low, high) in moves.items()}
 detail = ", ".join(f"seed {s}: {low} → {high}" for s, (low, high) in moves.items())
 check_exercise("7 best warm-up vs heterogeneity", best_warmup_moves,
-               lambda answer: (all(o == answer for o in observed.values()), f"(best T0, ζ low → high) {detail}"))
+               lambda answer: (all(o == answer for o in moves_observed.values()),
+                               f"(best T0, ζ low → high) {detail}"))
 tendency("the best warm-up moves earlier as heterogeneity grows",
-         all(o == "earlier" for o in observed.values()), detail)
+         all(o == "earlier" for o in moves_observed.values()), detail)
 
 # %% [markdown]
 # ## What to remember
