@@ -16,16 +16,17 @@
 #
 # **The question.** With a budget of $T$ federated rounds, FedFrozen (arXiv:2605.06446) trains
 # an attention layer with $T_0$ rounds of FedAvg on every block, then freezes the query/key block
-# and trains only the value block. How long should the warm-up $T_0$ be? You will answer it with code in **40–45
-# minutes**: about 12 minutes of reading (≈ 2,000 words at 170 words a minute), a few minutes to
-# skim the code, and 7 exercises (9 answers) of 2–5 minutes each.
+# and trains only the value block. How long should the warm-up $T_0$ be? You will answer it with
+# code in **40–45 minutes**: about 12 minutes of reading (≈ 2,000 words at 170 words a minute), a
+# few minutes to skim the code, and 7 exercises (9 answers) of 2–5 minutes each.
 #
 # **How to work.** Run the cells from top to bottom (in Jupyter, or headless with
-# `python notebooks/execute.py --out my_run.ipynb`, which prints every check). An *exercise* is a function whose body is
-# `raise NotImplementedError`: replace that line by your answer, run the cell, then run the
-# check cell below it. The check compares **your** answer with an independent computation and
-# prints `EXERCISE <name>: PASS`, `FAIL` (with what went wrong) or `UNANSWERED`; it never stops
-# the notebook, so you can skip an exercise and come back. Two other kinds of lines appear:
+# `python notebooks/execute.py --out my_run.ipynb`, which prints every check). An *exercise* is a
+# function whose body is `raise NotImplementedError`: replace that line by your answer, run the
+# cell, then run the check cell below it. The check compares **your** answer with an independent
+# computation and prints `EXERCISE <name>: PASS`, `FAIL` (with what went wrong) or `UNANSWERED`;
+# it never stops the notebook, so you can skip an exercise and come back. Two other kinds of
+# lines appear:
 #
 # - `THEOREM …: holds` — an exact identity of the theory. If one is violated the cell raises an
 #   error: that is a bug in the code, not a property of your numbers.
