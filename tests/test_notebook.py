@@ -1,118 +1,217 @@
-"""The teaching notebook runs end to end (quick settings), its exercises pass, and .ipynb = .py.
+"""The teaching notebook: students' stubs are checked, solutions pass, wrong answers fail, nothing aborts.
 
-The notebook is ``notebooks/bias_drift_tradeoff.py`` (Jupytext percent format) with its paired
-``notebooks/bias_drift_tradeoff.ipynb``. Each exercise cell computes its answer, checks it with
-``assert`` and prints ``EXERCISE <name>: PASS``; the tests below demand every exercise by name,
-so one that silently disappears fails the test as surely as one that fails its check.
+The notebook is ``notebooks/bias_drift_tradeoff.py`` (Jupytext percent format) with its paired,
+executed ``notebooks/bias_drift_tradeoff.ipynb``; ``notebooks/execute.py`` runs it headless in an
+IPython shell. Three executions are checked: as shipped (every exercise ``UNANSWERED``, every
+theorem holds, and the outputs equal the committed ``.ipynb``'s), with ``notebooks/solutions.py``
+filled in (every exercise ``PASS``), and with the wrong answers of ``tests/notebook_wrong_answers.py``
+and ``E = 5`` (every exercise ``FAIL``, and the notebook still runs to the end).
 """
 
+import ast
+import base64
+import json
 import os
+import re
 import subprocess
 import sys
+from io import BytesIO
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+
+from linattn_theory.teaching import TheoremViolation, best_warmup, check_exercise, tendency, theorem
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "bias_drift_tradeoff.py"
 PAIRED = NOTEBOOK.with_suffix(".ipynb")
+EXECUTE = ROOT / "notebooks" / "execute.py"
+SOLUTIONS = ROOT / "notebooks" / "solutions.py"
+WRONG = ROOT / "tests" / "notebook_wrong_answers.py"
 
-EXERCISES = [
-    "scale_symmetry", "value_gradient", "fedavg_e1_is_gd", "drift_grows_with_zeta",
-    "profile_is_best_value_loss", "profile_scale_invariant", "envelope_gradient",
-    "drift_costs_kernel_quality",
-    "no_drift_with_one_local_step", "drift_quadruples_with_zeta", "drift_scales_as_eta_squared",
-    "no_drift_with_identical_inputs", "bound_above_excess_risk", "recommended_warmup_regret",
-    "best_warmup_earlier_with_more_heterogeneity",
-    "no_drift_train_to_the_end",
-]
+EXERCISES = ["1 scale symmetry", "2 value gradient", "3 server average", "4a profile by least squares",
+             "4b better kernel", "5a drift floor", "5b drift floor factor", "6 final value block",
+             "7 best warm-up vs heterogeneity"]
+THEOREMS = ["FedAvg with E = 1 is gradient descent on F", "Φ_0 does not see the kernel's scale",
+            "V_FA is the fixed point of the simulator's frozen round", "no drift floor with one local step",
+            "no drift floor when the clients share their inputs", "R = bias + drift floor + unfinished, at every T0"]
+TENDENCIES = ["drift grows with heterogeneity", "D ∝ η² at small η",
+              "the best warm-up moves earlier as heterogeneity grows"]
+STUBS = ["rescale", "value_gradient", "server_average", "profile_by_least_squares", "better_kernel_after_T_rounds",
+         "drift_floor", "drift_floor_factor_when_zeta_doubles", "final_value_block", "best_warmup_moves"]
 
 
-def _environment(tmp_path):
-    env = dict(os.environ, LINATTN_QUICK="1", MPLBACKEND="Agg", OMP_NUM_THREADS="1",
-               OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               LINATTN_NOTEBOOK_FIGURES=str(tmp_path / "figures"))
+def _execute(tmp_path, *args):
+    """Run notebooks/execute.py; return (exit status, printed output, the executed notebook as JSON)."""
+    out = tmp_path / "executed.ipynb"
+    env = dict(os.environ, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
+    proc = subprocess.run([sys.executable, str(EXECUTE), "--out", str(out), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr, json.loads(out.read_text())
 
 
-def _exercise_results(output: str) -> dict[str, str]:
-    results = {}
+def _reports(output: str, kind: str) -> dict[str, str]:
+    """{name: status} of the lines ``KIND name: STATUS  detail``."""
+    found = {}
     for line in output.splitlines():
-        if line.startswith("EXERCISE "):
-            name, _, rest = line[len("EXERCISE "):].partition(":")
-            results[name.strip()] = rest.split()[0]
-    return results
+        match = re.match(rf"{kind} (.+?): (PASS|FAIL|UNANSWERED|holds|does NOT hold)\b", line)
+        if match:
+            found[match.group(1)] = match.group(2)
+    return found
 
 
-def _assert_all_exercises_pass(output: str):
-    results = _exercise_results(output)
-    missing = [name for name in EXERCISES if name not in results]
-    failed = {name: status for name, status in results.items() if status != "PASS"}
-    assert not missing, f"exercises that did not report: {missing}\n{output[-3000:]}"
-    assert not failed, f"exercises that failed: {failed}\n{output[-3000:]}"
-    assert set(results) == set(EXERCISES), f"unexpected exercises {set(results) - set(EXERCISES)}: update EXERCISES"
+def _assert_theorems_hold(output: str):
+    assert _reports(output, "THEOREM") == {name: "holds" for name in THEOREMS}, output[-3000:]
+    assert set(_reports(output, "TENDENCY")) == set(TENDENCIES), output[-3000:]
 
 
 @pytest.fixture(scope="module")
-def script_run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("notebook")
-    proc = subprocess.run([sys.executable, str(NOTEBOOK)], cwd=ROOT, env=_environment(tmp_path),
-                          capture_output=True, text=True, timeout=300)
-    return proc, tmp_path
+def unanswered(tmp_path_factory):
+    return _execute(tmp_path_factory.mktemp("unanswered"))
 
 
-def test_script_runs_end_to_end_and_every_exercise_passes(script_run):
-    proc, _ = script_run
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
-    _assert_all_exercises_pass(output)
-    assert "quick mode: True" in output
+def test_unanswered_notebook_runs_to_the_end(unanswered):
+    status, output, _ = unanswered
+    assert status == 0, output[-3000:]
+    assert _reports(output, "EXERCISE") == {name: "UNANSWERED" for name in EXERCISES}, output[-3000:]
+    _assert_theorems_hold(output)
 
 
-def test_script_draws_every_figure(script_run):
-    """Each section's figure is drawn (saved as PNG when LINATTN_NOTEBOOK_FIGURES is set)."""
+def _outputs(notebook):
+    """Per code cell: its text outputs, and the pixel shape of each figure."""
     from matplotlib import image
 
-    _, tmp_path = script_run
-    expected = {"1_model", "2_gradients", "3_client_drift", "4_profile_bias", "5_frozen_stage",
-                "6_tradeoff", "6_bound", "6_heterogeneity"}
-    written = {p.stem: p for p in (tmp_path / "figures").glob("*.png")}
-    assert expected <= set(written), f"missing figures: {expected - set(written)}"
-    for name in expected:
-        pixels = image.imread(written[name])
-        assert pixels.shape[0] > 100 and pixels.shape[1] > 100, name
-        assert pixels[..., :3].std() > 0.05, f"{name} looks blank"
+    cells = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        texts, figures = [], []
+        for output in cell["outputs"]:
+            if output["output_type"] == "stream":
+                texts.append((output["name"], "".join(output["text"])))
+            elif "image/png" in output.get("data", {}):
+                pixels = image.imread(BytesIO(base64.b64decode(output["data"]["image/png"])))
+                assert pixels[..., :3].std() > 0.05, "a blank figure"
+                figures.append(pixels.shape)
+            else:
+                texts.append((output["output_type"], json.dumps(output.get("data"), sort_keys=True)))
+        cells.append((cell["execution_count"], texts, figures))
+    return cells
+
+
+def test_committed_ipynb_has_the_outputs_of_a_fresh_execution(unanswered):
+    """Same code, same printed outputs, same figures (pixel sizes) as running the .py now."""
+    _, output, fresh = unanswered
+    committed = json.loads(PAIRED.read_text())
+    assert [c["source"] for c in committed["cells"]] == [c["source"] for c in fresh["cells"]], \
+        "the .ipynb is stale: run python notebooks/execute.py"
+    ours, theirs = _outputs(fresh), _outputs(committed)
+    assert sum(len(figures) for _, _, figures in ours) == 6
+    assert [n for n, _, _ in theirs] == list(range(1, len(theirs) + 1)), "execution counts 1, 2, …"
+    assert theirs == ours, "the committed outputs differ from a fresh execution: run python notebooks/execute.py"
+    assert set(committed["metadata"]) == {"jupytext", "kernelspec"}, "no run metadata in the committed notebook"
+
+
+def test_solutions_pass_every_exercise(tmp_path):
+    status, output, _ = _execute(tmp_path, "--solutions", str(SOLUTIONS))
+    assert status == 0, output[-3000:]
+    assert _reports(output, "EXERCISE") == {name: "PASS" for name in EXERCISES}, output[-3000:]
+    assert _reports(output, "TENDENCY") == {name: "holds" for name in TENDENCIES}, output[-3000:]
+    _assert_theorems_hold(output)
+
+
+def test_wrong_answers_fail_and_the_notebook_still_runs_with_E_5(tmp_path):
+    """Each check can fail; an answer that raises is a FAIL; a student's E = 5 aborts nothing."""
+    status, output, _ = _execute(tmp_path, "--solutions", str(WRONG), "--replace", "ETA, E = 0.04, 20",
+                                 "ETA, E = 0.04, 5")
+    assert status == 0, output[-3000:]
+    assert _reports(output, "EXERCISE") == {name: "FAIL" for name in EXERCISES}, output[-3000:]
+    assert "EXERCISE 1 scale symmetry: FAIL  your answer raised TypeError" in output
+    assert "with E = 5" in output
+    _assert_theorems_hold(output)
 
 
 def _cells(path):
     import jupytext
 
-    notebook = jupytext.read(path)
-    return [(cell.cell_type, cell.source.strip()) for cell in notebook.cells]
+    return jupytext.read(path).cells
 
 
 def test_ipynb_is_in_sync_with_the_script():
     script, paired = _cells(NOTEBOOK), _cells(PAIRED)
-    assert len(script) == len(paired), "cell count differs: run jupytext --to ipynb " + str(NOTEBOOK)
-    for i, (a, b) in enumerate(zip(script, paired)):
-        assert a == b, f"cell {i} differs between .py and .ipynb: run jupytext --to ipynb {NOTEBOOK}"
-    assert sum(kind == "code" for kind, _ in script) >= 10
+    assert [(c.cell_type, c.source.strip()) for c in script] == [(c.cell_type, c.source.strip()) for c in paired], \
+        "the .py and the .ipynb differ: run python notebooks/execute.py"
 
 
-def test_runs_as_a_notebook(tmp_path):
-    """The .ipynb's cells run in an IPython shell from the notebooks folder, as Jupyter would run them."""
-    runner = (
-        "import sys, jupytext\n"
-        "from IPython.core.interactiveshell import InteractiveShell\n"
-        "shell = InteractiveShell.instance()\n"
-        "for cell in jupytext.read(sys.argv[1]).cells:\n"
-        "    if cell.cell_type == 'code':\n"
-        "        shell.run_cell(cell.source).raise_error()\n"
-    )
-    pytest.importorskip("IPython")
-    proc = subprocess.run([sys.executable, "-c", runner, str(PAIRED)], cwd=PAIRED.parent,
-                          env=_environment(tmp_path), capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
-    _assert_all_exercises_pass(output)
+def test_every_exercise_is_a_stub_with_a_solution_and_a_wrong_answer():
+    """Each cell tagged `exercise` defines one function whose body only raises NotImplementedError."""
+    stubs = []
+    for cell in _cells(NOTEBOOK):
+        if "exercise" not in cell.metadata.get("tags", []):
+            continue
+        (function,) = ast.parse(cell.source).body
+        body = [node for node in function.body if not isinstance(node, ast.Expr)]     # skip the docstring
+        assert len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc.id == "NotImplementedError", \
+            f"{function.name} is not a stub"
+        stubs.append(function.name)
+    assert stubs == STUBS
+    for path in (SOLUTIONS, WRONG):
+        module = ast.parse(path.read_text())
+        defined = [node.name for node in module.body if isinstance(node, ast.FunctionDef)]
+        assert defined == STUBS, path
+
+
+def _display_math(text: str) -> list[str]:
+    return [" ".join(block.split()) for block in re.findall(r"\$\$(.*?)\$\$", text, flags=re.S)]
+
+
+def test_displayed_formulas_are_those_of_docs_theory():
+    theory = set(_display_math((ROOT / "docs" / "theory.md").read_text()))
+    markdown = "\n".join(c.source for c in _cells(NOTEBOOK) if c.cell_type == "markdown")
+    formulas = _display_math(markdown)
+    assert len(formulas) >= 12
+    assert not [f for f in formulas if f not in theory], "a displayed formula is not copied from docs/theory.md"
+
+
+def test_the_reading_time_estimate_holds():
+    """The header's estimate: ≈ 2,000 words of text (12 minutes) and 7 exercises with 9 answers."""
+    cells = _cells(NOTEBOOK)
+    words = sum(len(c.source.split()) for c in cells if c.cell_type == "markdown")
+    assert words <= 2100, f"{words} words: update the reading-time estimate in the header"
+    assert "≈ 2,000 words" in cells[0].source and "7 exercises (9 answers)" in cells[0].source
+    assert len({name.split()[0].rstrip("ab") for name in EXERCISES}) == 7 and len(EXERCISES) == 9
+
+
+# --- linattn_theory.teaching ----------------------------------------------------------------------------
+def _stub():
+    raise NotImplementedError
+
+
+def test_check_exercise_reports_and_never_raises(capsys):
+    check_exercise("x", _stub, lambda r: (True, ""))
+    check_exercise("x", lambda: 1 / 0, lambda r: (True, ""))
+    check_exercise("x", lambda: 2.0, lambda r: (r == 2.0, "two"))
+    check_exercise("x", lambda: 3.0, lambda r: (r == 2.0, "three"))
+    check_exercise("x", lambda: "word", lambda r: (float(r) == 2.0, ""))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in lines] == ["UNANSWERED", "FAIL", "PASS", "FAIL", "FAIL"]
+    assert "ZeroDivisionError" in lines[1] and "could not be checked (ValueError" in lines[4]
+
+
+def test_theorem_raises_and_tendency_prints(capsys):
+    theorem("identity", True, "(0)")
+    tendency("trend", False, "(n)")
+    assert capsys.readouterr().out.splitlines() == ["THEOREM identity: holds  (0)",
+                                                    "TENDENCY trend: does NOT hold on these numbers  (n)"]
+    with pytest.raises(TheoremViolation, match="identity is violated"):
+        theorem("identity", False)
+
+
+def test_best_warmup_is_the_earliest_argmin():
+    assert best_warmup(pd.Series([3.0, 1.0, 2.0, 1.0], index=[0, 1, 2, 3])) == 1
+    assert best_warmup(np.array([2.0, 2.0, 1.5])) == 2
+    with pytest.raises(ValueError, match="diverged"):
+        best_warmup([1.0, np.nan])
