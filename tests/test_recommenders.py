@@ -235,3 +235,30 @@ def test_quoted_worst_case_is_the_committed_one():
     assert 0.25 < worst["regret"] and float(np.median(online["regret"])) < 0.0005   # "0.0 %"
     docs = (root / "docs" / "theory.md").read_text()
     assert "freezes at round 13" in docs and "$E = 20$, $\\eta = 0.01$" in docs
+
+
+def test_regret_benchmark_quick_is_resumable_and_worker_independent(tmp_path):
+    """The benchmark's quick mode: cached records are reused, and 1 or 2 workers give the same bytes."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("predictive_regret", root / "benchmarks" / "predictive_regret.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = {}
+    for workers, cache in ((1, "a"), (2, "b")):
+        target = tmp_path / f"out{workers}"
+        assert bench.main(["--quick", "--workers", str(workers), "--out", str(target),
+                           "--cache", str(tmp_path / cache)]) == 0
+        out[workers] = (target / "predictive_regret_scores.csv").read_bytes()
+    assert out[1] == out[2]
+    records = sorted((tmp_path / "a").glob("*.json"))
+    stamps = [p.stat().st_mtime_ns for p in records]
+    assert bench.main(["--quick", "--workers", "1", "--out", str(tmp_path / "again"),
+                       "--cache", str(tmp_path / "a")]) == 0
+    assert [p.stat().st_mtime_ns for p in records] == stamps                # nothing recomputed
+    assert (tmp_path / "again" / "predictive_regret_scores.csv").read_bytes() == out[1]
+    scores = pd.read_csv(tmp_path / "again" / "predictive_regret_scores.csv")
+    assert set(scores["recommender"]) >= {"online", "pilot", "a_posteriori", "fedavg", "half"}
+    assert (tmp_path / "again" / "predictive_regret.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
