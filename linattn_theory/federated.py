@@ -192,11 +192,24 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     on a GPU, :func:`~linattn_theory.backend.resolve_max_bytes`); results do not depend on it.
     """
     data, params = prepare_run(config, clients, params)
+    _warn_small_clients(config.federated.batch_size, data.sizes)
     max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
                           progress=progress, frozen_features=frozen_features, max_bytes=max_bytes)
     result.metadata.update(run_metadata(config))
     return result
+
+
+def _warn_small_clients(batch_size: int | None, sizes) -> None:
+    """Warn when a minibatch is larger than some client's sample count (then drawn with replacement)."""
+    if batch_size is None:
+        return
+    small = int(np.sum(np.asarray(sizes) < batch_size))
+    if small:
+        import warnings
+        warnings.warn(f"federated.batch_size = {batch_size} exceeds the sample count of {small} "
+                      f"client(s) (smallest N_c = {int(np.min(sizes))}); their minibatches are drawn "
+                      f"with replacement", RuntimeWarning, stacklevel=3)
 
 
 def _participants(t: int, m: int, fraction: float, seed: int) -> np.ndarray:
