@@ -235,7 +235,7 @@ def _executor_arguments(p) -> None:
     from .sweep import EXECUTORS
     p.add_argument("--executor", choices=EXECUTORS, default="processes",
                    help="serial (in-process), processes (forked workers, default) or dask")
-    p.add_argument("--workers", type=_non_negative(int, 1), default=None,
+    p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: one per core)")
 
 

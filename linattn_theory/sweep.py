@@ -388,6 +388,17 @@ def _dask_scratch() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{_DASK_SCRATCH}{os.getpid()}-"))
 
 
+def _remove_scratch(folder: Path, seconds: float = 5.0) -> None:
+    """Remove a Dask scratch folder; workers still shutting down may recreate lock files in it
+    for a moment, so remove until it stays gone for 0.3 s (at most ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shutil.rmtree(folder, ignore_errors=True)
+        time.sleep(0.3)
+        if not folder.exists() or time.monotonic() > deadline:
+            return
+
+
 def _dask_results(tasks: list, workers: int, scheduler: str | None):
     distributed = _dask()
     cluster = scratch = None
@@ -411,7 +422,7 @@ def _dask_results(tasks: list, workers: int, scheduler: str | None):
         if cluster is not None:
             cluster.close()
         if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+            _remove_scratch(scratch)
 
 
 def _results(executor: str, tasks: list, workers: int | None, scheduler: str | None):
