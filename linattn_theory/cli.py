@@ -18,6 +18,44 @@ from pathlib import Path
 from .config import ConfigError, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_DIVERGED = 0, 1, 2, 3
+
+#: the bad inputs every command refuses before any work (kind, example, what happens); rendered
+#: into docs/cli.md, and tests/test_hardening.py holds one case per kind
+BAD_INPUTS = (
+    ("missing config", "`simulate nope.toml`", "exit 2: config file 'nope.toml' does not exist"),
+    ("folder as config", "`simulate /tmp`", "exit 2: ... is a folder; expected a TOML file"),
+    ("binary config", "a file with NUL bytes", "exit 2: ... is a binary file"),
+    ("non-UTF-8 config", "Latin-1 or UTF-16 text", "exit 2: ... is not UTF-8 text (byte, position)"),
+    ("UTF-8 BOM", "a file saved with a byte-order mark", "accepted"),
+    ("empty config", "an empty file or only comments", "exit 2: ... is empty (no settings)"),
+    ("invalid TOML", "`seed = = 1`", "exit 2: not valid TOML (line, column)"),
+    ("unknown key", "`[federated] local_epochs = 3`", "exit 2: federated.local_epochs: unknown key; allowed keys are ..."),
+    ("wrong type", "`rounds = \"four\"`, `tokens = 4.5`, `seed = true`, a list or table as a value",
+     "exit 2: the field, the value, the expected type"),
+    ("out of range", "`learning_rate = -0.1`, `participation = 1.5`, `warmup_rounds > rounds`",
+     "exit 2: the field, the value, the allowed range"),
+    ("non-finite number", "`noise = inf`, `learning_rate = nan`", "exit 2: expected a finite number"),
+    ("key of another task family", "`zeta_task` with `planted_kernel`", "exit 2: does not apply to family ..."),
+    ("batch larger than a client", "`batch_size = 200`, `samples_per_client = 128`",
+     "exit 2 (equal sizes); with `dirichlet_alpha` a run-time warning (drawn with replacement)"),
+    ("setting the strategy ignores", "`prox_mu = 0.5` with `strategy = \"fedavg\"`",
+     "warning: ... is ignored by strategy 'fedavg'"),
+    ("sweep file given to simulate", "`simulate simulations/configs/tradeoff.toml`",
+     "exit 2: a sweep file ...; run it with `linattn sweep`"),
+    ("bad --out", "`--out ''`, `--out a_file`, `--out a_file/sub`, a read-only folder",
+     "exit 2 before any run: expected a folder name / is a file / is not writable"),
+    ("too much memory", "`dim = 10**6`, `num_clients = 10**7`, `heads = 10**9`",
+     "exit 2: estimated memory, the limit, `--max-memory-gb`"),
+    ("too long", "`rounds = 10**12`, `local_steps = 10**8`", "exit 2: estimated time, the limit, `--max-hours`"),
+    ("huge grid", "a grid of 10**6 runs", "exit 2 at once, from the list lengths: the limit and `--max-runs`"),
+    ("bad executor options", "`--workers 0`, `--scheduler` without dask", "exit 2"),
+    ("unreachable Dask scheduler", "`--scheduler tcp://127.0.0.1:1`", "exit 2 before sweep.json is written"),
+    ("folder of another sweep", "a second sweep with another grid into the same --out",
+     "exit 2: holds another sweep ...; `--add` adds the runs to it"),
+    ("failure inside a run", "an unexpected exception", "exit 1: one line; `--debug` prints the traceback"),
+    ("Ctrl-C / SIGTERM", "during a sweep", "exit 130 / 143, workers stopped, finished runs kept"),
+)
+
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 
 
@@ -147,6 +185,36 @@ def _derive(args) -> int:
             print(proc.stderr, end="", file=sys.stderr)
     print(f"{len(scripts) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else EXIT_OK
+
+
+def checks_reference() -> str:
+    """Markdown: exit statuses, the checks made before any work and the table of bad inputs."""
+    rows = "\n".join(f"| {kind} | {example} | {outcome} |" for kind, example, outcome in BAD_INPUTS)
+    return f"""## Exit status and checks before any work
+
+Every command checks all it can before it computes or writes anything, and has one error
+boundary: a bad input exits with status **2** and one line naming the field, the value and
+what is allowed (nothing is written); a diverged run exits **3** (its table is written and the
+message suggests a stable step size); any other failure exits **1** with a one-line message
+(`--debug` prints the traceback); Ctrl-C exits **130** and SIGTERM **143**, after stopping the
+sweep's workers (finished runs are kept; rerun to resume).
+
+Before any work `simulate` and `sweep` estimate each run's peak memory and running time from
+its config (`linattn_theory.limits.estimate_run`: the generated and stacked data, the working
+set, the table; the flops of the local steps) and refuse runs above `--max-memory-gb` (default
+80% of the machine's memory, times the runs held at once) or `--max-hours` (default 24, the
+sum over the runs divided by the workers; 0 turns it off). Sweep workers exit as soon as the
+sweep's process is gone (even after SIGKILL), and a local Dask cluster's scratch folder is
+removed (one left by a killed sweep is removed by the next Dask sweep).
+
+Client sizes with `task.dirichlet_alpha = α` follow Dirichlet(α) proportions for every α > 0
+(drawn in log space, so very small α gives one dominant client rather than equal sizes), with
+at least one sample per client and `m·N` samples in all.
+
+| bad input | example | what happens |
+|---|---|---|
+{rows}
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
