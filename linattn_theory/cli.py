@@ -82,8 +82,8 @@ def _simulate(args) -> int:
     data = read_toml(args.config)
     sweep_keys = sorted({"grid", "quick", "figure"} & set(data))
     if sweep_keys:
-        raise ConfigError(f"{args.config}: a sweep file (it has a [{sweep_keys[0]}] table); run it "
-                          f"with `linattn sweep {args.config} --out DIR`")
+        raise ConfigError(f"{sweep_keys[0]}: {args.config} is a sweep file (it has a [{sweep_keys[0]}] "
+                          f"table); run it with `linattn sweep {args.config} --out DIR`")
     config = config_from_dict(data)
     if args.backend is not None:
         config = config.with_updates({"model.backend": args.backend})

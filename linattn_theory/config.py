@@ -223,7 +223,9 @@ def config_from_dict(data: dict) -> RunConfig:
                           f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
     fed = sections["federated"]
     if fed.strategy == "fedadam" and fed.server_learning_rate > FEDADAM_MAX_SERVER_STEP:
-        raise ConfigError(f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
+        given = "server_learning_rate" in data.get("federated", {})
+        raise ConfigError(("" if given else "federated.strategy = 'fedadam' with the default ") +
+                          f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
                           f"every coordinate by about this much per round; expected a value <= "
                           f"{FEDADAM_MAX_SERVER_STEP} for strategy 'fedadam' (e.g. 0.01)")
     if fed.batch_size is not None and task.dirichlet_alpha is None and fed.batch_size > task.samples_per_client:
@@ -231,9 +233,12 @@ def config_from_dict(data: dict) -> RunConfig:
                           f"task.samples_per_client = {task.samples_per_client} (a minibatch is drawn "
                           f"without replacement from one client's samples; leave batch_size out for "
                           f"full batches)")
-    if fed.warmup_rounds > fed.rounds:
-        raise ConfigError(f"federated.warmup_rounds = {fed.warmup_rounds}: expected a value <= "
-                          f"federated.rounds = {fed.rounds}")
+    if fed.warmup_rounds > fed.rounds and fed.strategy in STRATEGY_SETTINGS["warmup_rounds"]:
+        if "warmup_rounds" in data.get("federated", {}):
+            raise ConfigError(f"federated.warmup_rounds = {fed.warmup_rounds}: expected a value <= "
+                              f"federated.rounds = {fed.rounds}")
+        raise ConfigError(f"federated.rounds = {fed.rounds}: expected a value >= federated.warmup_rounds "
+                          f"= {fed.warmup_rounds} (its default); set federated.warmup_rounds too")
     return RunConfig(seed=seed, **sections)
 
 
