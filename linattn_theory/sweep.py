@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -406,7 +407,7 @@ def _dask_results(tasks: list, workers: int, scheduler: str | None):
         scratch = _dask_scratch()
         cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                            host="127.0.0.1", dashboard_address=None,
-                                           local_directory=str(scratch))
+                                           local_directory=str(scratch), silence_logs=logging.ERROR)
     try:
         try:
             client = distributed.Client(cluster if cluster is not None else scheduler, timeout=10)
