@@ -16,7 +16,9 @@ Every expanded configuration is validated before any run starts. Run ``i`` is st
 ``metadata.json`` last), so a finished run is one whose ``metadata.json`` exists: rerunning a
 sweep skips those, and a sweep killed at any instant and restarted completes with nothing lost.
 Workers only compute; the calling process writes every file, so the executor (in-process, local
-processes through joblib, or Dask) and the number of workers cannot change the results.
+worker processes, or Dask) and the number of workers cannot change the results. Local workers
+exit as soon as the calling process is gone (even after SIGKILL), and are stopped on an error,
+Ctrl-C or SIGTERM; a local Dask cluster's scratch folder is removed afterwards.
 FedFrozen runs that differ only in the warm-up length ``T0`` form one task and share their
 warm-up trajectory (:func:`~linattn_theory.warmup_sweep.warmup_sweep` with explicit frozen stages:
 the same numbers as separate simulations, bit for bit, at about the cost of the longest run).
@@ -321,6 +323,10 @@ def _worker_init(parent_pid: int, threads: int) -> None:
     is gone (killed by SIGKILL, say), so that no worker outlives its sweep."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import tqdm.auto
+    import tqdm.std
+    for cls in {tqdm.std.tqdm, tqdm.auto.tqdm}:     # a forked copy of a lock may be held: fresh ones
+        cls.set_lock(tqdm.std.TqdmDefaultWriteLock())
     try:
         from threadpoolctl import threadpool_limits
         threadpool_limits(threads)
