@@ -366,7 +366,6 @@ def main(argv: list[str] | None = None) -> int:
         pass
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("default")
             warnings.showwarning = lambda message, *_, **__: print(f"{name}: warning: {message}",
                                                                    file=sys.stderr)
             return args.func(args)
