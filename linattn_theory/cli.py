@@ -1,30 +1,102 @@
 """The ``linattn`` command line: thin wrappers over the package's functions.
 
-Exit status: 0 success, 2 invalid input (nothing is written), 3 a run diverged (its table
-is written and the message suggests a stable step size).
+Every command checks all it can before any work (config, output folder, a memory and time
+estimate, grid size) and has one error boundary: exit status 0 success, 2 invalid input
+(nothing is written), 3 a run diverged (its table is written and the message suggests a stable
+step size), 1 any other failure (a one-line message; ``--debug`` shows the traceback),
+130 interrupted by Ctrl-C and 143 stopped by SIGTERM (workers are stopped, finished runs kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import warnings
 from pathlib import Path
 
-from .config import ConfigError, load_config
+from .config import ConfigError
 
-EXIT_OK, EXIT_INVALID, EXIT_DIVERGED = 0, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_DIVERGED = 0, 1, 2, 3
+
+#: the bad inputs every command refuses before any work (kind, example, what happens); rendered
+#: into docs/cli.md, and tests/test_hardening.py holds one case per kind
+BAD_INPUTS = (
+    ("missing config", "`simulate nope.toml`", "exit 2: config file 'nope.toml' does not exist"),
+    ("folder as config", "`simulate /tmp`", "exit 2: ... is a folder; expected a TOML file"),
+    ("binary config", "a file with NUL bytes", "exit 2: ... is a binary file"),
+    ("non-UTF-8 config", "Latin-1 or UTF-16 text", "exit 2: ... is not UTF-8 text (byte, position)"),
+    ("UTF-8 BOM", "a file saved with a byte-order mark", "accepted"),
+    ("empty config", "an empty file or only comments", "exit 2: ... is empty (no settings)"),
+    ("invalid TOML", "`seed = = 1`", "exit 2: not valid TOML (line, column)"),
+    ("unknown key", "`[federated] local_epochs = 3`", "exit 2: federated.local_epochs: unknown key; allowed keys are ..."),
+    ("wrong type", "`rounds = \"four\"`, `tokens = 4.5`, `seed = true`, a list or table as a value",
+     "exit 2: the field, the value, the expected type"),
+    ("out of range", "`learning_rate = -0.1`, `participation = 1.5`, `warmup_rounds > rounds`",
+     "exit 2: the field, the value, the allowed range"),
+    ("non-finite number", "`noise = inf`, `learning_rate = nan`", "exit 2: expected a finite number"),
+    ("key of another task family", "`zeta_task` with `planted_kernel`", "exit 2: does not apply to family ..."),
+    ("batch larger than a client", "`batch_size = 200`, `samples_per_client = 128`",
+     "exit 2 (equal sizes); with `dirichlet_alpha` a run-time warning (drawn with replacement)"),
+    ("setting the strategy ignores", "`prox_mu = 0.5` with `strategy = \"fedavg\"`",
+     "warning: ... is ignored by strategy 'fedavg'"),
+    ("sweep file given to simulate", "`simulate simulations/configs/tradeoff.toml`",
+     "exit 2: a sweep file ...; run it with `linattn sweep`"),
+    ("bad --out", "`--out ''`, `--out a_file`, `--out a_file/sub`, a read-only folder",
+     "exit 2 before any run: expected a folder name / is a file / is not writable"),
+    ("too much memory", "`dim = 10**6`, `num_clients = 10**7`, `heads = 10**9`, `rounds = 10**12` (its table)",
+     "exit 2: estimated memory, the limit, `--max-memory-gb`"),
+    ("too long", "`local_steps = 10**8`; `rounds = 10**6` with `local_steps = 1000`", "exit 2: estimated time, the limit, `--max-hours`"),
+    ("huge grid", "a grid of 10**6 runs", "exit 2 at once, from the list lengths: the limit and `--max-runs`"),
+    ("bad executor options", "`--workers 0`, `--scheduler` without dask", "exit 2"),
+    ("unreachable Dask scheduler", "`--scheduler tcp://127.0.0.1:1`", "exit 2 before sweep.json is written"),
+    ("folder of another sweep", "a second sweep with another grid into the same --out",
+     "exit 2: holds another sweep ...; `--add` adds the runs to it"),
+    ("failure inside a run", "an unexpected exception", "exit 1: one line; `--debug` prints the traceback"),
+    ("Ctrl-C / SIGTERM", "during a sweep", "exit 130 / 143, workers stopped, finished runs kept"),
+)
+
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+
+
+class Terminated(BaseException):
+    """Raised in the main thread when the process receives SIGTERM (so cleanup code runs)."""
+
+
+def _resource_limits(args, configs, workers: int = 1) -> None:
+    from .limits import check_resources
+
+    check_resources(configs, workers=workers, max_memory_gb=args.max_memory_gb,
+                    max_hours=None if args.max_hours == 0 else args.max_hours)
+
+
+def _warn(command: str, notes) -> None:
+    for note in dict.fromkeys(notes):            # each distinct message once, in order
+        print(f"linattn {command}: warning: {note}", file=sys.stderr)
 
 
 def _simulate(args) -> int:
+    from .config import config_from_dict, ignored_settings, read_toml
+    from .limits import check_output_folder
+
+    data = read_toml(args.config)
+    sweep_keys = sorted({"grid", "quick", "figure"} & set(data))
+    if sweep_keys:
+        raise ConfigError(f"{sweep_keys[0]}: {args.config} is a sweep file (it has a [{sweep_keys[0]}] "
+                          f"table); run it with `linattn sweep {args.config} --out DIR`")
+    config = config_from_dict(data)
+    if args.backend is not None:
+        config = config.with_updates({"model.backend": args.backend})
+    out = check_output_folder(args.out)
+    _resource_limits(args, [config])
+    if config.model.backend != "numpy":
+        from .backend import get_namespace
+        get_namespace(config.model.backend)          # an unusable backend fails here, before any work
+    _warn("simulate", ignored_settings(config))
+
     from .federated import simulate
     from .io import write_run
 
-    config = load_config(args.config)
-    if args.backend is not None:
-        config = config.with_updates({"model.backend": args.backend})
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
     result = simulate(config, progress=not args.quiet)
     paths = write_run(result, out)
     last = result.table.iloc[-1]
@@ -36,16 +108,27 @@ def _simulate(args) -> int:
 
 
 def _sweep(args) -> int:
-    from .sweep import load_sweep, run_sweep
+    import os
 
-    sweep = load_sweep(args.config, quick=args.quick)
+    from .config import ignored_settings
+    from .limits import check_output_folder
+    from .sweep import _check_executor, is_complete, load_sweep, run_sweep
+
+    sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None)
     if args.dry_run:
         for run_id, point in zip(sweep.run_ids, sweep.points):
             print(run_id, " ".join(f"{k}={v}" for k, v in point.items()))
         print(f"{len(sweep)} runs (nothing written)")
         return EXIT_OK
-    summary = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
-                        scheduler=args.scheduler, progress=not args.quiet)
+    out = check_output_folder(args.out)
+    _check_executor(args.executor, args.workers, args.scheduler)
+    workers = 1 if args.executor == "serial" else (args.workers or os.cpu_count() or 1)
+    pending = [c for i, c in zip(sweep.run_ids, sweep.configs) if not is_complete(out, i)]
+    _resource_limits(args, pending, workers)
+    _warn("sweep", (note for c in sweep.configs for note in ignored_settings(c)))
+    summary = run_sweep(sweep, out, executor=args.executor, workers=args.workers,
+                        scheduler=args.scheduler, progress=not args.quiet,
+                        existing="add" if args.add else "refuse")
     print(f"{summary.total} runs in {summary.out}: {summary.computed} computed, {summary.skipped} "
           f"already finished, {summary.diverged} diverged ({summary.seconds:.1f} s)")
     return EXIT_OK
@@ -53,18 +136,23 @@ def _sweep(args) -> int:
 
 def _figures(args) -> int:
     from .figures import discover, make_figures
+    from .limits import check_output_folder
 
     scripts = discover(args.root, only=args.only)
     if args.list:
         for name, path in scripts.items():
             print(f"{name}\t{path}")
         return EXIT_OK
+    check_output_folder(args.out)
     made = make_figures(scripts, args.out, quick=args.quick, executor=args.executor,
                         workers=args.workers, progress=not args.quiet)
     for name, (paths, seconds) in made.items():
-        print(f"{name}: {len(paths)} files in {seconds:.1f} s")
+        print(f"{name} ({seconds:.1f} s):")
+        for path in paths:
+            print(f"  wrote {path}")
     total = sum(seconds for _, seconds in made.values())
-    print(f"{len(made)} figure scripts, {total:.1f} s in all, written to {args.out}")
+    files = sum(len(paths) for paths, _ in made.values())
+    print(f"{len(made)} figure scripts, {files} files, {total:.1f} s in all, written to {args.out}")
     return EXIT_OK
 
 def _recommend(args) -> int:
@@ -120,12 +208,44 @@ def count_claims(stdout: str) -> dict:
     return counts
 
 
+def checks_reference() -> str:
+    """Markdown: exit statuses, the checks made before any work and the table of bad inputs."""
+    rows = "\n".join(f"| {kind} | {example} | {outcome} |" for kind, example, outcome in BAD_INPUTS)
+    return f"""## Exit status and checks before any work
+
+Every command checks all it can before it computes or writes anything, and has one error
+boundary: a bad input exits with status **2** and one line naming the field, the value and
+what is allowed (nothing is written); a diverged run exits **3** (its table is written and the
+message suggests a stable step size); any other failure exits **1** with a one-line message
+(`--debug` prints the traceback); Ctrl-C exits **130** and SIGTERM **143**, after stopping the
+sweep's workers (finished runs are kept; rerun to resume).
+
+Before any work `simulate` and `sweep` estimate each run's peak memory and running time from
+its config (`linattn_theory.limits.estimate_run`: the generated and stacked data, the working
+set, the table; the flops of the local steps) and refuse runs above `--max-memory-gb` (default
+80% of the machine's memory, times the runs held at once) or `--max-hours` (default 24, the
+sum over the runs divided by the workers; 0 turns it off). Sweep workers exit as soon as the
+sweep's process is gone (even after SIGKILL), and a local Dask cluster's scratch folder is
+removed (one left by a killed sweep is removed by the next Dask sweep).
+
+Client sizes with `task.dirichlet_alpha = α` follow Dirichlet(α) proportions for every α > 0
+(drawn in log space, so very small α gives one dominant client rather than equal sizes), with
+at least one sample per client and `m·N` samples in all.
+
+| bad input | example | what happens |
+|---|---|---|
+{rows}
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also the source of docs/cli.md)."""
     parser = argparse.ArgumentParser(
         prog="linattn",
         description="Federated training of linear attention: simulations, theory checks and figures.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="on an unexpected error, print the full traceback")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("simulate", help="run one federated simulation from a TOML config",
@@ -137,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("numpy", "cupy"), default=None,
                    help="array library, overriding model.backend of the config "
                         "(cupy needs a GPU and pip install 'linattn-theory[gpu]')")
+    _limit_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _debug_argument(p)
     p.set_defaults(func=_simulate)
 
     p = sub.add_parser("sweep", help="run a grid of simulations in parallel (resumable)",
@@ -152,7 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     _executor_arguments(p)
     p.add_argument("--scheduler", default=None,
                    help="Dask scheduler address (executor dask; default: a local cluster on 127.0.0.1)")
+    p.add_argument("--add", action="store_true",
+                   help="--out holds a sweep with another grid: add this sweep's runs to it "
+                        "(default: refuse)")
+    p.add_argument("--max-runs", type=_non_negative(int), default=MAX_RUNS_DEFAULT, metavar="N",
+                   help=f"refuse grids of more than N runs (default {MAX_RUNS_DEFAULT}; 0: no limit)")
+    _limit_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _debug_argument(p)
     p.set_defaults(func=_sweep)
 
     p = sub.add_parser("figures", help="regenerate the figures (simulations/*.py)",
@@ -166,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the figure scripts and exit")
     _executor_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _debug_argument(p)
     p.set_defaults(func=_figures)
 
     p = sub.add_parser("recommend", help="recommend the warm-up length T0 (causal by default)",
@@ -187,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "seeds after the config's seed; never the config's own seed)")
     p.add_argument("--no-measure", action="store_true",
                    help="skip the explicit runs that measure R(recommended) and R(T)")
+    _debug_argument(p)
     p.set_defaults(func=_recommend)
 
     p = sub.add_parser("derive", help="run the sympy derivations and report PASS/FAIL",
@@ -198,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=".", help="repository root holding derivations/ (default: .)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these derivations (file stems)")
     p.add_argument("--quiet", action="store_true", help="print only one line per derivation")
+    _debug_argument(p)
     p.set_defaults(func=_derive)
     return parser
 
@@ -205,9 +337,42 @@ def build_parser() -> argparse.ArgumentParser:
 def _executor_arguments(p) -> None:
     from .sweep import EXECUTORS
     p.add_argument("--executor", choices=EXECUTORS, default="processes",
-                   help="serial (in-process), processes (joblib, default) or dask")
+                   help="serial (in-process), processes (forked workers, default) or dask")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: one per core)")
+
+
+MAX_RUNS_DEFAULT = 10_000
+
+
+def _non_negative(kind, low: float = 0):
+    """An argparse type: a finite number of ``kind`` that is at least ``low``."""
+    def parse(text: str):
+        import math
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}")
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= {low:g}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _limit_arguments(p) -> None:
+    from .limits import DEFAULT_MAX_HOURS
+    p.add_argument("--max-memory-gb", type=_non_negative(float), default=None, metavar="GB",
+                   help="refuse runs whose estimated memory exceeds GB (default: 80%% of this "
+                        "machine's memory)")
+    p.add_argument("--max-hours", type=_non_negative(float), default=DEFAULT_MAX_HOURS, metavar="H",
+                   help=f"refuse runs whose estimated time exceeds H hours (default {DEFAULT_MAX_HOURS:g}; "
+                        f"0: no limit)")
+
+
+def _debug_argument(p) -> None:
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="on an unexpected error, print the full traceback")
 
 
 def _version() -> str:
@@ -215,14 +380,53 @@ def _version() -> str:
     return __version__
 
 
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (see the module docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    name = f"linattn {args.command}"
+    previous = None
     try:
-        return args.func(args)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:                  # not the main thread: SIGTERM keeps its default action
+        pass
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, *_, **__: print(f"{name}: warning: {message}",
+                                                                   file=sys.stderr)
+            return args.func(args)
     except ConfigError as err:
-        print(f"linattn {args.command}: invalid configuration: {err}", file=sys.stderr)
+        print(f"{name}: invalid configuration: {err}", file=sys.stderr)
         return EXIT_INVALID
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted (finished runs are kept; rerun to resume)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"{name}: stopped by SIGTERM (finished runs are kept; rerun to resume)", file=sys.stderr)
+        return EXIT_TERMINATED
+    except MemoryError:
+        if args.debug:
+            raise
+        print(f"{name}: out of memory; reduce the task's size (see --max-memory-gb)", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as err:  # noqa: BLE001 - the boundary: one line, the traceback with --debug
+        if args.debug:
+            raise
+        print(f"{name}: error: {type(err).__name__}: {_one_line(err)} (rerun with --debug for the "
+              f"traceback)", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

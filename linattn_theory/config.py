@@ -19,7 +19,7 @@ from pathlib import Path
 from .strategies import STRATEGIES, effective_warmup_rounds
 
 __all__ = ["ConfigError", "TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig",
-           "load_config", "config_from_dict", "config_hash"]
+           "load_config", "config_from_dict", "config_hash", "ignored_settings", "read_toml"]
 
 
 class ConfigError(ValueError):
@@ -225,24 +225,86 @@ def config_from_dict(data: dict) -> RunConfig:
                           f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
     fed = sections["federated"]
     if fed.strategy == "fedadam" and fed.server_learning_rate > FEDADAM_MAX_SERVER_STEP:
-        raise ConfigError(f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
+        given = "server_learning_rate" in data.get("federated", {})
+        raise ConfigError(("" if given else "federated.strategy = 'fedadam' with the default ") +
+                          f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
                           f"every coordinate by about this much per round; expected a value <= "
                           f"{FEDADAM_MAX_SERVER_STEP} for strategy 'fedadam' (e.g. 0.01)")
-    if fed.warmup_rounds > fed.rounds:
-        raise ConfigError(f"federated.warmup_rounds = {fed.warmup_rounds}: expected a value <= "
-                          f"federated.rounds = {fed.rounds}")
+    if fed.batch_size is not None and task.dirichlet_alpha is None and fed.batch_size > task.samples_per_client:
+        raise ConfigError(f"federated.batch_size = {fed.batch_size}: expected a value <= "
+                          f"task.samples_per_client = {task.samples_per_client} (a minibatch is drawn "
+                          f"without replacement from one client's samples; leave batch_size out for "
+                          f"full batches)")
+    if fed.warmup_rounds > fed.rounds and fed.strategy in STRATEGY_SETTINGS["warmup_rounds"]:
+        if "warmup_rounds" in data.get("federated", {}):
+            raise ConfigError(f"federated.warmup_rounds = {fed.warmup_rounds}: expected a value <= "
+                              f"federated.rounds = {fed.rounds}")
+        raise ConfigError(f"federated.rounds = {fed.rounds}: expected a value >= federated.warmup_rounds "
+                          f"= {fed.warmup_rounds} (its default); set federated.warmup_rounds too")
     return RunConfig(seed=seed, **sections)
 
 
+#: federated settings that only some strategies read (the others ignore them)
+STRATEGY_SETTINGS = {
+    "warmup_rounds": ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold"),
+    "prox_mu": ("fedprox", "fedfrozen_fedprox"),
+    "server_momentum": ("fedavgm",),
+    "server_beta1": ("fedadam",),
+    "server_beta2": ("fedadam",),
+    "server_epsilon": ("fedadam",),
+    "adaptive_window": ("fedfrozen_adaptive",),
+    "adaptive_horizon": ("fedfrozen_adaptive",),
+}
+
+
+def ignored_settings(config: RunConfig) -> list[str]:
+    """One message per federated setting that ``config`` moves off its default although its
+    strategy never reads it (e.g. ``prox_mu`` with ``fedavg``); the command line prints them as
+    warnings."""
+    fed = config.federated
+    defaults = {f.name: f.default for f in fields(FederatedConfig)}
+    notes = []
+    for name, users in STRATEGY_SETTINGS.items():
+        value = getattr(fed, name)
+        if fed.strategy not in users and value != defaults[name]:
+            notes.append(f"federated.{name} = {value!r} is ignored by strategy {fed.strategy!r} "
+                         f"(only {', '.join(users)} read it)")
+    return notes
+
+
 def read_toml(path, what: str = "config file") -> dict:
-    """The table of a TOML file; a missing file or invalid TOML is a :class:`ConfigError`."""
+    """The table of a TOML file read as UTF-8 (a byte-order mark is accepted).
+
+    A missing file, a folder, an unreadable, binary, non-UTF-8 or empty file and invalid TOML
+    are each a :class:`ConfigError` naming the file.
+    """
     path = Path(path)
+    if str(path) == "":
+        raise ConfigError(f"{what} '': expected the path of a TOML file")
+    if path.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a folder; expected a TOML file")
     if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
+        kind = "does not exist" if not path.exists() else "is not a regular file"
+        raise ConfigError(f"{what} {str(path)!r} {kind}")
     try:
-        return tomllib.loads(path.read_text())
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{what} {str(path)!r} cannot be read ({err.strerror or err})") from None
+    if b"\0" in raw:
+        raise ConfigError(f"{what} {str(path)!r} is a binary file (it holds NUL bytes); expected TOML text")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{raw[err.start]:02x} at "
+                          f"position {err.start}); save it as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
+    if not data:
+        raise ConfigError(f"{what} {str(path)!r} is empty (no settings); see simulations/configs/ "
+                          f"for examples")
+    return data
 
 
 def load_config(path) -> RunConfig:

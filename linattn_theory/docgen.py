@@ -34,6 +34,8 @@ def cli_reference() -> str:
              "```text", parser.format_help().rstrip(), "```", ""]
     for name, sub in _subparsers(parser).items():
         parts += [f"## `linattn {name}`", "", "```text", sub.format_help().rstrip(), "```", ""]
+    from .cli import checks_reference
+    parts += [checks_reference()]
     return "\n".join(parts)
 
 

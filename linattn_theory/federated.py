@@ -149,12 +149,21 @@ def hessian_curvature(params: Params, data: StackedClients, ridge: float = 0.0,
 
 
 def _git_revision() -> str:
+    """The git commit of the code that runs: the checkout holding this package (source or
+    editable install), else the one recorded at build time (``pip install .``), else "unknown"."""
+    package = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5)
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                             text=True, cwd=package, timeout=5)
+        lines = out.stdout.split()
+        if out.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() / package.name == package:
+            return lines[1]
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        pass
+    recorded = package / "_revision.txt"
+    if recorded.is_file():
+        return recorded.read_text(encoding="utf-8").strip() or "unknown"
+    return "unknown"
 
 
 def _version() -> str:
@@ -171,7 +180,11 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
     clients = clients_from_config(config) if clients is None else clients
     data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype))
     d, p = data.q.shape[-1], data.y.shape[-1]
-    params = initial_params(config, d, p) if params is None else params
+    if params is None:
+        params = initial_params(config, d, p)
+    else:
+        from .model import _validate_params
+        _validate_params(params, d, p)
     return data, params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
 
 
@@ -197,11 +210,24 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
         from .recommenders import run_online
         return run_online(config, clients, params=params, max_bytes=max_bytes, progress=progress).result
     data, params = prepare_run(config, clients, params)
+    _warn_small_clients(config.federated.batch_size, data.sizes)
     max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
                           progress=progress, frozen_features=frozen_features, max_bytes=max_bytes)
     result.metadata.update(run_metadata(config))
     return result
+
+
+def _warn_small_clients(batch_size: int | None, sizes) -> None:
+    """Warn when a minibatch is larger than some client's sample count (then drawn with replacement)."""
+    if batch_size is None:
+        return
+    small = int(np.sum(np.asarray(sizes) < batch_size))
+    if small:
+        import warnings
+        warnings.warn(f"federated.batch_size = {batch_size} exceeds the sample count of {small} "
+                      f"client(s) (smallest N_c = {int(np.min(sizes))}); their minibatches are drawn "
+                      f"with replacement", RuntimeWarning, stacklevel=3)
 
 
 def _participants(t: int, m: int, fraction: float, seed: int) -> np.ndarray:

@@ -89,7 +89,7 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
     sweep = config if isinstance(config, Sweep) else load_sweep(config, quick=quick)
     stem = Path(sweep.source).stem if sweep.source else "sweep"
     folder = Path(out_dir) / "_sweeps" / (stem + ("-quick" if quick else ""))
-    run_sweep(sweep, folder, executor=executor, workers=workers, progress=progress)
+    run_sweep(sweep, folder, executor=executor, workers=workers, progress=progress, existing="replace")
     summary = load_results(folder)
     if rounds:
         return sweep, (summary, load_results(folder, rounds=True)), folder

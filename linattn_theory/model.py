@@ -82,6 +82,9 @@ class Params:
 def kernel(params: Params):
     """Attention kernels ``K_h = W_Q^h (W_K^h)^T``, shape ``(..., H, d, d)`` (docs/theory.md §1)."""
     xp = array_namespace(params.WQ, params.WK)
+    if params.WQ.ndim < 3 or tuple(params.WQ.shape[-3:]) != tuple(params.WK.shape[-3:]):
+        raise ValueError(f"kernel: WQ {tuple(params.WQ.shape)} and WK {tuple(params.WK.shape)}; "
+                         f"expected the same shape (..., H, d, r)")
     return xp.matmul(params.WQ, xp.matrix_transpose(params.WK))
 
 
@@ -135,6 +138,9 @@ def _validate(X, q, y=None):
     if X.ndim != 3:
         raise ValueError(f"X has shape {tuple(X.shape)}; expected (B, n, d)")
     B, n, d = X.shape
+    if B == 0 or n == 0 or d == 0:
+        raise ValueError(f"X has shape {tuple(X.shape)}; expected at least one sample, token and "
+                         f"dimension (an empty batch has no mean loss)")
     if q.ndim != 2 or q.shape != (B, d):
         raise ValueError(f"q has shape {tuple(q.shape)}; expected (B, d) = ({B}, {d})")
     arrays = [("X", X), ("q", q)]
@@ -148,9 +154,11 @@ def _validate(X, q, y=None):
 
 
 def _validate_params(params: Params, d: int, p: int | None = None):
-    H, dq, r = params.WQ.shape[-3:]
+    if not isinstance(params, Params):
+        raise TypeError(f"params is a {type(params).__name__}; expected a Params")
     if params.WQ.ndim != 3:
         raise ValueError(f"params.WQ has shape {tuple(params.WQ.shape)}; expected (H, d, r)")
+    H, dq, r = params.WQ.shape
     if tuple(params.WK.shape) != (H, dq, r):
         raise ValueError(f"params.WK has shape {tuple(params.WK.shape)}; expected {(H, dq, r)} like WQ")
     if params.WV.ndim != 3 or tuple(params.WV.shape[:2]) != (H, dq):
@@ -159,6 +167,11 @@ def _validate_params(params: Params, d: int, p: int | None = None):
         raise ValueError(f"params have token dimension d={dq} but the data have d={d}")
     if p is not None and params.WV.shape[-1] != p:
         raise ValueError(f"params.WV has p={params.WV.shape[-1]} outputs but y has p={p}")
+    for block in BLOCKS:
+        a = getattr(params, block)
+        xp = array_namespace(a)
+        if not bool(xp.all(xp.isfinite(a))):
+            raise ValueError(f"params.{block} contains non-finite values (NaN or inf)")
 
 
 def predict(params: Params, X, q):

@@ -70,9 +70,15 @@ def load_results(out, *, rounds: bool = False) -> pd.DataFrame:
     ``rounds_completed``, ``final_loss`` (F at the last round), ``final_loss_regularized``
     (F_λ), the cumulative kernel drift Γ, ``diverged`` and ``divergence_round`` (−1 when the run
     did not diverge). With ``rounds=True``: one row per (run, round), the per-round table of
-    every run joined with those columns. Unfinished runs are left out.
+    every run joined with those columns. Unfinished runs are left out. A path that is neither a
+    sweep folder nor a run folder raises :class:`FileNotFoundError`.
     """
     out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"{out}: no such folder (expected a sweep folder or a run folder)")
+    if not any((out / name).exists() for name in ("metadata.json", MANIFEST, "runs")):
+        raise FileNotFoundError(f"{out}: neither a sweep folder ({MANIFEST}, runs/) nor a run folder "
+                                f"(metadata.json)")
     summaries, tables = [], []
     for path in _run_dirs(out):
         metadata = json.loads((path / "metadata.json").read_text())

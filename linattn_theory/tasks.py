@@ -127,19 +127,45 @@ def stack_clients(clients, xp=None, dtype=np.float64) -> StackedClients:
     return StackedClients(S, q, y, w, weights, data.sizes)
 
 
-def _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=False):
-    """Equal sizes, or ``N_c ∝`` Dirichlet(α) via per-client Gamma(α) draws (at least 2 each).
+#: a Gamma(α) draw below this is redrawn from its lower tail in log space (no underflow)
+_GAMMA_TINY = 1e-250
 
+
+def _log_gamma(rng, alpha: float) -> float:
+    """``log G`` of a draw ``G ~ Gamma(α)``, exact for every ``α > 0``.
+
+    Small ``α`` puts most of the mass below the smallest float: a draw below ``c = 1e-250``
+    is replaced by one from the law of ``G`` given ``G ≤ c``, which is ``c·U^{1/α}`` (the
+    density is ``∝ x^{α−1}e^{−x}`` and ``e^{−x} = 1`` to 250 digits there), taken in logs.
+    """
+    g = rng.gamma(alpha)
+    if g > _GAMMA_TINY:
+        return float(np.log(g))
+    return float(np.log(_GAMMA_TINY) + np.log1p(-rng.random()) / alpha)
+
+
+def _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=False):
+    """Equal sizes, or sizes following Dirichlet(α) proportions with at least one sample each.
+
+    The proportions ``π ~ Dirichlet(α)`` come from per-client Gamma(α) draws in log space
+    (exact for every α, :func:`_log_gamma`); client ``c`` gets ``1 + ⌊π_c R⌋`` samples plus one
+    more for the largest remainders, ``R = m(N − 1)``, so the total stays ``m·N``.
     ``fresh=True`` (evaluation samples) still makes the Gamma draws, so that every client's
     distribution is the training one, but gives every client ``samples_per_client`` samples.
     """
     if dirichlet_alpha is None:
         return [samples_per_client] * num_clients
-    g = np.array([rng.gamma(dirichlet_alpha) for rng in rngs]) + 1e-12
+    log_g = np.array([_log_gamma(rng, dirichlet_alpha) for rng in rngs])
     if fresh:
         return [samples_per_client] * num_clients
-    total = samples_per_client * num_clients
-    return [max(2, int(round(total * gc / g.sum()))) for gc in g]
+    shares = np.exp(log_g - log_g.max())
+    shares /= shares.sum()
+    spare = num_clients * (samples_per_client - 1)
+    raw = spare * shares
+    sizes = np.floor(raw).astype(np.int64)
+    left = spare - int(sizes.sum())
+    sizes[np.argsort(-(raw - sizes), kind="stable")[:left]] += 1
+    return [int(1 + s) for s in sizes]
 
 
 def _sample_stream(client_rng, seed, client, fresh):

@@ -36,7 +36,7 @@ def test_dirichlet_skew_keeps_first_samples_and_weights_follow_sizes():
     a = planted_kernel_clients(num_clients=4, samples_per_client=50, dirichlet_alpha=0.5, seed=2)
     b = planted_kernel_clients(num_clients=6, samples_per_client=50, dirichlet_alpha=0.5, seed=2)
     sizes = a.sizes
-    assert sizes.min() >= 2 and len(set(sizes)) > 1
+    assert sizes.min() >= 1 and sizes.sum() == 4 * 50 and len(set(sizes)) > 1
     np.testing.assert_allclose(a.weights, sizes / sizes.sum())
     k = min(a.sizes[0], b.sizes[0])
     np.testing.assert_array_equal(a[0].X[:k], b[0].X[:k])
@@ -91,3 +91,27 @@ def test_fresh_samples_share_the_clients_but_not_the_draws(family):
     assert list(fresh.sizes) == [50, 50, 50]
     for c in range(3):
         assert not np.isin(train[c].X, fresh[c].X).any()
+
+
+@pytest.mark.parametrize("alpha", [1e-4, 0.01, 0.5, 20.0])
+def test_dirichlet_sizes_follow_the_distribution_for_every_alpha(alpha):
+    """Client 0's share of the samples beyond the one each client is guaranteed is the first
+    coordinate of a Dirichlet(α, …, α) vector, i.e. Beta(α, (m − 1)α): over 400 seeds, the
+    frequency of a share above 1/2 (binomial test) and, for α ≥ 0.5, the whole law
+    (Kolmogorov–Smirnov; the rounding error 1/R = 1e-4 is far under the KS tolerance)."""
+    from scipy import stats
+
+    from linattn_theory.tasks import SEED_CLIENT, _client_sizes, seed_sequence
+    m, N = 4, 2501
+    spare = m * (N - 1)
+    shares = []
+    for seed in range(400):
+        rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(m)]
+        sizes = _client_sizes(m, N, alpha, rngs)
+        assert min(sizes) >= 1 and sum(sizes) == m * N
+        shares.append((sizes[0] - 1) / spare)
+    share = stats.beta(alpha, (m - 1) * alpha)
+    dominant = sum(s > 0.5 for s in shares)      # for α → 0 one client takes nearly everything
+    assert stats.binomtest(dominant, len(shares), share.sf(0.5)).pvalue > 1e-3
+    if alpha >= 0.5:                             # for small α the share is 0 or 1 to within 1/R
+        assert stats.kstest(shares, share.cdf).pvalue > 1e-3

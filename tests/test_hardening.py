@@ -1,0 +1,331 @@
+"""Hardening: every bad input refused before any work (exit 2, one line, nothing written), one
+error boundary per command, and no sweep worker outliving its sweep (docs/cli.md)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linattn_theory import Params, kernel, load_results, loss_and_grad, predict, simulate
+from linattn_theory.cli import BAD_INPUTS, main
+from linattn_theory.config import ConfigError, config_from_dict, ignored_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+VALID = """
+seed = 0
+[task]
+num_clients = 3
+samples_per_client = 16
+tokens = 4
+dim = 3
+rank = 2
+outputs = 1
+[model]
+rank = 2
+[federated]
+rounds = 4
+warmup_rounds = 2
+local_steps = 2
+learning_rate = 0.05
+"""
+
+SWEEP = VALID + """
+[grid]
+seed = [0, 1]
+"""
+
+
+def write(tmp_path, content, name="run.toml"):
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+def replace(old, new, text=VALID):
+    assert old in text
+    return text.replace(old, new)
+
+
+# kind of docs/cli.md's table -> (command arguments given tmp_path, message expected on stderr)
+def _cases():
+    def simulate_text(text, *extra):
+        return lambda tmp: ["simulate", str(write(tmp, text)), "--out", str(tmp / "out"), *extra]
+
+    def sweep_text(text, *extra):
+        return lambda tmp: ["sweep", str(write(tmp, text)), "--out", str(tmp / "out"), "--executor",
+                            "serial", *extra]
+
+    def out_file(tmp):
+        (tmp / "a_file").write_text("x")
+        return ["simulate", str(write(tmp, VALID)), "--out", str(tmp / "a_file" / "sub")]
+
+    return {
+        "missing config": (lambda tmp: ["simulate", str(tmp / "nope.toml"), "--out", str(tmp / "out")],
+                           "does not exist"),
+        "folder as config": (lambda tmp: ["simulate", str(tmp), "--out", str(tmp / "out")], "is a folder"),
+        "binary config": (simulate_text(b"\x00\x01seed = 1\n"), "is a binary file"),
+        "non-UTF-8 config": (simulate_text(VALID.replace("seed = 0", "# café\nseed = 0").encode("latin-1")),
+                             "is not UTF-8 text"),
+        "empty config": (simulate_text("# only a comment\n"), "is empty"),
+        "invalid TOML": (simulate_text("seed = = 1"), "not valid TOML"),
+        "unknown key": (simulate_text(replace("rounds = 4", "rounds = 4\nlocal_epochs = 3")),
+                        "federated.local_epochs: unknown key"),
+        "wrong type": (simulate_text(replace("seed = 0", "seed = true")), "seed = True: expected an integer"),
+        "out of range": (simulate_text(replace("learning_rate = 0.05", "learning_rate = -0.1")),
+                         "federated.learning_rate = -0.1: expected a value > 0"),
+        "non-finite number": (simulate_text(replace("[model]", "noise = inf\n[model]")),
+                              "task.noise = inf: expected a finite number"),
+        "key of another task family": (simulate_text(replace("[task]", "[task]\nzeta_task = 1.0")),
+                                       "task.zeta_task: does not apply"),
+        "batch larger than a client": (simulate_text(VALID + "batch_size = 17\n"),
+                                       "federated.batch_size = 17: expected a value <= task.samples_per_client = 16"),
+        "sweep file given to simulate": (simulate_text(SWEEP), "run it with `linattn sweep"),
+        "bad --out": (out_file, "a_file' is a file, not a folder"),
+        "too much memory": (simulate_text(replace("dim = 3", "dim = 1000000")),
+                            "estimated memory"),
+        "too long": (simulate_text(replace("local_steps = 2", "local_steps = 100000000")),
+                     "estimated running time"),
+        "huge grid": (sweep_text(VALID + '[grid]\nseed = [' + ", ".join(map(str, range(1000))) + ']\n'
+                                 '"task.noise" = [' + ", ".join(f"{i / 1000}" for i in range(1000)) + ']\n'),
+                      "grid: 1000000 runs, above the limit of 10000 runs"),
+        "bad executor options": (lambda tmp: ["sweep", str(write(tmp, SWEEP)), "--out", str(tmp / "out"),
+                                              "--workers", "0"], "workers = 0"),
+        "unreachable Dask scheduler": (lambda tmp: ["sweep", str(write(tmp, SWEEP)), "--out", str(tmp / "out"),
+                                                    "--executor", "dask", "--scheduler", "tcp://127.0.0.1:1"],
+                                       "no Dask scheduler reachable"),
+    }
+
+
+CASES = _cases()
+#: kinds of the table tested elsewhere in this file (not a plain "exit 2, nothing written")
+OTHER_TESTS = {"UTF-8 BOM", "setting the strategy ignores", "folder of another sweep",
+               "failure inside a run", "Ctrl-C / SIGTERM"}
+
+
+def test_every_documented_bad_input_has_a_case():
+    assert {kind for kind, _, _ in BAD_INPUTS} == set(CASES) | OTHER_TESTS
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, kind):
+    if kind == "unreachable Dask scheduler":
+        pytest.importorskip("dask.distributed")
+    args, message = CASES[kind]
+    argv = args(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    start = time.perf_counter()
+    code = main(argv)
+    seconds = time.perf_counter() - start
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert seconds < 30, f"refusing {kind!r} took {seconds:.1f} s"   # refused before any work
+
+
+def test_utf8_bom_is_accepted(tmp_path):
+    path = write(tmp_path, "\ufeff".encode() + VALID.encode())
+    assert main(["simulate", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert (tmp_path / "out" / "metadata.json").is_file()
+
+
+def test_empty_out_is_refused_not_the_current_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, VALID)
+    assert main(["simulate", "run.toml", "--out", ""]) == 2
+    assert "expected a folder name" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["run.toml"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_read_only_out_is_refused(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    assert main(["simulate", str(write(tmp_path, VALID)), "--out", str(locked / "out")]) == 2
+    assert "is not writable" in capsys.readouterr().err
+
+
+def test_ignored_setting_is_warned_about(tmp_path, capsys):
+    text = replace("learning_rate = 0.05", 'learning_rate = 0.05\nstrategy = "fedavg"\nprox_mu = 0.5')
+    assert main(["simulate", str(write(tmp_path, text)), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: federated.prox_mu = 0.5 is ignored by strategy 'fedavg'" in err
+    config = config_from_dict({"federated": {"strategy": "fedprox", "prox_mu": 0.5}})
+    assert ignored_settings(config) == []
+
+
+def test_batch_above_a_skewed_client_warns(recwarn):
+    config = config_from_dict({"task": {"num_clients": 4, "samples_per_client": 8, "tokens": 3,
+                                        "dim": 2, "dirichlet_alpha": 0.05},
+                               "federated": {"rounds": 1, "warmup_rounds": 1, "batch_size": 4}})
+    simulate(config)
+    assert any("with replacement" in str(w.message) for w in recwarn.list)
+
+
+def test_limits_can_be_raised(tmp_path, capsys):
+    text = replace("local_steps = 2", "local_steps = 200")
+    args = ["simulate", str(write(tmp_path, text)), "--out", str(tmp_path / "out"), "--quiet"]
+    assert main(args + ["--max-hours", "1e-6"]) == 2
+    assert "--max-hours" in capsys.readouterr().err
+    assert main(args + ["--max-memory-gb", "1e-6"]) == 2
+    assert "--max-memory-gb" in capsys.readouterr().err
+    assert main(args + ["--max-hours", "0"]) == 0
+
+
+def test_unexpected_failure_exits_1_with_one_line_and_debug_traceback(tmp_path, capsys, monkeypatch):
+    import linattn_theory.federated as federated
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug\nover two lines")
+
+    monkeypatch.setattr(federated, "simulate", broken)
+    args = ["simulate", str(write(tmp_path, VALID)), "--out", str(tmp_path / "out")]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == ("linattn simulate: error: RuntimeError: a bug over two lines "
+                           "(rerun with --debug for the traceback)")
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(args + ["--debug"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_exits_130(tmp_path, capsys, monkeypatch):
+    import linattn_theory.federated as federated
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(federated, "simulate", interrupted)
+    assert main(["simulate", str(write(tmp_path, VALID)), "--out", str(tmp_path / "out")]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
+
+
+def test_second_sweep_with_another_grid_is_refused_or_added(tmp_path, capsys):
+    out = tmp_path / "out"
+    first = ["sweep", str(write(tmp_path, SWEEP, "a.toml")), "--out", str(out), "--executor", "serial",
+             "--quiet"]
+    assert main(first) == 0
+    other = write(tmp_path, SWEEP.replace("seed = [0, 1]", "seed = [1, 2, 3]"), "b.toml")
+    second = ["sweep", str(other), "--out", str(out), "--executor", "serial", "--quiet"]
+    manifest = (out / "sweep.json").read_text()
+    assert main(second) == 2
+    assert "holds another sweep" in capsys.readouterr().err
+    assert (out / "sweep.json").read_text() == manifest and len(load_results(out)) == 2
+    assert main(second + ["--add"]) == 0
+    assert len(load_results(out)) == 4 and len(json.loads((out / "sweep.json").read_text())["runs"]) == 4
+    assert main(first) == 2            # the folder now holds the union, not the first grid
+
+
+def _sweep_children(tmp_path, sig):
+    """Start a processes sweep, wait for its two workers, send ``sig``; the workers' pids."""
+    psutil = pytest.importorskip("psutil")
+    text = VALID.replace("rounds = 4", "rounds = 100000").replace("warmup_rounds = 2", "warmup_rounds = 0")
+    path = write(tmp_path, text + "[grid]\nseed = [0, 1, 2, 3]\n")
+    proc = subprocess.Popen([sys.executable, "-m", "linattn_theory", "sweep", str(path), "--out",
+                             str(tmp_path / "out"), "--workers", "2", "--quiet"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    children = []
+    while time.monotonic() < deadline and len(children) < 2 and proc.poll() is None:
+        children = parent.children(recursive=True)
+        time.sleep(0.05)
+    assert len(children) == 2, "the sweep did not start two workers"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    alive = children
+    while alive and time.monotonic() < deadline:
+        alive = [c for c in alive if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.05)
+    return proc.returncode, err, alive
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_no_worker_outlives_a_killed_sweep(tmp_path, sig):
+    code, err, alive = _sweep_children(tmp_path, sig)
+    for child in alive:                 # do not leave them running when the check fails
+        child.kill()
+    assert alive == [], f"workers {[c.pid for c in alive]} outlived the sweep"
+    if sig == signal.SIGTERM:
+        assert code == 143 and "stopped by SIGTERM" in err and "Traceback" not in err
+        assert "leaked" not in err
+
+
+def test_figures_names_the_files_it_wrote(tmp_path, capsys):
+    (tmp_path / "simulations").mkdir()
+    (tmp_path / "simulations" / "tiny.py").write_text(
+        "from pathlib import Path\n\n\ndef make(out_dir, quick=False):\n"
+        "    path = Path(out_dir) / 'tiny.png'\n    path.parent.mkdir(parents=True, exist_ok=True)\n"
+        "    path.write_bytes(b'png')\n    return [path]\n")
+    out = tmp_path / "figs"
+    assert main(["figures", "--root", str(tmp_path), "--out", str(out), "--quiet"]) == 0
+    assert f"wrote {out / 'tiny.png'}" in capsys.readouterr().out
+
+
+def test_git_revision_recorded_at_build_time_is_used_outside_a_checkout(tmp_path):
+    import shutil
+    package = tmp_path / "site" / "linattn_theory"
+    shutil.copytree(ROOT / "linattn_theory", package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("from pathlib import Path; from linattn_theory.federated import _git_revision; "
+            "print(_git_revision()); Path(__import__('linattn_theory').__file__).with_name("
+            "'_revision.txt').write_text('0123abcd\\n'); print(_git_revision())")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(package.parent)},
+                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["unknown", "0123abcd"]
+
+
+# -- the Python API ---------------------------------------------------------------------------
+
+def _batch(B=5, n=4, d=3, p=2, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(B, n, d))
+    return X, X[:, -1, :].copy(), rng.normal(size=(B, p))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_parameters_are_refused(bad):
+    params = Params.init(3, 2, 2)
+    X, q, y = _batch()
+    broken = params.replace(WV=np.where(np.arange(params.WV.size).reshape(params.WV.shape) == 1, bad, params.WV))
+    with pytest.raises(ValueError, match="params.WV contains non-finite"):
+        predict(broken, X, q)
+    with pytest.raises(ValueError, match="params.WV contains non-finite"):
+        loss_and_grad(broken, X, q, y)
+    config = config_from_dict({"task": {"num_clients": 2, "samples_per_client": 4, "tokens": 4, "dim": 3},
+                               "federated": {"rounds": 1, "warmup_rounds": 1}})
+    with pytest.raises(ValueError, match="non-finite"):
+        simulate(config, params=broken)
+
+
+def test_malformed_parameters_and_batches_are_refused():
+    params = Params.init(3, 2, 2)
+    X, q, y = _batch()
+    with pytest.raises(ValueError, match=r"params.WQ has shape \(3, 2\); expected \(H, d, r\)"):
+        predict(params.replace(WQ=params.WQ[0]), X, q)
+    with pytest.raises(ValueError, match="empty batch"):
+        loss_and_grad(params, X[:0], q[:0], y[:0])
+    with pytest.raises(ValueError, match="expected the same shape"):
+        kernel(params.replace(WK=np.zeros((1, 4, 2))))
+
+
+def test_load_results_on_a_wrong_path_raises(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        load_results(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="neither a sweep folder"):
+        load_results(tmp_path)
+    with pytest.raises(ConfigError):
+        config_from_dict({"federated": {"batch_size": 200}})
