@@ -75,6 +75,14 @@ class ModelConfig:
     init_scale: float = _spec(0.5, low=0.0, doc="initial weights N(0, scale²/d)")
     dtype: str = _spec("float64", choices=("float64", "float32"), doc="floating-point type")
     backend: str = _spec("numpy", choices=("numpy", "cupy"), doc="array library")
+    attention: str = _spec("linear", choices=("linear", "softmax"),
+                           doc="attention: linear (docs/theory.md §1) or softmax (§9)")
+    temperature: float = _spec(1.0, low=0.0, low_open=True,
+                               doc="softmax temperature τ, scores q^T K x / τ (softmax attention only)")
+
+
+#: model keys recorded only with softmax attention, so that linear configurations keep their hash
+SOFTMAX_KEYS = ("attention", "temperature")
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,8 @@ class RunConfig:
         data = asdict(self)
         keep = FAMILY_KEYS[self.task.family] | {"family"}
         data["task"] = {k: v for k, v in data["task"].items() if k in keep}
+        if self.model.attention == "linear":
+            data["model"] = {k: v for k, v in data["model"].items() if k not in SOFTMAX_KEYS}
         return data
 
     def with_updates(self, updates: dict) -> "RunConfig":

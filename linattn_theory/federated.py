@@ -27,7 +27,8 @@ import pandas as pd
 from ._array import array_namespace, to_numpy
 from .backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
 from .config import FederatedConfig, RunConfig
-from .model import BLOCKS, Params, _flat, _value_matrix, features, kernel, loss_and_grad_from_moments
+from .model import (BLOCKS, Params, _flat, _value_matrix, kernel, loss_and_grad_from_contexts,
+                    loss_and_grad_from_moments)
 from .strategies import Round, Strategy, make_strategy
 from .strategies.base import weighted_sum
 from .tasks import (SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, StackedClients, make_clients,
@@ -102,7 +103,7 @@ def initial_params(config: RunConfig, d: int, p: int) -> Params:
 def value_curvature(K, data: StackedClients, ridge: float = 0.0):
     """``λ_max(Ã_c)`` per client, ``Ã_c = Σ_i w_i φ_i φ_i^T + λ I`` (docs/theory.md §5); host array ``(m,)``."""
     xp = array_namespace(data.S)
-    phi = _flat(xp, features(K, data.S, data.q), 2)
+    phi = _flat(xp, data.features(K), 2)
     A = xp.matmul(xp.matrix_transpose(phi), phi * data.sample_weight[..., None])
     return np.linalg.eigvalsh(to_numpy(A))[:, -1] + ridge
 
@@ -125,7 +126,8 @@ def hessian_curvature(params: Params, data: StackedClients, ridge: float = 0.0,
     stacked = params.map(lambda a: xp.broadcast_to(a, (m,) + tuple(a.shape)))
 
     def grad(P):
-        _, g = loss_and_grad_from_moments(P, data.S, data.q, data.y, data.sample_weight)
+        _, g = _loss_and_grad(P, data.inputs, data.q, data.y, data.sample_weight,
+                              attention=data.attention, temperature=data.temperature)
         return g.replace(WV=g.WV + ridge * P.WV)
 
     def norm(v):
@@ -169,7 +171,8 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
     """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
     xp = get_namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
-    data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype))
+    data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype),
+                         attention=config.model.attention, temperature=config.model.temperature)
     d, p = data.q.shape[-1], data.y.shape[-1]
     params = initial_params(config, d, p) if params is None else params
     return data, params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
@@ -242,7 +245,8 @@ def _sq_norm(xp, a):
 def _client_losses(xp, params: Params, data: StackedClients, phi=None):
     """``F_c(θ)`` for every client (weighted sample means), shape ``(m,)``."""
     if phi is None:
-        loss, _ = loss_and_grad_from_moments(params, data.S, data.q, data.y, data.sample_weight, blocks=())
+        loss, _ = _loss_and_grad(params, data.inputs, data.q, data.y, data.sample_weight, blocks=(),
+                                 attention=data.attention, temperature=data.temperature)
         return loss
     e = xp.matmul(phi, _value_matrix(xp, params.WV)) - data.y
     return 0.5 * xp.sum(e * e * data.sample_weight[..., None], axis=(-2, -1))
@@ -321,7 +325,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         if not kernel_frozen:
             phi_frozen = None          # the kernel moves: features are recomputed when it freezes
         elif phi_frozen is None:
-            phi_frozen = (_flat(xp, features(kernel(params), data.S, data.q), 2)   # (m, N, Hd)
+            phi_frozen = (_flat(xp, data.features(kernel(params)), 2)   # (m, N, Hd)
                           if frozen_features is None else frozen_features(params))
         part = _participants(t, m, fed.participation, seed)
         client_weights = data.weights if len(part) == m else xp.take(data.weights, xp.asarray(part), axis=0)
@@ -334,7 +338,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
 
         # clients: E local steps from θ^t, all participants at once (in chunks within max_bytes)
         anchor = {b: getattr(params, b) for b in blocks}
-        inputs = (phi_frozen,) if kernel_frozen else (data.S, data.q)
+        inputs = (phi_frozen,) if kernel_frozen else (data.inputs, data.q)
         pieces = [_local_training(xp, params, rnd, lo, hi, strategy.client, client_state, inputs,
                                   data, batches, fed)
                   for lo, hi in client_chunks(k, working, max_bytes)]
@@ -418,7 +422,8 @@ def _local_training(xp, params: Params, rnd: Round, lo: int, hi: int, client_rul
         if batches is not None:
             batch = tuple(_take(xp, a, batches[lo:hi, e, :]) for a in inputs + (data.y,))
             batch += (xp.full(batch[0].shape[:2], 1.0 / fed.batch_size, dtype=batch[0].dtype),)
-        grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen)
+        grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen,
+                                 data.attention, data.temperature)
         correction = client_rule.correction(client_state, rnd, anchor, local)
         for b in blocks:
             g = grads[b] + lam * local[b] if b == "WV" else grads[b]
@@ -439,12 +444,14 @@ def _result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> R
     return RunResult(table, host(params), host(warm_params), divergence, meta)
 
 
-def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool) -> dict:
+def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool,
+                     attention: str = "linear", temperature: float = 1.0) -> dict:
     """``∇F_c`` of the trained blocks for every participant (without ridge and corrections).
 
     With the kernel frozen ``batch = (φ, y, w)`` and the model is linear, ``ŷ = V^T φ``:
     ``∇_V = Σ_i w_i φ_i e_i^T``; otherwise ``batch = (Ŝ, q, y, w)`` and the closed-form gradients
-    of :func:`~linattn_theory.model.loss_and_grad_from_moments` apply.
+    of :func:`~linattn_theory.model.loss_and_grad_from_moments` apply (softmax attention:
+    ``batch = (X, q, y, w)``, :func:`~linattn_theory.model.loss_and_grad_from_contexts`).
     """
     if kernel_frozen:
         phi, y, w = batch
@@ -452,9 +459,18 @@ def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool) -> dic
         err = (xp.matmul(phi, _value_matrix(xp, WV)) - y) * w[..., None]
         return {"WV": xp.reshape(xp.matmul(xp.matrix_transpose(phi), err), WV.shape)}
     S, q, y, w = batch
-    _, g = loss_and_grad_from_moments(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
-                                      blocks=blocks)
+    _, g = _loss_and_grad(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
+                          blocks=blocks, attention=attention, temperature=temperature)
     return {b: getattr(g, b) for b in blocks}
+
+
+def _loss_and_grad(params: Params, inputs, q, y, sample_weight, blocks=BLOCKS, *,
+                   attention: str = "linear", temperature: float = 1.0):
+    """The model's loss and gradients on ``inputs``: ``Ŝ`` (linear attention) or ``X`` (softmax, docs/theory.md §9)."""
+    if attention == "softmax":
+        return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
+                                           attention=attention, temperature=temperature)
+    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks=blocks)
 
 
 def _stage(blocks) -> str:
