@@ -194,12 +194,39 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     cache-sized chunks of clients on the CPU when the round does not fit in cache, one chunk
     on a GPU, :func:`~linattn_theory.backend.resolve_max_bytes`); results do not depend on it.
     """
+    clients = clients_from_config(config) if clients is None else clients
     data, params = prepare_run(config, clients, params)
     max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
+    test, on_round = _test_metrics(clients, config)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
-                          progress=progress, frozen_features=frozen_features, max_bytes=max_bytes)
+                          progress=progress, frozen_features=frozen_features, max_bytes=max_bytes,
+                          on_round=on_round)
     result.metadata.update(run_metadata(config))
+    if test:
+        for key in ("loss", "accuracy"):
+            result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
+        result.metadata["test"] = test[int(result.table["round"].iloc[-1])]
     return result
+
+
+def _test_metrics(clients, config: RunConfig):
+    """``(records, on_round)``: test loss and accuracy per round when the clients hold a test split.
+
+    Clients with ``truth["test_X"]`` (real data, :mod:`linattn_theory.datasets`) get the columns
+    ``test_loss`` and ``test_accuracy``; otherwise ``({}, None)``.
+    """
+    truth = getattr(clients, "truth", None) or {}
+    if "test_X" not in truth:
+        return {}, None
+    from .datasets import evaluate
+    records = {}
+    test = (truth["test_X"], truth["test_q"], truth["test_y"])
+    model = config.model
+
+    def on_round(state):
+        with np.errstate(all="ignore"):
+            records[state.round] = evaluate(state.params, *test, model.attention, model.temperature)
+    return records, on_round
 
 
 def _participants(t: int, m: int, fraction: float, seed: int) -> np.ndarray:

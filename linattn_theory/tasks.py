@@ -264,14 +264,21 @@ def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=
     return FederatedDataset(tuple(clients), sizes / sizes.sum(), "in_context_regression", truth)
 
 
+def _digits_clients(**options) -> FederatedDataset:
+    """The ``digits`` family (real data, docs/theory.md §9): :func:`linattn_theory.datasets.digits_clients`."""
+    from .datasets import digits_clients
+    return digits_clients(**options)
+
+
 FAMILIES = {
     "planted_kernel": planted_kernel_clients,
     "in_context_regression": in_context_regression_clients,
+    "digits": _digits_clients,
 }
 
 
 def make_clients(family: str, seed: int = 0, **options) -> FederatedDataset:
-    """Build the clients of a task family by name (``planted_kernel`` or ``in_context_regression``)."""
+    """Build the clients of a task family by name (``planted_kernel``, ``in_context_regression``, ``digits``)."""
     try:
         factory = FAMILIES[family]
     except KeyError:
