@@ -125,3 +125,19 @@ def test_digits_family_trains_and_reports_test_accuracy():
     again = evaluate(run.params, data.truth["test_X"], data.truth["test_q"], data.truth["test_y"])
     assert run.metadata["test"] == again
     assert table["test_loss"].iloc[-1] == pytest.approx(again["loss"], rel=1e-12)
+
+
+def test_own_data_howto_runs():
+    """docs/howto/own-data.md: its Python blocks run in order and its TOML block is a valid configuration."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "own-data.md").read_text()
+    namespace = {}
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        exec(compile(block, "own-data.md", "exec"), namespace)
+    assert "test_accuracy" in namespace["run"].table and namespace["V_FA"].shape == (3, 3)
+    (toml_block,) = re.findall(r"```toml\n(.*?)```", text, re.S)
+    config = config_from_dict(tomllib.loads(toml_block))
+    assert config.task.family == "digits" and config.model.attention == "softmax"
