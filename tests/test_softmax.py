@@ -273,3 +273,62 @@ def test_warmup_sweep_shares_softmax_warmups(federated):
             np.testing.assert_allclose(getattr(result.params, b), getattr(explicit.params, b),
                                        rtol=rtol, atol=1e-15)
         assert result.metadata["config"]["model"]["attention"] == "softmax"
+
+
+# --------------------------------------------------------------------------------------
+# static softmax heads: pattern variance, divergence, loss change (docs/theory.md §9, §7)
+# --------------------------------------------------------------------------------------
+def test_head_pattern_statistics():
+    from linattn_theory.static import head_pattern_statistics
+
+    clients = planted_kernel_clients(num_clients=3, samples_per_client=25, tokens=5, dim=4, heads=2,
+                                     positional_strength=1.0, dirichlet_alpha=1.0, seed=7)
+    params = Params.init(4, 2, 2, heads=3, scale=1.5, seed=2)
+    params = params.replace(WQ=params.WQ * np.array([1.0, 0.0, 1.0])[:, None, None])   # head 1: K = 0
+    tau = 0.6
+    table = head_pattern_statistics(params, clients, tau)
+    assert len(table) == 3 * (3 + 1)
+    uniform = table[table["head"] == 1]        # a zero kernel attends uniformly: nothing to gain or lose
+    assert np.abs(uniform[["pattern_variance", "mean_kl", "loss_change"]].to_numpy()).max() <= 1e-12
+    moving = table[table["head"] != 1]
+    assert (moving["pattern_variance"] > 1e-3).all() and (moving["mean_kl"] > 1e-3).all()
+
+    p = np.asarray(clients.weights)
+    K = kernel(params)
+    means = [softmax_weights(K, X, q, tau).mean(axis=0) for X, q, _ in clients]    # (H, n) per client
+    overall = sum(pc * a for pc, a in zip(p, means))
+    for h in (0, 2):
+        per_client = table[(table["head"] == h) & (table["client"] >= 0)].sort_values("client")
+        across = table[(table["head"] == h) & (table["client"] == -1)].iloc[0]
+        # law of total variance: E‖a − ā‖² = Σ_c p_c (E_c‖a − ā_c‖² + ‖ā_c − ā‖²)
+        between = np.array([np.sum((a[h] - overall[h]) ** 2) for a in means])
+        assert across["pattern_variance"] == pytest.approx(
+            np.dot(p, per_client["pattern_variance"] + between), rel=1e-12)
+        # compensation identity: E KL(a ‖ ā) = Σ_c p_c (E_c KL(a ‖ ā_c) + KL(ā_c ‖ ā))
+        kl_between = np.array([np.sum(a[h] * np.log(a[h] / overall[h])) for a in means])
+        assert across["mean_kl"] == pytest.approx(np.dot(p, per_client["mean_kl"] + kl_between), rel=1e-10)
+        # loss change, recomputed: head h's weights replaced by the overall mean pattern
+        change = 0.0
+        for pc, (X, q, y) in zip(p, clients):
+            a = softmax_weights(K, X, q, tau)
+            a[:, h] = overall[h]
+            replaced = np.einsum("bhi,bie,hep->bp", a, X, params.WV)
+            base = predict(params, X, q, "softmax", tau)
+            change += pc * np.mean(0.5 * np.sum((replaced - y) ** 2, 1) - 0.5 * np.sum((base - y) ** 2, 1))
+        assert across["loss_change"] == pytest.approx(change, rel=1e-10)
+
+
+def test_every_strategy_trains_softmax_attention():
+    """The strategies act on blocks, not on the attention: each runs, learns and freezes what it should."""
+    from linattn_theory.strategies import STRATEGIES
+
+    for name in STRATEGIES:
+        extra = {"fedadam": {"server_learning_rate": 0.01}, "fedavgm": {"server_momentum": 0.5}}.get(name, {})
+        config = _config(strategy=name, rounds=6, warmup_rounds=3, batch_size=8, participation=0.75, **extra)
+        run = simulate(config)
+        assert not run.diverged, name
+        assert run.table["loss"].iloc[-1] < run.table["loss"].iloc[0], name
+        frozen = {"fedfrozen": "WQ", "fedfrozen_fedprox": "WQ", "fedfrozen_scaffold": "WQ",
+                  "random_kernel": "WQ", "value_frozen": "WV"}.get(name)
+        if frozen:
+            np.testing.assert_array_equal(getattr(run.params, frozen), getattr(run.warmup_params, frozen))
