@@ -233,7 +233,7 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
 # -- softmax heads: how static is each head's attention pattern? (docs/theory.md §9) ------------
 
 def _pattern_measures(a, X, y, WV, mean, yhat):
-    """For samples of one group: ``E‖a_h − ā_h‖²``, ``E KL(a_h ‖ ā_h)`` and the loss change of each head.
+    """For samples of one group: ``E‖a_h − ā_h‖²``, ``E KL(a_h ‖ ā_h)``, each head's loss change and ``F``.
 
     ``a`` ``(N, H, n)`` the weights, ``mean`` ``(H, n)`` the pattern ``ā``, ``yhat`` ``(N, p)``; the loss
     change replaces head ``h``'s feature ``X^T a_h`` by ``X^T ā_h`` with ``W_V`` unchanged.
@@ -247,7 +247,7 @@ def _pattern_measures(a, X, y, WV, mean, yhat):
     for h in range(a.shape[1]):
         shift = np.einsum("bi,bid->bd", mean[h] - a[:, h], X) @ WV[h]    # W_V^hT X^T (ā_h − a_h)
         change.append(np.mean(0.5 * np.sum((yhat + shift - y) ** 2, axis=-1) - base))
-    return variance, kl, np.array(change)
+    return variance, kl, np.array(change), np.full(a.shape[1], np.mean(base))
 
 
 def head_pattern_statistics(params, clients, temperature: float = 1.0) -> pd.DataFrame:
@@ -258,7 +258,7 @@ def head_pattern_statistics(params, clients, temperature: float = 1.0) -> pd.Dat
     ``E‖a_h − ā_h‖²``, the mean divergence ``E KL(a_h ‖ ā_h)`` and the loss change
     ``F(θ with head h static at ā_h) − F(θ)`` (its feature ``X^T a_h`` replaced by ``X^T ā_h``,
     ``W_V`` unchanged). One row per head and group: ``head``, ``client`` (``-1`` for all clients),
-    ``pattern_variance``, ``mean_kl``, ``loss_change``.
+    ``pattern_variance``, ``mean_kl``, ``loss_change`` and ``loss`` (the group's ``F(θ)``).
     """
     from .model import kernel, predict_from_contexts, softmax_weights
 
@@ -273,7 +273,7 @@ def head_pattern_statistics(params, clients, temperature: float = 1.0) -> pd.Dat
         for h, values in enumerate(zip(*_pattern_measures(a, X, y, WV, a.mean(axis=0), yhat))):
             rows.append({"head": h, "client": c, **dict(zip(_MEASURES, map(float, values)))})
     overall = sum(p * a.mean(axis=0) for p, (a, *_) in zip(data.weights, groups))
-    total = np.zeros((3, K.shape[0]))
+    total = np.zeros((len(_MEASURES), K.shape[0]))
     for p, (a, X, y, yhat) in zip(data.weights, groups):
         total += p * np.array(_pattern_measures(a, X, y, WV, overall, yhat))
     for h in range(K.shape[0]):
@@ -281,4 +281,4 @@ def head_pattern_statistics(params, clients, temperature: float = 1.0) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-_MEASURES = ("pattern_variance", "mean_kl", "loss_change")
+_MEASURES = ("pattern_variance", "mean_kl", "loss_change", "loss")

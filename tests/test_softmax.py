@@ -316,6 +316,8 @@ def test_head_pattern_statistics():
             base = predict(params, X, q, "softmax", tau)
             change += pc * np.mean(0.5 * np.sum((replaced - y) ** 2, 1) - 0.5 * np.sum((base - y) ** 2, 1))
         assert across["loss_change"] == pytest.approx(change, rel=1e-10)
+    base = sum(pc * loss_and_grad(params, X, q, y, "softmax", tau)[0] for pc, (X, q, y) in zip(p, clients))
+    assert table[table["client"] == -1]["loss"].to_numpy() == pytest.approx([base] * 3, rel=1e-12)
 
 
 def test_every_strategy_trains_softmax_attention():
@@ -332,3 +334,44 @@ def test_every_strategy_trains_softmax_attention():
                   "random_kernel": "WQ", "value_frozen": "WV"}.get(name)
         if frozen:
             np.testing.assert_array_equal(getattr(run.params, frozen), getattr(run.warmup_params, frozen))
+
+
+def test_static_heads_figure_numbers_match_committed_data():
+    """figures/README.md quotes the rank correlations of figures/static_heads.csv."""
+    from pathlib import Path
+
+    import pandas as pd
+    from scipy.stats import spearmanr
+
+    root = Path(__file__).resolve().parents[1]
+    table = pd.read_csv(root / "figures" / "static_heads.csv")
+    across = table[table["client"] == -1]
+    np.testing.assert_allclose(across["relative_loss_change"], across["loss_change"] / across["loss"],
+                               rtol=1e-8)
+    readme = (root / "figures" / "README.md").read_text()
+    for criterion, name in (("mean_kl", "KL"), ("pattern_variance", "variance")):
+        rho = spearmanr(across[criterion], across["relative_loss_change"]).statistic
+        assert f"ρ = {rho:.2f} ({name})" in readme
+
+
+def test_sweep_analysis_reads_softmax_runs_with_softmax_features(tmp_path):
+    from linattn_theory.results import load_results
+    from linattn_theory.sweep import load_sweep, run_sweep
+    from linattn_theory.sweep_analysis import frozen_stage_table
+
+    (tmp_path / "s.toml").write_text(
+        'seed = 1\n[task]\nnum_clients = 3\nsamples_per_client = 12\ntokens = 4\ndim = 3\n'
+        '[model]\nheads = 2\nrank = 2\ntemperature = 0.5\n'
+        '[federated]\nrounds = 4\nwarmup_rounds = 2\nlearning_rate = 0.05\n'
+        '[grid]\n"model.attention" = ["linear", "softmax"]\n')
+    folder = tmp_path / "out"
+    run_sweep(load_sweep(tmp_path / "s.toml"), folder, executor="serial")
+    table = frozen_stage_table(folder, load_results(folder))
+    assert len(table) == 2
+    from linattn_theory.results import load_run
+    for _, row in table.iterrows():
+        run = load_run(folder, row["run_id"])
+        config = config_from_dict(run.metadata["config"])
+        data = stack_clients(clients_from_config(config), attention=config.model.attention,
+                             temperature=config.model.temperature)
+        assert row["profile"] == pytest.approx(profile_objective(kernel(run.warmup_params), data)[0], rel=1e-12)
