@@ -493,7 +493,11 @@ def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool,
 
 def _loss_and_grad(params: Params, inputs, q, y, sample_weight, blocks=BLOCKS, *,
                    attention: str = "linear", temperature: float = 1.0):
-    """The model's loss and gradients on ``inputs``: ``Ŝ`` (linear attention) or ``X`` (softmax, docs/theory.md §9)."""
+    """The model's loss and gradients on ``inputs``: ``Ŝ`` (linear attention) or ``X`` (softmax, docs/theory.md §9).
+
+    (:func:`~linattn_theory.model.loss_and_grad_from_inputs` with the linear path looked up in this
+    module, so that it stays the one call the engine makes, as before softmax attention existed.)
+    """
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
                                            attention=attention, temperature=temperature)

@@ -194,6 +194,10 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
     from .federated import clients_from_config, simulate
     from .model import kernel
 
+    if config.model.attention != "linear":
+        raise ValueError(f"compare_static_heads runs linear-attention heads (docs/theory.md §7); "
+                         f"model.attention = {config.model.attention!r}: for softmax heads measure "
+                         f"them with head_pattern_statistics (docs/theory.md §9)")
     fedfrozen = config.with_updates({"federated.strategy": "fedfrozen"})
     clients = clients_from_config(config) if clients is None else as_federated(clients)
     runs = {"full": simulate(config.with_updates({"federated.strategy": "fedavg"}), clients),

@@ -375,3 +375,9 @@ def test_sweep_analysis_reads_softmax_runs_with_softmax_features(tmp_path):
         data = stack_clients(clients_from_config(config), attention=config.model.attention,
                              temperature=config.model.temperature)
         assert row["profile"] == pytest.approx(profile_objective(kernel(run.warmup_params), data)[0], rel=1e-12)
+
+
+def test_static_head_comparison_refuses_softmax_configs():
+    from linattn_theory.static import compare_static_heads
+    with pytest.raises(ValueError, match="head_pattern_statistics"):
+        compare_static_heads(_config())
