@@ -141,3 +141,39 @@ def test_own_data_howto_runs():
     (toml_block,) = re.findall(r"```toml\n(.*?)```", text, re.S)
     config = config_from_dict(tomllib.loads(toml_block))
     assert config.task.family == "digits" and config.model.attention == "softmax"
+
+
+def test_digits_figure_is_skipped_without_scikit_learn(monkeypatch, tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    from linattn_theory.figures import _load
+
+    script = Path(__file__).resolve().parents[1] / "simulations" / "digits.py"
+    module = _load("digits", script)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
+    assert module.make(tmp_path / "out", quick=True) == []
+    assert "linattn-theory[digits]" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_digits_figure_numbers_match_committed_data():
+    """figures/README.md's statements about digits.png, recomputed from figures/digits.csv."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1]
+    table = pd.read_csv(root / "figures" / "digits.csv")
+    readme = (root / "figures" / "README.md").read_text()
+    accuracy = table[table["quantity"] == "test_accuracy"].pivot_table(
+        index="T0", columns=["attention", "label_alpha"], values="mean")
+    assert accuracy.index.max() == 120 and (table["count"] >= 9).all()          # ten seeds, T = 120
+    gap = (accuracy.loc[120] - accuracy.loc[accuracy.index >= 60]).max().max()
+    assert f"costs at most {100 * gap:.1f} accuracy points" in readme
+    loss = table[table["quantity"] == "loss_change_vs_fedavg"]
+    below = loss[loss["mean"] < 0]
+    assert set(below["attention"]) == {"linear"} and set(below["label_alpha"]) == {0.1}
+    best = below.loc[below["mean"].idxmin()]
+    assert f"(`T0 = {best['T0']:.0f}`) end below FedAvg's training loss, by {-best['mean']:.4f}" in readme
