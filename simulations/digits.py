@@ -79,14 +79,10 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
             if mine.empty:
                 continue
             name = rf"$\alpha = {level:g}$"
-            acc = plotting.seed_band(ax_acc, mine, "T0", "test_accuracy", color=color, label=name)
-            loss = plotting.seed_band(ax_loss, mine, "T0", "loss_change", color=color, label=name)
-            best = acc.loc[acc["mean"].idxmax()]
-            ax_acc.plot(best["T0"], best["mean"], marker="*", markersize=12, color=color,
-                        markeredgecolor="black", linestyle="none")
-            best_loss = loss.loc[loss["mean"].idxmin()]
-            ax_loss.plot(best_loss["T0"], best_loss["mean"], marker="*", markersize=12, color=color,
-                         markeredgecolor="black", linestyle="none")
+            acc, best = plotting.seed_band_best(ax_acc, mine, "T0", "test_accuracy", color=color,
+                                                label=name, best="max")
+            loss, best_loss = plotting.seed_band_best(ax_loss, mine, "T0", "loss_change", color=color,
+                                                      label=name)
             labels = {"attention": attention, HUE: level}
             rows += [acc.assign(quantity="test_accuracy", best_T0=best["T0"], **labels),
                      loss.assign(quantity="loss_change_vs_fedavg", best_T0=best_loss["T0"], **labels)]

@@ -20,7 +20,7 @@ EXPECTED = {"kernel_bias_drift", "tradeoff", "excess_risk_decomposition", "heatm
             "loss_curves", "drift_scaling", "frozen_stage", "warmup_inexactness"}
 #: every figure drawn in the shared style: issue 4's, the strategy comparison (issue 5), static softmax
 #: heads and the digits data set (issue 12; digits needs the optional scikit-learn)
-STYLED = EXPECTED | {"strategies", "static_heads"} | ({"digits"} if find_spec("sklearn") else set())
+STYLED = EXPECTED | {"strategies", "static_heads", "tradeoff_attention"} | ({"digits"} if find_spec("sklearn") else set())
 #: the CSV of the plotted numbers where NAME.csv is another table (strategies.csv: issue 5's summary)
 PLOT_DATA = {"strategies": "strategies_plot"}
 

@@ -381,3 +381,22 @@ def test_static_head_comparison_refuses_softmax_configs():
     from linattn_theory.static import compare_static_heads
     with pytest.raises(ValueError, match="head_pattern_statistics"):
         compare_static_heads(_config())
+
+
+def test_tradeoff_attention_numbers_match_committed_data():
+    """figures/README.md's statements about tradeoff_attention.png, recomputed from its CSV."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1]
+    table = pd.read_csv(root / "figures" / "tradeoff_attention.csv")
+    readme = (root / "figures" / "README.md").read_text()
+    assert (table["count"] == 5).all()
+    curves = table.pivot_table(index="T0", columns=["attention", "zeta_value"], values="mean")
+    best = {key: curves[key].idxmin() for key in curves}
+    assert f"best at `T0 = {best[('linear', 3.0)]}` (linear) and `T0 = {best[('softmax', 3.0)]}` (softmax)" in readme
+    assert 0 < best[("softmax", 3.0)] < 40 and 0 < best[("linear", 3.0)] < 40      # interior: U-shaped
+    assert -curves.loc[:, (slice(None), 1.0)].min().min() <= 0.001                  # ζ_V = 1: no real gain
+    gains = {a: -curves[(a, 3.0)].min() for a in ("softmax", "linear")}
+    assert f"gain at the best `T0` is {gains['softmax']:.2f} against {gains['linear']:.2f}" in readme
