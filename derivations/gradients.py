@@ -20,24 +20,14 @@ import numpy as np
 import sympy as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _claims import claim, finish  # noqa: E402  (also puts the repository root on sys.path)
+from _claims import claim, finish, layer_symbols, package_claims, random_point, symbols  # noqa: E402  (also puts the repository root on sys.path)
 
 from linattn_theory import Params, loss_and_grad  # noqa: E402
 
 
-def symbols(name, rows, cols):
-    return sp.Matrix(rows, cols, lambda i, j: sp.Symbol(f"{name}_{i}{j}", real=True))
-
-
 def derive(heads: int, d: int, r: int, p: int, n: int) -> None:
-    WQ = [symbols(f"Q{h}", d, r) for h in range(heads)]
-    WK = [symbols(f"K{h}", d, r) for h in range(heads)]
-    WV = [symbols(f"V{h}", d, p) for h in range(heads)]
-    X = symbols("X", n, d)
-    q = symbols("q", d, 1)
-    y = symbols("y", p, 1)
+    WQ, WK, WV, X, q, y, kernels = layer_symbols(heads, d, r, p, n)
     S = X.T * X / n
-    kernels = [WQ[h] * WK[h].T for h in range(heads)]
     yhat = sp.zeros(p, 1)
     for h in range(heads):
         yhat += WV[h].T * S * kernels[h].T * q
@@ -65,28 +55,10 @@ def derive(heads: int, d: int, r: int, p: int, n: int) -> None:
         claim(f"∇_{{K_{h}}} ℓ = q g^T ({shape})", sp.expand(derived_K - q * g.T) == sp.zeros(d, d))
 
     # numeric comparison with the package at a random point
-    rng = np.random.default_rng(0)
-    values = {}
-    arrays = {}
-    for key, mats in (("WQ", WQ), ("WK", WK), ("WV", WV)):
-        arr = rng.normal(size=(heads,) + mats[0].shape)
-        arrays[key] = arr
-        for h, M in enumerate(mats):
-            values.update({M[i, j]: arr[h, i, j] for i in range(M.shape[0]) for j in range(M.shape[1])})
-    Xv, qv, yv = rng.normal(size=(n, d)), rng.normal(size=d), rng.normal(size=p)
-    values.update({X[i, j]: Xv[i, j] for i in range(n) for j in range(d)})
-    values.update({q[i, 0]: qv[i] for i in range(d)})
-    values.update({y[i, 0]: yv[i] for i in range(p)})
+    blocks = {"WQ": WQ, "WK": WK, "WV": WV}
+    values, arrays, (Xv, qv, yv) = random_point(np.random.default_rng(0), blocks, X, q, y)
     loss_pkg, grads = loss_and_grad(Params(**arrays), Xv[None], qv[None], yv[None])
-    claim(f"package loss equals the sympy loss ({shape})",
-          abs(float(loss.subs(values)) - float(loss_pkg)) <= 1e-12 * max(1.0, abs(float(loss_pkg))))
-    for key, mats in (("WQ", WQ), ("WK", WK), ("WV", WV)):
-        sym = np.array([[[float(sp.diff(loss, M[i, j]).subs(values)) for j in range(M.shape[1])]
-                         for i in range(M.shape[0])] for M in mats])
-        pkg = getattr(grads, key)
-        claim(f"package ∇{key} equals the sympy gradient ({shape})",
-              np.allclose(pkg, sym, rtol=1e-10, atol=1e-12))
-
+    package_claims(f"({shape}) ", loss, values, blocks, loss_pkg, grads)
 
 if __name__ == "__main__":
     derive(heads=2, d=2, r=1, p=1, n=2)

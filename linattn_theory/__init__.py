@@ -21,6 +21,7 @@ from .sweep import load_sweep, run_sweep
 from .tasks import (ClientDataset, FederatedDataset, in_context_regression_clients, make_clients,
                     planted_kernel_clients, stack_clients)
 from .warmup_sweep import warmup_sweep
+from .datasets import digits_clients, split_clients
 
 __all__ = [
     "CentralizedOptimum", "Recommendation", "TradeoffBound", "ValueMoments", "centralized_optimum",
@@ -34,4 +35,5 @@ __all__ = [
     "planted_kernel_clients", "predict", "run_schedule", "simulate", "stable_learning_rate",
     "stack_clients", "warmup_sweep",
     "load_results", "load_run", "load_sweep", "run_sweep",
+    "digits_clients", "split_clients",
 ]

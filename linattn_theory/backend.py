@@ -132,9 +132,14 @@ def client_working_bytes(data, heads: int, batch_size: int | None = None) -> int
     Per sample of a local step: its gathered ``Ŝ``, ``q``, ``y`` and weight (copied when
     only some clients take part or with minibatches) and the per-sample intermediates of
     :func:`~linattn_theory.model.loss_and_grad_from_moments` (``K^T q``, ``φ``, ``W_V e``,
-    ``g`` of ``H·d`` numbers each, ``e`` twice). Used with :func:`client_chunks`.
+    ``g`` of ``H·d`` numbers each, ``e`` twice). Softmax attention (docs/theory.md §9) adds the
+    context ``X`` (``n·d``) and the scores, weights, ``X W_V e`` and ``J u`` (``H·n`` each).
+    Used with :func:`client_chunks`.
     """
     N = data.S.shape[1] if batch_size is None else batch_size
     d, p = data.S.shape[-1], data.y.shape[-1]
     per_sample = d * d + d + p + 1 + 4 * heads * d + 2 * p
+    if getattr(data, "attention", "linear") == "softmax":
+        n = data.X.shape[-2]
+        per_sample += n * d + 4 * heads * n
     return _itemsize(data.S.dtype) * N * per_sample

@@ -37,8 +37,8 @@ def _spec(default, *, low=None, high=None, low_open=False, high_open=False, choi
 class TaskConfig:
     """The clients (docs/theory.md §2). Keys that do not apply to ``family`` are rejected."""
 
-    family: str = _spec("planted_kernel", choices=("planted_kernel", "in_context_regression"),
-                        doc="task family")
+    family: str = _spec("planted_kernel", choices=("planted_kernel", "in_context_regression", "digits"),
+                        doc="task family (digits: scikit-learn's handwritten digits, docs/theory.md §9)")
     num_clients: int = _spec(8, low=1, doc="number of clients m")
     samples_per_client: int = _spec(128, low=2, doc="samples per client N (mean N_c when skewed)")
     tokens: int = _spec(8, low=1, doc="context length n")
@@ -55,6 +55,10 @@ class TaskConfig:
                                           doc="Dirichlet concentration α of client sizes (absent: equal)")
     query: str = _spec("last", choices=("last", "fresh"), doc="query token (planted kernel)")
     positional_strength: float = _spec(0.0, low=0.0, doc="position-dependent token means (planted kernel)")
+    label_alpha: float | None = _spec(None, low=0.0, low_open=True,
+                                      doc="Dirichlet concentration of each class over the clients (digits; absent: even)")
+    test_fraction: float = _spec(0.25, low=0.0, high=1.0, low_open=True, high_open=True,
+                                 doc="held-out test share of each class (digits)")
 
 
 FAMILY_KEYS = {
@@ -63,6 +67,7 @@ FAMILY_KEYS = {
                        "dirichlet_alpha", "query", "positional_strength"},
     "in_context_regression": {"num_clients", "samples_per_client", "tokens", "dim",
                               "zeta_covariate", "zeta_task", "noise", "dirichlet_alpha"},
+    "digits": {"num_clients", "label_alpha", "dirichlet_alpha", "test_fraction"},
 }
 
 
@@ -75,6 +80,14 @@ class ModelConfig:
     init_scale: float = _spec(0.5, low=0.0, doc="initial weights N(0, scale²/d)")
     dtype: str = _spec("float64", choices=("float64", "float32"), doc="floating-point type")
     backend: str = _spec("numpy", choices=("numpy", "cupy"), doc="array library")
+    attention: str = _spec("linear", choices=("linear", "softmax"),
+                           doc="attention: linear (docs/theory.md §1) or softmax (§9)")
+    temperature: float = _spec(1.0, low=0.0, low_open=True,
+                               doc="softmax temperature τ, scores q^T K x / τ (softmax attention only)")
+
+
+#: model keys recorded only with softmax attention, so that linear configurations keep their hash
+SOFTMAX_KEYS = ("attention", "temperature")
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,8 @@ class RunConfig:
         data = asdict(self)
         keep = FAMILY_KEYS[self.task.family] | {"family"}
         data["task"] = {k: v for k, v in data["task"].items() if k in keep}
+        if self.model.attention == "linear":
+            data["model"] = {k: v for k, v in data["model"].items() if k not in SOFTMAX_KEYS}
         return data
 
     def with_updates(self, updates: dict) -> "RunConfig":

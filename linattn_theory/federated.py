@@ -27,7 +27,8 @@ import pandas as pd
 from ._array import array_namespace, to_numpy
 from .backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
 from .config import FederatedConfig, RunConfig
-from .model import BLOCKS, Params, _flat, _value_matrix, features, kernel, loss_and_grad_from_moments
+from .model import (BLOCKS, Params, _flat, _value_matrix, kernel, loss_and_grad_from_contexts,
+                    loss_and_grad_from_moments)
 from .strategies import Round, Strategy, make_strategy
 from .strategies.base import weighted_sum
 from .tasks import (SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, StackedClients, make_clients,
@@ -102,7 +103,7 @@ def initial_params(config: RunConfig, d: int, p: int) -> Params:
 def value_curvature(K, data: StackedClients, ridge: float = 0.0):
     """``λ_max(Ã_c)`` per client, ``Ã_c = Σ_i w_i φ_i φ_i^T + λ I`` (docs/theory.md §5); host array ``(m,)``."""
     xp = array_namespace(data.S)
-    phi = _flat(xp, features(K, data.S, data.q), 2)
+    phi = _flat(xp, data.features(K), 2)
     A = xp.matmul(xp.matrix_transpose(phi), phi * data.sample_weight[..., None])
     return np.linalg.eigvalsh(to_numpy(A))[:, -1] + ridge
 
@@ -125,7 +126,8 @@ def hessian_curvature(params: Params, data: StackedClients, ridge: float = 0.0,
     stacked = params.map(lambda a: xp.broadcast_to(a, (m,) + tuple(a.shape)))
 
     def grad(P):
-        _, g = loss_and_grad_from_moments(P, data.S, data.q, data.y, data.sample_weight)
+        _, g = _loss_and_grad(P, data.inputs, data.q, data.y, data.sample_weight,
+                              attention=data.attention, temperature=data.temperature)
         return g.replace(WV=g.WV + ridge * P.WV)
 
     def norm(v):
@@ -178,7 +180,8 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
     """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
     xp = get_namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
-    data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype))
+    data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype),
+                         attention=config.model.attention, temperature=config.model.temperature)
     d, p = data.q.shape[-1], data.y.shape[-1]
     if params is None:
         params = initial_params(config, d, p)
@@ -204,6 +207,7 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     cache-sized chunks of clients on the CPU when the round does not fit in cache, one chunk
     on a GPU, :func:`~linattn_theory.backend.resolve_max_bytes`); results do not depend on it.
     """
+    clients = clients_from_config(config) if clients is None else clients
     if config.federated.strategy == "fedfrozen_adaptive":
         if frozen_features is not None:
             raise ValueError("frozen_features: not supported by fedfrozen_adaptive")
@@ -212,9 +216,15 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     data, params = prepare_run(config, clients, params)
     _warn_small_clients(config.federated.batch_size, data.sizes)
     max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
+    test, on_round = _test_metrics(clients, config)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
-                          progress=progress, frozen_features=frozen_features, max_bytes=max_bytes)
+                          progress=progress, frozen_features=frozen_features, max_bytes=max_bytes,
+                          on_round=on_round)
     result.metadata.update(run_metadata(config))
+    if test:
+        for key in ("loss", "accuracy"):
+            result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
+        result.metadata["test"] = test[int(result.table["round"].iloc[-1])]
     return result
 
 
@@ -228,6 +238,26 @@ def _warn_small_clients(batch_size: int | None, sizes) -> None:
         warnings.warn(f"federated.batch_size = {batch_size} exceeds the sample count of {small} "
                       f"client(s) (smallest N_c = {int(np.min(sizes))}); their minibatches are drawn "
                       f"with replacement", RuntimeWarning, stacklevel=3)
+
+
+def _test_metrics(clients, config: RunConfig):
+    """``(records, on_round)``: test loss and accuracy per round when the clients hold a test split.
+
+    Clients with ``truth["test_X"]`` (real data, :mod:`linattn_theory.datasets`) get the columns
+    ``test_loss`` and ``test_accuracy``; otherwise ``({}, None)``.
+    """
+    truth = getattr(clients, "truth", None) or {}
+    if "test_X" not in truth:
+        return {}, None
+    from .datasets import evaluate
+    records = {}
+    test = (truth["test_X"], truth["test_q"], truth["test_y"])
+    model = config.model
+
+    def on_round(state):
+        with np.errstate(all="ignore"):
+            records[state.round] = evaluate(state.params, *test, model.attention, model.temperature)
+    return records, on_round
 
 
 def _participants(t: int, m: int, fraction: float, seed: int) -> np.ndarray:
@@ -273,7 +303,8 @@ def _sq_norm(xp, a):
 def _client_losses(xp, params: Params, data: StackedClients, phi=None):
     """``F_c(θ)`` for every client (weighted sample means), shape ``(m,)``."""
     if phi is None:
-        loss, _ = loss_and_grad_from_moments(params, data.S, data.q, data.y, data.sample_weight, blocks=())
+        loss, _ = _loss_and_grad(params, data.inputs, data.q, data.y, data.sample_weight, blocks=(),
+                                 attention=data.attention, temperature=data.temperature)
         return loss
     e = xp.matmul(phi, _value_matrix(xp, params.WV)) - data.y
     return 0.5 * xp.sum(e * e * data.sample_weight[..., None], axis=(-2, -1))
@@ -352,7 +383,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         if not kernel_frozen:
             phi_frozen = None          # the kernel moves: features are recomputed when it freezes
         elif phi_frozen is None:
-            phi_frozen = (_flat(xp, features(kernel(params), data.S, data.q), 2)   # (m, N, Hd)
+            phi_frozen = (_flat(xp, data.features(kernel(params)), 2)   # (m, N, Hd)
                           if frozen_features is None else frozen_features(params))
         part = _participants(t, m, fed.participation, seed)
         client_weights = data.weights if len(part) == m else xp.take(data.weights, xp.asarray(part), axis=0)
@@ -365,7 +396,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
 
         # clients: E local steps from θ^t, all participants at once (in chunks within max_bytes)
         anchor = {b: getattr(params, b) for b in blocks}
-        inputs = (phi_frozen,) if kernel_frozen else (data.S, data.q)
+        inputs = (phi_frozen,) if kernel_frozen else (data.inputs, data.q)
         pieces = [_local_training(xp, params, rnd, lo, hi, strategy.client, client_state, inputs,
                                   data, batches, fed)
                   for lo, hi in client_chunks(k, working, max_bytes)]
@@ -449,7 +480,8 @@ def _local_training(xp, params: Params, rnd: Round, lo: int, hi: int, client_rul
         if batches is not None:
             batch = tuple(_take(xp, a, batches[lo:hi, e, :]) for a in inputs + (data.y,))
             batch += (xp.full(batch[0].shape[:2], 1.0 / fed.batch_size, dtype=batch[0].dtype),)
-        grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen)
+        grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen,
+                                 data.attention, data.temperature)
         correction = client_rule.correction(client_state, rnd, anchor, local)
         for b in blocks:
             g = grads[b] + lam * local[b] if b == "WV" else grads[b]
@@ -470,12 +502,14 @@ def _result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> R
     return RunResult(table, host(params), host(warm_params), divergence, meta)
 
 
-def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool) -> dict:
+def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool,
+                     attention: str = "linear", temperature: float = 1.0) -> dict:
     """``∇F_c`` of the trained blocks for every participant (without ridge and corrections).
 
     With the kernel frozen ``batch = (φ, y, w)`` and the model is linear, ``ŷ = V^T φ``:
     ``∇_V = Σ_i w_i φ_i e_i^T``; otherwise ``batch = (Ŝ, q, y, w)`` and the closed-form gradients
-    of :func:`~linattn_theory.model.loss_and_grad_from_moments` apply.
+    of :func:`~linattn_theory.model.loss_and_grad_from_moments` apply (softmax attention:
+    ``batch = (X, q, y, w)``, :func:`~linattn_theory.model.loss_and_grad_from_contexts`).
     """
     if kernel_frozen:
         phi, y, w = batch
@@ -483,9 +517,22 @@ def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool) -> dic
         err = (xp.matmul(phi, _value_matrix(xp, WV)) - y) * w[..., None]
         return {"WV": xp.reshape(xp.matmul(xp.matrix_transpose(phi), err), WV.shape)}
     S, q, y, w = batch
-    _, g = loss_and_grad_from_moments(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
-                                      blocks=blocks)
+    _, g = _loss_and_grad(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
+                          blocks=blocks, attention=attention, temperature=temperature)
     return {b: getattr(g, b) for b in blocks}
+
+
+def _loss_and_grad(params: Params, inputs, q, y, sample_weight, blocks=BLOCKS, *,
+                   attention: str = "linear", temperature: float = 1.0):
+    """The model's loss and gradients on ``inputs``: ``Ŝ`` (linear attention) or ``X`` (softmax, docs/theory.md §9).
+
+    (:func:`~linattn_theory.model.loss_and_grad_from_inputs` with the linear path looked up in this
+    module, so that it stays the one call the engine makes, as before softmax attention existed.)
+    """
+    if attention == "softmax":
+        return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
+                                           attention=attention, temperature=temperature)
+    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks=blocks)
 
 
 def _stage(blocks) -> str:

@@ -10,6 +10,14 @@ The context enters only through ``Ŝ``, so the batched functions below take ``Ŝ
 (``context_second_moment``) and every function allows leading batch axes on the
 parameters (one model per client) and on the data (``(..., N, ...)``).
 All arithmetic goes through the inputs' array namespace (Array API standard).
+
+Softmax attention (docs/theory.md §9) uses the same parameters with scores
+``s_{h,i} = q^T K_h x_i / τ`` and weights ``a_h = softmax_i(s_{h,·})``:
+
+    ŷ = Σ_h (W_V^h)^T X^T a_h = Σ_h (W_V^h)^T φ_h,      φ_h = X^T a_h.
+
+It needs the contexts ``X`` themselves, so its batched functions take ``X`` where the linear
+ones take ``Ŝ``; ``*_from_inputs`` dispatch on ``attention`` (``inputs`` = ``Ŝ`` or ``X``).
 """
 
 from __future__ import annotations
@@ -30,9 +38,19 @@ __all__ = [
     "loss_and_grad",
     "loss_and_grad_from_moments",
     "kernel_gradient_from_moments",
+    "ATTENTIONS",
+    "softmax_weights",
+    "softmax_features",
+    "attention_features",
+    "predict_from_contexts",
+    "loss_and_grad_from_contexts",
+    "loss_and_grad_from_inputs",
+    "kernel_gradient_from_inputs",
 ]
 
 BLOCKS = ("WQ", "WK", "WV")
+#: the attention of the layer: linear (docs/theory.md §1) or softmax (docs/theory.md §9)
+ATTENTIONS = ("linear", "softmax")
 
 
 @dataclass(frozen=True)
@@ -174,13 +192,25 @@ def _validate_params(params: Params, d: int, p: int | None = None):
             raise ValueError(f"params.{block} contains non-finite values (NaN or inf)")
 
 
-def predict(params: Params, X, q):
+def _check_attention(attention, temperature):
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention = {attention!r}; expected one of {', '.join(map(repr, ATTENTIONS))}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating)) \
+            or not np.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature = {temperature!r}; expected a finite number > 0")
+
+
+def predict(params: Params, X, q, attention: str = "linear", temperature: float = 1.0):
     """Predictions ``ŷ`` of shape ``(B, p)`` for contexts ``X`` ``(B, n, d)`` and queries ``q`` ``(B, d)``.
 
-    ``ŷ = Σ_h (W_V^h)^T Ŝ K_h^T q`` with ``Ŝ = X^T X / n`` (docs/theory.md §1).
+    Linear attention: ``ŷ = Σ_h (W_V^h)^T Ŝ K_h^T q`` with ``Ŝ = X^T X / n`` (docs/theory.md §1);
+    softmax: ``ŷ = Σ_h (W_V^h)^T X^T softmax(X K_h^T q / τ)`` (docs/theory.md §9).
     """
+    _check_attention(attention, temperature)
     _validate(X, q)
     _validate_params(params, X.shape[-1])
+    if attention == "softmax":
+        return predict_from_contexts(params, X, q, attention, temperature)
     return predict_from_moments(params, context_second_moment(X), q)
 
 
@@ -221,17 +251,28 @@ def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
     return loss, Params(gWQ, gWK, gWV)
 
 
-def _kernel_gradient(xp, S, q, ew, WV):
-    """``∇_{K_h} = Σ_i q_i g_{h,i}^T`` with ``g_h = Ŝ W_V^h e_w``; returns ``(..., H, d, d)``."""
+def _value_backprop(xp, ew, WV):
+    """``W_V^h e_w`` per sample and head, shape ``(..., N, H, d)``."""
     H, d, p = WV.shape[-3:]
     # V^T (..., p, Hd) as a C-ordered copy: BLAS multiplies it about twice as fast as a transposed view
     VT = xp.reshape(moveaxis(xp, WV, -1, -3), WV.shape[:-3] + (p, H * d), copy=True)
     u = xp.matmul(ew, VT)                                            # (..., N, Hd) = W_V^h e
-    u = xp.reshape(u, u.shape[:-1] + (H, d))
-    g = _flat(xp, xp.matmul(u, S), 2)                                # (..., N, Hd), Ŝ symmetric
+    return xp.reshape(u, u.shape[:-1] + (H, d))
+
+
+def _query_outer(xp, q, g, H, d):
+    """``Σ_i q_i g_{h,i}^T`` for ``g`` ``(..., N, H·d)``; returns ``(..., H, d, d)``."""
     gK = xp.matmul(xp.matrix_transpose(q), g)                        # (..., d, Hd)
     gK = xp.reshape(gK, gK.shape[:-1] + (H, d))                      # (..., d, H, d)
     return moveaxis(xp, gK, -2, -3)                                  # (..., H, d, d)
+
+
+def _kernel_gradient(xp, S, q, ew, WV):
+    """``∇_{K_h} = Σ_i q_i g_{h,i}^T`` with ``g_h = Ŝ W_V^h e_w``; returns ``(..., H, d, d)``."""
+    H, d, p = WV.shape[-3:]
+    u = _value_backprop(xp, ew, WV)
+    g = _flat(xp, xp.matmul(u, S), 2)                                # (..., N, Hd), Ŝ symmetric
+    return _query_outer(xp, q, g, H, d)
 
 
 def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None):
@@ -247,12 +288,127 @@ def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None):
     return _kernel_gradient(xp, S, q, ew, params.WV)
 
 
-def loss_and_grad(params: Params, X, q, y):
-    """Batch-mean loss ``(1/B) Σ_i ½‖ŷ_i − y_i‖²`` and closed-form gradients (docs/theory.md §1).
+def loss_and_grad(params: Params, X, q, y, attention: str = "linear", temperature: float = 1.0):
+    """Batch-mean loss ``(1/B) Σ_i ½‖ŷ_i − y_i‖²`` and closed-form gradients (docs/theory.md §1, §9).
 
     ``X`` ``(B, n, d)``, ``q`` ``(B, d)``, ``y`` ``(B, p)``; returns ``(loss, grads)`` with ``grads``
-    a :class:`Params` of the same shapes as ``params``.
+    a :class:`Params` of the same shapes as ``params``. ``attention`` is ``"linear"`` or
+    ``"softmax"`` (scores divided by ``temperature``).
     """
+    _check_attention(attention, temperature)
     _validate(X, q, y)
     _validate_params(params, X.shape[-1], y.shape[-1])
+    if attention == "softmax":
+        return loss_and_grad_from_contexts(params, X, q, y, attention=attention, temperature=temperature)
     return loss_and_grad_from_moments(params, context_second_moment(X), q, y)
+
+
+# --------------------------------------------------------------------------------------
+# softmax attention (docs/theory.md §9)
+# --------------------------------------------------------------------------------------
+def softmax_weights(K, X, q, temperature: float = 1.0):
+    """``a_h = softmax_i(q^T K_h x_i / τ)``, shape ``(..., N, H, n)`` (docs/theory.md §9).
+
+    ``K`` ``(..., H, d, d)``, ``X`` ``(..., N, n, d)``, ``q`` ``(..., N, d)``. The largest score of
+    each row is subtracted before ``exp`` (the weights are unchanged, nothing overflows).
+    """
+    xp = array_namespace(K, X, q)
+    H, d = K.shape[-3], K.shape[-1]
+    k = xp.matmul(q, _heads_to_columns(xp, K))                      # (..., N, H·d): K_h^T q
+    k = xp.reshape(k, k.shape[:-1] + (H, d))
+    s = xp.matmul(k, xp.matrix_transpose(X)) / temperature          # (..., N, H, n)
+    z = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+    return z / xp.sum(z, axis=-1, keepdims=True)
+
+
+def softmax_features(K, X, q, temperature: float = 1.0):
+    """Per-head softmax features ``φ_h = X^T a_h``, shape ``(..., N, H, d)`` (docs/theory.md §9)."""
+    xp = array_namespace(K, X, q)
+    return xp.matmul(softmax_weights(K, X, q, temperature), X)
+
+
+def attention_features(K, inputs, q, attention: str = "linear", temperature: float = 1.0):
+    """``φ_h`` of either attention, shape ``(..., N, H, d)``: ``inputs`` is ``Ŝ`` (linear) or ``X`` (softmax)."""
+    if attention == "softmax":
+        return softmax_features(K, inputs, q, temperature)
+    return features(K, inputs, q)
+
+
+def predict_from_contexts(params: Params, X, q, attention: str = "linear", temperature: float = 1.0):
+    """``ŷ = V^T φ`` from contexts ``X`` ``(..., N, n, d)`` and queries ``(..., N, d)`` → ``(..., N, p)``."""
+    xp = array_namespace(X, q, params.WV)
+    inputs = X if attention == "softmax" else context_second_moment(X)
+    phi = _flat(xp, attention_features(kernel(params), inputs, q, attention, temperature), 2)
+    return xp.matmul(phi, _value_matrix(xp, params.WV))
+
+
+def _softmax_loss_and_grad(params: Params, X, q, y, sample_weight, blocks, temperature,
+                           kernel_only: bool = False):
+    """Loss, value gradient and kernel gradient of softmax attention (docs/theory.md §9).
+
+    With ``a_h`` the weights, ``φ_h = X^T a_h``, ``e = ŷ − y`` and ``v_h = W_V^h e``:
+    ``∇_{W_V^h} = Σ_i w_i φ_h e^T``; ``∂ℓ/∂s_h = J X v_h`` with ``J u = a ⊙ (u − a^T u)`` (the
+    Jacobian ``diag(a) − a a^T`` is never formed); ``g_h = X^T (∂ℓ/∂s_h) / τ`` and
+    ``∇_{K_h} = Σ_i w_i q g_h^T``. Returns ``(loss, gV or None, gK or None)``.
+    """
+    xp = array_namespace(X, q, y, params.WV)
+    H, d, p = params.WV.shape[-3:]
+    N = X.shape[-3]
+    if sample_weight is None:
+        sample_weight = xp.full(X.shape[:-2], 1.0 / N, dtype=X.dtype)
+    a = softmax_weights(kernel(params), X, q, temperature)            # (..., N, H, n)
+    phi = _flat(xp, xp.matmul(a, X), 2)                              # (..., N, Hd)
+    e = xp.matmul(phi, _value_matrix(xp, params.WV)) - y             # (..., N, p)
+    ew = e * sample_weight[..., None]
+    loss = 0.5 * xp.sum(ew * e, axis=(-2, -1))
+    gV = gK = None
+    if "WV" in blocks and not kernel_only:
+        gV = xp.matmul(xp.matrix_transpose(phi), ew)                 # (..., Hd, p)
+        gV = xp.reshape(gV, gV.shape[:-2] + (H, d, p))
+    if kernel_only or "WQ" in blocks or "WK" in blocks:
+        v = _value_backprop(xp, ew, params.WV)                       # (..., N, H, d)
+        u = xp.matmul(v, xp.matrix_transpose(X))                     # (..., N, H, n) = X v_h
+        delta = a * (u - xp.sum(a * u, axis=-1, keepdims=True))       # J u
+        g = _flat(xp, xp.matmul(delta, X), 2) / temperature          # (..., N, Hd)
+        gK = _query_outer(xp, q, g, H, d)
+    return loss, gV, gK
+
+
+def loss_and_grad_from_contexts(params: Params, X, q, y, sample_weight=None, blocks=BLOCKS, *,
+                                attention: str = "linear", temperature: float = 1.0):
+    """Weighted loss ``Σ_i w_i ½‖ŷ_i − y_i‖²`` and closed-form gradients from contexts ``X`` ``(..., N, n, d)``.
+
+    Softmax attention (docs/theory.md §9): ``∇_{W_V^h} = Σ_i w_i φ_h e^T``,
+    ``∇_{K_h} = Σ_i w_i q g_h^T`` with ``g_h = X^T J (X W_V^h e) / τ``, ``J u = a ⊙ (u − a^T u)``,
+    and ``∇_{W_Q^h} = ∇_{K_h} W_K^h``, ``∇_{W_K^h} = (∇_{K_h})^T W_Q^h``. Linear attention: the
+    same as :func:`loss_and_grad_from_moments` on ``Ŝ = X^T X / n``. Shapes and ``blocks`` as there.
+    """
+    if attention != "softmax":
+        return loss_and_grad_from_moments(params, context_second_moment(X), q, y, sample_weight, blocks)
+    xp = array_namespace(X, q, y, params.WV)
+    loss, gWV, gK = _softmax_loss_and_grad(params, X, q, y, sample_weight, blocks, temperature)
+    gWQ = gWK = None
+    if gK is not None:
+        if "WQ" in blocks:
+            gWQ = xp.matmul(gK, params.WK)
+        if "WK" in blocks:
+            gWK = xp.matmul(xp.matrix_transpose(gK), params.WQ)
+    return loss, Params(gWQ, gWK, gWV)
+
+
+def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, blocks=BLOCKS, *,
+                              attention: str = "linear", temperature: float = 1.0):
+    """:func:`loss_and_grad_from_moments` (``inputs = Ŝ``) or its softmax form (``inputs = X``)."""
+    if attention == "softmax":
+        return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
+                                           attention=attention, temperature=temperature)
+    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks)
+
+
+def kernel_gradient_from_inputs(params: Params, inputs, q, y, sample_weight=None, *,
+                                attention: str = "linear", temperature: float = 1.0):
+    """``∇_{K_h} ℓ`` ``(..., H, d, d)`` of either attention; ``inputs`` is ``Ŝ`` (linear) or ``X`` (softmax)."""
+    if attention == "softmax":
+        return _softmax_loss_and_grad(params, inputs, q, y, sample_weight, (), temperature,
+                                      kernel_only=True)[2]
+    return kernel_gradient_from_moments(params, inputs, q, y, sample_weight)

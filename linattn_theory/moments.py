@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._array import array_namespace
-from .model import _flat, features
+from .model import _flat
 from .tasks import StackedClients, stack_clients
 
 __all__ = ["ValueMoments", "value_moments", "value_objective"]
@@ -51,12 +51,13 @@ def value_moments(K, clients, lam: float = 0.0, *, xp=None) -> ValueMoments:
     ``clients`` is a :class:`~linattn_theory.tasks.StackedClients`, a
     :class:`~linattn_theory.tasks.FederatedDataset` or a list of ``(X, q, y)`` tuples. ``lam``
     is recorded on the result, whose ``A_tilde`` is ``Ã_c = A_c + λI``; ``A`` stays unregularised.
+    The features are those of ``clients.attention`` (softmax: ``φ_h = X^T a_h``, docs/theory.md §9).
     """
     if not lam >= 0:
         raise ValueError(f"lam = {lam!r}; expected a number >= 0")
     data = clients if isinstance(clients, StackedClients) else stack_clients(clients, xp=xp)
     xp = array_namespace(data.S)
-    phi = _flat(xp, features(xp.asarray(K, dtype=data.S.dtype), data.S, data.q), 2)   # (m, N, Hd)
+    phi = _flat(xp, data.features(xp.asarray(K, dtype=data.S.dtype)), 2)   # (m, N, Hd)
     w = data.sample_weight[..., None]
     A = xp.matmul(xp.matrix_transpose(phi), phi * w)
     B = xp.matmul(xp.matrix_transpose(phi), data.y * w)

@@ -216,3 +216,16 @@ def seed_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | Non
     if (stats["count"] > 1).any():
         ax.fill_between(stats[x], stats["min"], stats["max"], color=color, alpha=0.2, linewidth=0)
     return stats
+
+
+def seed_band_best(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,
+                   best: str = "min") -> tuple[pd.DataFrame, pd.Series]:
+    """:func:`seed_band` plus a star at the best point of the seed mean (``best``: ``"min"`` or ``"max"``).
+
+    Returns ``(stats, best row)``.
+    """
+    stats = seed_band(ax, data, x, y, color=color, label=label)
+    row = stats.loc[stats["mean"].idxmin() if best == "min" else stats["mean"].idxmax()]
+    ax.plot(row[x], row["mean"], marker="*", markersize=12, color=color, markeredgecolor="black",
+            linestyle="none")
+    return stats, row

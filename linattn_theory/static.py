@@ -34,7 +34,7 @@ from .tasks import as_federated, stack_clients
 __all__ = ["attention_scores", "input_independent_share", "select_static_heads", "uniform_pattern",
            "mean_score_pattern", "decay_pattern", "static_patterns", "StaticHeads",
            "static_features", "head_features", "predict_static", "static_profile_objective",
-           "stack_contexts", "compare_static_heads", "PATTERNS"]
+           "stack_contexts", "compare_static_heads", "head_pattern_statistics", "PATTERNS"]
 
 PATTERNS = ("uniform", "mean", "decay")
 
@@ -194,6 +194,10 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
     from .federated import clients_from_config, simulate
     from .model import kernel
 
+    if config.model.attention != "linear":
+        raise ValueError(f"compare_static_heads runs linear-attention heads (docs/theory.md §7); "
+                         f"model.attention = {config.model.attention!r}: for softmax heads measure "
+                         f"them with head_pattern_statistics (docs/theory.md §9)")
     fedfrozen = config.with_updates({"federated.strategy": "fedfrozen"})
     clients = clients_from_config(config) if clients is None else as_federated(clients)
     runs = {"full": simulate(config.with_updates({"federated.strategy": "fedavg"}), clients),
@@ -228,3 +232,57 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
         row.update({f"share_head_{h}": float(s) for h, s in enumerate(shares)})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# -- softmax heads: how static is each head's attention pattern? (docs/theory.md §9) ------------
+
+def _pattern_measures(a, X, y, WV, mean, yhat):
+    """For samples of one group: ``E‖a_h − ā_h‖²``, ``E KL(a_h ‖ ā_h)``, each head's loss change and ``F``.
+
+    ``a`` ``(N, H, n)`` the weights, ``mean`` ``(H, n)`` the pattern ``ā``, ``yhat`` ``(N, p)``; the loss
+    change replaces head ``h``'s feature ``X^T a_h`` by ``X^T ā_h`` with ``W_V`` unchanged.
+    """
+    from scipy.special import xlogy
+
+    variance = np.mean(np.sum((a - mean) ** 2, axis=-1), axis=0)
+    kl = np.mean(np.sum(xlogy(a, a) - xlogy(a, mean), axis=-1), axis=0)
+    base = 0.5 * np.sum((yhat - y) ** 2, axis=-1)
+    change = []
+    for h in range(a.shape[1]):
+        shift = np.einsum("bi,bid->bd", mean[h] - a[:, h], X) @ WV[h]    # W_V^hT X^T (ā_h − a_h)
+        change.append(np.mean(0.5 * np.sum((yhat + shift - y) ** 2, axis=-1) - base))
+    return variance, kl, np.array(change), np.full(a.shape[1], np.mean(base))
+
+
+def head_pattern_statistics(params, clients, temperature: float = 1.0) -> pd.DataFrame:
+    """How static is each softmax head's attention, per client and across clients (docs/theory.md §9, §7).
+
+    For head ``h`` with weights ``a_h = softmax(X K_h^T q / τ)`` and a group of samples (one client,
+    or all clients with weights ``p_c``): the mean pattern ``ā_h = E[a_h]``, the pattern variance
+    ``E‖a_h − ā_h‖²``, the mean divergence ``E KL(a_h ‖ ā_h)`` and the loss change
+    ``F(θ with head h static at ā_h) − F(θ)`` (its feature ``X^T a_h`` replaced by ``X^T ā_h``,
+    ``W_V`` unchanged). One row per head and group: ``head``, ``client`` (``-1`` for all clients),
+    ``pattern_variance``, ``mean_kl``, ``loss_change`` and ``loss`` (the group's ``F(θ)``).
+    """
+    from .model import kernel, predict_from_contexts, softmax_weights
+
+    data = as_federated(clients)
+    host = params.map(lambda b: np.asarray(to_numpy(b), dtype=np.float64))
+    K, WV = kernel(host), host.WV
+    rows, groups = [], []
+    for c, (X, q, y) in enumerate(data):
+        a = softmax_weights(K, X, q, temperature)
+        yhat = predict_from_contexts(host, X, q, "softmax", temperature)
+        groups.append((a, X, y, yhat))
+        for h, values in enumerate(zip(*_pattern_measures(a, X, y, WV, a.mean(axis=0), yhat))):
+            rows.append({"head": h, "client": c, **dict(zip(_MEASURES, map(float, values)))})
+    overall = sum(p * a.mean(axis=0) for p, (a, *_) in zip(data.weights, groups))
+    total = np.zeros((len(_MEASURES), K.shape[0]))
+    for p, (a, X, y, yhat) in zip(data.weights, groups):
+        total += p * np.array(_pattern_measures(a, X, y, WV, overall, yhat))
+    for h in range(K.shape[0]):
+        rows.append({"head": h, "client": -1, **dict(zip(_MEASURES, map(float, total[:, h])))})
+    return pd.DataFrame(rows)
+
+
+_MEASURES = ("pattern_variance", "mean_kl", "loss_change", "loss")

@@ -19,6 +19,7 @@ from .config import RunConfig, config_from_dict
 from .federated import clients_from_config
 from .model import kernel
 from .results import load_run
+from .tasks import stack_clients
 
 __all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table"]
 
@@ -33,9 +34,11 @@ def _memo(kind: str, folder, results: pd.DataFrame, compute):
 
 
 def _instance_key(config: RunConfig) -> str:
-    """The problem a run solves: its clients (task, seed), the student's shape and the ridge λ."""
-    return json.dumps([config.task.__dict__, config.seed, config.model.rank, config.model.heads,
-                       config.federated.ridge], sort_keys=True, default=str)
+    """The problem a run solves: its clients (task, seed), the student (shape, attention) and the ridge λ."""
+    model = config.model
+    return json.dumps([config.task.__dict__, config.seed, model.rank, model.heads,
+                       config.federated.ridge, model.attention, model.temperature],
+                      sort_keys=True, default=str)
 
 
 def _schedule_key(config: RunConfig) -> str:
@@ -47,7 +50,9 @@ def _schedule_key(config: RunConfig) -> str:
 def runs_by_instance(folder, results: pd.DataFrame):
     """Group a sweep's runs by problem instance: yields ``(clients, {run_id: (RunConfig, RunResult)})``.
 
-    The clients are built once per instance (same task, seed, student shape and ridge λ).
+    The clients are built once per instance (same task, seed, student shape and ridge λ); for
+    softmax attention they come stacked with their contexts and temperature, so that every
+    theory function uses the softmax features (docs/theory.md §9).
     """
     groups: dict[str, dict] = {}
     for rid in results["run_id"]:
@@ -56,7 +61,11 @@ def runs_by_instance(folder, results: pd.DataFrame):
         groups.setdefault(_instance_key(config), {})[rid] = (config, run)
     for runs in groups.values():
         config = next(iter(runs.values()))[0]
-        yield clients_from_config(config), runs
+        clients = clients_from_config(config)
+        if config.model.attention != "linear":
+            clients = stack_clients(clients, attention=config.model.attention,
+                                    temperature=config.model.temperature)
+        yield clients, runs
 
 
 def frozen_stage_table(folder, results: pd.DataFrame) -> pd.DataFrame:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .model import _flat, context_second_moment, features
+from .model import ATTENTIONS, _flat, attention_features, context_second_moment, features
 
 __all__ = [
     "ClientDataset",
@@ -97,6 +97,11 @@ class StackedClients:
     ``S`` ``(m, N, d, d)`` holds ``Ŝ`` per sample, ``q`` ``(m, N, d)``, ``y`` ``(m, N, p)``,
     ``sample_weight`` ``(m, N)`` (``1/N_c`` on real samples, 0 on padding), ``weights`` ``(m,)``
     the client weights ``p_c`` and ``sizes`` ``(m,)`` the ``N_c`` (host array).
+
+    ``attention`` says which layer reads the data (docs/theory.md §9): softmax attention needs
+    the contexts themselves, ``X`` ``(m, N, n, d)`` (kept only then; ``None`` for linear
+    attention), with scores divided by ``temperature``. ``inputs`` is what the model reads:
+    ``Ŝ`` (linear) or ``X`` (softmax).
     """
 
     S: object
@@ -105,10 +110,30 @@ class StackedClients:
     sample_weight: object
     weights: object
     sizes: np.ndarray
+    X: object = None
+    attention: str = "linear"
+    temperature: float = 1.0
+
+    @property
+    def inputs(self):
+        """``Ŝ`` for linear attention, ``X`` for softmax attention."""
+        return self.X if self.attention == "softmax" else self.S
+
+    def features(self, K):
+        """``φ_h`` of kernels ``K`` ``(..., H, d, d)`` on every sample, shape ``(m, N, H, d)``."""
+        return attention_features(K, self.inputs, self.q, self.attention, self.temperature)
 
 
-def stack_clients(clients, xp=None, dtype=np.float64) -> StackedClients:
-    """Pad and stack clients into :class:`StackedClients` in namespace ``xp`` (default NumPy)."""
+def stack_clients(clients, xp=None, dtype=np.float64, attention: str = "linear",
+                  temperature: float = 1.0) -> StackedClients:
+    """Pad and stack clients into :class:`StackedClients` in namespace ``xp`` (default NumPy).
+
+    ``attention = "softmax"`` also keeps the padded contexts ``X`` (docs/theory.md §9).
+    """
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention = {attention!r}; expected one of {', '.join(map(repr, ATTENTIONS))}")
+    if not np.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature = {temperature!r}; expected a finite number > 0")
     data = as_federated(clients)
     m = len(data)
     n, d, p = data.dims
@@ -122,9 +147,16 @@ def stack_clients(clients, xp=None, dtype=np.float64) -> StackedClients:
         S[c, :N] = context_second_moment(np.asarray(Xc, dtype=np.float64))
         q[c, :N], y[c, :N], w[c, :N] = qc, yc, 1.0 / N
     weights = np.asarray(data.weights, dtype=dtype)
+    X = None
+    if attention == "softmax":
+        n = data.dims[0]
+        X = np.zeros((m, Nmax, n, d), dtype=dtype)
+        for c, (Xc, _, _) in enumerate(data):
+            X[c, :Xc.shape[0]] = Xc
     if xp is not None and xp is not np:
         S, q, y, w, weights = (xp.asarray(a) for a in (S, q, y, w, weights))
-    return StackedClients(S, q, y, w, weights, data.sizes)
+        X = None if X is None else xp.asarray(X)
+    return StackedClients(S, q, y, w, weights, data.sizes, X, attention, float(temperature))
 
 
 #: a Gamma(α) draw below this is redrawn from its lower tail in log space (no underflow)
@@ -258,14 +290,21 @@ def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=
     return FederatedDataset(tuple(clients), sizes / sizes.sum(), "in_context_regression", truth)
 
 
+def _digits_clients(**options) -> FederatedDataset:
+    """The ``digits`` family (real data, docs/theory.md §9): :func:`linattn_theory.datasets.digits_clients`."""
+    from .datasets import digits_clients
+    return digits_clients(**options)
+
+
 FAMILIES = {
     "planted_kernel": planted_kernel_clients,
     "in_context_regression": in_context_regression_clients,
+    "digits": _digits_clients,
 }
 
 
 def make_clients(family: str, seed: int = 0, **options) -> FederatedDataset:
-    """Build the clients of a task family by name (``planted_kernel`` or ``in_context_regression``)."""
+    """Build the clients of a task family by name (``planted_kernel``, ``in_context_regression``, ``digits``)."""
     try:
         factory = FAMILIES[family]
     except KeyError:

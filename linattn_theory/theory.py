@@ -22,7 +22,7 @@ import pandas as pd
 from scipy import optimize
 
 from ._array import array_namespace, to_numpy
-from .model import Params, _value_matrix, kernel, kernel_gradient_from_moments, loss_and_grad_from_moments
+from .model import Params, _value_matrix, kernel, kernel_gradient_from_inputs, loss_and_grad_from_inputs
 from .moments import ValueMoments, value_moments, value_objective
 from .tasks import FederatedDataset, StackedClients, stack_clients
 
@@ -53,9 +53,20 @@ SEED_OPTIMUM = 101
 # --------------------------------------------------------------------------------------
 # helpers: clients, moments, symmetric solves
 # --------------------------------------------------------------------------------------
-def _stacked(clients) -> StackedClients:
-    """Clients in the stacked sufficient form (built once; pass it on to avoid rebuilding)."""
-    return clients if isinstance(clients, StackedClients) else stack_clients(clients)
+def _stacked(clients, attention: str = "linear", temperature: float = 1.0) -> StackedClients:
+    """Clients in the stacked sufficient form (built once; pass it on to avoid rebuilding).
+
+    Stacked clients carry their attention (docs/theory.md §9); others are stacked for ``attention``.
+    """
+    if isinstance(clients, StackedClients):
+        return clients
+    return stack_clients(clients, attention=attention, temperature=temperature)
+
+
+def _attention_of(config: dict | None) -> tuple[str, float]:
+    """``(attention, temperature)`` of a recorded configuration (linear when it names none)."""
+    model = (config or {}).get("model", {}) or {}
+    return model.get("attention") or "linear", float(model.get("temperature") or 1.0)
 
 
 def _check_kernel(K, data: StackedClients, name: str = "K") -> np.ndarray:
@@ -105,7 +116,7 @@ def _profile_from_moments(moments: ValueMoments, lam: float):
 def _kernel_gradient(K, V, data: StackedClients):
     """``∇_K F(K, V) = Σ_c p_c Σ_i w_i q_i g_i^T`` for the stacked value block ``V`` ``(Hd, p)``.
 
-    Uses :func:`~linattn_theory.model.kernel_gradient_from_moments` with ``W_Q = K``,
+    Uses :func:`~linattn_theory.model.kernel_gradient_from_inputs` (the data's attention) with ``W_Q = K``,
     ``W_K = I`` (so that ``W_Q W_K^T = K``).
     """
     xp = array_namespace(data.S)
@@ -114,7 +125,8 @@ def _kernel_gradient(K, V, data: StackedClients):
     eye = xp.broadcast_to(xp.eye(d, dtype=data.S.dtype), (H, d, d))
     params = Params(xp.asarray(K, dtype=data.S.dtype), eye,
                     xp.reshape(xp.asarray(V, dtype=data.S.dtype), (H, d, p)))
-    G = kernel_gradient_from_moments(params, data.S, data.q, data.y, data.sample_weight)
+    G = kernel_gradient_from_inputs(params, data.inputs, data.q, data.y, data.sample_weight,
+                                    attention=data.attention, temperature=data.temperature)
     G = xp.sum(xp.reshape(data.weights, (-1, 1, 1, 1)) * G, axis=0)
     return np.asarray(to_numpy(G), dtype=np.float64)
 
@@ -407,10 +419,10 @@ def decompose_excess_risk(run, clients=None, *, optimum=None, lam: float | None 
     _check_ridge(lam)
     _check_schedule(eta, E, s)
     clients = _run_clients(run, clients)
-    data = _stacked(clients)
+    data = _stacked(clients, *_attention_of((getattr(run, "metadata", None) or {}).get("config")))
     K = _check_kernel(kernel(run.warmup_params), data, "kernel(run.warmup_params)")
     if optimum is None:
-        optimum = centralized_optimum(clients, lam, rank=run.warmup_params.WQ.shape[-1], heads=K.shape[0],
+        optimum = centralized_optimum(clients if data.attention == "linear" else data, lam, rank=run.warmup_params.WQ.shape[-1], heads=K.shape[0],
                                       initial_kernels=[K])
     phi_star = _optimum_objective(optimum)
     moments = _host_moments(K, data)
@@ -451,10 +463,10 @@ def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restar
     for T0 in warmups:
         cfg = config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": int(T0)})
         runs[int(T0)] = simulate(cfg, clients, progress=progress)
-    data = _stacked(clients)
+    data = _stacked(clients, config.model.attention, config.model.temperature)
     if optimum is None:
         kernels = [to_numpy(kernel(r.warmup_params)) for r in runs.values() if not r.diverged]
-        optimum = centralized_optimum(clients, config.federated.ridge, rank=config.model.rank,
+        optimum = centralized_optimum(clients if data.attention == "linear" else data, config.federated.ridge, rank=config.model.rank,
                                       heads=config.model.heads, restarts=restarts, seed=config.seed,
                                       initial_kernels=kernels)
     rows = []
@@ -487,7 +499,8 @@ def local_steps(params: Params, clients, eta: float, E: int, lam: float = 0.0, *
     if not centralized:
         params = params.map(lambda a: xp.broadcast_to(a, (m,) + tuple(a.shape)))
     for _ in range(E):
-        _, g = loss_and_grad_from_moments(params, data.S, data.q, data.y, data.sample_weight)
+        _, g = loss_and_grad_from_inputs(params, data.inputs, data.q, data.y, data.sample_weight,
+                                         attention=data.attention, temperature=data.temperature)
         if centralized:
             g = g.map(lambda a: xp.sum(xp.reshape(data.weights, (-1,) + (1,) * (a.ndim - 1)) * a, axis=0))
         params = Params(params.WQ - eta * g.WQ, params.WK - eta * g.WK,

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the figures of issue 4 (docs/theory.md §4–6), by script name
 EXPECTED = {"kernel_bias_drift", "tradeoff", "excess_risk_decomposition", "heatmaps",
             "loss_curves", "drift_scaling", "frozen_stage", "warmup_inexactness"}
-#: every figure drawn in the shared style: issue 4's and the strategy comparison (issue 5)
-STYLED = EXPECTED | {"strategies"}
+#: every figure drawn in the shared style: issue 4's, the strategy comparison (issue 5), static softmax
+#: heads and the digits data set (issue 12; digits needs the optional scikit-learn)
+STYLED = EXPECTED | {"strategies", "static_heads", "tradeoff_attention"} | ({"digits"} if find_spec("sklearn") else set())
 #: the CSV of the plotted numbers where NAME.csv is another table (strategies.csv: issue 5's summary)
 PLOT_DATA = {"strategies": "strategies_plot"}
 

@@ -1,0 +1,100 @@
+"""Figure digits: does the warm-up trade-off show on real data, for linear and softmax attention?
+
+Claim (docs/theory.md §9, §6): on scikit-learn's handwritten digits split over 8 clients by a
+Dirichlet(α) label skew, FedFrozen with a warm-up of T0 rounds is compared with plain FedAvg
+(T0 = T) on the same clients, seeds and budget of T rounds. Top: held-out test accuracy against
+T0 (mean over ten seeds, band from the smallest to the largest seed); bottom: the paired change
+of the final training loss, F_λ(θ_T; T0) − F_λ(θ_T; FedAvg) of the same seed (below zero:
+freezing at T0 beats FedAvg). Left linear, right softmax attention; colours: label skew α; stars:
+the best T0 of the seed mean.
+
+Config: simulations/configs/digits.toml. Run: python simulations/digits.py [--quick] [--out figures]
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+try:
+    import linattn_theory  # noqa: F401
+except ImportError:  # a checkout without installing: the package is next to simulations/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd
+
+from linattn_theory import plotting
+from linattn_theory.datasets import DIGITS_EXTRA, evaluate
+from linattn_theory.federated import clients_from_config
+from linattn_theory.figures import config_path, figure_sweep, script_main
+from linattn_theory.sweep_analysis import runs_by_instance
+
+NAME = "digits"
+CONFIG = config_path(__file__, "digits")
+HUE = "label_alpha"
+
+
+def run_table(folder, results) -> pd.DataFrame:
+    """Per run: attention, α, seed, T0, final training loss and the held-out test loss and accuracy."""
+    rows = []
+    for _, runs in runs_by_instance(folder, results):
+        config = next(iter(runs.values()))[0]
+        truth = clients_from_config(config).truth
+        test = (truth["test_X"], truth["test_q"], truth["test_y"])
+        for rid, (config, run) in runs.items():
+            if run.diverged:
+                continue
+            model = config.model
+            scores = evaluate(run.params, *test, model.attention, model.temperature)
+            rows.append({"run_id": rid, "attention": model.attention, HUE: config.task.label_alpha,
+                         "seed": config.seed, "T0": run.metadata["warmup_rounds"],
+                         "rounds": config.federated.rounds,
+                         "final_loss_regularized": float(run.table["loss_regularized"].iloc[-1]),
+                         "test_loss": scores["loss"], "test_accuracy": scores["accuracy"]})
+    table = pd.DataFrame(rows)
+    fedavg = table[table["T0"] == table["rounds"]].set_index(["attention", HUE, "seed"])
+    joined = table.join(fedavg["final_loss_regularized"].rename("fedavg_loss"),
+                        on=["attention", HUE, "seed"])
+    return joined.assign(loss_change=joined["final_loss_regularized"] - joined["fedavg_loss"])
+
+
+def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
+    """Run (or reuse) the sweep, draw the four panels, write digits.*; returns the paths.
+
+    Without scikit-learn (the optional extra ``digits``) the figure is skipped with a message.
+    """
+    if importlib.util.find_spec("sklearn") is None:
+        print(f"{NAME}: skipped, the digits family needs scikit-learn: {DIGITS_EXTRA}", file=sys.stderr)
+        return []
+    _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
+                                      workers=workers, progress=progress)
+    results, dropped = plotting.drop_diverged(results)
+    table = run_table(folder, results).dropna(subset=["loss_change"])
+    fig, axes = plotting.figure(2, 2, height=3.2)
+    levels = sorted(table[HUE].unique())
+    rows = []
+    for column, attention in enumerate(("linear", "softmax")):
+        ax_acc, ax_loss = axes[column], axes[2 + column]
+        for level, color in zip(levels, plotting.palette(len(levels))):
+            mine = table[(table["attention"] == attention) & (table[HUE] == level)]
+            if mine.empty:
+                continue
+            name = rf"$\alpha = {level:g}$"
+            acc, best = plotting.seed_band_best(ax_acc, mine, "T0", "test_accuracy", color=color,
+                                                label=name, best="max")
+            loss, best_loss = plotting.seed_band_best(ax_loss, mine, "T0", "loss_change", color=color,
+                                                      label=name)
+            labels = {"attention": attention, HUE: level}
+            rows += [acc.assign(quantity="test_accuracy", best_T0=best["T0"], **labels),
+                     loss.assign(quantity="loss_change_vs_fedavg", best_T0=best_loss["T0"], **labels)]
+        ax_acc.set_title(f"{attention} attention")
+        ax_acc.set_ylabel("test accuracy")
+        ax_loss.axhline(0.0, color="0.4", linewidth=1, linestyle=":")
+        ax_loss.set_ylabel(r"$F_\lambda(\theta_T)$ $-$ FedAvg's")
+        ax_loss.set_xlabel(plotting.label("T0") + r"  ($T_0 = T$: FedAvg)")
+    axes[0].legend(loc="lower right", fontsize="small")
+    plotting.note_dropped(axes[0], dropped)
+    return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
+
+
+if __name__ == "__main__":
+    sys.exit(script_main(make, __doc__))
