@@ -193,8 +193,7 @@ def warmup_path(config: RunConfig, clients=None) -> WarmupPath:
     bound's full-batch assumption is then reported as violated).
     """
     clients = clients_from_config(config) if clients is None else clients
-    dtype = np.dtype(config.model.dtype)
-    data = stack_clients(clients, dtype=dtype)
+    data = config_stacked(config, clients, np.dtype(config.model.dtype))
     params = initial_params(config, data.q.shape[-1], data.y.shape[-1])
     one = replace(config.federated, rounds=1, warmup_rounds=1, strategy="fedavg")
     states, tables, divergence = [params], [], None
@@ -223,6 +222,14 @@ def _host(a) -> np.ndarray:
 
 def _stacked(clients) -> StackedClients:
     return clients if isinstance(clients, StackedClients) else stack_clients(clients)
+
+
+def config_stacked(config: RunConfig, clients, dtype=np.float64) -> StackedClients:
+    """``clients`` stacked with the config's attention and temperature (docs/theory.md §9), once."""
+    if isinstance(clients, StackedClients):
+        return clients
+    return stack_clients(clients, dtype=dtype, attention=config.model.attention,
+                         temperature=config.model.temperature)
 
 
 def _moments(K, data, lam):
@@ -354,7 +361,7 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     """
     fed = config.federated
     T, eta, E, lam, s = fed.rounds, fed.learning_rate, fed.local_steps, fed.ridge, fed.server_learning_rate
-    data = _stacked(clients)
+    data = config_stacked(config, clients)
     rows, grads = [], []
     for t, params in enumerate(path.params):
         K = _host(kernel(params))
@@ -448,10 +455,10 @@ def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int 
     """``Φ*_λ`` by :func:`~linattn_theory.theory.centralized_optimum`, also started from the path's
     best and last kernels (so ``Φ*_λ ≤ Φ_λ(K_t)`` on the whole path)."""
     fed = config.federated
-    data = stack_clients(clients)
+    data = config_stacked(config, clients)
     phis = [profile_objective(_host(kernel(p)), data, fed.ridge)[0] for p in path.params]
     starts = [_host(kernel(path.params[int(np.argmin(phis))])), _host(kernel(path.params[-1]))]
-    return centralized_optimum(clients, fed.ridge, rank=config.model.rank, heads=config.model.heads,
+    return centralized_optimum(data, fed.ridge, rank=config.model.rank, heads=config.model.heads,
                                restarts=restarts, seed=config.seed, initial_kernels=starts)
 
 
@@ -464,7 +471,7 @@ def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None =
     last kernels, so ``bias ≥ 0`` along the path) unless ``optimum`` (a number or a
     ``CentralizedOptimum``) is given. Every assumption is checked along the path.
     """
-    clients = clients_from_config(config) if clients is None else clients
+    clients = config_stacked(config, clients_from_config(config) if clients is None else clients)
     path = warmup_path(config, clients) if path is None else path
     fed = config.federated
     T = fed.rounds

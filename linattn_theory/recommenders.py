@@ -451,6 +451,7 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
 
 def _measure(rec: Recommendation, clients, restarts: int) -> pd.DataFrame:
     """Simulated ``R`` of the recommendation and of plain FedAvg, against one ``Φ*_λ``."""
+    from .bound import config_stacked
     from .federated import simulate
     from .theory import centralized_optimum
 
@@ -461,9 +462,9 @@ def _measure(rec: Recommendation, clients, restarts: int) -> pd.DataFrame:
     runs = {"recommended": rec.details["run"] if rec.mode == "online" else simulate(fedfrozen(rec.T0_theory), clients),
             "fedavg": simulate(fedfrozen(T), clients)}
     kernels = [np.asarray(to_numpy(kernel(r.warmup_params))) for r in runs.values() if not r.diverged]
-    optimum = centralized_optimum(clients, config.federated.ridge, rank=config.model.rank,
-                                  heads=config.model.heads, restarts=restarts, seed=config.seed,
-                                  initial_kernels=kernels).objective
+    optimum = centralized_optimum(config_stacked(config, clients), config.federated.ridge,
+                                  rank=config.model.rank, heads=config.model.heads, restarts=restarts,
+                                  seed=config.seed, initial_kernels=kernels).objective
     rows = []
     for name, run in runs.items():
         T0 = rec.T0_theory if name == "recommended" else T

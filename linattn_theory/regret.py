@@ -50,6 +50,7 @@ def instance_truth(config, clients, restarts: int = 4) -> dict:
     ``restarts`` random kernels and the best kernel the sweep reached (so ``R ≥ 0`` on the sweep).
     Returns ``{"excess_risk": array, "optimum": float, "diverged": array of bool}``.
     """
+    from .bound import config_stacked
     from .theory import centralized_optimum, profile_objective
     from .warmup_sweep import warmup_sweep
 
@@ -58,10 +59,11 @@ def instance_truth(config, clients, restarts: int = 4) -> dict:
     T = fed.rounds
     ok = [runs[T0] for T0 in range(T + 1) if not runs[T0].diverged]
     kernels = [np.asarray(to_numpy(kernel(r.warmup_params))) for r in ok]
+    data = config_stacked(config, clients)
     starts = []
     if kernels:
-        starts = [min(kernels, key=lambda K: profile_objective(K, clients, fed.ridge)[0])]
-    optimum = centralized_optimum(clients, fed.ridge, rank=config.model.rank, heads=config.model.heads,
+        starts = [min(kernels, key=lambda K: profile_objective(K, data, fed.ridge)[0])]
+    optimum = centralized_optimum(data, fed.ridge, rank=config.model.rank, heads=config.model.heads,
                                   restarts=restarts, seed=config.seed, initial_kernels=starts).objective
     final = np.array([np.inf if runs[T0].diverged else float(runs[T0].table["loss_regularized"].iloc[-1])
                       for T0 in range(T + 1)])
@@ -81,10 +83,9 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     every stored round ``s ≤ t`` of the FedAvg path (docs/theory.md §8), so that candidate online
     rules can be replayed on the record.
     """
-    from .bound import estimate_bound, path_terms, warmup_path
+    from .bound import config_stacked, estimate_bound, path_terms, warmup_path
     from .federated import clients_from_config
     from .recommenders import default_pilot_rounds, freeze_forecast, pilot_bound, run_online
-    from .tasks import stack_clients
 
     clients = clients_from_config(config) if clients is None else clients
     T = config.federated.rounds
@@ -108,7 +109,7 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     for mode in ("pilot", "a_posteriori"):
         record[f"{mode}_risk"] = float(R[record[f"{mode}_T0"]])
     if keep_forecasts:
-        data = stack_clients(clients)
+        data = config_stacked(config, clients)
         rows = []
         for s, params in enumerate(path.params):
             forecast = freeze_forecast(params, data, config.federated, s)

@@ -31,17 +31,19 @@ def small():
 
 
 # ----------------------------------------------------------------- the forecast vs the simulator
-@pytest.mark.parametrize("server_learning_rate", [1.0, 0.5])
-def test_freeze_forecast_equals_simulated_frozen_stage(small, server_learning_rate):
+@pytest.mark.parametrize("server_learning_rate, attention", [(1.0, "linear"), (0.5, "linear"), (1.0, "softmax")])
+def test_freeze_forecast_equals_simulated_frozen_stage(small, server_learning_rate, attention):
     """``F_λ(K_s, V_T)`` from the affine map (§5) equals an explicit frozen stage of k rounds.
 
     The simulator runs local gradient steps on the samples; the forecast uses only the value
     moments and ``M = Q diag(μ) Qᵀ``. Agreement to 1e-10 relative (float64 rounding over ≤ 12
     rounds of E = 4 steps) is far below the 1e-3 a wrong power of ``M`` or a dropped server step
-    would leave.
+    would leave. With softmax attention the features ``φ_h = Xᵀa_h`` of the frozen kernel are
+    fixed too, and the same affine map holds (docs/theory.md §9).
     """
     config, clients = small
-    config = config.with_updates({"federated.server_learning_rate": server_learning_rate})
+    config = config.with_updates({"federated.server_learning_rate": server_learning_rate,
+                                  "model.attention": attention})
     fed = config.federated
     data, theta = prepare_run(config, clients)
     states = []
