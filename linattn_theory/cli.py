@@ -22,6 +22,8 @@ def _simulate(args) -> int:
     config = load_config(args.config)
     if args.backend is not None:
         config = config.with_updates({"model.backend": args.backend})
+    if args.engine is not None:
+        config = config.with_updates({"model.engine": args.engine})
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
@@ -116,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("numpy", "cupy"), default=None,
                    help="array library, overriding model.backend of the config "
                         "(cupy needs a GPU and pip install 'linattn-theory[gpu]')")
+    p.add_argument("--engine", choices=("auto", "fused", "array_api"), default=None,
+                   help="local-step engine, overriding model.engine of the config: fused CPU "
+                        "kernels (numba), the Array-API path, or auto (fused where it applies)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_simulate)
 

@@ -75,6 +75,9 @@ class ModelConfig:
     init_scale: float = _spec(0.5, low=0.0, doc="initial weights N(0, scale²/d)")
     dtype: str = _spec("float64", choices=("float64", "float32"), doc="floating-point type")
     backend: str = _spec("numpy", choices=("numpy", "cupy"), doc="array library")
+    engine: str = _spec("auto", choices=("auto", "fused", "array_api"),
+                        doc="local-step engine: fused CPU kernels (numba), the Array-API path, or auto "
+                            "(fused where it applies and pays; linattn_theory.fused)")
 
 
 @dataclass(frozen=True)
@@ -249,8 +252,14 @@ def load_config(path) -> RunConfig:
 
 
 def config_hash(config: RunConfig) -> str:
-    """A stable 16-hex-digit key of the full configuration (for result files)."""
-    text = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
+    """A stable 16-hex-digit key of the full configuration (for result files).
+
+    ``model.engine = "auto"`` is left out, so that adding the option kept every earlier key.
+    """
+    data = config.to_dict()
+    if data["model"]["engine"] == "auto":   # the default engine leaves earlier runs' keys unchanged
+        del data["model"]["engine"]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
