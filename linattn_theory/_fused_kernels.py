@@ -19,7 +19,11 @@ cached on disk (``cache=True``): the first call per dtype compiles, later proces
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+try:
+    from numba import njit
+except ImportError:     # importable without numba (docs, introspection); the engine then never runs
+    def njit(*args, **options):
+        return args[0] if args and callable(args[0]) else (lambda fn: fn)
 
 #: LLVM may fuse multiply-adds and reorder sums (vectorised reductions); NaN and inf keep their
 #: IEEE meaning, so divergence is still detected.
