@@ -10,8 +10,8 @@ client-level matrix products (BLAS through ``np.dot``). The closed forms are tho
     ∇_{W_V^h} = Σ_i w_i φ_h e^T,  ∇_{K_h} = Σ_i w_i q g_h^T,
     ∇_{W_Q^h} = ∇_{K_h} W_K^h,    ∇_{W_K^h} = (∇_{K_h})^T W_Q^h.
 
-Inner loops run over contiguous rows (``x += a·row``) so that they vectorise; temporaries
-have the data's dtype (float32 stays float32).
+Inner loops are dot products of contiguous rows (``Ŝ_i`` is symmetric), which LLVM vectorises
+when it may reassociate sums; temporaries have the data's dtype (float32 stays float32).
 Kernels release the GIL: the caller runs chunks of clients on threads. Compiled code is
 cached on disk (``cache=True``): the first call per dtype compiles, later processes load it.
 """
@@ -35,28 +35,24 @@ def _sample_features(S, c, i, kq, phi):
     """``φ_h = Ŝ_i k_h`` of sample ``(c, i)`` for every head into ``phi[:, i]`` (``kq`` ``(H, N, d)``)."""
     H, _, d = phi.shape
     for h in range(H):
-        for b in range(d):
-            phi[h, i, b] = 0
-        for a in range(d):
-            ka = kq[h, i, a]
-            for b in range(d):
-                phi[h, i, b] += ka * S[c, i, a, b]
+        for b in range(d):               # row b of the symmetric Ŝ_i times k_h: a vectorised dot
+            s = phi[h, i, b] * 0
+            for a in range(d):
+                s += S[c, i, b, a] * kq[h, i, a]
+            phi[h, i, b] = s
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _sample_residual(phi, V, y, c, i, e):
-    """``e = Σ_h (W_V^h)^T φ_h − y_i`` into ``e`` ``(p,)``."""
+def _sample_residual(phi, VT, y, c, i, e):
+    """``e = Σ_h (W_V^h)^T φ_h − y_i`` into ``e`` ``(p,)``; ``VT[h]`` is ``(W_V^h)^T`` ``(p, d)``."""
     H, _, d = phi.shape
     p = e.shape[0]
     for t in range(p):
-        e[t] = 0
-    for h in range(H):
-        for a in range(d):
-            pa = phi[h, i, a]
-            for t in range(p):
-                e[t] += pa * V[h, a, t]
-    for t in range(p):
-        e[t] -= y[c, i, t]
+        s = e[t] * 0
+        for h in range(H):
+            for a in range(d):
+                s += VT[h, t, a] * phi[h, i, a]
+        e[t] = s - y[c, i, t]
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -87,6 +83,7 @@ def local_steps(S, q, y, w, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
     ew = np.zeros((N, p), dt)
     e = np.empty(p, dt)
     u = np.empty(d, dt)
+    VT = np.empty((H, p, d), dt)
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         c = part[j]
@@ -97,6 +94,8 @@ def local_steps(S, q, y, w, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
         qc = q[c]
         for _ in range(steps):
             _query_kernels(Q, Kf, qc, K, kq)
+            for h in range(H):
+                VT[h] = V[h].T
             for i in range(N):
                 wi = w[c, i]
                 if wi == 0:                          # padding: no contribution
@@ -105,21 +104,22 @@ def local_steps(S, q, y, w, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
                     g[:, i] = 0
                     continue
                 _sample_features(S, c, i, kq, phi)
-                _sample_residual(phi, V, y, c, i, e)
+                _sample_residual(phi, VT, y, c, i, e)
                 for t in range(p):
                     ew[i, t] = e[t] * wi
                 if train_kernel:
                     for h in range(H):
                         for a in range(d):           # u = W_V^h e_w
                             u[a] = 0
-                            for t in range(p):
-                                u[a] += V[h, a, t] * ew[i, t]
+                        for t in range(p):
+                            et = ew[i, t]
+                            for a in range(d):
+                                u[a] += et * VT[h, t, a]
                         for b in range(d):           # g_h = Ŝ u while Ŝ_i is in L1
-                            g[h, i, b] = 0
-                        for a in range(d):
-                            ua = u[a]
-                            for b in range(d):
-                                g[h, i, b] += ua * S[c, i, a, b]
+                            s = u[b] * 0
+                            for a in range(d):
+                                s += S[c, i, b, a] * u[a]
+                            g[h, i, b] = s
             for h in range(H):
                 if train_kernel:                     # ∇K = Σ_i q_i g_i^T, ∇W_Q = ∇K W_K, ∇W_K = ∇K^T W_Q
                     gK = np.dot(qc.T, g[h])
@@ -185,6 +185,9 @@ def client_losses(S, q, y, w, clients, lo, hi, WQ, WK, WV, out):
     phi = np.empty((H, N, d), dt)
     e = np.empty(p, dt)
     acc = np.empty(1, dt)
+    VT = np.empty((H, p, d), dt)
+    for h in range(H):
+        VT[h] = WV[h].T
     for j in range(lo, hi):
         c = clients[j]
         _query_kernels(WQ, WK, q[c], K, kq)
@@ -194,7 +197,7 @@ def client_losses(S, q, y, w, clients, lo, hi, WQ, WK, WV, out):
             if wi == 0:
                 continue
             _sample_features(S, c, i, kq, phi)
-            _sample_residual(phi, WV, y, c, i, e)
+            _sample_residual(phi, VT, y, c, i, e)
             for t in range(p):
                 acc[0] += wi * e[t] * e[t]
         out[j] = 0.5 * acc[0]
