@@ -31,24 +31,24 @@ FAST = {"contract", "reassoc"}
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _sample_features(S, c, i, kq, phi):
+def _sample_features(S, c, i, kq, phi, zero):
     """``φ_h = Ŝ_i k_h`` of sample ``(c, i)`` for every head into ``phi[:, i]`` (``kq`` ``(H, N, d)``)."""
     H, _, d = phi.shape
     for h in range(H):
         for b in range(d):               # row b of the symmetric Ŝ_i times k_h: a vectorised dot
-            s = phi[h, i, b] * 0
+            s = zero
             for a in range(d):
                 s += S[c, i, b, a] * kq[h, i, a]
             phi[h, i, b] = s
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _sample_residual(phi, VT, y, c, i, e):
+def _sample_residual(phi, VT, y, c, i, e, zero):
     """``e = Σ_h (W_V^h)^T φ_h − y_i`` into ``e`` ``(p,)``; ``VT[h]`` is ``(W_V^h)^T`` ``(p, d)``."""
     H, _, d = phi.shape
     p = e.shape[0]
     for t in range(p):
-        s = e[t] * 0
+        s = zero
         for h in range(H):
             for a in range(d):
                 s += VT[h, t, a] * phi[h, i, a]
@@ -84,6 +84,7 @@ def local_steps(S, q, y, w, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
     e = np.empty(p, dt)
     u = np.empty(d, dt)
     VT = np.empty((H, p, d), dt)
+    zero = np.zeros(1, dt)[0]                        # a zero of the data's dtype
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         c = part[j]
@@ -103,8 +104,8 @@ def local_steps(S, q, y, w, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
                     phi[:, i] = 0
                     g[:, i] = 0
                     continue
-                _sample_features(S, c, i, kq, phi)
-                _sample_residual(phi, VT, y, c, i, e)
+                _sample_features(S, c, i, kq, phi, zero)
+                _sample_residual(phi, VT, y, c, i, e, zero)
                 for t in range(p):
                     ew[i, t] = e[t] * wi
                 if train_kernel:
@@ -116,7 +117,7 @@ def local_steps(S, q, y, w, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
                             for a in range(d):
                                 u[a] += et * VT[h, t, a]
                         for b in range(d):           # g_h = Ŝ u while Ŝ_i is in L1
-                            s = u[b] * 0
+                            s = zero
                             for a in range(d):
                                 s += S[c, i, b, a] * u[a]
                             g[h, i, b] = s
@@ -186,6 +187,7 @@ def client_losses(S, q, y, w, clients, lo, hi, WQ, WK, WV, out):
     e = np.empty(p, dt)
     acc = np.empty(1, dt)
     VT = np.empty((H, p, d), dt)
+    zero = np.zeros(1, dt)[0]
     for h in range(H):
         VT[h] = WV[h].T
     for j in range(lo, hi):
@@ -196,8 +198,8 @@ def client_losses(S, q, y, w, clients, lo, hi, WQ, WK, WV, out):
             wi = w[c, i]
             if wi == 0:
                 continue
-            _sample_features(S, c, i, kq, phi)
-            _sample_residual(phi, VT, y, c, i, e)
+            _sample_features(S, c, i, kq, phi, zero)
+            _sample_residual(phi, VT, y, c, i, e, zero)
             for t in range(p):
                 acc[0] += wi * e[t] * e[t]
         out[j] = 0.5 * acc[0]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -38,6 +39,8 @@ MIN_STEP_WORK = 2**18
 
 _threads: int | None = None
 _pools: dict[int, ThreadPoolExecutor] = {}
+_compiled: set = set()
+_compile_lock = threading.Lock()
 
 
 def numba_available() -> bool:
@@ -117,12 +120,21 @@ def _run_chunks(kernel, count: int, head: tuple, tail: tuple) -> None:
 
     A few chunks per thread balance the load on a shared machine.
     """
-    threads = min(default_threads(), count)
+    start = 0
+    key = (kernel.__name__, head[0].dtype.str)
+    if key not in _compiled and count > 0:
+        # the first call of a signature compiles it (or loads it from the disk cache) and binds
+        # BLAS: make it on one client, on this thread, before other threads call the kernel
+        with _compile_lock:
+            kernel(*head, 0, 1, *tail)
+            _compiled.add(key)
+        start = 1
+    threads = min(default_threads(), count - start)
     if threads <= 1:
-        kernel(*head, 0, count, *tail)
+        kernel(*head, start, count, *tail)
         return
-    pieces = min(count, 4 * threads)
-    bounds = np.linspace(0, count, pieces + 1).round().astype(np.int64)
+    pieces = min(count - start, 4 * threads)
+    bounds = np.linspace(start, count, pieces + 1).round().astype(np.int64)
     futures = [_pool(threads).submit(kernel, *head, int(lo), int(hi), *tail)
                for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
     for future in futures:
