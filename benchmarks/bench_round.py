@@ -224,21 +224,28 @@ def main(argv=None) -> None:
 
     if args.quick or not args.scaling:
         return
-    print("\nScaling in clients (fused engine, default threads, one round after a warm-up round):")
+    print("\nScaling in clients (one warm-up round after an untimed one; 3 interleaved passes; the "
+          "Array-API engine with simulate's chunking):")
+    runs, sizes = {}, {}
+    for m in args.scaling:
+        cfg = size_config(dataclasses.replace(size, name=f"m={m}", clients=m), rounds=1)
+        d_m, t_m = prepare_run(cfg)
+        sizes[m] = d_m.S.nbytes
+        chunks = resolve_max_bytes("auto", d_m, size.heads)
+        for engine in ("fused", "array_api"):
+            run = (lambda d_m=d_m, t_m=t_m, cfg=cfg, engine=engine, chunks=chunks:
+                   run_schedule(t_m, d_m, cfg.federated, 1, max_bytes=chunks, engine=engine))
+            run()
+            runs[(m, engine)] = run
+    seconds = interleaved(runs, 3)
     rows = []
     for m in args.scaling:
-        big = dataclasses.replace(size, name=f"m={m}", clients=m)
-        cfg = size_config(big, rounds=1)
-        d_big, t_big = prepare_run(cfg)
-        run = lambda: run_schedule(t_big, d_big, cfg.federated, 1, engine="fused")  # noqa: E731
-        run()
-        seconds = interleaved({"fused": run}, 3)["fused"]
-        rows.append([m, f"{d_big.S.nbytes / 1e6:.0f}", stats(seconds, 1e3),
-                     stats([m * size.local_steps / s for s in seconds]),
-                     stats([s / (m * size.local_steps) for s in seconds], 1e6)])
-        del d_big
-    print_table(["clients m", "Ŝ MB", "ms per round", "client-steps/s", "µs per client-step"], rows)
-
+        per_step = {e: [s / (m * size.local_steps) for s in seconds[(m, e)]] for e in ("fused", "array_api")}
+        rows.append([m, f"{sizes[m] / 1e6:.0f}", stats(seconds[(m, "fused")], 1e3),
+                     stats(per_step["fused"], 1e6), stats(seconds[(m, "array_api")], 1e3),
+                     stats(per_step["array_api"], 1e6)])
+    print_table(["clients m", "Ŝ MB", "fused ms per round", "fused µs per client-step",
+                 "Array-API ms per round", "Array-API µs per client-step"], rows)
 
 if __name__ == "__main__":
     main()
