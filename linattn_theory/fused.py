@@ -49,12 +49,14 @@ def numba_available() -> bool:
 
 
 def default_threads() -> int:
-    """Threads of the fused engine: :func:`set_threads`, else ``LINATTN_THREADS``, else the usable cores."""
+    """Threads of the fused engine: :func:`set_threads`, else ``LINATTN_THREADS``, else
+    ``OMP_NUM_THREADS`` (which joblib sets in its worker processes), else the usable cores."""
     if _threads is not None:
         return _threads
-    env = os.environ.get("LINATTN_THREADS")
-    if env:
-        return max(1, int(env))
+    for name in ("LINATTN_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -107,6 +109,10 @@ def select_engine(engine: str, xp, data, fed, strategy) -> "FusedEngine | None":
     if reason is not None or m * N * d * d < MIN_STEP_WORK:
         return None
     return FusedEngine(data)
+
+
+if hasattr(os, "register_at_fork"):    # a forked child has none of the parent's pool threads
+    os.register_at_fork(after_in_child=_pools.clear)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:

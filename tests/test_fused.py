@@ -84,6 +84,22 @@ def test_fused_engine_is_bit_identical_whatever_the_number_of_threads():
 
 
 @needs_numba
+def test_fused_engine_handles_padded_clients_in_one_kernel_call():
+    # one thread: every client after the first in one call, so a padded sample (weight 0) of a
+    # smaller client follows real samples of a larger one and must not reuse their values
+    cfg = config(**{"federated.participation": 1.0, "federated.strategy": "fedavg"})
+    sizes = prepare_run(cfg)[0].sizes
+    assert any(a > b for a, b in zip(sizes[1:-1], sizes[2:])), sizes   # a larger client, then a smaller
+    try:
+        fused_module.set_threads(1)
+        fused = simulate(cfg.with_updates({"model.engine": "fused"}))
+    finally:
+        fused_module.set_threads(None)
+    reference = simulate(cfg.with_updates({"model.engine": "array_api"}))
+    assert compare(fused, reference) <= 1e-12
+
+
+@needs_numba
 def test_fused_frozen_stage_with_static_features_equals_the_array_api_engine():
     # frozen_features replaces the features of the frozen stage (static heads)
     cfg = config()
@@ -196,3 +212,18 @@ def test_centralized_optimum_is_stored_with_the_sweep_and_reused(tmp_path):
     again = sweep_analysis.excess_risk_table(out, results)
     assert np.allclose(again["optimum"], first["optimum"] * 0.5)
     assert np.allclose(again["excess_risk"], first["excess_risk"] + first["optimum"] * 0.5)
+
+
+def test_thread_count_settings(monkeypatch):
+    monkeypatch.delenv("LINATTN_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert fused_module.default_threads() == 3
+    monkeypatch.setenv("LINATTN_THREADS", "5")
+    assert fused_module.default_threads() == 5
+    try:
+        fused_module.set_threads(2)
+        assert fused_module.default_threads() == 2
+    finally:
+        fused_module.set_threads(None)
+    with pytest.raises(ValueError, match="threads"):
+        fused_module.set_threads(0)
