@@ -10,7 +10,8 @@ and only ``W_V`` afterwards (``W_Q``, ``W_K`` are never touched, so they stay bi
 FedAvg (McMahan et al. 2017) is ``T0 = T``. The strategies live in
 :mod:`linattn_theory.strategies`, one module each.
 
-All clients' local steps run at once as batched array operations (leading client axis).
+All clients' local steps run at once as batched array operations (leading client axis), or,
+with the fused CPU engine (:mod:`linattn_theory.fused`), client by client in compiled kernels.
 """
 
 from __future__ import annotations
