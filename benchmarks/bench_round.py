@@ -11,7 +11,8 @@ E = 10 local steps, float64) one interleaved run times, in turn and ``--repeat``
 * when PyTorch is importable, a straightforward autograd round (attention written on ``X``,
   clients in a Python loop, as a user would first write it).
 
-It prints medians and ranges (min–max) of each, client-steps per second, and the share of the
+It prints medians and ranges (min–max) of each (wall time, and the process CPU time of all
+threads, which moves less on a shared machine), client-steps per second, and the share of the
 floor each engine reaches: the floor is the time to read each sample's context once per local
 step in its smaller form (``d(d+1)/2`` numbers of the symmetric ``Ŝ``, plus ``q`` and ``y``) at
 the copy bandwidth of the same thread count; share = floor time / measured step time. A second
@@ -103,14 +104,20 @@ def copier(threads: int, nbytes: int = 1 << 28):
     return copy, 2 * src.nbytes
 
 
-def interleaved(fns: dict, repeat: int) -> dict:
-    """``{name: [seconds, ...]}``: every function timed once per pass, ``repeat`` passes."""
+def interleaved(fns: dict, repeat: int, cpu: dict | None = None) -> dict:
+    """``{name: [seconds, ...]}``: every function timed once per pass, ``repeat`` passes.
+
+    ``cpu``, when given, receives the process CPU time of each call (all threads): on a shared
+    machine it moves less than the wall time, which includes waiting for a core.
+    """
     times = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
             times[name].append(time.perf_counter() - start)
+            if cpu is not None:
+                cpu.setdefault(name, []).append(time.process_time() - start_cpu)
     return times
 
 
@@ -181,7 +188,8 @@ def main(argv=None) -> None:
         ours = run_schedule(theta0, data, one, 1, max_bytes=budget, engine="fused").params
         torch_difference = relative_difference(ours, torch_params)
         fns["PyTorch autograd, clients in a loop"] = lambda: torch_round(theta0, clients, clients.weights, one)
-    times = interleaved(fns, repeat)
+    cpu = {}
+    times = interleaved(fns, repeat, cpu)
 
     bandwidth = {t: [copies[t][1] / s for s in times[f"copy, {t} thread" + ("s" if t > 1 else "")]]
                  for t in (1, 2)}
@@ -199,16 +207,18 @@ def main(argv=None) -> None:
                           ("fused engine, 2 threads", 2)):
         per_round = [s / ROUNDS for s in times[name]]
         share = [floor[min(threads, 2)] / (r / size.local_steps) for r in per_round]
-        rows.append([name, stats(per_round, 1e3), stats([client_steps / r for r in per_round]),
+        rows.append([name, stats(per_round, 1e3), stats([c / ROUNDS for c in cpu[name]], 1e3),
+                     stats([client_steps / r for r in per_round]),
                      stats(share), f"{array_median / statistics.median(times[name]):.2f}"])
     if torch_available:
         name = "PyTorch autograd, clients in a loop"
         per_round = times[name]
         share = [floor[min(default_threads, 2)] / (r / size.local_steps) for r in per_round]
-        rows.append([name, stats(per_round, 1e3), stats([client_steps / r for r in per_round]),
+        rows.append([name, stats(per_round, 1e3), stats(cpu[name], 1e3),
+                     stats([client_steps / r for r in per_round]),
                      stats(share), f"{array_median / ROUNDS / statistics.median(per_round):.3f}"])
-    print_table(["round", "ms per round", "client-steps/s", "share of the floor", "speed-up vs Array-API"],
-                rows)
+    print_table(["round", "ms per round", "CPU ms per round", "client-steps/s", "share of the floor",
+                 "speed-up vs Array-API"], rows)
     print(f"\n(a round includes the loss evaluations of the run table; the Array-API engine uses "
           f"simulate's chunking, max_bytes={budget}; the share uses the floor at the same thread "
           f"count; fused vs Array-API parameters after {ROUNDS} rounds: max rel. difference "
