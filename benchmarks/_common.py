@@ -94,14 +94,6 @@ def best_time(fn, repeat: int = 5, sync=None) -> tuple[float, float]:
     return best_times([fn], repeat, sync)[0]
 
 
-def copy_bandwidth(nbytes: int = 1 << 29, repeat: int = 5) -> float:
-    """Host memory bandwidth in bytes/s from a large array copy, counting bytes read plus written."""
-    src = np.ones(nbytes // 8)
-    dst = np.empty_like(src)
-    best, _ = best_time(lambda: np.copyto(dst, src), repeat)
-    return 2 * src.nbytes / best
-
-
 def thread_note() -> str:
     import os
     keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

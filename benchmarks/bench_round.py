@@ -1,23 +1,32 @@
-"""Benchmark one federated round: speed, memory, the memory-bandwidth floor, an autograd reference.
+"""Benchmark one federated round: the fused and the Array-API engines against the memory floor.
 
-For the reference size (m = 32 clients, N_c = 256 samples, n = 32 tokens, d = r = 16, p = 4,
-E = 10 local steps) and two larger sizes it prints:
+At the reference size (m = 32 clients, N_c = 256 samples, n = 32 tokens, d = r = 16, p = 4,
+E = 10 local steps, float64) one interleaved run times, in turn and ``--repeat`` times:
 
-* client-steps per second of the batched warm-up round (every block trains) and the peak
-  memory one round adds to the stacked data (tracemalloc, which sees NumPy's allocations);
-* the bytes one local step must read (each sample's context once in its smaller form,
-  ``n·d`` numbers for ``X`` or ``d(d+1)/2`` for the symmetric ``Ŝ``, plus ``q`` and ``y``), the
-  host's memory bandwidth measured by a large array copy (bytes read + written), the floor
-  time these give, and the ratio of the measured step time to that floor;
-* when PyTorch is importable, a straightforward autograd implementation of the same round
-  (attention written on ``X``, clients in a Python loop, as a user would first write it):
-  its time, the speed-up, and the largest relative difference of the two rounds' results.
+* the memory-bandwidth floor: ``np.copyto`` of a large array into a *preallocated* buffer
+  (bytes read + written), on 1 and on 2 threads (each thread copies half);
+* a warm-up round (every block trains) of the Array-API engine (``engine="array_api"``,
+  ``simulate``'s default chunking) and of the fused engine (``engine="fused"``) on 1 and on
+  2 threads (:func:`linattn_theory.fused.set_threads`);
+* when PyTorch is importable, a straightforward autograd round (attention written on ``X``,
+  clients in a Python loop, as a user would first write it).
 
-Usage (from the repository root; single-threaded BLAS for comparable numbers)::
+It prints medians and ranges (min–max) of each (wall time, and the process CPU time of all
+threads, which moves less on a shared machine), client-steps per second, and the share of the
+floor each engine reaches: the floor is the time to read each sample's context once per local
+step in its smaller form (``d(d+1)/2`` numbers of the symmetric ``Ŝ``, plus ``q`` and ``y``) at
+the copy bandwidth of the same thread count; share = floor time / measured step time. A second
+table scales the number of clients (``--scaling``, default m = 32, 128, 512) at one repeat each.
+Compilation of the fused kernels happens in a warm-up call before any timing (and is cached on
+disk for later processes). Results of the two engines are compared (largest relative
+difference of the round's parameters).
 
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/bench_round.py
+Usage (from the repository root)::
 
-Timings are the best of ``--repeat`` runs; on a shared machine they vary from run to run.
+    python benchmarks/bench_round.py [--repeat 7] [--quick]
+
+The machine may be shared with other jobs: timings are interleaved so that every variant sees
+the same load, and ranges are printed so that the spread is visible.
 """
 
 from __future__ import annotations
@@ -25,14 +34,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import tracemalloc
+import statistics
+import threading
+import time
 
 import numpy as np
-from _common import (LARGER, REFERENCE, best_times, copy_bandwidth, print_table, relative_difference,
-                     size_config, thread_note)
+from _common import REFERENCE, print_table, relative_difference, size_config, thread_note
 
+from linattn_theory import fused
 from linattn_theory.backend import resolve_max_bytes
-from linattn_theory.federated import prepare_run, run_schedule
+from linattn_theory.federated import clients_from_config, prepare_run, run_schedule
 from linattn_theory.model import Params
 
 ROUNDS = 3
@@ -41,7 +52,7 @@ ROUNDS = 3
 def torch_round(theta: Params, clients, weights, fed):
     """One FedAvg round with PyTorch autograd, clients one after another (the reference).
 
-    Returns the new server parameters as NumPy arrays and the time the round took.
+    Returns the new server parameters as NumPy arrays.
     """
     import torch
 
@@ -72,95 +83,179 @@ def torch_round(theta: Params, clients, weights, fed):
     return Params(*(a.numpy() for a in new))
 
 
-def measure(size, repeat: int, bandwidth: float):
-    config = size_config(size, rounds=ROUNDS)
-    data, theta0 = prepare_run(config)
-    fed = config.federated
-    # simulate's default (max_bytes="auto"): on the CPU, a round too large for the cache trains
-    # its clients in chunks of ~16 MiB, each chunk's data staying in cache for its E local steps
-    budget = resolve_max_bytes("auto", data, size.heads)
-    run = lambda: run_schedule(theta0, data, fed, fed.rounds, max_bytes=budget)  # noqa: E731
-    run_one_chunk = lambda: run_schedule(theta0, data, fed, fed.rounds)  # noqa: E731
-    assert not run().diverged
-    (best, median), (one_chunk, _) = best_times([run, run_one_chunk], repeat)
-    per_round = best / ROUNDS
-    one_round = dataclasses.replace(fed, rounds=1)
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    run_schedule(theta0, data, one_round, 1, max_bytes=budget)
-    peak = tracemalloc.get_traced_memory()[1] - base
-    tracemalloc.stop()
-    data_bytes = sum(a.nbytes for a in (data.S, data.q, data.y, data.sample_weight))
-    step = per_round / size.local_steps
-    floor = size.step_bytes() / bandwidth
-    return {"size": size, "config": config, "data": data, "theta0": theta0, "round": per_round,
-            "one_chunk": one_chunk / ROUNDS, "chunked": budget is not None,
-            "median_round": median / ROUNDS, "client_steps": size.clients * size.local_steps / per_round,
-            "peak": peak, "data_bytes": data_bytes, "step": step, "floor": floor}
+def copier(threads: int, nbytes: int = 1 << 28):
+    """A function copying ``nbytes`` into a preallocated buffer on ``threads`` threads; and the bytes moved."""
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)                                     # touch every page before timing
+    bounds = np.linspace(0, src.size, threads + 1).astype(int)
+    halves = [(dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+    def copy():
+        if threads == 1:
+            np.copyto(dst, src)
+            return
+        workers = [threading.Thread(target=np.copyto, args=pair) for pair in halves]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    return copy, 2 * src.nbytes
+
+
+def interleaved(fns: dict, repeat: int, cpu: dict | None = None) -> dict:
+    """``{name: [seconds, ...]}``: every function timed once per pass, ``repeat`` passes.
+
+    ``cpu``, when given, receives the process CPU time of each call (all threads): on a shared
+    machine it moves less than the wall time, which includes waiting for a core.
+    """
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            times[name].append(time.perf_counter() - start)
+            if cpu is not None:
+                cpu.setdefault(name, []).append(time.process_time() - start_cpu)
+    return times
+
+
+def stats(seconds, scale: float = 1.0) -> str:
+    """``median (min–max)`` of ``seconds × scale``."""
+    values = [s * scale for s in seconds]
+    return f"{statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})"
+
+
+def with_threads(threads: int, fn):
+    def run():
+        fused.set_threads(threads)
+        try:
+            return fn()
+        finally:
+            fused.set_threads(None)
+    return run
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=5, help="timed repeats (best is reported)")
-    parser.add_argument("--quick", action="store_true", help="reference size only, 2 repeats")
+    parser.add_argument("--repeat", type=int, default=7, help="interleaved passes (median and range)")
+    parser.add_argument("--quick", action="store_true", help="3 passes, no scaling table")
     parser.add_argument("--no-torch", action="store_true", help="skip the autograd reference")
-    parser.add_argument("--torch-repeat", type=int, default=2, help="timed repeats of the reference")
+    parser.add_argument("--scaling", type=int, nargs="*", default=[32, 128, 512],
+                        help="numbers of clients for the scaling table (fused engine, default threads)")
     args = parser.parse_args(argv)
-    sizes = (REFERENCE,) if args.quick else (REFERENCE, *LARGER)
-    repeat = 2 if args.quick else args.repeat
+    repeat = 3 if args.quick else args.repeat
+    size = REFERENCE
+    default_threads = fused.default_threads()
+    print(f"machine: {os.cpu_count()} cores, shared with other jobs; fused engine default threads: "
+          f"{default_threads}; BLAS: {thread_note()}")
+    print(f"reference size: {size.describe()}, float64, warm-up rounds (every block trains), "
+          f"{repeat} interleaved passes, median (min–max)\n")
 
-    print(f"threads: {thread_note()}; machine: {os.cpu_count()} cores (shared: best of {repeat})")
-    bandwidth = copy_bandwidth()
-    print(f"memory bandwidth (large array copy, bytes read + written): {bandwidth / 1e9:.1f} GB/s\n")
+    config = size_config(size, rounds=ROUNDS)
+    data, theta0 = prepare_run(config)
+    fed = config.federated
+    budget = resolve_max_bytes("auto", data, size.heads)
 
-    results = [measure(size, repeat, bandwidth) for size in sizes]
-    print("Batched warm-up round (all blocks train), float64, NumPy:")
-    print_table(
-        ["size", "shape", "round ms (best / median)", "one chunk ms", "client-steps/s",
-         "round peak MB", "data MB", "step MB read", "floor ms/step", "measured ms/step", "× floor"],
-        [[r["size"].name, r["size"].describe(), f"{r['round'] * 1e3:.1f} / {r['median_round'] * 1e3:.1f}",
-          f"{r['one_chunk'] * 1e3:.1f}" if r["chunked"] else "(same)",
-          f"{r['client_steps']:,.0f}", f"{r['peak'] / 1e6:.1f}", f"{r['data_bytes'] / 1e6:.1f}",
-          f"{r['size'].step_bytes() / 1e6:.2f}", f"{r['floor'] * 1e3:.3f}", f"{r['step'] * 1e3:.2f}",
-          f"{r['step'] / r['floor']:.1f}"] for r in results])
-    print("\nfloor = step MB read / bandwidth; a step reads each context in its smaller form once "
-          "(here d(d+1)/2 numbers of Ŝ).\nRounds as simulate runs them (max_bytes='auto'): where a "
-          "round's working set exceeds 32 MiB, clients train in chunks of ~16 MiB whose data stays in "
-          "cache for their E steps; 'one chunk' trains all clients at once (max_bytes=None). Results "
-          "are identical.")
+    def engine_run(engine, rounds=ROUNDS):
+        one = dataclasses.replace(fed, rounds=rounds)
+        return lambda: run_schedule(theta0, data, one, rounds, max_bytes=budget, engine=engine)
 
-    if args.no_torch:
+    # compile (or load from the disk cache) before timing; compare the engines' results
+    fused_result = with_threads(1, engine_run("fused"))()
+    array_result = engine_run("array_api")()
+    assert not array_result.diverged
+    difference = relative_difference(fused_result.params, array_result.params)
+
+    copies = {t: copier(t) for t in (1, 2)}
+    fns = {"copy, 1 thread": copies[1][0], "copy, 2 threads": copies[2][0],
+           "Array-API engine": engine_run("array_api"),
+           "fused engine, 1 thread": with_threads(1, engine_run("fused")),
+           "fused engine, 2 threads": with_threads(2, engine_run("fused"))}
+    torch_available = False
+    if not args.no_torch:
+        try:
+            import torch
+            torch.set_num_threads(default_threads)
+            torch_available = True
+        except ImportError:
+            pass
+    if torch_available:
+        clients = clients_from_config(config)
+        one = dataclasses.replace(fed, rounds=1)
+        torch_params = torch_round(theta0, clients, clients.weights, one)
+        ours = run_schedule(theta0, data, one, 1, max_bytes=budget, engine="fused").params
+        torch_difference = relative_difference(ours, torch_params)
+        fns["PyTorch autograd, clients in a loop"] = lambda: torch_round(theta0, clients, clients.weights, one)
+    cpu = {}
+    times = interleaved(fns, repeat, cpu)
+
+    bandwidth = {t: [copies[t][1] / s for s in times[f"copy, {t} thread" + ("s" if t > 1 else "")]]
+                 for t in (1, 2)}
+    print_table(["copy into a preallocated buffer", "ms", "GB/s (read + written), median (min–max)"],
+                [[name, stats(times[name], 1e3),
+                  stats(bandwidth[t], 1e-9)] for t, name in ((1, "copy, 1 thread"), (2, "copy, 2 threads"))])
+    floor = {t: size.step_bytes() / statistics.median(bandwidth[t]) for t in (1, 2)}
+    print(f"\nfloor of one local step: {size.step_bytes() / 1e6:.2f} MB read once "
+          f"= {floor[1] * 1e3:.3f} ms at the 1-thread bandwidth, {floor[2] * 1e3:.3f} ms at the 2-thread one\n")
+
+    rows = []
+    client_steps = size.clients * size.local_steps
+    array_median = statistics.median(times["Array-API engine"])
+    for name, threads in (("Array-API engine", default_threads), ("fused engine, 1 thread", 1),
+                          ("fused engine, 2 threads", 2)):
+        per_round = [s / ROUNDS for s in times[name]]
+        share = [floor[min(threads, 2)] / (r / size.local_steps) for r in per_round]
+        rows.append([name, stats(per_round, 1e3), stats([c / ROUNDS for c in cpu[name]], 1e3),
+                     stats([client_steps / r for r in per_round]),
+                     stats(share), f"{array_median / statistics.median(times[name]):.2f}"])
+    if torch_available:
+        name = "PyTorch autograd, clients in a loop"
+        per_round = times[name]
+        share = [floor[min(default_threads, 2)] / (r / size.local_steps) for r in per_round]
+        rows.append([name, stats(per_round, 1e3), stats(cpu[name], 1e3),
+                     stats([client_steps / r for r in per_round]),
+                     stats(share), f"{array_median / ROUNDS / statistics.median(per_round):.3f}"])
+    print_table(["round", "ms per round", "CPU ms per round", "client-steps/s", "share of the floor",
+                 "speed-up vs Array-API"], rows)
+    print(f"\n(a round includes the loss evaluations of the run table; the Array-API engine uses "
+          f"simulate's chunking, max_bytes={budget}; the share uses the floor at the same thread "
+          f"count; fused vs Array-API parameters after {ROUNDS} rounds: max rel. difference "
+          f"{difference:.1e})")
+    fused_median = statistics.median(times["fused engine, 2 threads"]) / ROUNDS
+    if torch_available:
+        torch_median = statistics.median(times["PyTorch autograd, clients in a loop"])
+        print(f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads): the fused engine on 2 "
+              f"threads is {torch_median / fused_median:.0f}× faster; results equal to "
+              f"{torch_difference:.1e}")
+    else:
+        print("PyTorch is not importable: the autograd reference was skipped.")
+
+    if args.quick or not args.scaling:
         return
-    try:
-        import torch
-    except ImportError:
-        print("\nPyTorch is not importable: autograd reference skipped.")
-        return
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
-    ref = results[0]
-    config, data, theta0 = ref["config"], ref["data"], ref["theta0"]
-    from linattn_theory.federated import clients_from_config
-    clients = clients_from_config(config)
-    fed = dataclasses.replace(config.federated, rounds=1)
-    budget = resolve_max_bytes("auto", data, REFERENCE.heads)
-    ours_params = run_schedule(theta0, data, fed, 1, max_bytes=budget).params
-    reference_params = torch_round(theta0, clients, clients.weights, fed)
-    three = dataclasses.replace(fed, rounds=3)
-    (ours, _), (theirs, _) = best_times(
-        [lambda: run_schedule(theta0, data, three, 3, max_bytes=budget),
-         lambda: torch_round(theta0, clients, clients.weights, fed)], args.torch_repeat)
-    ours /= 3
-    print(f"\nAutograd reference at the reference size (torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread(s)), one round from the same θ0 on the same data:")
-    print_table(["implementation", "round ms", "client-steps/s", "speed-up", "max rel. difference"],
-                [["PyTorch autograd, clients in a loop", f"{theirs * 1e3:.1f}",
-                  f"{REFERENCE.clients * REFERENCE.local_steps / theirs:,.0f}", "1.0", "-"],
-                 ["linattn_theory (batched, closed form)", f"{ours * 1e3:.1f}",
-                  f"{REFERENCE.clients * REFERENCE.local_steps / ours:,.0f}", f"{theirs / ours:.1f}",
-                  f"{relative_difference(ours_params, reference_params):.1e}"]])
-    print("(timed in turn, best of --torch-repeat; ours is a third of a 3-round run_schedule, "
-          "including the table's loss evaluations, which the reference does not compute)")
-
+    print("\nScaling in clients (one warm-up round after an untimed one; 3 interleaved passes; the "
+          "Array-API engine with simulate's chunking):")
+    runs, sizes = {}, {}
+    for m in args.scaling:
+        cfg = size_config(dataclasses.replace(size, name=f"m={m}", clients=m), rounds=1)
+        d_m, t_m = prepare_run(cfg)
+        sizes[m] = d_m.S.nbytes
+        chunks = resolve_max_bytes("auto", d_m, size.heads)
+        for engine in ("fused", "array_api"):
+            run = (lambda d_m=d_m, t_m=t_m, cfg=cfg, engine=engine, chunks=chunks:
+                   run_schedule(t_m, d_m, cfg.federated, 1, max_bytes=chunks, engine=engine))
+            run()
+            runs[(m, engine)] = run
+    seconds = interleaved(runs, 3)
+    rows = []
+    for m in args.scaling:
+        per_step = {e: [s / (m * size.local_steps) for s in seconds[(m, e)]] for e in ("fused", "array_api")}
+        rows.append([m, f"{sizes[m] / 1e6:.0f}", stats(seconds[(m, "fused")], 1e3),
+                     stats(per_step["fused"], 1e6), stats(seconds[(m, "array_api")], 1e3),
+                     stats(per_step["array_api"], 1e6)])
+    print_table(["clients m", "Ŝ MB", "fused ms per round", "fused µs per client-step",
+                 "Array-API ms per round", "Array-API µs per client-step"], rows)
 
 if __name__ == "__main__":
     main()

@@ -198,7 +198,7 @@ def warmup_path(config: RunConfig, clients=None) -> WarmupPath:
     one = replace(config.federated, rounds=1, warmup_rounds=1, strategy="fedavg")
     states, tables, divergence = [params], [], None
     for t in range(config.federated.rounds):
-        result = run_schedule(params, data, one, 1, config.seed)
+        result = run_schedule(params, data, one, 1, config.seed, engine=config.model.engine)
         table = result.table.iloc[1:].copy()
         table["round"] = t + 1
         tables.append(table)

@@ -87,6 +87,8 @@ def _simulate(args) -> int:
     config = config_from_dict(data)
     if args.backend is not None:
         config = config.with_updates({"model.backend": args.backend})
+    if args.engine is not None:
+        config = config.with_updates({"model.engine": args.engine})
     out = check_output_folder(args.out)
     _resource_limits(args, [config])
     if config.model.backend != "numpy":
@@ -258,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="array library, overriding model.backend of the config "
                         "(cupy needs a GPU and pip install 'linattn-theory[gpu]')")
     _limit_arguments(p)
+    p.add_argument("--engine", choices=("auto", "fused", "array_api"), default=None,
+                   help="local-step engine, overriding model.engine of the config: fused CPU "
+                        "kernels (numba), the Array-API path, or auto (fused where it applies)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _debug_argument(p)
     p.set_defaults(func=_simulate)

@@ -84,6 +84,9 @@ class ModelConfig:
                            doc="attention: linear (docs/theory.md §1) or softmax (§9)")
     temperature: float = _spec(1.0, low=0.0, low_open=True,
                                doc="softmax temperature τ, scores q^T K x / τ (softmax attention only)")
+    engine: str = _spec("auto", choices=("auto", "fused", "array_api"),
+                        doc="local-step engine: fused CPU kernels (numba), the Array-API path, or auto "
+                            "(fused where it applies and pays; linattn_theory.fused)")
 
 
 #: model keys recorded only with softmax attention, so that linear configurations keep their hash
@@ -328,8 +331,14 @@ def load_config(path) -> RunConfig:
 
 
 def config_hash(config: RunConfig) -> str:
-    """A stable 16-hex-digit key of the full configuration (for result files)."""
-    text = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
+    """A stable 16-hex-digit key of the full configuration (for result files).
+
+    ``model.engine = "auto"`` is left out, so that adding the option kept every earlier key.
+    """
+    data = config.to_dict()
+    if data["model"]["engine"] == "auto":   # the default engine leaves earlier runs' keys unchanged
+        del data["model"]["engine"]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

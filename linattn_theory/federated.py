@@ -10,7 +10,8 @@ and only ``W_V`` afterwards (``W_Q``, ``W_K`` are never touched, so they stay bi
 FedAvg (McMahan et al. 2017) is ``T0 = T``. The strategies live in
 :mod:`linattn_theory.strategies`, one module each.
 
-All clients' local steps run at once as batched array operations (leading client axis).
+All clients' local steps run at once as batched array operations (leading client axis), or,
+with the fused CPU engine (:mod:`linattn_theory.fused`), client by client in compiled kernels.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pandas as pd
 from ._array import array_namespace, to_numpy
 from .backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
 from .config import FederatedConfig, RunConfig
+from .fused import select_engine
 from .model import (BLOCKS, Params, _flat, _value_matrix, kernel, loss_and_grad_from_contexts,
                     loss_and_grad_from_moments)
 from .strategies import Round, Strategy, make_strategy
@@ -219,7 +221,7 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     test, on_round = _test_metrics(clients, config)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
                           progress=progress, frozen_features=frozen_features, max_bytes=max_bytes,
-                          on_round=on_round)
+                          on_round=on_round, engine=config.model.engine)
     result.metadata.update(run_metadata(config))
     if test:
         for key in ("loss", "accuracy"):
@@ -314,7 +316,7 @@ def _client_losses(xp, params: Params, data: StackedClients, phi=None):
 def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, warmup_rounds: int,
                  seed: int = 0, *, progress: bool = False, strategy: Strategy | None = None,
                  frozen_features=None, max_bytes: int | None = None, prefix: RunState | None = None,
-                 on_round=None) -> RunResult:
+                 on_round=None, engine: str = "auto") -> RunResult:
     """Run ``fed.rounds`` rounds of ``fed.strategy`` from ``params`` on stacked clients.
 
     ``warmup_rounds`` is ``T0``: the round at which FedFrozen-type strategies freeze blocks, and
@@ -331,6 +333,12 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     results are identical for every budget (a client rule's correction must act on each
     participant separately, as every rule of :mod:`linattn_theory.strategies` does).
 
+    ``engine`` runs the local steps: ``"array_api"`` as batched Array-API products over the
+    clients (the reference, any backend), ``"fused"`` with the fused CPU engine
+    (:mod:`linattn_theory.fused`: NumPy, full batches, no gradient correction; equal to
+    rounding), ``"auto"`` the fused engine where it applies and pays (then ``max_bytes`` is
+    moot: it holds one client at a time). ``metadata["engine"]`` records the one used.
+
     ``on_round(state)`` is called with the :class:`RunState` of every round the run reaches
     (``θ^t`` and all the loop carries). ``prefix`` continues a run from such a state (then
     ``params`` must be ``prefix.params``): the rounds after ``prefix.round`` follow exactly as in
@@ -340,16 +348,18 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     Returns the per-round table (row ``t`` describes ``θ^t``; drift columns describe the round
     that produced it), the final parameters and those at round ``T0``.
     """
-    from tqdm.auto import tqdm
-
     xp = array_namespace(data.S)
     m, Nmax = data.S.shape[0], data.S.shape[1]
     H = params.WV.shape[-3]
     T, T0, E, eta, lam = fed.rounds, warmup_rounds, fed.local_steps, fed.learning_rate, fed.ridge
     strategy = make_strategy(fed, T0) if strategy is None else strategy
+    fused = select_engine(engine, xp, data, fed, strategy)
 
     def global_loss(params, phi=None):
-        losses = _client_losses(xp, params, data, phi)
+        if fused is not None and phi is None:
+            losses = xp.asarray(fused.client_losses(params))
+        else:
+            losses = _client_losses(xp, params, data, phi)
         F = float(to_numpy(xp.sum(data.weights * losses)))
         return F, F + 0.5 * lam * float(to_numpy(xp.sum(params.WV * params.WV))), to_numpy(losses)
 
@@ -374,8 +384,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     divergence = None
     if on_round is not None:
         on_round(state)
-    for t in tqdm(range(start_round, T), disable=not progress, desc="rounds", unit="round",
-                  leave=False):
+    for t in _rounds(start_round, T, progress):
         if t == T0:
             warm_params = params
         blocks = strategy.schedule(t)
@@ -396,12 +405,16 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
 
         # clients: E local steps from θ^t, all participants at once (in chunks within max_bytes)
         anchor = {b: getattr(params, b) for b in blocks}
-        inputs = (phi_frozen,) if kernel_frozen else (data.inputs, data.q)
-        pieces = [_local_training(xp, params, rnd, lo, hi, strategy.client, client_state, inputs,
-                                  data, batches, fed)
-                  for lo, hi in client_chunks(k, working, max_bytes)]
-        local = pieces[0] if len(pieces) == 1 else {
-            b: xp.concat([piece[b] for piece in pieces], axis=0) for b in blocks}
+        if fused is not None:
+            local = fused.local_training(params, blocks, part, E, eta, lam,
+                                         phi_frozen if kernel_frozen else None)
+        else:
+            inputs = (phi_frozen,) if kernel_frozen else (data.inputs, data.q)
+            pieces = [_local_training(xp, params, rnd, lo, hi, strategy.client, client_state, inputs,
+                                      data, batches, fed)
+                      for lo, hi in client_chunks(k, working, max_bytes)]
+            local = pieces[0] if len(pieces) == 1 else {
+                b: xp.concat([piece[b] for piece in pieces], axis=0) for b in blocks}
         client_state = strategy.client.update(client_state, rnd, anchor, local)
 
         # server: Δ_b = Σ p̃_c θ_{c,b} − θ_b, θ_b ← θ_b + step_b; untrained blocks are left untouched
@@ -432,7 +445,17 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
             break
     if warm_params is None:
         warm_params = params
-    return _result(rows, params, warm_params, divergence, T0, strategy.name)
+    result = _result(rows, params, warm_params, divergence, T0, strategy.name)
+    result.metadata["engine"] = "array_api" if fused is None else "fused"
+    return result
+
+
+def _rounds(start: int, stop: int, progress: bool):
+    """``range(start, stop)``, with a tqdm progress bar when asked (tqdm imported only then)."""
+    if not progress:
+        return range(start, stop)
+    from tqdm.auto import tqdm
+    return tqdm(range(start, stop), desc="rounds", unit="round", leave=False)
 
 
 def _check_prefix(prefix: RunState, params: Params, rounds: int, warmup_rounds: int) -> RunState:
@@ -518,12 +541,13 @@ def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool,
         return {"WV": xp.reshape(xp.matmul(xp.matrix_transpose(phi), err), WV.shape)}
     S, q, y, w = batch
     _, g = _loss_and_grad(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
-                          blocks=blocks, attention=attention, temperature=temperature)
+                          blocks=blocks, attention=attention, temperature=temperature,
+                          with_loss=False)
     return {b: getattr(g, b) for b in blocks}
 
 
 def _loss_and_grad(params: Params, inputs, q, y, sample_weight, blocks=BLOCKS, *,
-                   attention: str = "linear", temperature: float = 1.0):
+                   attention: str = "linear", temperature: float = 1.0, with_loss: bool = True):
     """The model's loss and gradients on ``inputs``: ``Ŝ`` (linear attention) or ``X`` (softmax, docs/theory.md §9).
 
     (:func:`~linattn_theory.model.loss_and_grad_from_inputs` with the linear path looked up in this
@@ -532,7 +556,7 @@ def _loss_and_grad(params: Params, inputs, q, y, sample_weight, blocks=BLOCKS, *
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
                                            attention=attention, temperature=temperature)
-    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks=blocks)
+    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks=blocks, with_loss=with_loss)
 
 
 def _stage(blocks) -> str:

@@ -215,7 +215,7 @@ def predict(params: Params, X, q, attention: str = "linear", temperature: float 
 
 
 def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
-                               blocks=BLOCKS):
+                               blocks=BLOCKS, with_loss: bool = True):
     """Weighted loss ``Σ_i w_i ½‖ŷ_i − y_i‖²`` and its closed-form gradients (docs/theory.md §1).
 
     Shapes: ``S`` ``(..., N, d, d)``, ``q`` ``(..., N, d)``, ``y`` ``(..., N, p)``, ``sample_weight``
@@ -226,7 +226,8 @@ def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
         ∇_{W_Q^h} = ∇_{K_h} W_K^h,     ∇_{W_K^h} = (∇_{K_h})^T W_Q^h.
 
     Returns ``(loss, grads)`` with ``loss`` of shape ``(...)`` and ``grads`` a :class:`Params`;
-    blocks not listed in ``blocks`` are returned as ``None`` and not computed.
+    blocks not listed in ``blocks`` are returned as ``None`` and not computed, and so is the
+    loss with ``with_loss=False`` (local steps need only the gradients).
     """
     xp = array_namespace(S, q, y, params.WV)
     H, d, p = params.WV.shape[-3:]
@@ -237,7 +238,7 @@ def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
     phi = _flat(xp, features(kernel(params), S, q), 2)               # (..., N, Hd)
     e = xp.matmul(phi, V) - y                                        # (..., N, p)
     ew = e * sample_weight[..., None]
-    loss = 0.5 * xp.sum(ew * e, axis=(-2, -1))
+    loss = 0.5 * xp.sum(ew * e, axis=(-2, -1)) if with_loss else None
     gWV = gWQ = gWK = None
     if "WV" in blocks:
         gV = xp.matmul(xp.matrix_transpose(phi), ew)                 # (..., Hd, p)

@@ -4,11 +4,14 @@ Runs are grouped by problem instance (the clients: task and seed, with the stude
 the ridge λ), so that the clients are built and ``Φ*_λ`` is computed once per instance, and by
 schedule (the instance plus ``η``, ``E``, ``T``, …) for the bound ``U(T0)``. All mathematics is
 in :mod:`linattn_theory.theory` and :mod:`linattn_theory.bound`; nothing is recomputed here.
-Results are memoised per process (``linattn figures`` draws figures 1–3 from one analysis).
+Results are memoised per process (``linattn figures`` draws figures 1–3 from one analysis), and
+``Φ*_λ`` is also stored with the sweep (``<folder>/_optimum/<key>.json``, keyed by the instance
+and the starting kernels), so that redrawing a figure does not solve for it again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -39,6 +42,26 @@ def _instance_key(config: RunConfig) -> str:
     return json.dumps([config.task.__dict__, config.seed, model.rank, model.heads,
                        config.federated.ridge, model.attention, model.temperature],
                       sort_keys=True, default=str)
+
+
+def _cached_optimum(folder, config: RunConfig, clients, starts) -> float:
+    """``Φ*_λ`` of ``config``'s instance from :func:`~linattn_theory.theory.centralized_optimum`,
+    stored in ``<folder>/_optimum/`` under the instance and the exact starting kernels ``starts``.
+    """
+    from .io import write_json
+    from .theory import centralized_optimum
+
+    digest = hashlib.sha256(_instance_key(config).encode())
+    for K in starts:
+        digest.update(np.ascontiguousarray(K, dtype=np.float64).tobytes())
+    path = Path(folder) / "_optimum" / f"{digest.hexdigest()[:24]}.json"
+    if path.is_file():
+        return float(json.loads(path.read_text())["objective"])
+    optimum = centralized_optimum(clients, config.federated.ridge, rank=config.model.rank,
+                                  heads=config.model.heads, seed=config.seed, initial_kernels=starts)
+    write_json(path, {"instance": json.loads(_instance_key(config)), "objective": optimum.objective,
+                      "best_start": optimum.best_start, "converged": optimum.converged})
+    return float(optimum.objective)
 
 
 def _schedule_key(config: RunConfig) -> str:
@@ -119,7 +142,7 @@ def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False) -> 
 
 
 def _decomposition(folder, results: pd.DataFrame) -> pd.DataFrame:
-    from .theory import centralized_optimum, decompose_excess_risk, profile_objective
+    from .theory import decompose_excess_risk, profile_objective
 
     rows = []
     for clients, runs in runs_by_instance(folder, results):
@@ -128,10 +151,9 @@ def _decomposition(folder, results: pd.DataFrame) -> pd.DataFrame:
         ok = [run for _, run in runs.values() if not run.diverged]
         kernels = [kernel(run.warmup_params) for run in ok] + [kernel(run.params) for run in ok]
         starts = [min(kernels, key=lambda K: profile_objective(K, clients, lam)[0])] if kernels else []
-        optimum = centralized_optimum(clients, lam, rank=config.model.rank, heads=config.model.heads,
-                                      seed=config.seed, initial_kernels=starts)
+        optimum = _cached_optimum(folder, config, clients, starts)
         for rid, (_, run) in runs.items():
-            row = {"run_id": rid, "optimum": optimum.objective}
+            row = {"run_id": rid, "optimum": optimum}
             if not run.diverged:
                 parts = decompose_excess_risk(run, clients, optimum=optimum)
                 row.update({k: parts[k] for k in ("excess_risk", "bias", "drift_floor", "unfinished",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from scipy import optimize
+from threadpoolctl import threadpool_limits
 
 from ._array import array_namespace, to_numpy
 from .model import Params, _value_matrix, kernel, kernel_gradient_from_inputs, loss_and_grad_from_inputs
@@ -250,9 +251,10 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
     for label, WQ, WK in inits:
         x0 = np.concatenate([WQ.ravel(), WK.ravel()])
         f0 = objective(x0)[0]
-        res = optimize.minimize(objective, x0, jac=True, method="L-BFGS-B",
-                                options={"maxiter": max_iterations, "ftol": 1e-15, "gtol": tolerance,
-                                         "maxcor": 20})
+        with threadpool_limits(1, user_api="blas"):   # tiny BLAS calls: threads only spin (10× slower under load)
+            res = optimize.minimize(objective, x0, jac=True, method="L-BFGS-B",
+                                    options={"maxiter": max_iterations, "ftol": 1e-15, "gtol": tolerance,
+                                             "maxcor": 20})
         WQ, WK = res.x[:size].reshape(shape), res.x[size:].reshape(shape)
         K = WQ @ np.swapaxes(WK, -1, -2)
         gnorm = float(np.linalg.norm(res.jac))

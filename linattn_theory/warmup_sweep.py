@@ -148,7 +148,7 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     longest = warmups[-1]
     warmup = dataclasses.replace(fed, strategy="fedfrozen", rounds=longest, warmup_rounds=longest)
     trajectory = run_schedule(theta0, data, warmup, longest, config.seed, progress=progress,
-                              max_bytes=max_bytes, on_round=keep)
+                              max_bytes=max_bytes, on_round=keep, engine=config.model.engine)
     metadata = run_metadata(config)
     results = {}
     for T0 in warmups:
@@ -164,7 +164,9 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
                 result = frozen_stage_from_moments(checkpoints[T0], data, frozen, T0, config.seed)
             else:
                 result = run_schedule(checkpoints[T0].params, data, frozen, T0, config.seed,
-                                      max_bytes=max_bytes, prefix=checkpoints[T0])
+                                      max_bytes=max_bytes, prefix=checkpoints[T0],
+                                      engine=config.model.engine)
+        result.metadata.setdefault("engine", trajectory.metadata["engine"])   # the warm-up's engine
         result.metadata.update(metadata, config=run_config.to_dict())
         results[T0] = result
     return results

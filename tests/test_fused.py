@@ -1,0 +1,229 @@
+"""The fused CPU engine equals the Array-API engine, whatever the threads; the automatic choice;
+the lazy package import; the centralised optimum stored with a sweep."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from linattn_theory import config_from_dict, simulate
+from linattn_theory import fused as fused_module
+from linattn_theory.config import ConfigError, config_hash
+from linattn_theory.federated import prepare_run, run_schedule
+from linattn_theory.model import loss_and_grad_from_moments
+
+needs_numba = pytest.mark.skipif(not fused_module.numba_available(), reason="numba is not installed")
+
+BASE = {"seed": 3,
+        "task": {"family": "planted_kernel", "num_clients": 6, "samples_per_client": 40, "tokens": 5,
+                 "dim": 5, "rank": 2, "outputs": 2, "dirichlet_alpha": 1.0},   # unequal sizes: padding
+        "model": {"heads": 2, "rank": 3},
+        "federated": {"strategy": "fedfrozen", "rounds": 6, "warmup_rounds": 3, "local_steps": 3,
+                      "learning_rate": 0.05, "ridge": 0.01, "participation": 0.5}}
+
+
+def config(**updates):
+    return config_from_dict(BASE).with_updates(updates)
+
+
+def relative(a, b) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def compare(run, reference):
+    """Largest relative difference of the tables' numeric columns and of the parameters."""
+    numeric = [c for c in reference.table.columns if c not in ("stage", "strategy")]
+    diffs = [relative(run.table[numeric].to_numpy(float), reference.table[numeric].to_numpy(float))]
+    for params, ref in ((run.params, reference.params), (run.warmup_params, reference.warmup_params)):
+        diffs += [relative(getattr(params, b), getattr(ref, b)) for b in ("WQ", "WK", "WV")]
+    return max(diffs)
+
+
+@needs_numba
+@pytest.mark.parametrize("strategy", ["fedfrozen", "fedavg", "value_frozen", "fedavgm"])
+def test_fused_engine_equals_the_array_api_engine_in_float64(strategy):
+    # the same closed forms summed in another order: rounding only (float64 eps 2.2e-16, a few
+    # hundred operations per number over 6 rounds of 3 steps)
+    cfg = config(**{"federated.strategy": strategy})
+    fused = simulate(cfg.with_updates({"model.engine": "fused"}))
+    reference = simulate(cfg.with_updates({"model.engine": "array_api"}))
+    assert (fused.metadata["engine"], reference.metadata["engine"]) == ("fused", "array_api")
+    assert not reference.diverged
+    assert list(fused.table["stage"]) == list(reference.table["stage"])
+    assert compare(fused, reference) <= 1e-12
+
+
+@needs_numba
+def test_fused_engine_in_float32_stays_float32_and_agrees_to_its_precision():
+    cfg = config(**{"model.dtype": "float32", "federated.strategy": "fedavg"})
+    fused = simulate(cfg.with_updates({"model.engine": "fused"}))
+    reference = simulate(cfg.with_updates({"model.engine": "array_api"}))
+    assert fused.params.WQ.dtype == np.float32 and fused.params.WV.dtype == np.float32
+    # float32 eps 1.2e-7; sums of 40 samples over 18 local steps: a few hundred eps at most
+    assert compare(fused, reference) <= 1e-4
+
+
+@needs_numba
+def test_fused_engine_is_bit_identical_whatever_the_number_of_threads():
+    cfg = config(**{"model.engine": "fused", "task.num_clients": 7, "federated.participation": 1.0})
+    runs = []
+    try:
+        for threads in (1, 2, 3):
+            fused_module.set_threads(threads)
+            runs.append(simulate(cfg))
+    finally:
+        fused_module.set_threads(None)
+    for run in runs[1:]:
+        assert run.table.equals(runs[0].table)
+        for b in ("WQ", "WK", "WV"):
+            assert np.array_equal(getattr(run.params, b), getattr(runs[0].params, b))
+
+
+@needs_numba
+def test_fused_engine_handles_padded_clients_in_one_kernel_call():
+    # one thread: every client after the first in one call, so a padded sample (weight 0) of a
+    # smaller client follows real samples of a larger one and must not reuse their values
+    cfg = config(**{"federated.participation": 1.0, "federated.strategy": "fedavg"})
+    sizes = prepare_run(cfg)[0].sizes
+    assert any(a > b for a, b in zip(sizes[1:-1], sizes[2:])), sizes   # a larger client, then a smaller
+    try:
+        fused_module.set_threads(1)
+        fused = simulate(cfg.with_updates({"model.engine": "fused"}))
+    finally:
+        fused_module.set_threads(None)
+    reference = simulate(cfg.with_updates({"model.engine": "array_api"}))
+    assert compare(fused, reference) <= 1e-12
+
+
+@needs_numba
+def test_fused_frozen_stage_with_static_features_equals_the_array_api_engine():
+    # frozen_features replaces the features of the frozen stage (static heads)
+    cfg = config()
+    data, theta0 = prepare_run(cfg)
+    rng = np.random.default_rng(0)
+    phi = rng.normal(size=(data.S.shape[0], data.S.shape[1], 2 * 5))     # (m, N, H·d)
+    runs = {engine: run_schedule(theta0, data, cfg.federated, cfg.warmup_rounds, cfg.seed,
+                                 frozen_features=lambda params: phi, engine=engine)
+            for engine in ("fused", "array_api")}
+    assert compare(runs["fused"], runs["array_api"]) <= 1e-12
+
+
+def test_engine_choice_auto_and_forced():
+    small = config()
+    data, theta0 = prepare_run(small)
+    run = lambda cfg, **kw: run_schedule(theta0, data, cfg.federated, cfg.warmup_rounds, **kw)  # noqa: E731
+    # below MIN_STEP_WORK, auto keeps the Array-API engine (no numba import for small runs)
+    assert run(small).metadata["engine"] == "array_api"
+    # where the fused engine does not apply, auto falls back and forcing it is a ConfigError
+    for updates in ({"federated.batch_size": 4}, {"federated.strategy": "fedprox"},
+                    {"federated.strategy": "scaffold"}):
+        cfg = small.with_updates(updates)
+        assert run(cfg).metadata["engine"] == "array_api"
+        with pytest.raises(ConfigError, match="engine = 'fused' does not apply"):
+            run(cfg, engine="fused")
+    with pytest.raises(ConfigError, match="expected one of"):
+        run(small, engine="numba")
+
+
+@needs_numba
+def test_auto_uses_the_fused_engine_on_large_enough_steps(monkeypatch):
+    monkeypatch.setattr(fused_module, "MIN_STEP_WORK", 1)
+    cfg = config()
+    data, theta0 = prepare_run(cfg)
+    assert run_schedule(theta0, data, cfg.federated, cfg.warmup_rounds).metadata["engine"] == "fused"
+
+
+def test_fused_engine_is_not_used_on_other_array_libraries():
+    xp = pytest.importorskip("array_api_strict")
+    cfg = config()
+    data, _ = prepare_run(cfg)
+    strict = type(data)(*(xp.asarray(a) for a in (data.S, data.q, data.y, data.sample_weight,
+                                                      data.weights)), data.sizes)
+    from linattn_theory.strategies import make_strategy
+    strategy = make_strategy(cfg.federated, cfg.warmup_rounds)
+    assert fused_module.select_engine("auto", xp, strict, cfg.federated, strategy) is None
+    with pytest.raises(ConfigError, match="NumPy arrays only"):
+        fused_module.select_engine("fused", xp, strict, cfg.federated, strategy)
+
+
+def test_default_engine_leaves_the_config_key_unchanged():
+    # earlier runs' result keys were the hash of the config without model.engine
+    cfg = config()
+    data = cfg.to_dict()
+    assert data["model"]["engine"] == "auto"
+    del data["model"]["engine"]
+    before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert config_hash(cfg) == before
+    assert config_hash(cfg.with_updates({"model.engine": "fused"})) != before
+
+
+def test_local_steps_compute_no_loss():
+    cfg = config()
+    data, theta0 = prepare_run(cfg)
+    full = loss_and_grad_from_moments(theta0, data.S, data.q, data.y, data.sample_weight)
+    loss, grads = loss_and_grad_from_moments(theta0, data.S, data.q, data.y, data.sample_weight,
+                                             with_loss=False)
+    assert loss is None and full[0] is not None
+    for b in ("WQ", "WK", "WV"):
+        assert np.array_equal(getattr(grads, b), getattr(full[1], b))
+
+
+def test_importing_the_package_imports_no_heavy_library():
+    code = ("import sys, linattn_theory; "
+            "print(sorted(m for m in ('pandas', 'scipy', 'matplotlib', 'numba', 'seaborn', 'sympy') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    import linattn_theory
+    from linattn_theory.warmup_sweep import warmup_sweep
+    assert linattn_theory.warmup_sweep is warmup_sweep          # the function, not its module
+    assert linattn_theory.simulate is simulate
+
+
+def test_centralized_optimum_is_stored_with_the_sweep_and_reused(tmp_path):
+    from linattn_theory import load_results, load_sweep, run_sweep
+    from linattn_theory import sweep_analysis
+
+    path = tmp_path / "sweep.toml"
+    path.write_text("seed = 0\n[task]\nnum_clients = 3\nsamples_per_client = 16\ntokens = 4\ndim = 3\n"
+                    "rank = 2\noutputs = 1\n[model]\nrank = 2\n[federated]\nrounds = 4\nlocal_steps = 2\n"
+                    "learning_rate = 0.02\n[grid]\n\"federated.warmup_rounds\" = [0, 2, 4]\n")
+    out = tmp_path / "out"
+    run_sweep(load_sweep(path), out)
+    results = load_results(out)
+    sweep_analysis._MEMO.clear()
+    first = sweep_analysis.excess_risk_table(out, results)
+    stored = list((out / "_optimum").glob("*.json"))
+    assert len(stored) == 1                                     # one instance
+    record = json.loads(stored[0].read_text())
+    assert record["objective"] == first["optimum"].iloc[0]
+    # Φ* lower-bounds the loss of every model (docs/theory.md §4), in particular every run's
+    _, runs = next(sweep_analysis.runs_by_instance(out, results))
+    assert record["objective"] <= min(float(run.table["loss_regularized"].iloc[-1])
+                                      for _, run in runs.values())
+    # a later analysis (a fresh process: no memo) reads it instead of solving again
+    record["objective"] = first["optimum"].iloc[0] * 0.5
+    stored[0].write_text(json.dumps(record))
+    sweep_analysis._MEMO.clear()
+    again = sweep_analysis.excess_risk_table(out, results)
+    assert np.allclose(again["optimum"], first["optimum"] * 0.5)
+    assert np.allclose(again["excess_risk"], first["excess_risk"] + first["optimum"] * 0.5)
+
+
+def test_thread_count_settings(monkeypatch):
+    monkeypatch.delenv("LINATTN_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert fused_module.default_threads() == 3
+    monkeypatch.setenv("LINATTN_THREADS", "5")
+    assert fused_module.default_threads() == 5
+    try:
+        fused_module.set_threads(2)
+        assert fused_module.default_threads() == 2
+    finally:
+        fused_module.set_threads(None)
+    with pytest.raises(ValueError, match="threads"):
+        fused_module.set_threads(0)
