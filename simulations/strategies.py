@@ -264,7 +264,7 @@ def markdown_table(summary: pd.DataFrame, settings: dict) -> str:
 
 #: the panels of the figure: run-table column -> (panel title, y label)
 PANELS = {"excess_risk": ("final excess risk", r"$F_\lambda(\theta_T) - F_{\mathrm{ref}}$"),
-          "value_drift": (r"value drift in the last round (SCAFFOLD removes it)",
+          "value_drift": (r"last-round value drift (SCAFFOLD removes it)",
                           r"$\sum_c p_c \|W_{V,c} - \bar W_V\|^2$"),
           "kernel_drift": (r"cumulative kernel drift (freezing stops it)", r"$\Gamma(T)$")}
 
@@ -327,8 +327,7 @@ def _dots(ax, data, names, levels, colours, markers):
     ax.grid(False, axis="x")
     if zero:
         ax.axhline(floor, color="0.6", linewidth=0.6, linestyle=":")
-        ax.text(0.99, floor, "0 (exactly) drawn here", transform=ax.get_yaxis_transform(), ha="right",
-                va="bottom", color="0.35")
+    return zero
 
 
 def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict, quick: bool = False):
@@ -342,8 +341,8 @@ def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict, qu
     markers = dict(zip(names, MARKERS * (len(names) // len(MARKERS) + 1)))
     fig, axes = plotting.figure(2, 2, height=2.4, quick=quick)
     for ax, (column, (title, ylabel)) in zip(axes[[0, 2, 3]], PANELS.items()):
-        _dots(ax, data[data["panel"] == column], names, levels, colours, markers)
-        ax.set_title(title)
+        zero = _dots(ax, data[data["panel"] == column], names, levels, colours, markers)
+        ax.set_title(title + (" (dotted: exactly 0)" if zero else ""))
         ax.set_ylabel(ylabel)
         ax.set_xlabel("heterogeneity level")
     right = axes[1]
