@@ -36,14 +36,16 @@ def _pct(value: float) -> str:
 
 
 def headline_numbers(figures) -> pd.DataFrame:
-    """Per ζ_V, from ``best_warmup.csv``: instances (with a FedAvg run that did not diverge), how many
-    FedFrozen at its best warm-up beats FedAvg in, the gain's and the best warm-up's median and
-    quartiles, and how many instances diverged."""
+    """Per ζ_V, from ``best_warmup.csv`` (instances whose FedAvg run did not diverge) and
+    ``tradeoff_gain.csv`` (how many diverged): instances, diverged instances, how many FedFrozen at
+    its best warm-up beats FedAvg in, the gain's and the best warm-up's median and quartiles."""
     best = pd.read_csv(Path(figures) / "best_warmup.csv")
+    diverged = pd.read_csv(Path(figures) / "tradeoff_gain.csv").set_index("zeta_value")["diverged_instances"]
     rows = []
     for level, sub in best.groupby("zeta_value"):
         gain = sub["gain"].to_numpy(dtype=float)
-        rows.append({"zeta_value": float(level), "instances": len(sub), "beats": int((gain > 0).sum()),
+        rows.append({"zeta_value": float(level), "instances": len(sub), "diverged": int(diverged[level]),
+                     "beats": int((gain > 0).sum()),
                      **dict(zip(("gain_median", "gain_q25", "gain_q75"), _quartiles(gain))),
                      **dict(zip(("best_T0_median", "best_T0_q25", "best_T0_q75"), _quartiles(sub["best_T0"]))),
                      "T": int(sub["T"].max())})
@@ -60,15 +62,14 @@ def _headline(figures: Path) -> str:
     numbers = headline_numbers(figures)
     best = pd.read_csv(figures / "best_warmup.csv")
     k, n = _earlier(best)
-    parts = []
+    lines = ["| `ζ_V` | instances (diverged, left out) | FedFrozen at its best `T0` beats FedAvg in | "
+             "gain: median (IQR) | best `T0`: median (IQR) |", "|---|---|---|---|---|"]
     for r in numbers.itertuples():
-        parts.append(f"at `ζ_V = {r.zeta_value:g}` FedFrozen at its best warm-up beats FedAvg in "
-                     f"**{r.beats} of {r.instances}** instances, by a median of **{_pct(r.gain_median)}** "
-                     f"(interquartile range {_pct(r.gain_q25)} to {_pct(r.gain_q75)}), with best `T0` "
-                     f"{r.best_T0_median:g} (IQR {r.best_T0_q25:g}–{r.best_T0_q75:g}) of `T = {r.T}`")
-    return ("Over the instances (seeds) of the headline sweep, " + "; ".join(parts) + ". "
-            f"The best warm-up is earlier at the highest level than at the lowest in **{k} of {n}** "
-            "instances run at both.\n")
+        lines.append(f"| {r.zeta_value:g} | {r.instances + r.diverged} ({r.diverged}) | **{r.beats} of {r.instances}** | "
+                     f"**{_pct(r.gain_median)}** ({_pct(r.gain_q25)} to {_pct(r.gain_q75)}) | "
+                     f"{r.best_T0_median:g} ({r.best_T0_q25:g} to {r.best_T0_q75:g}) of `T = {r.T}` |")
+    return ("\n".join(lines) + "\n\nThe best warm-up is earlier at the highest level than at the lowest in "
+            f"**{k} of {n}** instances run at both.\n")
 
 
 def _heatmaps(figures: Path) -> str:
@@ -106,14 +107,16 @@ def _caption(figures: Path) -> str:
     numbers = headline_numbers(figures)
     low, high = numbers.iloc[0], numbers.iloc[-1]
     return (f"*The headline figure (`simulations/tradeoff.py`): the final excess risk `R(T0)` against the warm-up "
-            f"length at three heterogeneity levels over {int(numbers['instances'].max())} instances each "
+            f"length at three heterogeneity levels over {int((numbers['instances'] + numbers['diverged']).max())} "
+            "instances each "
             "(median, interquartile band), paired per instance against plain FedAvg (`R(T0)/R(T)`), and "
             "the per-instance gain at the best warm-up. At "
             f"`ζ_V = {high['zeta_value']:g}` FedFrozen beats FedAvg in {int(high['beats'])} of "
             f"{int(high['instances'])} instances (median gain {_pct(high['gain_median'])}); at "
             f"`ζ_V = {low['zeta_value']:g}` in {int(low['beats'])} of {int(low['instances'])} "
             f"(median {_pct(low['gain_median'])}). The dotted bound `U(T0)` is fitted on each instance's own "
-            "FedAvg run: an a posteriori fit, descriptive, not a prediction (docs/theory.md §6).*\n")
+            "FedAvg run: an a posteriori fit, descriptive, not a prediction (docs/theory.md §6). Instances "
+            f"that diverged ({int(numbers['diverged'].sum())} in all) are left out.*\n")
 
 
 _MAKERS = {"headline-caption": _caption, "headline": _headline, "heatmaps": _heatmaps,

@@ -250,14 +250,15 @@ def gain_summary(best: pd.DataFrame, level) -> pd.DataFrame:
     (how many have ``R(T0_best) < R(T)``, i.e. FedFrozen at its best warm-up beats FedAvg),
     ``share_beats``, the gain's median and quartiles (``gain_median``, ``gain_q25``, ``gain_q75``)
     and the best warm-up's (``best_T0_median``, ``best_T0_q25``, ``best_T0_q75``); instances whose
-    FedAvg run diverged are left out of the gain."""
+    FedAvg run diverged are left out of both and counted in ``diverged_instances``."""
     columns = [level] if isinstance(level, str) else list(level)
     rows = []
     for value, group in best.groupby(columns, sort=True):
         gain = group["gain"].to_numpy(dtype=float)
         valid = np.isfinite(gain)
-        g, t = quartiles(gain), quartiles(group["best_T0"])
-        rows.append({**dict(zip(columns, value)), "instances": int(valid.sum()), "beats": int((gain[valid] > 0).sum()),
+        g, t = quartiles(gain), quartiles(group["best_T0"].to_numpy(dtype=float)[valid])
+        rows.append({**dict(zip(columns, value)), "instances": int(valid.sum()),
+                     "diverged_instances": int((~valid).sum()), "beats": int((gain[valid] > 0).sum()),
                      "share_beats": float((gain[valid] > 0).mean()) if valid.any() else np.nan,
                      "gain_median": g["median"], "gain_q25": g["q25"], "gain_q75": g["q75"],
                      "best_T0_median": t["median"], "best_T0_q25": t["q25"], "best_T0_q75": t["q75"]})
