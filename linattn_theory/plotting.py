@@ -1,9 +1,12 @@
-"""One style for every figure: colour-blind-safe palette, the theory's symbols, atomic PNG+PDF+CSV output.
+"""One style for every figure: print sizes, colour-blind-safe palette, the theory's symbols, atomic PNG+PDF+CSV output.
 
-Every figure script in ``simulations/`` draws with :func:`figure`, labels axes with
-:data:`LABELS`, and saves with :func:`save_figure`, which also writes the plotted numbers as a
-CSV next to the image (the tests check it is non-empty and finite). Diverged runs are never
-plotted as NaN: :func:`drop_diverged` removes them and :func:`note_dropped` says so on the axes.
+Every figure script in ``simulations/`` draws with :func:`figure` (3.5 in or 7 in wide, text of at
+least 7 pt; ``quick=True`` marks a smoke-test figure), labels axes with :data:`LABELS`, puts its
+legend under the axes (:func:`legend_below`), draws medians with interquartile bands over
+instances (:func:`instance_band`) and saves with :func:`save_figure`, which checks the print size
+(:func:`check_print_ready`), writes fixed metadata (no date: a rerun gives the same bytes) and the
+plotted numbers as a CSV next to the image (the tests check it is non-empty and finite). Diverged
+runs are never plotted as NaN: :func:`drop_diverged` removes them and :func:`note_dropped` says so.
 """
 
 from __future__ import annotations

@@ -2,18 +2,21 @@
 
 Runs every strategy of ``simulations/configs/strategies.toml`` (FedAvg, FedFrozen, the random
 kernel, value-frozen, FedProx, SCAFFOLD, FedAvgM, FedAdam, FedFrozen+FedProx, FedFrozen+SCAFFOLD)
-on the planted-kernel family at three heterogeneity levels over several seeds, and writes
+and the static-attention arms of docs/theory.md §7 (``STATIC_ARMS``: uniform and decay patterns
+fixed in advance, calibrated mean-score patterns after the warm-up, and SAF-style selection of
+the most static head) on the planted-kernel family at three heterogeneity levels over several seeds, and writes
 
 - ``figures/strategies.csv``: one row per (level, strategy): mean and standard deviation over
   seeds of the final excess risk, the cumulative kernel drift ``Γ(T)``, the final value drift
   and the rounds to reach the target loss (``strategies_runs.csv``: one row per run);
 - ``figures/strategies.md``: the same as a Markdown table (mean ± standard deviation);
-- ``figures/strategies.png`` / ``.pdf``: final excess risk per strategy and level (mean, bars
-  from the smallest to the largest seed), and excess risk against round at the highest level,
-  in the shared figure style (linattn_theory.plotting); diverged runs are left out and counted
-  in a note on each panel;
-- ``figures/strategies_plot.csv``: the plotted numbers (mean, min, max and count over seeds, runs
-  left out as diverged), like every figure's ``NAME.csv`` (``strategies.csv`` is the summary).
+- ``figures/strategies.png`` / ``.pdf``: per strategy and level, the final excess risk, the value
+  drift in the last round and the cumulative kernel drift ``Γ(T)`` (median over seeds, bars from
+  the smallest to the largest), and the excess risk against round at the highest level, in the
+  shared figure style (linattn_theory.plotting); an instance (level, seed) in which any run
+  diverged is left out for every strategy (a paired comparison) and named on the figure;
+- ``figures/strategies_plot.csv``: the plotted numbers (median, min, max and count over seeds, runs
+  that diverged), like every figure's ``NAME.csv`` (``strategies.csv`` is the summary).
 
 Definitions. For each (level, seed) the reference loss ``F_ref`` is the lower of (a) a
 centralised reference: ``centralised_steps`` (400) steps of centralised gradient descent on ``F_λ`` (FedAvg with
@@ -25,8 +28,9 @@ value drift is ``Σ_c p_c ‖W_{V,c} − W̄_V‖²`` in the last round. The tar
 ``F_ref + f (F_λ(θ^0) − F_ref)`` with ``f = target_fraction``; a run that never reaches it
 counts as not reached (the table gives how many seeds reached it).
 
-Claim shown (docs/theory.md §5): in the frozen stage SCAFFOLD removes the value drift floor that
-FedAvg, FedProx and the server optimisers keep; freezing the kernel stops the kernel drift.
+Claim shown (docs/theory.md §5, §7): in the frozen stage SCAFFOLD removes the value drift that
+FedAvg, FedProx and the server optimisers keep (the value-drift panel); freezing the kernel stops
+the kernel drift (the Γ panel); static attention patterns cost more than a learned, frozen kernel.
 
 Run: ``python simulations/strategies.py [--quick] [--out figures]``.
 """
