@@ -50,6 +50,11 @@ from linattn_theory.regret import regret  # noqa: E402
 
 DESIGN_SEEDS = (1000, 1001, 1002)
 EVALUATION_SEEDS = (2000, 2001, 2002, 2003, 2004)
+#: The same grid with softmax attention (docs/theory.md §9), evaluation only: does the rule,
+#: designed on linear attention, transfer? (Its transfer recommender reads the linear design seeds.)
+SOFTMAX_SEEDS = (2000, 2001, 2002)
+SETS = {"evaluation": "Evaluation set (linear attention)",
+        "evaluation_softmax": "Softmax evaluation set (the same grid with softmax attention, τ = 1)"}
 
 #: Base settings (the figures' instances: simulations/configs/tradeoff.toml and
 #: in_context_regression.toml) and the grid over heterogeneity, E and η per family.
@@ -77,7 +82,7 @@ FAMILIES = {
 #: --quick: small instances, one setting per family, for the tests (a smoke test, not a score).
 QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds": 12},
          "heterogeneity": -1, "local_steps": (10,), "learning_rate": 0, "design": (1000,),
-         "evaluation": (2000, 2001)}
+         "evaluation": (2000, 2001), "softmax": (2000,)}
 
 RECOMMENDERS = ("online", "pilot", "transfer", "a_posteriori")
 BASELINES = ("fedavg", "half", "cross_seed_oracle")
@@ -107,12 +112,14 @@ def instances(quick: bool = False) -> pd.DataFrame:
     """The declared instances: one row per (set, setting, seed) with its config dict."""
     design = QUICK["design"] if quick else DESIGN_SEEDS
     evaluation = QUICK["evaluation"] if quick else EVALUATION_SEEDS
-    assert not set(design) & set(evaluation), "design and evaluation seeds must be disjoint"
+    softmax = QUICK["softmax"] if quick else SOFTMAX_SEEDS
+    assert not set(design) & (set(evaluation) | set(softmax)), "design and evaluation seeds must be disjoint"
     rows = []
     for setting, (family, level, E, eta, data) in enumerate(settings(quick)):
-        for name, seeds in (("design", design), ("evaluation", evaluation)):
+        for name, seeds in (("design", design), ("evaluation", evaluation), ("evaluation_softmax", softmax)):
             for seed in seeds:
-                config = config_from_dict({**data, "seed": seed})
+                model = dict(data["model"], attention="softmax") if name == "evaluation_softmax" else data["model"]
+                config = config_from_dict({**data, "model": model, "seed": seed})
                 rows.append({"set": name, "setting": setting, "family": family, "heterogeneity": level,
                              "local_steps": E, "learning_rate": eta, "seed": seed,
                              "key": config_hash(config), "config": config.to_dict()})
@@ -297,11 +304,11 @@ def summary(scores: pd.DataFrame) -> pd.DataFrame:
                              else c, kind="stable").reset_index(drop=True)
 
 
-def markdown(summ: pd.DataFrame, scores: pd.DataFrame) -> str:
-    """The evaluation-set table as Markdown (regrets in percent)."""
-    ev = summ[summ["set"] == "evaluation"]
-    inst = scores[(scores["set"] == "evaluation")].drop_duplicates(["setting", "seed"])
-    lines = [f"Evaluation set: {len(inst)} instances ({int(inst['fedavg_diverged'].sum())} with a diverging "
+def markdown(summ: pd.DataFrame, scores: pd.DataFrame, name: str = "evaluation") -> str:
+    """The table of evaluation set ``name`` as Markdown (regrets in percent)."""
+    ev = summ[summ["set"] == name]
+    inst = scores[(scores["set"] == name)].drop_duplicates(["setting", "seed"])
+    lines = [f"{SETS[name]}: {len(inst)} instances ({int(inst['fedavg_diverged'].sum())} with a diverging "
              f"FedAvg path, not scored), {int(inst['u_shaped'].sum())} with a U-shaped R(T0) "
              f"(both ends ≥ 5 % above the best T0). Regret R(T0_rec)/R(T0_best) − 1 in percent; "
              f"median with a bootstrap 95 % interval; a recommended T0 whose run diverges has regret ∞ "
@@ -314,9 +321,9 @@ def markdown(summ: pd.DataFrame, scores: pd.DataFrame) -> str:
                      f"{pct(r['median'])} [{pct(r['median_low'])}, {pct(r['median_high'])}] | "
                      f"{pct(r['mean'])} | {pct(r['p90'])} | {pct(r['max'])} | "
                      f"{100 * r['share_within_5pct']:.0f} % | {int(r['diverged'])} |")
-    scored = scores[(scores["set"] == "evaluation") & (scores["recommender"] != "none")]
+    scored = scores[(scores["set"] == name) & (scores["recommender"] != "none")]
     paired = scored.pivot_table(index=["setting", "seed"], columns="recommender", values="regret")
-    lines += ["", "Paired, per evaluation instance: the online rule against each other choice "
+    lines += ["", "Paired, per instance of this set: the online rule against each other choice "
               "(better / tied within 1e-9 / worse regret):", "",
               "| against | instances | online better | tied | online worse | better on U-shaped |",
               "|---|---|---|---|---|---|"]
@@ -328,7 +335,7 @@ def markdown(summ: pd.DataFrame, scores: pd.DataFrame) -> str:
         u = shaped.loc[both.index].to_numpy()
         lines.append(f"| {LABELS[other]} | {len(both)} | {int(np.sum(d < -1e-9))} | {int(np.sum(np.abs(d) <= 1e-9))} | "
                      f"{int(np.sum(d > 1e-9))} | {int(np.sum((d < -1e-9) & u))} of {int(u.sum())} |")
-    lines += ["", "U-shaped R(T0) on the evaluation set (instances with both ends ≥ 5 % above the best T0, "
+    lines += ["", "U-shaped R(T0) in this set (instances with both ends ≥ 5 % above the best T0, "
               "of all scored instances; both step sizes):", "",
               "| family | heterogeneity | " + " | ".join(f"E = {E}" for E in sorted(inst["local_steps"].unique())) + " |",
               "|---|---|" + "---|" * inst["local_steps"].nunique()]
@@ -343,7 +350,9 @@ def markdown(summ: pd.DataFrame, scores: pd.DataFrame) -> str:
 
 def report(scores: pd.DataFrame, design: pd.DataFrame) -> str:
     """``predictive_regret.md``: the evaluation table, the U-shape counts and the design table."""
-    return markdown(summary(scores), scores) + "\n" + design_markdown(design)
+    summ = summary(scores)
+    parts = [markdown(summ, scores, name) for name in SETS if name in set(scores["set"])]
+    return "\n".join(parts) + "\n" + design_markdown(design)
 
 
 def plot(scores: pd.DataFrame, records: dict, table: pd.DataFrame, out: Path, quick: bool) -> None:

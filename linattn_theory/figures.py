@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import os
 import sys
 import time
 from pathlib import Path
 
 from .config import ConfigError
 
-__all__ = ["discover", "make_figures", "figure_sweep", "script_main", "config_path"]
+__all__ = ["discover", "make_figures", "figure_sweep", "script_main", "config_path", "analysis_workers",
+           "excess_risk_sweep"]
 
 
 def _defines_make(path: Path) -> bool:
@@ -69,6 +71,12 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
     return made
 
 
+def analysis_workers(executor: str = "processes", workers: int | None = None) -> int:
+    """Processes for a figure's per-instance analysis: one with ``executor="serial"``, else ``workers``
+    (default one per core), as for the sweep itself."""
+    return 1 if executor == "serial" else int(workers or os.cpu_count() or 1)
+
+
 def config_path(script_file, name: str) -> Path:
     """``simulations/configs/NAME.toml`` next to a figure script."""
     return Path(script_file).resolve().parent / "configs" / f"{name}.toml"
@@ -94,6 +102,27 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
     if rounds:
         return sweep, (summary, load_results(folder, rounds=True)), folder
     return sweep, summary, folder
+
+
+def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor="processes",
+                      workers=None, progress=False):
+    """Run (or reuse) a FedFrozen sweep over ``T0`` and analyse it: ``(table, best, dropped)``.
+
+    ``table``: the non-diverged runs with the excess-risk decomposition (and, with ``bound``, the
+    fitted bound) of :func:`~linattn_theory.sweep_analysis.excess_risk_table`; ``best``: per
+    instance (the columns ``by``), the best warm-up and the gain over FedAvg
+    (:func:`~linattn_theory.sweep_analysis.best_warmup`, diverged runs counted as ``R = ∞``);
+    ``dropped``: how many runs diverged.
+    """
+    from .plotting import drop_diverged
+    from .sweep_analysis import best_warmup, excess_risk_table
+
+    _, results, folder = figure_sweep(config, out_dir, quick=quick, executor=executor,
+                                      workers=workers, progress=progress)
+    table = excess_risk_table(folder, results, bound=bound, workers=analysis_workers(executor, workers))
+    best = best_warmup(table, by)
+    table, dropped = drop_diverged(table)
+    return table, best, dropped
 
 
 def script_main(make, doc: str | None = None, argv=None) -> int:

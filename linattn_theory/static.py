@@ -34,7 +34,8 @@ from .tasks import as_federated, stack_clients
 __all__ = ["attention_scores", "input_independent_share", "select_static_heads", "uniform_pattern",
            "mean_score_pattern", "decay_pattern", "static_patterns", "StaticHeads",
            "static_features", "head_features", "predict_static", "static_profile_objective",
-           "stack_contexts", "compare_static_heads", "head_pattern_statistics", "PATTERNS"]
+           "stack_contexts", "compare_static_heads", "head_pattern_statistics", "static_head_features",
+           "head_static_loss_change", "PATTERNS"]
 
 PATTERNS = ("uniform", "mean", "decay")
 
@@ -175,6 +176,59 @@ def static_profile_objective(K, clients, ridge: float = 0.0, static: StaticHeads
     return float(0.5 * y2 - 0.5 * np.sum(B * V)), V
 
 
+def static_head_features(clients, kind: str, *, count: int | None = None, gamma: float = 0.5,
+                         calibration=None):
+    """``frozen_features(params)`` for :func:`~linattn_theory.federated.simulate`: at the freeze,
+    heads become static with pattern ``kind`` (``uniform``, ``mean`` or ``decay``).
+
+    ``count=None``: every head becomes static; ``count=k``: the ``k`` heads with the largest
+    input-independent share ``ω_h``, measured at the frozen kernel ``K_{T0}`` on ``calibration``
+    contexts ``(X, q)`` (default: every client's training contexts), become static and the others
+    keep ``K_{T0}`` (the selection rule of docs/theory.md §7). The mean pattern is also measured at
+    ``K_{T0}``. Uses nothing but the frozen kernel and the training contexts.
+    """
+    from .model import kernel
+
+    clients = as_federated(clients)
+    if calibration is None:
+        calibration = (np.concatenate([c.X for c in clients]), np.concatenate([c.q for c in clients]))
+    X_cal, q_cal = (np.asarray(a, dtype=np.float64) for a in calibration)
+    X_all, q_all = stack_contexts(clients), stack_clients(clients).q
+
+    def frozen_features(params):
+        xp = array_namespace(params.WV)
+        K = to_numpy(kernel(params))
+        heads = (tuple(range(K.shape[0])) if count is None else
+                 select_static_heads(input_independent_share(K, X_cal, q_cal), count=count))
+        static = StaticHeads(heads, static_patterns(kind, K, X_cal, q_cal, gamma))
+        X, q = (xp.asarray(a, dtype=params.WV.dtype) for a in (X_all, q_all))
+        return _flat(xp, head_features(xp.asarray(K, dtype=params.WV.dtype), X, q, static), 2)
+    return frozen_features
+
+
+def head_static_loss_change(K, clients, ridge: float = 0.0, *, kind: str = "mean", gamma: float = 0.5,
+                            calibration=None) -> pd.DataFrame:
+    """Per head ``h``: its input-independent share ``ω_h`` and the loss change when only ``h`` is made
+    static, ``Δ_h = Φ_λ(K; h static) − Φ_λ(K)`` (:func:`static_profile_objective`, the best ``F_λ`` a value
+    block reaches; docs/theory.md §7); the pattern ``kind`` is measured at ``K`` on ``calibration``
+    (default: every client's training contexts). Columns ``head``, ``share``, ``loss_change``,
+    ``relative_loss_change`` (``Δ_h / Φ_λ(K)``)."""
+    clients = as_federated(clients)
+    if calibration is None:
+        calibration = (np.concatenate([c.X for c in clients]), np.concatenate([c.q for c in clients]))
+    X_cal, q_cal = (np.asarray(a, dtype=np.float64) for a in calibration)
+    K = np.asarray(K, dtype=np.float64)
+    shares = input_independent_share(K, X_cal, q_cal)
+    patterns = static_patterns(kind, K, X_cal, q_cal, gamma)
+    learned, _ = static_profile_objective(K, clients, ridge)
+    rows = []
+    for h, share in enumerate(shares):
+        static, _ = static_profile_objective(K, clients, ridge, StaticHeads((h,), patterns))
+        rows.append({"head": h, "share": float(share), "loss_change": static - learned,
+                     "relative_loss_change": (static - learned) / learned})
+    return pd.DataFrame(rows)
+
+
 # -- the comparison ----------------------------------------------------------------------------
 
 def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTERNS,
@@ -208,18 +262,11 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
     X_cal, q_cal = (np.asarray(a, dtype=np.float64) for a in calibration)
     shares = input_independent_share(K, X_cal, q_cal)
     heads = select_static_heads(shares, count=count)
-    X_all, q_all = stack_contexts(clients), stack_clients(clients).q
     statics = {}
     for kind in patterns:
-        static = StaticHeads(heads, static_patterns(kind, K, X_cal, q_cal, gamma))
-        statics[f"static_{kind}"] = static
-
-        def frozen_features(params, static=static):
-            xp = array_namespace(params.WV)
-            X, q = (xp.asarray(a, dtype=params.WV.dtype) for a in (X_all, q_all))
-            return _flat(xp, head_features(kernel(params), X, q, static), 2)
-
-        runs[f"static_{kind}"] = simulate(fedfrozen, clients, frozen_features=frozen_features)
+        statics[f"static_{kind}"] = StaticHeads(heads, static_patterns(kind, K, X_cal, q_cal, gamma))
+        features = static_head_features(clients, kind, count=count, gamma=gamma, calibration=(X_cal, q_cal))
+        runs[f"static_{kind}"] = simulate(fedfrozen, clients, frozen_features=features)
     lam = config.federated.ridge
     rows = []
     for arm, result in runs.items():

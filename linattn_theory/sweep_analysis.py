@@ -5,8 +5,15 @@ the ridge λ), so that the clients are built and ``Φ*_λ`` is computed once per
 schedule (the instance plus ``η``, ``E``, ``T``, …) for the bound ``U(T0)``. All mathematics is
 in :mod:`linattn_theory.theory` and :mod:`linattn_theory.bound`; nothing is recomputed here.
 Results are memoised per process (``linattn figures`` draws figures 1–3 from one analysis), and
+instances are analysed in parallel with ``workers`` processes (the same numbers for any count);
 ``Φ*_λ`` is also stored with the sweep (``<folder>/_optimum/<key>.json``, keyed by the instance
 and the starting kernels), so that redrawing a figure does not solve for it again.
+
+The statistics every figure uses are here too, so that one definition serves all of them
+(docs/theory.md §6): :func:`best_warmup` (per instance, the best warm-up ``T0_best`` = the
+smallest ``T0`` of the grid at which ``R(T0)`` is smallest), :func:`paired_ratios` (``R(T0)/R(T)``
+of the same instance) and :func:`gain_summary` (per level: how often and by how much FedFrozen at
+its best ``T0`` beats FedAvg).
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from .model import kernel
 from .results import load_run
 from .tasks import stack_clients
 
-__all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table"]
+__all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table", "best_warmup", "paired_ratios",
+           "gain_summary", "quartiles"]
 
 _MEMO: dict = {}
 
@@ -70,6 +78,27 @@ def _schedule_key(config: RunConfig) -> str:
     return json.dumps([_instance_key(config), fed, config.model.__dict__], sort_keys=True, default=str)
 
 
+def _instance_groups(folder, results: pd.DataFrame) -> list[list[str]]:
+    """The run ids of a sweep grouped by problem instance, in order of first appearance."""
+    groups: dict[str, list] = {}
+    for rid in results["run_id"]:
+        config = config_from_dict(load_run(folder, rid).metadata["config"])
+        groups.setdefault(_instance_key(config), []).append(rid)
+    return list(groups.values())
+
+
+def _load_instance(folder, run_ids):
+    runs = {}
+    for rid in run_ids:
+        run = load_run(folder, rid)
+        runs[rid] = (config_from_dict(run.metadata["config"]), run)
+    config = next(iter(runs.values()))[0]
+    clients = clients_from_config(config)
+    if config.model.attention != "linear":      # softmax: stacked with contexts and τ (docs/theory.md §9)
+        clients = stack_clients(clients, attention=config.model.attention, temperature=config.model.temperature)
+    return clients, runs
+
+
 def runs_by_instance(folder, results: pd.DataFrame):
     """Group a sweep's runs by problem instance: yields ``(clients, {run_id: (RunConfig, RunResult)})``.
 
@@ -77,18 +106,24 @@ def runs_by_instance(folder, results: pd.DataFrame):
     softmax attention they come stacked with their contexts and temperature, so that every
     theory function uses the softmax features (docs/theory.md §9).
     """
-    groups: dict[str, dict] = {}
-    for rid in results["run_id"]:
-        run = load_run(folder, rid)
-        config = config_from_dict(run.metadata["config"])
-        groups.setdefault(_instance_key(config), {})[rid] = (config, run)
-    for runs in groups.values():
-        config = next(iter(runs.values()))[0]
-        clients = clients_from_config(config)
-        if config.model.attention != "linear":
-            clients = stack_clients(clients, attention=config.model.attention,
-                                    temperature=config.model.temperature)
-        yield clients, runs
+    for run_ids in _instance_groups(folder, results):
+        yield _load_instance(folder, run_ids)
+
+
+def _per_instance(function, folder, results: pd.DataFrame, workers: int | None, *args) -> list:
+    """``function(clients, runs, *args)`` for every instance, in ``workers`` processes; rows concatenated
+    in instance order (so the result does not depend on ``workers``)."""
+    groups = _instance_groups(folder, results)
+    if workers is None or workers <= 1 or len(groups) <= 1:
+        chunks = [_instance_task(function, folder, g, args) for g in groups]
+    else:
+        from joblib import Parallel, delayed
+        chunks = Parallel(n_jobs=workers)(delayed(_instance_task)(function, folder, g, args) for g in groups)
+    return [row for chunk in chunks for row in chunk]
+
+
+def _instance_task(function, folder, run_ids, args):
+    return function(*_load_instance(folder, run_ids), *args)
 
 
 def frozen_stage_table(folder, results: pd.DataFrame) -> pd.DataFrame:
@@ -122,8 +157,9 @@ def frozen_stage_table(folder, results: pd.DataFrame) -> pd.DataFrame:
     return _memo("frozen_stage", folder, results, compute)
 
 
-def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False) -> pd.DataFrame:
-    """Per run, the exact decomposition of the excess risk and, with ``bound``, the bound ``U(T0)``.
+def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False,
+                      workers: int | None = None) -> pd.DataFrame:
+    """Per run, the exact decomposition of the excess risk and, with ``bound``, the fitted bound ``U(T0)``.
 
     Columns added (docs/theory.md §6): ``optimum`` ``Φ*_λ`` (one
     :func:`~linattn_theory.theory.centralized_optimum` per instance, also started from the best
@@ -131,54 +167,130 @@ def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False) -> 
     ``drift_floor``, ``unfinished`` and ``identity_residual`` from
     :func:`~linattn_theory.theory.decompose_excess_risk`; with ``bound``, from one
     :func:`~linattn_theory.bound.estimate_bound` per schedule (against the same ``Φ*_λ``):
-    ``T0_theory``, ``U`` and ``bias_bound`` at the run's ``T0``, and ``assumptions_violated``.
-    Diverged runs get NaN.
+    ``T0_theory``, ``U`` and ``bias_bound`` at the run's ``T0``, and ``assumptions_violated`` (NaN
+    where the schedule's FedAvg path diverges). The bound's constants are fitted on the FedAvg run of the same instance: ``U`` and
+    ``T0_theory`` are an a posteriori fit (descriptive), not a prediction. Diverged runs get NaN.
+    Instances are analysed in ``workers`` processes (default: in this one).
     """
-    table = _memo("excess_risk", folder, results, lambda: _decomposition(folder, results))
+    table = _memo("excess_risk", folder, results,
+                  lambda: results.merge(pd.DataFrame(_per_instance(_decomposition, folder, results, workers, folder)),
+                                        on="run_id", how="left"))
     if bound:
-        table = table.merge(_memo("bound", folder, results, lambda: _bounds(folder, table)),
-                            on="run_id", how="left")
+        optimum = table.set_index("run_id")["optimum"].to_dict()
+        columns = ["run_id", "T0_theory", "U", "bias_bound", "assumptions_violated"]
+        bounds = _memo("bound", folder, results, lambda: pd.DataFrame(
+            _per_instance(_bounds, folder, results, workers, optimum), columns=columns))
+        table = table.merge(bounds, on="run_id", how="left")
     return table
 
 
-def _decomposition(folder, results: pd.DataFrame) -> pd.DataFrame:
+def _decomposition(clients, runs, folder) -> list[dict]:
     from .theory import decompose_excess_risk, profile_objective
 
     rows = []
-    for clients, runs in runs_by_instance(folder, results):
-        config = next(iter(runs.values()))[0]
-        lam = config.federated.ridge
-        ok = [run for _, run in runs.values() if not run.diverged]
-        kernels = [kernel(run.warmup_params) for run in ok] + [kernel(run.params) for run in ok]
-        starts = [min(kernels, key=lambda K: profile_objective(K, clients, lam)[0])] if kernels else []
-        optimum = _cached_optimum(folder, config, clients, starts)
-        for rid, (_, run) in runs.items():
-            row = {"run_id": rid, "optimum": optimum}
-            if not run.diverged:
-                parts = decompose_excess_risk(run, clients, optimum=optimum)
-                row.update({k: parts[k] for k in ("excess_risk", "bias", "drift_floor", "unfinished",
-                                                  "identity_residual")})
-            rows.append(row)
-    return results.merge(pd.DataFrame(rows), on="run_id", how="left")
+    config = next(iter(runs.values()))[0]
+    lam = config.federated.ridge
+    ok = [run for _, run in runs.values() if not run.diverged]
+    kernels = [kernel(run.warmup_params) for run in ok] + [kernel(run.params) for run in ok]
+    starts = [min(kernels, key=lambda K: profile_objective(K, clients, lam)[0])] if kernels else []
+    optimum = _cached_optimum(folder, config, clients, starts)
+    for rid, (_, run) in runs.items():
+        row = {"run_id": rid, "optimum": optimum}
+        if not run.diverged:
+            parts = decompose_excess_risk(run, clients, optimum=optimum)
+            row.update({k: parts[k] for k in ("excess_risk", "bias", "drift_floor", "unfinished",
+                                              "identity_residual")})
+        rows.append(row)
+    return rows
 
 
-def _bounds(folder, table: pd.DataFrame) -> pd.DataFrame:
+def _bounds(clients, runs, optimum: dict) -> list[dict]:
     from .bound import estimate_bound
 
-    optimum = table.set_index("run_id")["optimum"]
-    rows = []
-    for clients, runs in runs_by_instance(folder, table):
-        bounds = {}
-        for rid, (config, run) in runs.items():
-            if run.diverged:
-                continue
-            key = _schedule_key(config)
-            if key not in bounds:
+    rows, bounds = [], {}
+    for rid, (config, run) in runs.items():
+        if run.diverged:
+            continue
+        key = _schedule_key(config)
+        if key not in bounds:
+            try:
                 bounds[key] = estimate_bound(config, clients, optimum=float(optimum[rid]))
-            b = bounds[key]
-            curve = b.curve.set_index("round")
-            T0 = run.metadata["warmup_rounds"]
-            rows.append({"run_id": rid, "T0_theory": b.T0_theory, "U": float(curve.loc[T0, "U"]),
-                         "bias_bound": float(curve.loc[T0, "bias_bound"]),
-                         "assumptions_violated": len(b.violated)})
-    return pd.DataFrame(rows, columns=["run_id", "T0_theory", "U", "bias_bound", "assumptions_violated"])
+            except ValueError:       # its FedAvg path diverged: no bound (the runs report their divergence)
+                bounds[key] = None
+        b = bounds[key]
+        if b is None:
+            continue
+        curve = b.curve.set_index("round")
+        T0 = run.metadata["warmup_rounds"]
+        rows.append({"run_id": rid, "T0_theory": b.T0_theory, "U": float(curve.loc[T0, "U"]),
+                     "bias_bound": float(curve.loc[T0, "bias_bound"]),
+                     "assumptions_violated": len(b.violated)})
+    return rows
+
+
+# -- statistics over instances (docs/theory.md §6) ---------------------------------------------
+
+def quartiles(values) -> dict:
+    """``{"median", "q25", "q75", "count"}`` of the finite ``values`` (NaN when there are none)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return {"median": np.nan, "q25": np.nan, "q75": np.nan, "count": 0}
+    q25, median, q75 = np.quantile(values, [0.25, 0.5, 0.75])
+    return {"median": float(median), "q25": float(q25), "q75": float(q75), "count": int(values.size)}
+
+
+def best_warmup(table: pd.DataFrame, by) -> pd.DataFrame:
+    """Per instance (one row per value of the columns ``by``), the best warm-up and FedFrozen's gain.
+
+    ``T0_best = min argmin_{T0} R(T0)`` over the instance's grid of ``T0`` (ties go to the smallest
+    ``T0``; a diverged run counts as ``R = ∞``): the one definition of the best warm-up
+    (docs/theory.md §6). Columns: ``by``, ``best_T0``, ``R_best = R(T0_best)``, ``R_fedavg = R(T)``
+    (``T = federated.rounds``; NaN when that run diverged or is missing), ``gain = 1 − R_best/R_fedavg``
+    (≥ 0; NaN without ``R_fedavg``), ``T`` and ``diverged_runs``.
+    """
+    by = list(by)
+    rows = []
+    for key, group in table.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        risk = group["excess_risk"].where(~group["diverged"].astype(bool), np.inf).fillna(np.inf)
+        order = np.lexsort((group["T0"].to_numpy(), risk.to_numpy()))    # by R, then by T0
+        best = group.iloc[order[0]]
+        T = int(group["federated.rounds"].max())
+        fedavg = risk[group["T0"].to_numpy() == T]
+        R_fedavg = float(fedavg.iloc[0]) if len(fedavg) and np.isfinite(fedavg.iloc[0]) else np.nan
+        R_best = float(risk.iloc[order[0]])
+        rows.append({**dict(zip(by, key)), "best_T0": int(best["T0"]), "R_best": R_best,
+                     "R_fedavg": R_fedavg, "gain": 1.0 - R_best / R_fedavg if np.isfinite(R_fedavg) else np.nan,
+                     "T": T, "diverged_runs": int(group["diverged"].astype(bool).sum())})
+    return pd.DataFrame(rows)
+
+
+def paired_ratios(table: pd.DataFrame, by) -> pd.DataFrame:
+    """The non-diverged runs with ``ratio = R(T0) / R(T)``, ``R(T)`` plain FedAvg's excess risk on the
+    same instance (the columns ``by``); instances whose FedAvg run diverged are left out."""
+    by = list(by)
+    ok = table[~table["diverged"].astype(bool)]
+    fedavg = (ok[ok["T0"] == ok["federated.rounds"]].set_index(by)["excess_risk"].rename("R_fedavg"))
+    joined = ok.join(fedavg, on=by, how="inner")
+    return joined.assign(ratio=joined["excess_risk"] / joined["R_fedavg"])
+
+
+def gain_summary(best: pd.DataFrame, level) -> pd.DataFrame:
+    """Per value of ``level`` (a column, or a list of columns), over the instances of :func:`best_warmup`: ``instances``, ``beats``
+    (how many have ``R(T0_best) < R(T)``, i.e. FedFrozen at its best warm-up beats FedAvg),
+    ``share_beats``, the gain's median and quartiles (``gain_median``, ``gain_q25``, ``gain_q75``)
+    and the best warm-up's (``best_T0_median``, ``best_T0_q25``, ``best_T0_q75``); instances whose
+    FedAvg run diverged are left out of both and counted in ``diverged_instances``."""
+    columns = [level] if isinstance(level, str) else list(level)
+    rows = []
+    for value, group in best.groupby(columns, sort=True):
+        gain = group["gain"].to_numpy(dtype=float)
+        valid = np.isfinite(gain)
+        g, t = quartiles(gain), quartiles(group["best_T0"].to_numpy(dtype=float)[valid])
+        rows.append({**dict(zip(columns, value)), "instances": int(valid.sum()),
+                     "diverged_instances": int((~valid).sum()), "beats": int((gain[valid] > 0).sum()),
+                     "share_beats": float((gain[valid] > 0).mean()) if valid.any() else np.nan,
+                     "gain_median": g["median"], "gain_q25": g["q25"], "gain_q75": g["q75"],
+                     "best_T0_median": t["median"], "best_T0_q25": t["q25"], "best_T0_q75": t["q75"]})
+    return pd.DataFrame(rows)

@@ -67,7 +67,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
                                       workers=workers, progress=progress)
     results, dropped = plotting.drop_diverged(results)
     table, longest = distances(folder, results)
-    fig, (ax, ax_loss) = plotting.figure(2)
+    fig, (ax, ax_loss) = plotting.figure(2, height=2.5, quick=quick)
     steps = sorted(longest)
     rows = []
     for E, color in zip(steps, plotting.palette(len(steps))):
@@ -76,13 +76,13 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         start = sub.loc[sub["frozen_rounds"].idxmin()]
         k = np.linspace(0, sub["frozen_rounds"].max(), 200)
         bound = start["distance"] * info["rho"] ** (k - start["frozen_rounds"])
-        ax.plot(sub["frozen_rounds"], sub["distance"], "o", color=color, markersize=5,
+        ax.plot(sub["frozen_rounds"], sub["distance"], "o", color=color, markersize=3.5,
                 label=rf"$E = {E}$, $\rho = {info['rho']:.3f}$")
         ax.plot(k, bound, "--", color=color, linewidth=1.1)
         frozen = info["run"].table
         frozen = frozen[frozen["round"] >= info["T0"]]
         gap = frozen["loss_regularized"] - info["profile"]
-        ax_loss.plot(frozen["round"], gap, color=color, label=rf"$E = {E}$")
+        ax_loss.plot(frozen["round"], gap, color=color)
         ax_loss.axhline(info["drift_floor"], color=color, linestyle=":", linewidth=1.3)
         rows.append(sub.assign(rho=info["rho"], drift_floor=info["drift_floor"],
                                final_gap=float(gap.iloc[-1])))
@@ -90,22 +90,20 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     eps = float(np.finfo(np.float64).eps)
     ax.axhline(eps, color="0.5", linewidth=0.8, linestyle="-.")
     ax.text(0.02, eps * 3, "float64 precision", transform=ax.get_yaxis_transform(), ha="left",
-            va="bottom", fontsize="small", color="0.35")
+            va="bottom", color="0.35")
     ax.set_ylim(bottom=eps / 30)
     ax.set_xlabel(r"frozen rounds $k = T - T_0$")
     ax.set_ylabel(r"$\|V_T - V_{FA}\|_F \,/\, \|V_{FA}\|_F$")
     ax.set_title(r"distance to the fixed point $V_{FA}(K_{T_0})$")
-    handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles=handles + [Line2D([], [], linestyle="--", color="0.4",
-                                        label=r"bound $\rho^{k}$ (closed form)")], fontsize="small")
     plotting.log_scale(ax_loss)
     ax_loss.set_xlabel(plotting.label("round"))
     ax_loss.set_ylabel(r"$F_\lambda(\theta_t) - \Phi_\lambda(K_{T_0})$")
     ax_loss.set_title("loss above the profile objective")
-    handles, _ = ax_loss.get_legend_handles_labels()
-    ax_loss.legend(handles=handles + [Line2D([], [], linestyle=":", color="0.4",
-                                             label=r"drift floor $D(K_{T_0})$")], fontsize="small",
-                   loc="center right")
+    handles, _ = ax.get_legend_handles_labels()
+    plotting.legend_below(fig, handles + [
+        Line2D([], [], linestyle="--", color="0.4", label=r"bound $\rho^{k}$ (closed form)"),
+        Line2D([], [], linestyle=":", color="0.4", label=r"drift floor $D(K_{T_0})$ (closed form)")], ncols=3)
+    fig.suptitle(f"one instance (seed {int(results['seed'].iloc[0])}); the frozen kernel is shared by every run of one E")
     plotting.note_dropped(ax, dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 

@@ -1,11 +1,14 @@
-"""Figure 4: where freezing pays, over heterogeneity ζ_V and local steps E.
+"""Figure 4: where freezing pays, over heterogeneity ζ_V and local steps E, over many instances.
 
 Claim (docs/theory.md §6): the drift a warm-up accumulates grows with the heterogeneity and the
 number of local steps (leading order η²(E−1)²ζ²), so the best warm-up length T0 shrinks and
 FedFrozen's gain over plain FedAvg grows as ζ and E grow; with E = 1 there is no client drift
-and nothing to gain. Left: the best T0 (argmin over the T0 grid of the seed-mean excess risk
-R(T0)); right: the gain 1 − R(T0_best)/R(T), the share of FedAvg's excess risk that freezing
-at the best T0 removes. Cells where some runs diverged are marked †.
+and nothing to gain. Every cell summarises its instances (seeds) one by one, with the
+definitions of the headline (linattn_theory.sweep_analysis): left, the median per-instance best
+warm-up T0_best (the smallest T0 of the grid minimising R(T0)); middle, the median per-instance
+gain 1 − R(T0_best)/R(T); right, in how many instances FedFrozen at its best T0 beats FedAvg.
+Cells with diverged runs are marked † (a diverged run counts as R = ∞; an instance whose FedAvg
+run diverged has no gain).
 
 Config: simulations/configs/heatmaps.toml. Run: python simulations/heatmaps.py [--quick] [--out figures]
 """
@@ -23,59 +26,53 @@ import pandas as pd
 import seaborn as sns
 
 from linattn_theory import plotting
-from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.sweep_analysis import excess_risk_table
+from linattn_theory.figures import config_path, excess_risk_sweep, script_main
+from linattn_theory.sweep_analysis import gain_summary
 
 NAME = "heatmaps"
 CONFIG = config_path(__file__, "heatmaps")
 ROW, COL = "task.zeta_value", "federated.local_steps"
 
 
-def cell_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (ζ_V, E): best T0, R at the best T0 and at T (seed means), gain, diverged runs."""
-    rows = []
-    for (zeta, E), cell in table.groupby([ROW, COL]):
-        T = int(cell["federated.rounds"].max())
-        ok = cell[~cell["diverged"]]
-        mean = ok.groupby("T0")["excess_risk"].mean()
-        complete = ok.groupby("T0")["seed"].nunique() == cell["seed"].nunique()
-        mean = mean[complete]            # compare T0s only over the same seeds
-        row = {ROW: zeta, COL: E, "diverged_runs": int(cell["diverged"].sum()),
-               "best_T0": np.nan, "R_best": np.nan, "R_fedavg": np.nan, "gain": np.nan}
-        if len(mean):
-            row.update(best_T0=float(mean.idxmin()), R_best=float(mean.min()))
-        if T in mean.index:
-            row.update(R_fedavg=float(mean.loc[T]), gain=1.0 - float(mean.min()) / float(mean.loc[T]))
-        rows.append(row)
-    return pd.DataFrame(rows)
+def cell_summary(best: pd.DataFrame) -> pd.DataFrame:
+    """Per (ζ_V, E) over its instances: the gain summary of the headline and the diverged runs."""
+    cells = gain_summary(best, [ROW, COL])
+    diverged = best.groupby([ROW, COL])["diverged_runs"].sum().rename("diverged_runs")
+    return cells.join(diverged, on=[ROW, COL])
 
 
-def _heatmap(ax, cells, value, title, fmt, cmap, unit):
+def _heatmap(ax, cells, value, title, text, cmap, vmin=None, vmax=None):
     grid = cells.pivot(index=ROW, columns=COL, values=value).sort_index(ascending=False)
     marks = cells.pivot(index=ROW, columns=COL, values="diverged_runs").sort_index(ascending=False)
-    text = grid.map(lambda v: "n/a" if not np.isfinite(v) else format(v, fmt))
-    text = text + marks.map(lambda k: " †" if k else "")
-    sns.heatmap(grid, ax=ax, annot=text, fmt="", cmap=cmap, cbar_kws={"label": unit},
-                linewidths=0.5, linecolor="white")
-    ax.set_xlabel(plotting.label(COL))
-    ax.set_ylabel(plotting.label(ROW))
+    labels = cells.assign(_text=text).pivot(index=ROW, columns=COL, values="_text").sort_index(ascending=False)
+    labels = labels + marks.map(lambda k: "†" if k else "")
+    sns.heatmap(grid, ax=ax, annot=labels, fmt="", cmap=cmap, cbar=False, vmin=vmin, vmax=vmax,
+                linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7})
+    ax.set_yticklabels([f"{v:g}" for v in grid.index], rotation=0)
+    ax.set_xlabel(r"local steps $E$")
+    ax.set_ylabel(plotting.label(ROW) if ax.get_subplotspec().is_first_col() else "")
     ax.set_title(title)
 
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
-    """Run (or reuse) the sweep, draw both heatmaps, write heatmaps.png/.pdf/.csv; returns the paths."""
-    _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
-                                      workers=workers, progress=progress)
-    cells = cell_summary(excess_risk_table(folder, results))
-    fig, (ax_best, ax_gain) = plotting.figure(2, width=4.9, height=3.9)
-    _heatmap(ax_best, cells, "best_T0", r"best warm-up $T_0^{\mathrm{best}}$", ".0f", "mako",
-             r"$T_0$ (rounds)")
-    _heatmap(ax_gain, cells.assign(gain=100 * cells["gain"]), "gain",
-             r"gain over FedAvg $1 - R(T_0^{\mathrm{best}})/R(T)$", ".0f", "rocket_r", "%")
+    """Run (or reuse) the sweep, draw the three heatmaps, write heatmaps.png/.pdf/.csv; returns the paths."""
+    _, best, _ = excess_risk_sweep(CONFIG, out_dir, by=(ROW, COL, "seed"), quick=quick, executor=executor,
+                                   workers=workers, progress=progress)
+    cells = cell_summary(best)
+    fig, (ax_best, ax_gain, ax_share) = plotting.figure(3, height=2.3, quick=quick)
+    T = int(best["T"].max())
+    _heatmap(ax_best, cells, "best_T0_median", r"best warm-up $T_0^{\mathrm{best}}$ (median)",
+             [f"{v:.0f}" for v in cells["best_T0_median"]], "mako", 0, T)
+    _heatmap(ax_gain, cells, "gain_median", r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (median)",
+             [f"{100 * v:.0f}%" if np.isfinite(v) else "n/a" for v in cells["gain_median"]], "rocket_r", 0)
+    _heatmap(ax_share, cells, "share_beats", "beats FedAvg in (instances)",
+             [f"{b}/{n}" for b, n in zip(cells["beats"], cells["instances"])], "rocket_r", 0, 1)
+    n = int(cells["instances"].max())
+    note = f"{n} instances (seeds) per cell; T = {T}"
     dropped = int(cells["diverged_runs"].sum())
     if dropped:
-        fig.text(0.5, -0.02, f"† cell with diverged runs ({dropped} in all), left out of its seed means",
-                 ha="center", fontsize="small", color="0.35")
+        note += f"; † cell with diverged runs ({dropped} in all, counted as R = ∞)"
+    fig.suptitle(note)
     return plotting.save_figure(fig, NAME, out_dir, cells.dropna())   # "n/a" cells are not data
 
 

@@ -3,10 +3,11 @@
 Claim (docs/theory.md §4, §6): a longer warm-up buys a better kernel, the bias
 Φ_λ(K_{T0}) − Φ*_λ falls (at first geometrically), while the heterogeneous local steps drift
 apart: the cumulative kernel drift Γ(T0) = Σ_{t<T0} Σ_c p_c ‖K_c^{t,E} − K^{t+1}‖_F² grows with
-T0, faster for more heterogeneous clients, and the bias stops falling. Lines: seed means, bands:
-smallest to largest seed; dashed: the bound's bias term (linattn_theory.bound, docs/theory.md §6):
-max_{t≤t_s} bias(K_t) before the burn-in round t_s, then b_∞ + (b_s − b_∞) q^{T0−t_s} (inexact
-Polyak–Łojasiewicz descent, constants fitted on the FedAvg path), seed mean.
+T0, faster for more heterogeneous clients, and the bias stops falling. Lines: medians over
+instances (seeds), bands: interquartile range; dashed: the bias term of the bound
+(linattn_theory.bound, docs/theory.md §6), max_{t≤t_s} bias(K_t) before the burn-in round t_s,
+then b_∞ + (b_s − b_∞) q^{T0−t_s}, whose constants are fitted on each instance's own FedAvg path:
+an a posteriori fit (descriptive, not a prediction), median over instances.
 
 Config: simulations/configs/tradeoff.toml (the sweep of figure 2).
 Run: python simulations/kernel_bias_drift.py [--quick] [--out figures]
@@ -24,8 +25,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from linattn_theory import plotting
-from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.sweep_analysis import excess_risk_table
+from linattn_theory.figures import config_path, excess_risk_sweep, script_main
 
 NAME = "kernel_bias_drift"
 CONFIG = config_path(__file__, "tradeoff")
@@ -34,20 +34,19 @@ HUE = "task.zeta_value"
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the tradeoff sweep, draw bias and Γ against T0, write kernel_bias_drift.*."""
-    _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
-                                      workers=workers, progress=progress)
-    table, dropped = plotting.drop_diverged(excess_risk_table(folder, results, bound=True))
-    fig, (ax_bias, ax_drift) = plotting.figure(2)
+    table, best, dropped = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), bound=True, quick=quick,
+                                          executor=executor, workers=workers, progress=progress)
+    n = int(best.groupby(HUE)["seed"].nunique().max())
+    fig, (ax_bias, ax_drift) = plotting.figure(2, height=2.5, quick=quick)
     levels = sorted(table[HUE].unique())
     rows = []
     for level, color in zip(levels, plotting.palette(len(levels))):
         sub = table[table[HUE] == level]
         name = rf"$\zeta_V = {level:g}$"
-        bias = plotting.seed_band(ax_bias, sub, "T0", "bias", color=color, label=name)
-        bound = sub.groupby("T0")["bias_bound"].mean()
+        bias = plotting.instance_band(ax_bias, sub, "T0", "bias", color=color, label=name)
+        bound = sub.groupby("T0")["bias_bound"].median()
         ax_bias.plot(bound.index, bound.to_numpy(), "--", color=color, linewidth=1.2)
-        drift = plotting.seed_band(ax_drift, sub, "T0", "cumulative_kernel_drift", color=color,
-                                   label=name)
+        drift = plotting.instance_band(ax_drift, sub, "T0", "cumulative_kernel_drift", color=color)
         rows += [bias.assign(quantity="bias", zeta_value=level),
                  plotting.curve_rows("T0", bound, sub["seed"].nunique(), quantity="bias_bound",
                                      zeta_value=level),
@@ -57,13 +56,13 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     ax_bias.set_ylabel(plotting.label("bias"))
     ax_bias.set_title("the kernel improves with the warm-up")
     handles, _ = ax_bias.get_legend_handles_labels()
-    ax_bias.legend(handles=handles + [Line2D([], [], linestyle="--", color="0.4",
-                                             label="bound (seed mean)")])
+    fit = Line2D([], [], linestyle="--", color="0.4", label="bias term of $U(T_0)$: a posteriori fit (descriptive), median")
+    plotting.legend_below(fig, handles + [fit], ncols=4)
+    fig.suptitle("; ".join(filter(None, [f"median and interquartile range over {n} instances per level",
+                                         plotting.dropped_text(dropped)])))
     ax_drift.set_xlabel(plotting.label("T0"))
     ax_drift.set_ylabel(plotting.label("cumulative_kernel_drift"))
     ax_drift.set_title("and accumulates client drift")
-    ax_drift.legend()
-    plotting.note_dropped(ax_bias, dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
 

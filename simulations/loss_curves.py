@@ -1,10 +1,14 @@
-"""Figure 5: the global loss round by round: FedAvg, FedFrozen at T0_theory, and the baselines.
+"""Figure 5: the global loss round by round: FedAvg, FedFrozen, and the federated baselines.
 
-Claim (docs/theory.md §3, §6): on heterogeneous clients, freezing the kernel at the warm-up the
-bound recommends (T0_theory = argmin U(T0), computed per seed by linattn_theory.bound) ends
-below plain FedAvg, whose kernel keeps drifting; the federated-optimisation baselines of the
-config's [grid] are drawn for comparison. Curves: F_λ(θ_t) − Φ*_λ, one panel per seed (each
-seed is its own instance: teacher, clients and initialisation); dotted: that seed's T0_theory.
+Claim (docs/theory.md §3, §6): on heterogeneous clients, FedFrozen frozen at its best warm-up
+ends below plain FedAvg, whose kernel keeps drifting; but a method that removes the value drift
+altogether (SCAFFOLD, docs/theory.md §5) can end lower still. Curves: F_λ(θ_t) − Φ*_λ, one panel
+per instance (seed: its own teacher, clients and initialisation). FedFrozen is drawn at the
+instance's best warm-up T0_best (the smallest T0 of the grid 0, 4, …, T minimising the final
+excess risk, linattn_theory.sweep_analysis.best_warmup: chosen after seeing the runs) and, dashed,
+at T0_theory, the argmin of the bound fitted on the instance's own FedAvg run (an a posteriori fit,
+descriptive). Each panel's title names the method with the lowest final excess risk; the figure title
+counts the instances in which SCAFFOLD ends below FedFrozen at T0_best.
 
 Config: simulations/configs/loss_curves.toml. Run: python simulations/loss_curves.py [--quick] [--out figures]
 """
@@ -22,16 +26,18 @@ import pandas as pd
 from linattn_theory import plotting
 from linattn_theory.bound import estimate_bound
 from linattn_theory.config import config_from_dict
-from linattn_theory.figures import config_path, figure_sweep, script_main
+from linattn_theory.figures import analysis_workers, config_path, figure_sweep, script_main
 from linattn_theory.sweep import load_sweep
-from linattn_theory.sweep_analysis import excess_risk_table
+from linattn_theory.sweep_analysis import best_warmup, excess_risk_table
 
 NAME = "loss_curves"
 CONFIG = config_path(__file__, "loss_curves")
+WARMUP_STEP = 4
 
 
-def with_fedfrozen_at_theory(sweep):
-    """The sweep plus, for every seed, FedFrozen at that seed's ``T0_theory``; ``{seed: T0_theory}``.
+def with_fedfrozen(sweep):
+    """The sweep plus, for every seed, FedFrozen at every ``T0`` of ``0, 4, …, T`` and at that seed's
+    ``T0_theory`` (the argmin of the fitted bound); returns ``(sweep, {seed: T0_theory})``.
 
     FedFrozen's runs use the config's base settings (not a baseline's overrides).
     """
@@ -40,49 +46,64 @@ def with_fedfrozen_at_theory(sweep):
     for seed in sorted({c.seed for c in sweep.configs}):
         config = base.with_updates({"seed": seed, "federated.strategy": "fedfrozen"})
         theory[seed] = estimate_bound(config).T0_theory
-        runs.append(config.with_updates({"federated.warmup_rounds": theory[seed]}))
-        points.append({"seed": seed, "federated.strategy": "fedfrozen", "federated.warmup_rounds": theory[seed]})
+        T = config.federated.rounds
+        for T0 in sorted(set(range(0, T + 1, WARMUP_STEP)) | {T, theory[seed]}):
+            runs.append(config.with_updates({"federated.warmup_rounds": T0}))
+            points.append({"seed": seed, "federated.strategy": "fedfrozen", "federated.warmup_rounds": T0})
     return sweep.with_runs(runs, points), theory
 
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
-    """Compute T0_theory, run (or reuse) the sweep, draw the loss curves, write loss_curves.*."""
-    sweep, theory = with_fedfrozen_at_theory(load_sweep(CONFIG, quick=quick))
+    """Run (or reuse) the sweep, draw the loss curves, write loss_curves.*."""
+    sweep, theory = with_fedfrozen(load_sweep(CONFIG, quick=quick))
     _, (results, rounds), folder = figure_sweep(sweep, out_dir, quick=quick, executor=executor,
                                                 workers=workers, progress=progress, rounds=True)
-    optimum = excess_risk_table(folder, results).set_index("run_id")["optimum"]
-    rounds = rounds.assign(gap=rounds["loss_regularized"] - rounds["run_id"].map(optimum))
-    results, dropped = plotting.drop_diverged(results)
-    rounds = rounds[rounds["run_id"].isin(results["run_id"])]
-    strategies = list(dict.fromkeys(results["federated.strategy"]))   # config order, FedFrozen last
-    colors = dict(zip(strategies, plotting.palette(len(strategies))), fedfrozen="black")
-    # the two compared by the theory drawn on top, the baselines thinner and dashed
-    styles = {s: {"linewidth": 1.3, "linestyle": "--", "zorder": 2} for s in strategies}
-    styles.update(fedavg={"linewidth": 2.0, "zorder": 4}, fedfrozen={"linewidth": 2.2, "zorder": 5})
+    table = excess_risk_table(folder, results, workers=analysis_workers(executor, workers))
+    rounds = rounds.assign(gap=rounds["loss_regularized"] - rounds["run_id"].map(table.set_index("run_id")["optimum"]))
+    frozen = table[table["federated.strategy"] == "fedfrozen"]
+    best = best_warmup(frozen[frozen["T0"] % WARMUP_STEP == 0].assign(T0=lambda t: t["T0"].astype(int)),
+                       ["seed"]).set_index("seed")["best_T0"]
+    ok, dropped = plotting.drop_diverged(table)
+    baselines = [s for s in dict.fromkeys(results["federated.strategy"]) if s != "fedfrozen"]
+    colors = dict(zip(baselines, plotting.palette(len(baselines))))
     seeds = sorted(theory)
-    fig, axes = plotting.figure(len(seeds), width=4.4, height=3.8, sharey=True)
+    fig, axes = plotting.figure(len(seeds), height=2.6, sharey=True, quick=quick)
     axes = [axes] if len(seeds) == 1 else axes
-    rows = []
+    rows, wins = [], 0
     for ax, seed in zip(axes, seeds):
-        for strategy in strategies:
-            sub = rounds[(rounds["federated.strategy"] == strategy) & (rounds["seed"] == seed)]
-            if sub.empty:
+        curves = {}
+        for strategy in baselines:
+            curves[plotting.STRATEGY_NAMES.get(strategy, strategy)] = (
+                ok[(ok["federated.strategy"] == strategy) & (ok["seed"] == seed)], strategy,
+                {"color": colors[strategy], "linewidth": 1.6 if strategy == "fedavg" else 1.0})
+        mine = ok[(ok["federated.strategy"] == "fedfrozen") & (ok["seed"] == seed)]
+        curves[r"FedFrozen at its best $T_0$"] = (mine[mine["T0"] == best[seed]], "fedfrozen_best",
+                                                  {"color": "black", "linewidth": 1.8})
+        curves[r"FedFrozen at $T_0^{\mathrm{theory}}$ (a posteriori fit)"] = (
+            mine[mine["T0"] == theory[seed]], "fedfrozen_theory",
+            {"color": "black", "linewidth": 1.0, "linestyle": "--"})
+        final = {}
+        for name, (run, key, style) in curves.items():
+            if run.empty:
                 continue
-            name = plotting.STRATEGY_NAMES.get(strategy, strategy)
-            if strategy == "fedfrozen":
-                name += r" at $T_0^{\mathrm{theory}}$"
-            ax.plot(sub["round"], sub["gap"], color=colors[strategy], label=name, **styles[strategy])
-            rows.append(sub[["run_id", "seed", "round", "gap"]].assign(strategy=strategy))
-        ax.axvline(theory[seed], color="0.35", linestyle=":", linewidth=1.2,
-                   label=rf"$T_0^{{\mathrm{{theory}}}} = {theory[seed]}$")
+            sub = rounds[rounds["run_id"] == run["run_id"].iloc[0]]
+            ax.plot(sub["round"], sub["gap"], label=name, **style)
+            final[key] = float(sub["gap"].iloc[-1])
+            rows.append(sub[["run_id", "seed", "round", "gap"]].assign(curve=key))
+        wins += final.get("scaffold", float("inf")) < final.get("fedfrozen_best", float("-inf"))
+        ranking = sorted(final, key=final.get)
+        names = {"fedfrozen_best": "FedFrozen (best)", "fedfrozen_theory": "FedFrozen (fit)"}
+        ax.set_title(f"seed {seed}; lowest: " + names.get(ranking[0], plotting.STRATEGY_NAMES.get(ranking[0], ranking[0])))
+        ax.text(0.02, 0.02, rf"best $T_0 = {best[seed]}$, $T_0^{{\mathrm{{theory}}}} = {theory[seed]}$",
+                transform=ax.transAxes, ha="left", va="bottom")
         plotting.log_scale(ax)
         ax.set_xlabel(plotting.label("round"))
-        ax.set_title(f"seed {seed}")
-        ax.legend(fontsize="small")
     axes[0].set_ylabel(plotting.label("loss_gap"))
     first = results.iloc[0]
     fig.suptitle(rf"$\zeta_V = {first['task.zeta_value']:g}$, $E = {first['federated.local_steps']}$, "
-                 rf"$\eta = {first['federated.learning_rate']:g}$, $T = {first['federated.rounds']}$")
+                 rf"$\eta = {first['federated.learning_rate']:g}$, $T = {first['federated.rounds']}$: "
+                 f"SCAFFOLD ends below FedFrozen at its best $T_0$ in {wins}/{len(seeds)} instances")
+    plotting.legend_below(fig, ncols=4)
     plotting.note_dropped(axes[-1], dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 

@@ -1,14 +1,16 @@
-"""Figure static_heads: which softmax heads could be static, and what making them static costs.
+"""Figure 9: each head's static-ness criterion against the loss change when that head is made static.
 
-Claim (docs/theory.md §9, §7): a softmax head whose attention pattern hardly varies with the input
-(small mean KL divergence ``E KL(a_h ‖ ā_h)`` to its mean pattern ``ā_h``, small pattern variance
-``E‖a_h − ā_h‖²``) can be replaced by that mean pattern at little loss — the selective-freezing
-criteria of the static-heads question. For every head of FedAvg-trained softmax layers (four heads,
-planted-kernel clients with positional structure, three concept-heterogeneity levels ζ_V, four
-seeds): left, the mean KL across clients against the loss change ``F(θ with head h static at ā_h)
-− F(θ)`` relative to ``F(θ)`` (``W_V`` unchanged); right, the same with the pattern variance.
-Colours: heterogeneity. Small markers: the same measures within each client (its own mean
-pattern). The titles give the rank correlation of criterion and loss change across clients.
+Claim (docs/theory.md §7): the input-independent share ω_h = Var_i(E[s_h | i]) / Var[s_h] of a
+head's scores says how much of its attention is a fixed positional pattern, so the heads with a
+large ω_h are the ones that can be made static (their mean-score pattern, calibrated at the
+kernel) at little cost, whatever the heterogeneity. For every head h of the kernel K_{T0} a
+federated warm-up reaches (FedAvg, T0 rounds), the loss change is the closed form
+Φ_λ(K; h static) − Φ_λ(K) (linattn_theory.static.head_static_loss_change: the best F_λ a value
+block reaches with h static, minus that with h attending), relative to Φ_λ(K). Left: one dot per
+(instance, head), colour the heterogeneity level ζ_V; right: per level, Spearman's rank
+correlation between ω_h and the loss change over all heads and instances, and in how many
+instances the selection rule (make static the head with the largest ω_h, SAF-style) picks the head
+whose staticisation costs least.
 
 Config: simulations/configs/static_heads.toml. Run: python simulations/static_heads.py [--quick] [--out figures]
 """
@@ -26,62 +28,80 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from linattn_theory import plotting
-from linattn_theory.federated import clients_from_config
 from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.static import head_pattern_statistics
+from linattn_theory.model import kernel
+from linattn_theory.static import head_static_loss_change
 from linattn_theory.sweep_analysis import runs_by_instance
 
 NAME = "static_heads"
 CONFIG = config_path(__file__, "static_heads")
-HUE = "zeta_value"
-LINEAR_RANGE = 0.01    # the relative loss change is drawn on a symmetric log axis, linear within ±1 %
+HUE = "task.zeta_value"
 
 
 def head_table(folder, results) -> pd.DataFrame:
-    """One row per (run, head, client) with the three measures at the run's final parameters."""
-    rows = []
-    for _, runs in runs_by_instance(folder, results):
-        clients = clients_from_config(next(iter(runs.values()))[0])    # the samples themselves
+    """One row per (run, head): ζ_V, seed, the share ω_h and the (relative) loss change."""
+    tables = []
+    for clients, runs in runs_by_instance(folder, results):
         for rid, (config, run) in runs.items():
             if run.diverged:
                 continue
-            stats = head_pattern_statistics(run.params, clients, config.model.temperature)
-            rows.append(stats.assign(run_id=rid, seed=config.seed, zeta_value=config.task.zeta_value))
-    return pd.concat(rows, ignore_index=True)
+            heads = head_static_loss_change(kernel(run.warmup_params), clients, config.federated.ridge)
+            tables.append(heads.assign(run_id=rid, zeta_value=config.task.zeta_value, seed=config.seed))
+    return pd.concat(tables, ignore_index=True)
+
+
+def level_summary(heads: pd.DataFrame) -> pd.DataFrame:
+    """Per ζ_V: Spearman's ρ between share and loss change, and how often the largest share is the cheapest head."""
+    rows = []
+    for level, sub in heads.groupby("zeta_value"):
+        per_run = sub.groupby("run_id")
+        picked = per_run.apply(lambda g: g["head"].iloc[int(np.argmax(g["share"].to_numpy()))]
+                               == g["head"].iloc[int(np.argmin(g["loss_change"].to_numpy()))])
+        rho = spearmanr(sub["share"], sub["loss_change"]).statistic if sub["share"].nunique() > 1 else np.nan
+        rows.append({"zeta_value": level, "spearman": float(rho), "heads": len(sub),
+                     "instances": int(per_run.ngroups), "largest_share_is_cheapest": int(picked.sum())})
+    return pd.DataFrame(rows)
 
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
-    """Run (or reuse) the sweep, draw both panels, write static_heads.*; returns the paths."""
+    """Run (or reuse) the warm-ups, analyse every head, write static_heads.* and static_heads_summary.csv."""
     _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
     results, dropped = plotting.drop_diverged(results)
-    table = head_table(folder, results)
-    table["relative_loss_change"] = table["loss_change"] / table["loss"]
-    fig, axes = plotting.figure(2)
-    levels = sorted(table[HUE].unique())
-    across = table[table["client"] == -1]
-    within = table[table["client"] >= 0]
-    for ax, criterion in zip(axes, ("mean_kl", "pattern_variance")):
-        for level, color in zip(levels, plotting.palette(len(levels))):
-            mine = within[within[HUE] == level]
-            ax.plot(mine[criterion], mine["relative_loss_change"], ".", color=color, markersize=2.5,
-                    alpha=0.35)
-            mine = across[across[HUE] == level]
-            ax.plot(mine[criterion], mine["relative_loss_change"], "o", color=color, markersize=6,
-                    markeredgecolor="black", markeredgewidth=0.5, label=rf"$\zeta_V = {level:g}$")
-        rho = spearmanr(across[criterion], across["relative_loss_change"]).statistic
-        plotting.log_scale(ax, "x")
-        ax.set_yscale("symlog", linthresh=LINEAR_RANGE)
-        ax.axhline(0.0, color="0.4", linewidth=1, linestyle=":")
-        ax.set_ylabel(r"$\Delta F / F$, head made static at $\bar a_h$")
-        ax.set_title(f"Spearman ρ = {rho:.2f} across clients", fontsize="medium")
-    axes[0].set_xlabel(r"mean KL $E\,\mathrm{KL}(a_h \,\|\, \bar a_h)$")
-    axes[1].set_xlabel(r"pattern variance $E\|a_h - \bar a_h\|^2$")
-    axes[0].legend(loc="upper left", fontsize="small")
-    plotting.note_dropped(axes[0], dropped)
-    columns = ["run_id", "seed", HUE, "head", "client", "mean_kl", "pattern_variance", "loss_change",
-               "loss", "relative_loss_change"]
-    return plotting.save_figure(fig, NAME, out_dir, table[columns])
+    heads = head_table(folder, results)
+    summary = level_summary(heads)
+    levels = sorted(heads["zeta_value"].unique())
+    colors = dict(zip(levels, plotting.palette(len(levels))))
+    markers = dict(zip(levels, "osD^v"))
+    fig, (ax, ax_sum) = plotting.figure(2, height=2.6, quick=quick)
+    for level in levels:
+        sub = heads[heads["zeta_value"] == level]
+        ax.plot(sub["share"], 100 * sub["relative_loss_change"], markers[level], color=colors[level],
+                markersize=3, alpha=0.8, markerfacecolor="none", label=rf"$\zeta_V = {level:g}$")
+    ax.set_xlabel(r"input-independent share $\omega_h$ of the head")
+    ax.set_ylabel(r"loss change when static (% of $\Phi_\lambda$)")
+    ax.set_title("one dot per head and instance")
+    ax.set_yscale("symlog", linthresh=1.0)      # spans decades; a few changes are near or below 0
+    ax.axhline(0, color="0.3", linewidth=0.8)
+    x = np.arange(len(levels))
+    ax_sum.bar(x, summary["spearman"], color=[colors[v] for v in levels], width=0.6)
+    top = ax_sum.get_xaxis_transform()
+    for i, r in enumerate(summary.itertuples()):
+        ax_sum.text(i, 0.87, f"{r.largest_share_is_cheapest}/{r.instances}", transform=top, ha="center", va="top")
+    ax_sum.text(0.5, 0.97, "largest share = cheapest head in (instances):", transform=ax_sum.transAxes,
+                ha="center", va="top", color="0.3")
+    ax_sum.axhline(0, color="0.3", linewidth=0.8)
+    ax_sum.set_ylim(-1.1, 1.6)
+    ax_sum.set_xticks(x, [f"{v:g}" for v in levels])
+    ax_sum.set_xlabel(plotting.label(HUE))
+    ax_sum.set_ylabel(r"Spearman $\rho$($\omega_h$, loss change)")
+    ax_sum.set_title("does a large share mean a cheap static head?")
+    plotting.legend_below(fig, ncols=len(levels))
+    n = int(summary["instances"].max())
+    fig.suptitle("; ".join(filter(None, [f"{n} instances per level, {heads['head'].nunique()} heads each, "
+                                         "kernel after a FedAvg warm-up", plotting.dropped_text(dropped)])))
+    paths = plotting.save_figure(fig, f"{NAME}_summary", out_dir, summary, formats=())
+    return paths + plotting.save_figure(fig, NAME, out_dir, heads)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,21 @@
 
 Runs every strategy of ``simulations/configs/strategies.toml`` (FedAvg, FedFrozen, the random
 kernel, value-frozen, FedProx, SCAFFOLD, FedAvgM, FedAdam, FedFrozen+FedProx, FedFrozen+SCAFFOLD)
-on the planted-kernel family at three heterogeneity levels over several seeds, and writes
+and the static-attention arms of docs/theory.md §7 (``STATIC_ARMS``: uniform and decay patterns
+fixed in advance, calibrated mean-score patterns after the warm-up, and SAF-style selection of
+the most static head) on the planted-kernel family at three heterogeneity levels over several seeds, and writes
 
 - ``figures/strategies.csv``: one row per (level, strategy): mean and standard deviation over
   seeds of the final excess risk, the cumulative kernel drift ``Γ(T)``, the final value drift
   and the rounds to reach the target loss (``strategies_runs.csv``: one row per run);
 - ``figures/strategies.md``: the same as a Markdown table (mean ± standard deviation);
-- ``figures/strategies.png`` / ``.pdf``: final excess risk per strategy and level (mean, bars
-  from the smallest to the largest seed), and excess risk against round at the highest level,
-  in the shared figure style (linattn_theory.plotting); diverged runs are left out and counted
-  in a note on each panel;
-- ``figures/strategies_plot.csv``: the plotted numbers (mean, min, max and count over seeds, runs
-  left out as diverged), like every figure's ``NAME.csv`` (``strategies.csv`` is the summary).
+- ``figures/strategies.png`` / ``.pdf``: per strategy and level, the final excess risk, the value
+  drift in the last round and the cumulative kernel drift ``Γ(T)`` (median over seeds, bars from
+  the smallest to the largest), and the excess risk against round at the highest level, in the
+  shared figure style (linattn_theory.plotting); an instance (level, seed) in which any run
+  diverged is left out for every strategy (a paired comparison) and named on the figure;
+- ``figures/strategies_plot.csv``: the plotted numbers (median, min, max and count over seeds, runs
+  that diverged), like every figure's ``NAME.csv`` (``strategies.csv`` is the summary).
 
 Definitions. For each (level, seed) the reference loss ``F_ref`` is the lower of (a) a
 centralised reference: ``centralised_steps`` (400) steps of centralised gradient descent on ``F_λ`` (FedAvg with
@@ -25,8 +28,9 @@ value drift is ``Σ_c p_c ‖W_{V,c} − W̄_V‖²`` in the last round. The tar
 ``F_ref + f (F_λ(θ^0) − F_ref)`` with ``f = target_fraction``; a run that never reaches it
 counts as not reached (the table gives how many seeds reached it).
 
-Claim shown (docs/theory.md §5): in the frozen stage SCAFFOLD removes the value drift floor that
-FedAvg, FedProx and the server optimisers keep; freezing the kernel stops the kernel drift.
+Claim shown (docs/theory.md §5, §7): in the frozen stage SCAFFOLD removes the value drift that
+FedAvg, FedProx and the server optimisers keep (the value-drift panel); freezing the kernel stops
+the kernel drift (the Γ panel); static attention patterns cost more than a learned, frozen kernel.
 
 Run: ``python simulations/strategies.py [--quick] [--out figures]``.
 """
@@ -51,16 +55,21 @@ from linattn_theory.model import Params  # noqa: E402
 from linattn_theory.federated import clients_from_config, simulate  # noqa: E402
 from linattn_theory import plotting  # noqa: E402
 from linattn_theory.io import atomic_write_text  # noqa: E402
-from linattn_theory.static import static_profile_objective  # noqa: E402
+from linattn_theory.static import static_head_features, static_profile_objective  # noqa: E402
 from linattn_theory.strategies import STRATEGIES  # noqa: E402
 
 CONFIG = Path(__file__).with_name("configs") / "strategies.toml"
 CENTRALISED_STEPS = 400
 NAME, PLOT_DATA = "strategies", "strategies_plot"
 #: one marker per strategy, so that the ten colours of the colour-blind palette are not the only cue
-MARKERS = "osD^v<>pXP"
-TOP_LEVEL = {"seeds", "strategies", "target_fraction", "centralised_steps", "base", "levels",
+MARKERS = "osD^v<>pXP*hH8d"
+TOP_LEVEL = {"seeds", "strategies", "static", "target_fraction", "centralised_steps", "base", "levels",
              "overrides", "quick"}
+#: static-attention arms (docs/theory.md §7), run in the same federation as the strategies:
+#: name -> (pattern, heads made static (None: all; k: the k with the largest share ω_h at K_{T0}),
+#: whether a FedAvg warm-up of T0 rounds comes first (False: fixed in advance, T0 = 0))
+STATIC_ARMS = {"static_uniform": ("uniform", None, False), "static_decay": ("decay", None, False),
+               "static_calibrated": ("mean", None, True), "static_saf": ("mean", 1, True)}
 
 
 def load_settings(path=CONFIG, quick: bool = False) -> dict:
@@ -91,6 +100,11 @@ def load_settings(path=CONFIG, quick: bool = False) -> dict:
         if name not in STRATEGIES:
             raise ConfigError(f"strategies: {name!r} is not a strategy; expected names from "
                               f"{', '.join(map(repr, STRATEGIES))}")
+    static = raw.get("static", [])
+    for name in static:
+        if name not in STATIC_ARMS:
+            raise ConfigError(f"static: {name!r} is not a static arm; expected names from "
+                              f"{', '.join(map(repr, STATIC_ARMS))}")
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"seeds = {seeds!r}: expected a non-empty list of integers >= 0")
     fraction = raw.get("target_fraction", 0.05)
@@ -106,6 +120,12 @@ def load_settings(path=CONFIG, quick: bool = False) -> dict:
                 config = base.with_updates({**level_updates, "federated.strategy": name, "seed": seed,
                                             **overrides.get(name, {})})
                 configs[level, name, seed] = config
+        for name in static:        # FedFrozen's schedule; the frozen stage sees the static features
+            for seed in seeds:
+                warmup = {} if STATIC_ARMS[name][2] else {"federated.warmup_rounds": 0}
+                configs[level, name, seed] = base.with_updates({**level_updates, "federated.strategy": "fedfrozen",
+                                                                "seed": seed, **warmup})
+    strategies = strategies + list(static)
     return {"configs": configs, "levels": list(levels), "strategies": strategies, "seeds": seeds,
             "target_fraction": float(fraction), "level_updates": levels, "centralised_steps": steps}
 
@@ -143,6 +163,14 @@ def centralised_reference(config, clients, steps: int = CENTRALISED_STEPS) -> fl
     return float(np.nanmin(result.table["loss_regularized"]))
 
 
+def _static_features(name: str, clients):
+    """The frozen stage's features of a static arm (``None`` for a strategy)."""
+    if name not in STATIC_ARMS:
+        return None
+    pattern, count, _ = STATIC_ARMS[name]
+    return static_head_features(clients, pattern, count=count)
+
+
 def run_grid(settings: dict, progress: bool = True):
     """Run every configuration; return per-run results and per-round excess-risk curves."""
     runs, curves = [], []
@@ -151,7 +179,8 @@ def run_grid(settings: dict, progress: bool = True):
             group = {name: settings["configs"][level, name, seed] for name in settings["strategies"]}
             clients = clients_from_config(next(iter(group.values())))
             with np.errstate(over="ignore", invalid="ignore"):     # divergence is recorded, not warned
-                results = {name: simulate(config, clients) for name, config in group.items()}
+                results = {name: simulate(config, clients, frozen_features=_static_features(name, clients))
+                           for name, config in group.items()}
             config = next(iter(group.values()))
             with np.errstate(over="ignore", invalid="ignore"):
                 centralised = centralised_reference(config, clients, settings["centralised_steps"])
@@ -237,80 +266,116 @@ def markdown_table(summary: pd.DataFrame, settings: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the panels of the figure: run-table column -> (panel title, y label)
+PANELS = {"excess_risk": ("final excess risk", r"$F_\lambda(\theta_T) - F_{\mathrm{ref}}$"),
+          "value_drift": (r"last-round value drift (SCAFFOLD removes it)",
+                          r"$\sum_c p_c \|W_{V,c} - \bar W_V\|^2$"),
+          "kernel_drift": (r"cumulative kernel drift (freezing stops it)", r"$\Gamma(T)$")}
+
+
+def paired_instances(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(runs of complete instances, the diverged runs)``: an instance (level, seed) with a diverged
+    run is left out for every strategy, so that all strategies are compared on the same instances."""
+    bad = runs.loc[runs["diverged"].astype(bool), ["level", "seed"]].drop_duplicates()
+    keep = ~runs.set_index(["level", "seed"]).index.isin(list(map(tuple, bad.to_numpy())))
+    return runs[keep], runs[runs["diverged"].astype(bool)]
+
+
 def comparison_data(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict) -> pd.DataFrame:
-    """The plotted numbers: per (level, strategy) the final excess risk over the non-diverged
-    seeds (``panel = "final"``, at the final round), and per (strategy, round) at the last level
-    the excess risk over seeds (``panel = "curve"``); columns mean, min, max, count (seeds) and
-    diverged (runs left out)."""
-    ok, _ = plotting.drop_diverged(runs)
+    """The plotted numbers, over the complete instances (:func:`paired_instances`): per (level,
+    strategy) the final excess risk, value drift and kernel drift (``panel`` = the column, at the
+    final round), and per (strategy, round) at the last level the excess risk (``panel = "curve"``);
+    columns median, min, max, count (seeds) and diverged (runs of that cell that diverged)."""
+    ok, _ = paired_instances(runs)
     diverged = runs.groupby(["level", "strategy"])["diverged"].sum()
-    final = (ok.groupby(["level", "strategy"])["excess_risk"]
-             .agg(["mean", "min", "max", "count"]).reset_index())
-    keys = list(zip(final["level"], final["strategy"]))
     last_round = curves.groupby(["level", "strategy"])["round"].max()      # the round of F_λ(θ_T)
-    final = final.assign(panel="final", round=[last_round[key] for key in keys],
-                         diverged=[int(diverged[key]) for key in keys])
+    tables = []
+    for column in PANELS:
+        final = (ok.groupby(["level", "strategy"])[column].agg(["median", "min", "max", "count"]).reset_index())
+        keys = list(zip(final["level"], final["strategy"]))
+        tables.append(final.assign(panel=column, round=[last_round[key] for key in keys],
+                                   diverged=[int(diverged[key]) for key in keys]))
     last = settings["levels"][-1]
-    curve = (curves[curves["level"] == last].groupby(["strategy", "round"])["excess_risk"]
-             .agg(["mean", "min", "max", "count"]).reset_index())
+    kept = ok[ok["level"] == last]["seed"].unique()
+    chosen = curves[(curves["level"] == last) & curves["seed"].isin(kept)]
+    curve = chosen.groupby(["strategy", "round"])["excess_risk"].agg(["median", "min", "max", "count"]).reset_index()
     curve = curve.assign(panel="curve", level=last,
                          diverged=[int(diverged.get((last, name), 0)) for name in curve["strategy"]])
     order = {name: i for i, name in enumerate(settings["strategies"])}
     levels = {level: i for i, level in enumerate(settings["levels"])}
-    table = pd.concat([final, curve], ignore_index=True)
-    table = table.assign(_level=table["level"].map(levels), _strategy=table["strategy"].map(order))
-    table = table.sort_values(["panel", "_level", "_strategy", "round"], ascending=[False, True, True, True])
-    columns = ["panel", "level", "strategy", "round", "mean", "min", "max", "count", "diverged"]
+    table = pd.concat(tables + [curve], ignore_index=True)
+    table = table.assign(_panel=table["panel"].map({**{c: i for i, c in enumerate(PANELS)}, "curve": len(PANELS)}),
+                         _level=table["level"].map(levels), _strategy=table["strategy"].map(order))
+    table = table.sort_values(["_panel", "_level", "_strategy", "round"])
+    columns = ["panel", "level", "strategy", "round", "median", "min", "max", "count", "diverged"]
     return table[columns].reset_index(drop=True)
 
 
-def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict):
-    """``(figure, plotted data)``. Left: final excess risk per strategy and level (mean over seeds,
-    bars from the smallest to the largest seed); right: excess risk against round at the last
-    level (mean over seeds). Diverged runs are left out and counted in a note on each panel."""
+def _dots(ax, data, names, levels, colours, markers):
+    """Per level, one marker per strategy (median over instances; bars: smallest to largest)."""
+    width = 0.8 / len(names)
+    floor = 0.3 * data.loc[data["min"] > 0, "min"].min()
+    zero = False
+    for j, name in enumerate(names):
+        rows = data[data["strategy"] == name]
+        x = rows["level"].map(levels.index).to_numpy() - 0.4 + (j + 0.5) * width
+        median, low, high = (np.maximum(rows[c].to_numpy(), floor) for c in ("median", "min", "max"))
+        zero |= bool((rows["min"] <= 0).any())
+        ax.errorbar(x, median, yerr=[median - low, high - median], fmt=markers[name], color=colours[name],
+                    markersize=3.5, capsize=1.5, linewidth=0.9, label=plotting.STRATEGY_NAMES.get(name, name))
+    for boundary in np.arange(0.5, len(levels) - 1):
+        ax.axvline(boundary, color="0.8", linewidth=0.8)
+    plotting.log_scale(ax)
+    ax.set_xticks(range(len(levels)), levels)
+    ax.tick_params(axis="x", which="both", length=0)
+    ax.grid(False, axis="x")
+    if zero:
+        ax.axhline(floor, color="0.6", linewidth=0.6, linestyle=":")
+    return zero
+
+
+def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict, quick: bool = False):
+    """``(figure, plotted data)``: per heterogeneity level, the final excess risk, value drift and
+    kernel drift of every strategy (median over instances, bars from the smallest to the largest),
+    and the excess risk against round at the last level (median). Instances with a diverged run are
+    left out for every strategy and counted in a note."""
     names, levels = settings["strategies"], settings["levels"]
     data = comparison_data(runs, curves, settings)
-    final, curve = data[data["panel"] == "final"], data[data["panel"] == "curve"]
     colours = dict(zip(names, plotting.palette(len(names))))
     markers = dict(zip(names, MARKERS * (len(names) // len(MARKERS) + 1)))
-    fig, (left, right) = plotting.figure(2, width=5.2, height=4.3)
-    width = 0.8 / len(names)
-    for j, name in enumerate(names):
-        rows = final[final["strategy"] == name]
-        x = rows["level"].map(levels.index).to_numpy() - 0.4 + (j + 0.5) * width
-        mean = rows["mean"].to_numpy()
-        left.errorbar(x, mean, yerr=[mean - rows["min"].to_numpy(), rows["max"].to_numpy() - mean],
-                      fmt=markers[name], color=colours[name], markersize=5, capsize=2, linewidth=1.2,
-                      label=plotting.STRATEGY_NAMES.get(name, name))
-    for boundary in np.arange(0.5, len(levels) - 1):
-        left.axvline(boundary, color="0.8", linewidth=0.8)
-    plotting.log_scale(left)
-    left.set_xticks(range(len(levels)), [_level_label(level, settings) for level in levels])
-    left.tick_params(axis="x", which="both", length=0)
-    left.grid(False, axis="x")
-    left.set_xlabel("heterogeneity level")
-    left.set_ylabel(r"final excess risk $F_\lambda(\theta_T) - F_{\mathrm{ref}}$")
-    left.set_title("after $T$ rounds (mean; bars: min–max over seeds)")
-    last = levels[-1]
+    fig, axes = plotting.figure(2, 2, height=2.4, quick=quick)
+    for ax, (column, (title, ylabel)) in zip(axes[[0, 2, 3]], PANELS.items()):
+        zero = _dots(ax, data[data["panel"] == column], names, levels, colours, markers)
+        ax.set_title(title + (" (dotted: exactly 0)" if zero else ""))
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("heterogeneity level")
+    right = axes[1]
+    curve = data[data["panel"] == "curve"]
     for name in names:
         rows = curve[curve["strategy"] == name]
         if rows.empty:
             continue
-        # the reference is the best loss reached, so a mean of exactly 0 is floored for the log axis
-        right.plot(rows["round"], np.maximum(rows["mean"].to_numpy(), 1e-12), color=colours[name],
-                   marker=markers[name], markevery=max(1, len(rows) // 8), markersize=4, linewidth=1.3)
+        # the reference is the best loss reached, so a median of exactly 0 is floored for the log axis
+        right.plot(rows["round"], np.maximum(rows["median"].to_numpy(), 1e-12), color=colours[name],
+                   marker=markers[name], markevery=max(1, len(rows) // 8), markersize=3, linewidth=1.0)
     warmup = runs.loc[runs["strategy"] == "fedfrozen", "warmup_rounds"]
     if not warmup.empty:
-        plotting.mark_x(right, float(warmup.iloc[0]), r"FedFrozen's warm-up $T_0$", "0.4", linestyle=":")
+        right.axvline(float(warmup.iloc[0]), color="0.4", linestyle=":", linewidth=1.0)
+        right.text(float(warmup.iloc[0]), 1.0, r" warm-up $T_0$", transform=right.get_xaxis_transform(),
+                   ha="left", va="top", color="0.3")
     plotting.log_scale(right)
     right.set_xlabel(plotting.label("round"))
-    right.set_ylabel(r"excess risk $F_\lambda(\theta_t) - F_{\mathrm{ref}}$ (mean over seeds)")
-    right.set_title(f"level {_level_label(last, settings, sep=': ', join=', ')}")
-    handles, labels = left.get_legend_handles_labels()
-    extra, extra_labels = right.get_legend_handles_labels()
-    fig.legend(handles + extra, labels + extra_labels, loc="outside right center", fontsize="small")
-    plotting.note_dropped(left, int(runs["diverged"].sum()))
-    plotting.note_dropped(right, int(runs.loc[runs["level"] == last, "diverged"].sum()))
+    right.set_ylabel(r"$F_\lambda(\theta_t) - F_{\mathrm{ref}}$")
+    right.set_title(f"excess risk per round, level {levels[-1]}")
+    _, bad = paired_instances(runs)
+    n = len(settings["seeds"])
+    note = f"median over {n} instances (seeds) per level; bars: smallest to largest"
+    if len(bad):
+        note += "\nleft out for every strategy: " + ", ".join(
+            f"{r.level} seed {r.seed} ({plotting.STRATEGY_NAMES.get(r.strategy, r.strategy)} diverged)"
+            for r in bad.itertuples())
+    fig.suptitle(note)
+    plotting.legend_below(fig, *axes[0].get_legend_handles_labels(), ncols=4)
     return fig, data
 
 
@@ -333,7 +398,7 @@ def make(out_dir="figures", quick: bool = False, config=CONFIG, progress: bool =
     atomic_write_text(paths["csv"], summary.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(paths["runs"], runs.to_csv(index=False, float_format="%.10g"))
     atomic_write_text(paths["markdown"], markdown_table(summary, settings))
-    fig, data = plot_comparison(runs, curves, settings)
+    fig, data = plot_comparison(runs, curves, settings, quick=quick)
     # strategies.csv is the summary table, so the plotted numbers go to strategies_plot.csv
     paths["plot_data"], = plotting.save_figure(fig, PLOT_DATA, out, data, formats=())
     paths["png"], paths["pdf"] = plotting.save_figure(fig, NAME, out)

@@ -1,13 +1,20 @@
-"""Figure 2 (headline): the final excess risk R(T0) against the warm-up length T0.
+"""Figure 2 (headline): the final excess risk R(T0) against the warm-up length T0, over many instances.
 
 Claim (docs/theory.md §6): with a budget of T rounds, R(T0) = F_λ(θ_T) − Φ*_λ trades the
 kernel-profile bias (falls with T0) against the drift the heterogeneous local steps accumulate
 (grows with T0), so it is U-shaped under heterogeneity, and the best warm-up moves earlier as the
-heterogeneity ζ grows. Left: R(T0) (mean over seeds, band from the smallest to the largest
-seed); right: R(T0) / R(T), the excess risk relative to plain FedAvg (T0 = T) of the same seed.
-Stars mark the empirical best T0 of the seed-mean curve; dotted lines the bound U(T0) ≥ R(T0)
-and dashed lines the warm-up it recommends, T0_theory = argmin U(T0) (linattn_theory.bound;
-seed mean and median).
+heterogeneity ζ_V grows. Every statistic is over instances (a seed draws its own teacher, clients
+and initialisation), paired within an instance:
+
+- left: R(T0), median over instances with the interquartile range (IQR) as a band; dotted, the
+  median of the bound U(T0) whose constants are fitted on each instance's own FedAvg run (an a
+  posteriori fit, descriptive: not a prediction; linattn_theory.bound);
+- middle: the paired ratio R(T0) / R(T) (plain FedAvg = 1) of each instance, median and IQR; the
+  bar at the top gives the per-instance best warm-up T0_best (median, IQR; ties to the smallest
+  T0, linattn_theory.sweep_analysis.best_warmup);
+- right: the gain 1 − R(T0_best)/R(T) of each instance (one dot each, the line is the median) and
+  how many instances FedFrozen at its best T0 beats FedAvg in (tradeoff_gain.csv: per level, the
+  share and the gain's median and quartiles).
 
 Config: simulations/configs/tradeoff.toml. Run: python simulations/tradeoff.py [--quick] [--out figures]
 """
@@ -20,72 +27,93 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
+from matplotlib.transforms import blended_transform_factory
 
 from linattn_theory import plotting
-from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.sweep_analysis import excess_risk_table
+from linattn_theory.figures import config_path, excess_risk_sweep, script_main
+from linattn_theory.sweep_analysis import gain_summary, paired_ratios
 
 NAME = "tradeoff"
 CONFIG = config_path(__file__, "tradeoff")
 HUE = "task.zeta_value"
+INSTANCE = (HUE, "seed")
 
 
-def relative_to_fedavg(table: pd.DataFrame) -> pd.DataFrame:
-    """``R(T0) / R(T)`` per (heterogeneity, seed): the excess risk relative to plain FedAvg."""
-    T = table["federated.rounds"].max()
-    fedavg = table[table["T0"] == T].set_index([HUE, "seed"])["excess_risk"].rename("fedavg")
-    joined = table.join(fedavg, on=[HUE, "seed"])
-    return joined.assign(relative=joined["excess_risk"] / joined["fedavg"]).dropna(subset=["relative"])
+def strip(values, width=0.5):
+    """Deterministic horizontal offsets in ``[−width/2, width/2]`` for ``len(values)`` dots, by rank."""
+    n = len(values)
+    if n < 2:
+        return np.zeros(n)
+    ranks = np.argsort(np.argsort(np.asarray(values), kind="stable"), kind="stable")
+    return (ranks / (n - 1) - 0.5) * width
 
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the sweep, draw the figure, write tradeoff.png/.pdf/.csv; returns the paths."""
-    _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
-                                      workers=workers, progress=progress)
-    table, dropped = plotting.drop_diverged(excess_risk_table(folder, results, bound=True))
-    relative = relative_to_fedavg(table)
-    fig, (ax, ax_rel) = plotting.figure(2)
+    table, best, dropped = excess_risk_sweep(CONFIG, out_dir, by=INSTANCE, bound=True, quick=quick,
+                                             executor=executor, workers=workers, progress=progress)
+    ratios = paired_ratios(table, INSTANCE)
+    summary = gain_summary(best, HUE)
+    fig, (ax, ax_rel, ax_gain) = plotting.figure(3, height=2.5, quick=quick)
     levels = sorted(table[HUE].unique())
+    colors = dict(zip(levels, plotting.palette(len(levels))))
+    top = blended_transform_factory(ax_rel.transData, ax_rel.transAxes)
     rows = []
-    for level, color in zip(levels, plotting.palette(len(levels))):
-        name = rf"$\zeta_V = {level:g}$"
-        stats = plotting.seed_band(ax, table[table[HUE] == level], "T0", "excess_risk",
-                                   color=color, label=name)
-        bound = table[table[HUE] == level].groupby("T0")["U"].mean()
-        ax.plot(bound.index, bound.to_numpy(), ":", color=color, linewidth=1.3)
-        best = stats.loc[stats["mean"].idxmin()]
-        ax.plot(best["T0"], best["mean"], marker="*", markersize=13, color=color,
-                markeredgecolor="black", linestyle="none")
-        rel = plotting.seed_band(ax_rel, relative[relative[HUE] == level], "T0", "relative",
-                                 color=color, label=name)
-        rel_best = rel.loc[rel["mean"].idxmin()]
-        ax_rel.plot(rel_best["T0"], rel_best["mean"], marker="*", markersize=13, color=color,
-                    markeredgecolor="black", linestyle="none")
-        theory = float(table.loc[table[HUE] == level, "T0_theory"].median())
-        for a in (ax, ax_rel):
-            a.axvline(theory, color=color, linestyle="--", linewidth=1.2)
-        labels = {"zeta_value": level, "best_T0": best["T0"], "T0_theory": theory}
+    for i, level in enumerate(levels):
+        color, name = colors[level], rf"$\zeta_V = {level:g}$"
+        sub = table[table[HUE] == level]
+        stats = plotting.instance_band(ax, sub, "T0", "excess_risk", color=color, label=name)
+        fit = sub.groupby("T0")["U"].median()
+        ax.plot(fit.index, fit.to_numpy(), ":", color=color, linewidth=1.1)
+        rel = plotting.instance_band(ax_rel, ratios[ratios[HUE] == level], "T0", "ratio", color=color)
+        s = summary[summary[HUE] == level].iloc[0]
+        y = 0.97 - 0.06 * i
+        ax_rel.plot([s["best_T0_q25"], s["best_T0_q75"]], [y, y], color=color, linewidth=2.5,
+                    transform=top, solid_capstyle="butt")
+        ax_rel.plot([s["best_T0_median"]], [y], marker="D", color=color, markeredgecolor="black",
+                    markersize=4, transform=top)
+        inst = best[best[HUE] == level]
+        gains = 100 * inst["gain"].dropna().to_numpy()
+        ax_gain.plot(i + strip(gains), gains, "o", color=color, markersize=2.5, alpha=0.8)
+        ax_gain.plot([i - 0.3, i + 0.3], [100 * s["gain_median"]] * 2, color="black", linewidth=1.2)
+        ax_gain.text(i, 1.0, f"{int(s['beats'])}/{int(s['instances'])}", transform=blended_transform_factory(
+            ax_gain.transData, ax_gain.transAxes), ha="center", va="bottom")
+        labels = {"zeta_value": level}
         rows += [stats.assign(quantity="excess_risk", **labels),
-                 plotting.curve_rows("T0", bound, int(stats["count"].max()), quantity="bound_U", **labels),
-                 rel.assign(quantity="relative_to_fedavg", **dict(labels, best_T0=rel_best["T0"]))]
+                 plotting.curve_rows("T0", fit, int(stats["count"].max()), quantity="fitted_bound_U", **labels),
+                 rel.assign(quantity="ratio_to_fedavg", **labels)]
+    summary_rows = summary.rename(columns={HUE: "zeta_value"})
     plotting.log_scale(ax)
+    plotting.log_scale(ax_rel)
     ax.set_xlabel(plotting.label("T0"))
-    ax.set_ylabel(plotting.label("excess_risk"))
-    ax.set_title(r"excess risk after $T$ rounds")
-    ax_rel.axhline(1.0, color="0.4", linewidth=1, linestyle=":")
+    ax.set_ylabel(r"excess risk $R(T_0)$")
+    ax.set_title(r"$R(T_0)$: median, IQR")
+    ax_rel.axhline(1.0, color="0.4", linewidth=0.8, linestyle="-")
+    low, high = ax_rel.get_ylim()
+    ax_rel.set_ylim(low, low * (high / low) ** (1 / 0.78))  # room above the data for the best-T0 bars
     ax_rel.set_xlabel(plotting.label("T0"))
-    ax_rel.set_ylabel(r"$R(T_0)\,/\,R(T)$  (FedAvg $= 1$)")
-    ax_rel.set_title("relative to plain FedAvg")
-    star = Line2D([], [], marker="*", markersize=11, color="0.5", markeredgecolor="black",
-                  linestyle="none", label=r"best $T_0$ (seed mean)")
-    dotted = Line2D([], [], linestyle=":", color="0.4", label=r"bound $U(T_0)$ (seed mean)")
-    dashed = Line2D([], [], linestyle="--", color="0.4", label=r"$T_0^{\mathrm{theory}} = \arg\min\, U(T_0)$")
-    handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles=handles + [star, dotted, dashed], loc="upper right", fontsize="small")
-    plotting.note_dropped(ax, dropped)
-    return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
+    ax_rel.set_ylabel(r"$R(T_0)\,/\,R(T)$ per instance")
+    ax_rel.set_title("paired, relative to FedAvg")
+    ax_gain.set_xticks(range(len(levels)), [f"{level:g}" for level in levels])
+    ax_gain.set_xlim(-0.6, len(levels) - 0.4)
+    ax_gain.set_xlabel(plotting.label(HUE))
+    ax_gain.set_ylabel(r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (%)")
+    ax_gain.set_title("beats FedAvg in", pad=10)
+    n = int(best.groupby(HUE)["seed"].nunique().max())
+    extra = [Line2D([], [], linestyle=":", color="0.3", label=r"$U(T_0)$: a posteriori fit (descriptive), median"),
+             Line2D([], [], marker="D", color="0.3", markeredgecolor="black", markersize=4, linewidth=2.5,
+                    label=r"best $T_0$ per instance: median, IQR"),
+             Line2D([], [], marker="o", linestyle="none", color="0.3", markersize=2.5, label="one instance"),
+             Line2D([], [], color="black", label="median")]
+    handles, labels = ax.get_legend_handles_labels()
+    plotting.legend_below(fig, handles + extra, labels + [h.get_label() for h in extra], ncols=4)
+    fig.suptitle("; ".join(filter(None, [f"{n} instances (seeds) per level, bands: interquartile range",
+                                         plotting.dropped_text(dropped)])))
+    gains = plotting.save_figure(fig, f"{NAME}_gain", out_dir, summary_rows, formats=())   # the right panel's summary
+    return gains + plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ kernel along a preconditioned descent direction of the kernel-profile objective 
 realises less decrease than the exact step predicts, and the gap splits exactly into the value
 block's lag behind V*_λ(K^t), the drift of heterogeneous local steps, the averaging of W_Q and
 W_K separately (the average of products is not the product of averages) and higher-order terms.
-Top: realised change Φ_λ(K^{t+1}) − Φ_λ(K^t) and the first-order prediction; bottom: the gap
-(realised − predicted, black) stacked by source; one column per heterogeneity level. Computed
+Top: realised change Φ_λ(K^{t+1}) − Φ_λ(K^t) and the predicted change (first order, exact
+profile step); bottom: the inexactness of the round, realised − predicted (black; docs/theory.md
+§4's name for it, the table's column `gap`), stacked by source; one column per heterogeneity
+level, one instance (seed 0) each, as the title says. Computed
 by linattn_theory.theory.warmup_inexactness, which replays each full-batch round.
 
 Config: simulations/configs/warmup_inexactness.toml.
@@ -41,7 +43,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     """
     sweep = load_sweep(CONFIG, quick=quick)
     tables = [warmup_inexactness(c).assign(zeta_value=c.task.zeta_value, seed=c.seed) for c in sweep.configs]
-    fig, axes = plotting.figure(len(tables), 2, width=4.8, height=3.3, sharex="col")
+    fig, axes = plotting.figure(len(tables), 2, height=2.1, sharex="col", quick=quick)
     axes = axes.reshape(2, len(tables)) if len(tables) > 1 else axes.reshape(2, 1)
     change_colors = plotting.palette(2)
     source_colors = plotting.palette(len(SOURCES) + 2)[2:]
@@ -50,19 +52,20 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         top.plot(table["round"], table["realised_change"], "o-", markersize=3, color=change_colors[0],
                  label=r"realised $\Phi_\lambda(K^{t+1}) - \Phi_\lambda(K^t)$")
         top.plot(table["round"], table["predicted_change"], "s--", markersize=3, color=change_colors[1],
-                 label="exact step, first order")
+                 label=r"predicted: exact profile step, first order")
         top.axhline(0, color="0.3", linewidth=0.8)
         top.set_title(rf"$\zeta_V = {table['zeta_value'].iloc[0]:g}$")
         plotting.stacked_bars(bottom, table["round"], {SOURCES[k]: table[k] for k in SOURCES},
                               source_colors)
         bottom.plot(table["round"], table["gap"], "o-", color="black", markersize=2.5, linewidth=1,
-                    label="gap (realised − predicted)")
+                    label="inexactness = realised − predicted")
         bottom.axhline(0, color="0.3", linewidth=0.8)
         bottom.set_xlabel(plotting.label("round"))
     axes[0, 0].set_ylabel(r"change of $\Phi_\lambda$ per round")
-    axes[1, 0].set_ylabel("inexactness by source")
-    axes[0, -1].legend(fontsize="small", loc="lower right")
-    axes[1, -1].legend(fontsize="small", loc="upper right")
+    axes[1, 0].set_ylabel("inexactness, by source")
+    seeds = sorted({int(t["seed"].iloc[0]) for t in tables})
+    fig.suptitle(f"one instance per column (seed {', '.join(map(str, seeds))}); full batch, every client")
+    plotting.legend_below(fig, ncols=3)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(tables, ignore_index=True))
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from linattn_theory import plotting
 from linattn_theory.cli import main
 from linattn_theory.figures import discover
 
@@ -18,9 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the figures of issue 4 (docs/theory.md §4–6), by script name
 EXPECTED = {"kernel_bias_drift", "tradeoff", "excess_risk_decomposition", "heatmaps",
             "loss_curves", "drift_scaling", "frozen_stage", "warmup_inexactness"}
-#: every figure drawn in the shared style: issue 4's, the strategy comparison (issue 5), static softmax
-#: heads and the digits data set (issue 12; digits needs the optional scikit-learn)
-STYLED = EXPECTED | {"strategies", "static_heads", "tradeoff_attention"} | ({"digits"} if find_spec("sklearn") else set())
+#: every figure drawn in the shared style: issue 4's, the strategy comparison (issue 5), issue 11's
+#: per-instance best warm-up and static heads, and issue 12's softmax figures (digits needs the
+#: optional scikit-learn)
+STYLED = (EXPECTED | {"strategies", "best_warmup", "static_heads", "softmax_static_heads", "tradeoff_attention"}
+          | ({"digits"} if find_spec("sklearn") else set()))
 #: the CSV of the plotted numbers where NAME.csv is another table (strategies.csv: issue 5's summary)
 PLOT_DATA = {"strategies": "strategies_plot"}
 
@@ -54,7 +57,12 @@ def test_quick_figure_is_a_valid_image_drawn_from_data(quick_figures, name):
         image.verify()
     with Image.open(png) as image:
         pixels = np.asarray(image.convert("RGB"), dtype=float)
-    assert pixels.shape[0] > 300 and pixels.shape[1] > 300
+        assert image.text.get("Description") == plotting.QUICK_MARK, "a quick figure must say so"
+    assert pixels.shape[0] > 300
+    dpi = 300
+    assert pixels.shape[1] in (plotting.COLUMN_WIDTH * dpi, plotting.FULL_WIDTH * dpi), \
+        f"{name}: {pixels.shape[1] / dpi} in wide; print figures are 3.5 in or 7 in wide"
+    assert plotting.QUICK_MARK.encode() in pdf.read_bytes() and b"CreationDate" not in pdf.read_bytes()
     assert pixels.std() > 10, "the image is (nearly) constant"
     coloured = np.mean(np.ptp(pixels, axis=2) > 40)       # pixels that are not grey: data in colour
     assert coloured > 0.002, f"{name}: almost no coloured pixels, so no data was drawn"
@@ -86,3 +94,42 @@ def test_a_figure_script_runs_on_its_own(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "heatmaps.png").is_file() and (tmp_path / "heatmaps.csv").is_file()
+
+
+def test_figures_are_byte_identical_on_a_rerun(quick_figures, tmp_path):
+    """Fixed metadata (no creation date): the same figure written again gives the same bytes."""
+    assert main(["figures", "--quick", "--only", "warmup_inexactness", "--out", str(tmp_path), "--root", str(ROOT),
+                 "--executor", "serial", "--quiet"]) == 0
+    for ext in ("png", "pdf", "csv"):
+        again = (tmp_path / f"warmup_inexactness.{ext}").read_bytes()
+        assert again == (quick_figures / f"warmup_inexactness.{ext}").read_bytes(), ext
+
+
+def test_print_ready_check_rejects_wide_figures_and_small_text():
+    fig, ax = plotting.figure(1, width="column")
+    ax.plot([0, 1], [0, 1])
+    plotting.check_print_ready(fig)                      # 3.5 in, 7-8 pt text: accepted
+    ax.text(0.5, 0.5, "tiny", fontsize=6)
+    with pytest.raises(ValueError, match="below 7 pt"):
+        plotting.check_print_ready(fig)
+    fig.set_size_inches(9, 3)
+    with pytest.raises(ValueError, match="9.0 in wide"):
+        plotting.check_print_ready(fig)
+    with pytest.raises(ValueError, match="expected 'full' or 'column'"):
+        plotting.figure(1, width="wide")
+
+
+def test_best_warmup_is_the_smallest_argmin_and_divergence_counts_as_infinite():
+    from linattn_theory.sweep_analysis import best_warmup, gain_summary, paired_ratios
+    table = pd.DataFrame({"seed": [0] * 4 + [1] * 4, "T0": [0, 2, 4, 6] * 2, "federated.rounds": 6,
+                          "excess_risk": [3.0, 1.0, 1.0, 2.0, np.nan, 5.0, 4.0, 4.0],
+                          "diverged": [False] * 4 + [True, False, False, False]})
+    best = best_warmup(table, ["seed"]).set_index("seed")
+    assert best.loc[0, "best_T0"] == 2 and best.loc[0, "gain"] == pytest.approx(0.5)    # tie 2/4: smallest
+    assert best.loc[1, "best_T0"] == 4 and best.loc[1, "gain"] == 0.0                   # tie 4/6 = T
+    assert best.loc[1, "diverged_runs"] == 1
+    summary = gain_summary(best.reset_index().assign(level=1), "level").iloc[0]
+    assert (summary["instances"], summary["beats"]) == (2, 1)
+    ratios = paired_ratios(table, ["seed"])
+    assert ratios.loc[ratios["seed"] == 0, "ratio"].tolist() == [1.5, 0.5, 0.5, 1.0]
+    assert len(ratios[ratios["seed"] == 1]) == 3                                         # the diverged run is left out

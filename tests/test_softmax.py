@@ -337,14 +337,14 @@ def test_every_strategy_trains_softmax_attention():
 
 
 def test_static_heads_figure_numbers_match_committed_data():
-    """figures/README.md quotes the rank correlations of figures/static_heads.csv."""
+    """figures/README.md quotes the rank correlations of figures/softmax_static_heads.csv."""
     from pathlib import Path
 
     import pandas as pd
     from scipy.stats import spearmanr
 
     root = Path(__file__).resolve().parents[1]
-    table = pd.read_csv(root / "figures" / "static_heads.csv")
+    table = pd.read_csv(root / "figures" / "softmax_static_heads.csv")
     across = table[table["client"] == -1]
     np.testing.assert_allclose(across["relative_loss_change"], across["loss_change"] / across["loss"],
                                rtol=1e-8)

@@ -208,3 +208,54 @@ def test_profile_objective_is_the_loss_at_its_minimiser():
         F += 0.5 * lam * np.sum(V * V)
         assert abs(F - phi_value) <= 1e-12 * abs(phi_value)
         assert np.max(np.abs(gradient + lam * V)) <= 1e-12
+
+
+def test_head_static_loss_change_matches_least_squares_on_hand_built_features():
+    """Φ_0 with one head static, recomputed by least squares on features built here from the
+    definitions (ψ_h = X^T a_h with a_{h,i} = mean_N q^T K_h x_i / n; φ_g = Ŝ K_g^T q), equal
+    client sizes so that the p_c-weighted objective is the pooled mean."""
+    from linattn_theory.static import head_static_loss_change
+    clients = small_clients(dirichlet_alpha=None, samples_per_client=30)
+    X, q, y = pooled(clients)
+    K = kernel(random_params(seed=5))
+    n = X.shape[1]
+    S = np.einsum("nia,nib->nab", X, X) / n
+    phi = np.einsum("nab,hcb,nc->nha", S, K, q)                 # Ŝ K_h^T q, (N, H, d)
+    scores = np.einsum("na,hab,nib->nhi", q, K, X)              # q^T K_h x_i
+    table = head_static_loss_change(K, clients, ridge=0.0)
+
+    def profile(features):
+        F = features.reshape(len(y), -1)
+        V = np.linalg.lstsq(F, y, rcond=None)[0]
+        return 0.5 * np.mean(np.sum((y - F @ V) ** 2, axis=1))
+    learned = profile(phi)
+    for h in range(K.shape[0]):
+        hybrid = phi.copy()
+        hybrid[:, h] = np.einsum("nia,i->na", X, scores[:, h].mean(axis=0) / n)
+        row = table.iloc[h]
+        assert row["loss_change"] == pytest.approx(profile(hybrid) - learned, rel=1e-8, abs=1e-12)
+        assert row["relative_loss_change"] == pytest.approx((profile(hybrid) - learned) / learned, rel=1e-8)
+    np.testing.assert_allclose(table["share"], input_independent_share(K, X, q), rtol=1e-12)
+
+
+def test_static_head_features_make_the_largest_share_head_static_at_the_freeze():
+    """count=1: only the head with the largest ω_h at the frozen kernel gets the static feature
+    X^T a_h (checked against features built from the definition); the other keeps φ = Ŝ K^T q."""
+    from linattn_theory.static import static_head_features
+    clients = small_clients(positional_strength=2.0)
+    X, q, _ = pooled(clients)
+    params = random_params(seed=3)
+    K = kernel(params)
+    target = int(np.argmax(input_independent_share(K, X, q)))
+    phi = static_head_features(clients, "uniform", count=1)(params)       # (m, N, H·d)
+    stacked = stack_clients(clients)
+    X_all = stack_contexts(clients)
+    d = K.shape[-1]
+    for c in range(len(clients)):
+        N = clients[c].X.shape[0]
+        got = phi[c, :N].reshape(N, 2, d)
+        np.testing.assert_allclose(got[:, target], clients[c].X.mean(axis=1), rtol=1e-12)
+        other = 1 - target
+        expected = np.einsum("nab,cb,nc->na", stacked.S[c, :N], K[other], stacked.q[c, :N])
+        np.testing.assert_allclose(got[:, other], expected, rtol=1e-10, atol=1e-12)
+    assert X_all.shape[1] >= max(c.X.shape[0] for c in clients)

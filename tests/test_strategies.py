@@ -408,3 +408,24 @@ def test_strategies_script_rejects_bad_settings_before_running(tmp_path):
                                                                           "learning_rate = -1"))
     with pytest.raises(ConfigError, match="federated.learning_rate = -1"):
         script.load_settings(config)
+
+
+def test_strategies_script_runs_the_static_arms_in_the_same_federation(tmp_path):
+    """docs/theory.md §7: static arms fixed in advance never move the kernel (Γ = 0); those made
+    static after the warm-up share FedFrozen's warm-up, hence its Γ(T), bit for bit; with one head,
+    SAF-style selection of the most static head is the calibrated arm itself."""
+    script = load_script()
+    config = tmp_path / "sweep.toml"
+    arms = '["static_uniform", "static_decay", "static_calibrated", "static_saf"]'
+    config.write_text(f"static = {arms}\n" + SMALL_SWEEP.format(strategies='["fedfrozen"]'))
+    runs = pd.read_csv(script.make(tmp_path / "out", config=config)["runs"]).set_index(["level", "strategy"])
+    for level in ("low", "medium", "high"):
+        assert runs.loc[(level, "static_uniform"), "kernel_drift"] == 0
+        assert runs.loc[(level, "static_decay"), "kernel_drift"] == 0
+        for arm in ("static_calibrated", "static_saf"):
+            assert runs.loc[(level, arm), "kernel_drift"] == runs.loc[(level, "fedfrozen"), "kernel_drift"] > 0
+        assert runs.loc[(level, "static_saf"), "final_loss"] == runs.loc[(level, "static_calibrated"), "final_loss"]
+        assert runs.loc[(level, "static_calibrated"), "final_loss"] != runs.loc[(level, "fedfrozen"), "final_loss"]
+    config.write_text('static = ["static_magic"]\n' + SMALL_SWEEP.format(strategies='["fedavg"]'))
+    with pytest.raises(ConfigError, match="static_magic"):
+        script.load_settings(config)

@@ -1,0 +1,84 @@
+"""Figure 2b: per instance, the best warm-up T0_best and FedFrozen's gain against the heterogeneity.
+
+Claim (docs/theory.md §6): the best warm-up moves earlier as the heterogeneity ζ_V grows, and
+freezing pays more. This is shown instance by instance (a thin line per seed: each seed draws its
+own teacher, clients and initialisation, and is run at every ζ_V), not only as a median: left,
+T0_best = the smallest T0 of the grid minimising R(T0) (linattn_theory.sweep_analysis.best_warmup);
+right, the gain 1 − R(T0_best)/R(T) over plain FedAvg. Thick black: the median over instances.
+The title counts the instances whose best warm-up at the highest ζ_V is earlier than at the lowest.
+Instances whose FedAvg run diverged have no gain and are left out (a note counts them).
+best_warmup.csv holds one row per (ζ_V, seed): every number quoted about the headline comes from it.
+
+Config: simulations/configs/tradeoff.toml (the sweep of figure 2).
+Run: python simulations/best_warmup.py [--quick] [--out figures]
+"""
+
+import sys
+from pathlib import Path
+
+try:
+    import linattn_theory  # noqa: F401
+except ImportError:  # a checkout without installing: the package is next to simulations/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+from matplotlib.lines import Line2D
+
+from linattn_theory import plotting
+from linattn_theory.figures import config_path, excess_risk_sweep, script_main
+
+NAME = "best_warmup"
+CONFIG = config_path(__file__, "tradeoff")
+HUE = "task.zeta_value"
+
+
+def earlier_at_highest(best):
+    """``(k, n)``: of ``n`` seeds, ``k`` have a strictly smaller best T0 at the highest ζ_V than at the lowest."""
+    wide = best.pivot(index="seed", columns=HUE, values="best_T0")
+    low, high = wide.columns.min(), wide.columns.max()
+    both = wide[[low, high]].dropna()
+    return int((both[high] < both[low]).sum()), int(len(both))
+
+
+def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
+    """Run (or reuse) the tradeoff sweep, draw best T0 and gain per instance, write best_warmup.*."""
+    _, best, _ = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), quick=quick,
+                                   executor=executor, workers=workers, progress=progress)
+    dropped = int(best["gain"].isna().sum())
+    best = best.dropna(subset=["gain"])           # instances whose FedAvg run diverged have no gain
+    fig, (ax_t0, ax_gain) = plotting.figure(2, height=2.5, quick=quick)
+    seeds = sorted(best["seed"].unique())
+    offsets = dict(zip(seeds, np.linspace(-0.04, 0.04, len(seeds)) if len(seeds) > 1 else [0.0]))
+    for seed, sub in best.groupby("seed"):
+        sub = sub.sort_values(HUE)
+        x = sub[HUE] + offsets[seed]                # a small offset per seed, so that lines do not hide each other
+        ax_t0.plot(x, sub["best_T0"], "-o", color="0.55", linewidth=0.6, markersize=2, alpha=0.7)
+        ax_gain.plot(x, 100 * sub["gain"], "-o", color="0.55", linewidth=0.6, markersize=2, alpha=0.7)
+    median = best.groupby(HUE)[["best_T0", "gain"]].median()
+    ax_t0.plot(median.index, median["best_T0"], "-D", color="black", linewidth=2, markersize=4)
+    ax_gain.plot(median.index, 100 * median["gain"], "-D", color="black", linewidth=2, markersize=4)
+    levels = sorted(best[HUE].unique())
+    for ax in (ax_t0, ax_gain):
+        ax.set_xticks(levels, [f"{v:g}" for v in levels])
+        ax.set_xlabel(plotting.label(HUE))
+    T = int(best["T"].max())
+    ax_t0.axhline(T, color="0.4", linestyle=":", linewidth=0.8)
+    ax_t0.set_ylabel(r"best warm-up $T_0^{\mathrm{best}}$")
+    ax_gain.set_ylabel(r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (%)")
+    k, n = earlier_at_highest(best)
+    ax_t0.set_title(rf"earlier at $\zeta_V = {levels[-1]:g}$ than at {levels[0]:g} in {k}/{n} instances")
+    ax_gain.set_title("gain over FedAvg at the best warm-up")
+    plotting.legend_below(fig, [Line2D([], [], color="0.55", marker="o", markersize=2, linewidth=0.6,
+                                       label="one instance (seed)"),
+                                Line2D([], [], color="black", marker="D", markersize=4, linewidth=2,
+                                       label="median over instances"),
+                                Line2D([], [], color="0.4", linestyle=":", linewidth=0.8,
+                                       label=rf"$T_0 = T = {T}$: plain FedAvg")], ncols=3)
+    plotting.note_dropped(ax_t0, dropped, "diverged instance")
+    data = best.rename(columns={HUE: "zeta_value"})[["zeta_value", "seed", "best_T0", "R_best", "R_fedavg",
+                                                     "gain", "T", "diverged_runs"]]
+    return plotting.save_figure(fig, NAME, out_dir, data)
+
+
+if __name__ == "__main__":
+    sys.exit(script_main(make, __doc__))

@@ -1,0 +1,63 @@
+"""Every number README.md and figures/README.md quote about the figures is recomputed from the committed CSVs."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from linattn_theory.figure_numbers import QUOTED_FILES, _BLOCK, blocks, headline_numbers
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "figures"
+#: where each generated block must appear
+EXPECTED_BLOCKS = {"README.md": {"headline-caption"},
+                   "figures/README.md": {"headline", "heatmaps", "drift-scaling", "static-heads"}}
+
+
+@pytest.mark.parametrize("name", QUOTED_FILES)
+def test_quoted_blocks_equal_what_the_committed_csvs_give(name):
+    text = (ROOT / name).read_text()
+    found = {m.group("name"): m.group("body") for m in _BLOCK.finditer(text)}
+    assert EXPECTED_BLOCKS[name] <= set(found), f"{name}: missing quoted blocks"
+    generated = blocks(FIGURES)
+    for block, body in found.items():
+        assert body == generated[block], (f"{name}: block {block!r} is stale; run "
+                                          "python -m linattn_theory.figure_numbers after regenerating figures")
+
+
+def test_headline_summary_recomputed_independently_from_the_instances():
+    """tradeoff_gain.csv (the headline's right panel) agrees with a plain recomputation from the
+    per-instance table best_warmup.csv, and both agree with the quoted numbers."""
+    best = pd.read_csv(FIGURES / "best_warmup.csv")
+    plotted = pd.read_csv(FIGURES / "tradeoff_gain.csv").set_index("zeta_value")
+    quoted = headline_numbers(FIGURES).set_index("zeta_value")
+    for level, sub in best.groupby("zeta_value"):
+        gain = np.sort(sub["gain"].to_numpy())
+        assert plotted.loc[level, "instances"] == quoted.loc[level, "instances"] == len(gain)
+        assert plotted.loc[level, "beats"] == quoted.loc[level, "beats"] == int(np.sum(gain > 0))
+        assert plotted.loc[level, "gain_median"] == pytest.approx(np.median(gain), rel=1e-8)
+        assert quoted.loc[level, "gain_median"] == pytest.approx(np.median(gain), rel=1e-8)
+        assert quoted.loc[level, "best_T0_median"] == np.median(sub["best_T0"]) == plotted.loc[level, "best_T0_median"]
+        assert plotted.loc[level, "best_T0_q25"] == np.quantile(sub["best_T0"], 0.25)
+        assert (sub["gain"] >= 0).all() and (sub["best_T0"] <= sub["T"]).all()
+    for level, row in plotted.iterrows():
+        assert row["instances"] + row["diverged_instances"] >= 20, "the headline needs >= 20 instances per level"
+
+
+def test_headline_ratios_are_paired_against_fedavg():
+    """R(T)/R(T) = 1 in every instance, so the plotted median and quartiles of the ratio are 1 at T."""
+    data = pd.read_csv(FIGURES / "tradeoff.csv")
+    ratio = data[data["quantity"] == "ratio_to_fedavg"]
+    at_T = ratio[ratio["T0"] == ratio["T0"].max()]
+    np.testing.assert_allclose(at_T[["median", "q25", "q75"]].to_numpy(), 1.0, rtol=1e-12)
+
+
+def test_quoted_percentages_parse_back_to_the_csv():
+    """The gains quoted in figures/README.md, parsed from the text, are the CSV's medians."""
+    text = (ROOT / "figures/README.md").read_text()
+    block = text[text.index("<!-- BEGIN quoted: headline -->"):text.index("<!-- END quoted: headline -->")]
+    quoted = [float(x) for x in re.findall(r"\| \*\*([0-9.]+) %\*\* \(", block)]
+    numbers = headline_numbers(FIGURES)
+    np.testing.assert_allclose(quoted, 100 * numbers["gain_median"].to_numpy(), atol=0.05)
