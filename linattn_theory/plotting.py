@@ -297,6 +297,21 @@ def instance_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str |
     return stats
 
 
+def seed_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,
+              marker: str = "o") -> pd.DataFrame:
+    """Mean of ``y`` over seeds against ``x`` with a band from the smallest to the largest seed.
+
+    Used by the softmax and real-data figures (docs/theory.md §9), whose captions say so; the
+    headline figures use :func:`instance_band` (median, interquartile range). Returns the plotted
+    summary (``x``, mean, min, max, count) for the figure's CSV.
+    """
+    stats = data.groupby(x)[y].agg(["mean", "min", "max", "count"]).reset_index()
+    ax.plot(stats[x], stats["mean"], marker=marker, markersize=2.5, color=color, label=label)
+    if (stats["count"] > 1).any():
+        ax.fill_between(stats[x], stats["min"], stats["max"], color=color, alpha=0.2, linewidth=0)
+    return stats
+
+
 def seed_band_best(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,
                    best: str = "min") -> tuple[pd.DataFrame, pd.Series]:
     """:func:`seed_band` plus a star at the best point of the seed mean (``best``: ``"min"`` or ``"max"``).

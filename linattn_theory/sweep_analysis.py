@@ -249,17 +249,20 @@ def best_warmup(table: pd.DataFrame, by) -> pd.DataFrame:
     (``T = federated.rounds``; NaN when that run diverged or is missing), ``gain = 1 − R_best/R_fedavg``
     (≥ 0; NaN without ``R_fedavg``), ``T`` and ``diverged_runs``.
     """
+    from .regret import best_warmup as argmin_smallest
+
     by = list(by)
     rows = []
     for key, group in table.groupby(by, sort=True):
         key = key if isinstance(key, tuple) else (key,)
+        group = group.sort_values("T0", kind="stable")
         risk = group["excess_risk"].where(~group["diverged"].astype(bool), np.inf).fillna(np.inf)
-        order = np.lexsort((group["T0"].to_numpy(), risk.to_numpy()))    # by R, then by T0
-        best = group.iloc[order[0]]
+        first = argmin_smallest(risk.to_numpy())          # the smallest T0 among the minimisers
+        best = group.iloc[first]
         T = int(group["federated.rounds"].max())
         fedavg = risk[group["T0"].to_numpy() == T]
         R_fedavg = float(fedavg.iloc[0]) if len(fedavg) and np.isfinite(fedavg.iloc[0]) else np.nan
-        R_best = float(risk.iloc[order[0]])
+        R_best = float(risk.iloc[first])
         rows.append({**dict(zip(by, key)), "best_T0": int(best["T0"]), "R_best": R_best,
                      "R_fedavg": R_fedavg, "gain": 1.0 - R_best / R_fedavg if np.isfinite(R_fedavg) else np.nan,
                      "T": T, "diverged_runs": int(group["diverged"].astype(bool).sum())})

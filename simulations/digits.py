@@ -69,7 +69,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
                                       workers=workers, progress=progress)
     results, dropped = plotting.drop_diverged(results)
     table = run_table(folder, results).dropna(subset=["loss_change"])
-    fig, axes = plotting.figure(2, 2, height=3.2)
+    fig, axes = plotting.figure(2, 2, height=3.2, quick=quick)
     levels = sorted(table[HUE].unique())
     rows = []
     for column, attention in enumerate(("linear", "softmax")):
@@ -91,7 +91,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         ax_loss.axhline(0.0, color="0.4", linewidth=1, linestyle=":")
         ax_loss.set_ylabel(r"$F_\lambda(\theta_T)$ $-$ FedAvg's")
         ax_loss.set_xlabel(plotting.label("T0") + r"  ($T_0 = T$: FedAvg)")
-    axes[0].legend(loc="lower right", fontsize="small")
+    axes[0].legend(loc="lower right")
     plotting.note_dropped(axes[0], dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 

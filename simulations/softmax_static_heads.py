@@ -57,7 +57,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     results, dropped = plotting.drop_diverged(results)
     table = head_table(folder, results)
     table["relative_loss_change"] = table["loss_change"] / table["loss"]
-    fig, axes = plotting.figure(2)
+    fig, axes = plotting.figure(2, quick=quick)
     levels = sorted(table[HUE].unique())
     across = table[table["client"] == -1]
     within = table[table["client"] >= 0]
@@ -77,7 +77,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         ax.set_title(f"Spearman ρ = {rho:.2f} across clients", fontsize="medium")
     axes[0].set_xlabel(r"mean KL $E\,\mathrm{KL}(a_h \,\|\, \bar a_h)$")
     axes[1].set_xlabel(r"pattern variance $E\|a_h - \bar a_h\|^2$")
-    axes[0].legend(loc="upper left", fontsize="small")
+    axes[0].legend(loc="upper left")
     plotting.note_dropped(axes[0], dropped)
     columns = ["run_id", "seed", HUE, "head", "client", "mean_kl", "pattern_variance", "loss_change",
                "loss", "relative_loss_change"]

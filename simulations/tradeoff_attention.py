@@ -44,7 +44,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     results, dropped = plotting.drop_diverged(results)
     results = results.assign(**{ATTENTION: results[ATTENTION].fillna("linear")})   # linear records none
     table = paired_change(results, [ATTENTION, HUE, "seed"]).dropna(subset=["excess_risk_change"])
-    fig, axes = plotting.figure(2)
+    fig, axes = plotting.figure(2, quick=quick)
     levels = sorted(table[HUE].unique())
     rows = []
     for ax, attention in zip(axes, ("linear", "softmax")):
@@ -57,7 +57,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         ax.set_title(f"{attention} attention")
         ax.set_xlabel(plotting.label("T0") + r"  ($T_0 = T$: FedAvg)")
         ax.set_ylabel(r"$R(T_0) - R(T)$, paired by seed")
-    axes[0].legend(loc="upper right", fontsize="small")
+    axes[0].legend(loc="upper right")
     plotting.note_dropped(axes[0], dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
