@@ -264,3 +264,24 @@ def test_regret_benchmark_quick_is_resumable_and_worker_independent(tmp_path):
     scores = pd.read_csv(tmp_path / "again" / "predictive_regret_scores.csv")
     assert set(scores["recommender"]) >= {"online", "pilot", "a_posteriori", "fedavg", "half"}
     assert (tmp_path / "again" / "predictive_regret.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quoted_softmax_transfer_claims_hold_on_the_committed_scores():
+    """docs/theory.md §8: on softmax attention the online rule beats FedAvg on every U-shaped
+    instance, keeps most instances within 5 %, and its single worst case is in-context, E = 20."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    scores = pd.read_csv(root / "figures" / "predictive_regret_scores.csv")
+    soft = scores[scores["set"] == "evaluation_softmax"]
+    paired = soft.pivot_table(index=["setting", "seed"], columns="recommender", values="regret")
+    shaped = soft.drop_duplicates(["setting", "seed"]).set_index(["setting", "seed"])["u_shaped"]
+    u = paired[shaped.loc[paired.index].to_numpy()]
+    assert len(u) > 0 and (u["online"] < u["fedavg"]).all()
+    online = soft[soft["recommender"] == "online"]
+    assert (online["regret"] <= 0.05).mean() > 0.5
+    worst = online.loc[online["regret"].idxmax()]
+    assert worst["family"] == "in_context_regression" and worst["local_steps"] == 20
+    assert worst["T0"] < worst["best_T0"] == 40
+    linear = scores[(scores["set"] == "evaluation") & (scores["recommender"] == "online")]
+    assert worst["regret"] > linear["regret"].max()
