@@ -75,7 +75,7 @@ STRATEGY_NAMES = {
     "fedavg": "FedAvg", "fedfrozen": "FedFrozen", "random_kernel": "random kernel (T$_0$ = 0)",
     "value_frozen": "value frozen", "fedprox": "FedProx", "scaffold": "SCAFFOLD",
     "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedfrozen_fedprox": "FedFrozen + FedProx",
-    "fedfrozen_scaffold": "FedFrozen + SCAFFOLD",
+    "fedfrozen_scaffold": "FedFrozen + SCAFFOLD", "fedfrozen_adaptive": "FedFrozen, online T$_0$",
     "static_uniform": "static: uniform", "static_decay": "static: decay",
     "static_calibrated": r"static: calibrated at $T_0$", "static_saf": r"SAF: most static head at $T_0$",
 }

@@ -199,8 +199,11 @@ def run_grid(settings: dict, progress: bool = True):
                     "value_drift": float(table["drift_WV"].iloc[-1]),
                     "rounds_to_target": float(table["round"].iloc[reached[0]]) if reached.size else np.nan,
                     "final_loss": F[-1], "reference": reference, "centralised_reference": centralised,
-                    "warmup_rounds": config.warmup_rounds if name == "fedavg" else
-                    settings["configs"][level, name, seed].warmup_rounds,
+                    # fedfrozen_adaptive chooses T0 during the run (docs/theory.md §8): its frozen
+                    # kernel's round, and the round at which its rule decided
+                    "warmup_rounds": result.metadata.get("kernel_round", config.warmup_rounds if name == "fedavg"
+                                                         else settings["configs"][level, name, seed].warmup_rounds),
+                    "stop_round": result.metadata.get("stop_round", np.nan),
                 })
                 if not result.diverged:
                     curves.append(pd.DataFrame({"level": level, "strategy": name, "seed": seed,
@@ -226,6 +229,8 @@ def summarise(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
                 row[f"{column}_mean"] = float(values.mean()) if len(values) else np.nan
                 row[f"{column}_std"] = float(values.std(ddof=0)) if len(values) else np.nan
             row["reached_target"] = int(ok["rounds_to_target"].notna().sum())
+            row["T0_median"] = float(ok["warmup_rounds"].median()) if len(ok) else np.nan
+            row["stop_round_median"] = float(ok["stop_round"].median()) if ok["stop_round"].notna().any() else np.nan
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -251,15 +256,21 @@ def markdown_table(summary: pd.DataFrame, settings: dict) -> str:
         "‖W_V,c − W̄_V‖² in the last round. Rounds to target: first round with F_λ below "
         f"reference + {settings['target_fraction']:g} × initial excess (reached: seeds that got there).",
         "",
-        "| level | strategy | excess risk | kernel drift Γ | value drift | rounds to target (reached) |",
-        "|---|---|---|---|---|---|",
+        "T0: the warm-up length (median over seeds); fedfrozen_adaptive chooses it during the run, "
+        "and the round at which its rule decided follows in brackets (docs/theory.md §8).",
+        "",
+        "| level | strategy | T0 | excess risk | kernel drift Γ | value drift | rounds to target (reached) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for _, r in summary.iterrows():
         excess = _pm(r["excess_risk_mean"], r["excess_risk_std"])
         if r["diverged"]:
             excess += f" ({r['diverged']} diverged)"
         rounds = _pm(r["rounds_to_target_mean"], r["rounds_to_target_std"], fixed=True)
-        lines.append(f"| {r['level']} | {r['strategy']} | {excess} | "
+        T0 = "—" if not np.isfinite(r["T0_median"]) else f"{r['T0_median']:g}"
+        if np.isfinite(r.get("stop_round_median", np.nan)):
+            T0 += f" [{r['stop_round_median']:g}]"
+        lines.append(f"| {r['level']} | {r['strategy']} | {T0} | {excess} | "
                      f"{_pm(r['kernel_drift_mean'], r['kernel_drift_std'])} | "
                      f"{_pm(r['value_drift_mean'], r['value_drift_std'])} | "
                      f"{rounds} ({r['reached_target']}/{r['runs'] - r['diverged']}) |")
@@ -346,7 +357,7 @@ def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict, qu
     fig, axes = plotting.figure(2, 2, height=2.4, quick=quick)
     for ax, (column, (title, ylabel)) in zip(axes[[0, 2, 3]], PANELS.items()):
         zero = _dots(ax, data[data["panel"] == column], names, levels, colours, markers)
-        ax.set_title(title + (" (dotted: exactly 0)" if zero else ""))
+        ax.set_title(title + ("\n(dotted: exactly 0)" if zero else ""))
         ax.set_ylabel(ylabel)
         ax.set_xlabel("heterogeneity level")
     right = axes[1]
