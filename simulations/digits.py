@@ -6,7 +6,9 @@ Dirichlet(α) label skew, FedFrozen with a warm-up of T0 rounds is compared with
 T0 (mean over ten seeds, band from the smallest to the largest seed); bottom: the paired change
 of the final training loss, F_λ(θ_T; T0) − F_λ(θ_T; FedAvg) of the same seed (below zero:
 freezing at T0 beats FedAvg). Left linear, right softmax attention; colours: label skew α; stars:
-the best T0 of the seed mean.
+the best T0 of the seed mean (chosen after seeing every run); dashed lines: the warm-up the causal
+online rule chose during training (strategy fedfrozen_adaptive, docs/theory.md §8; median over
+seeds).
 
 Config: simulations/configs/digits.toml. Run: python simulations/digits.py [--quick] [--out figures]
 """
@@ -20,6 +22,7 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
 import pandas as pd
 
 from linattn_theory import plotting
@@ -57,6 +60,48 @@ def run_table(folder, results) -> pd.DataFrame:
     return joined.assign(loss_change=joined["final_loss_regularized"] - joined["fedavg_loss"])
 
 
+def _online_run(config_dict: dict, path: str) -> dict:
+    """Worker: the causal rule's warm-up on one instance (strategy ``fedfrozen_adaptive``), cached."""
+    import json
+    from pathlib import Path
+
+    from linattn_theory.config import config_from_dict
+    from linattn_theory.federated import simulate
+    from linattn_theory.io import write_json
+
+    target = Path(path)
+    if not target.is_file():
+        with np.errstate(all="ignore"):
+            run = simulate(config_from_dict(config_dict))
+        write_json(target, {"kernel_round": int(run.metadata["kernel_round"]),
+                            "stop_round": int(run.metadata["stop_round"]), "diverged": run.diverged})
+    return json.loads(target.read_text())
+
+
+def online_warmups(folder, results, workers=None) -> pd.DataFrame:
+    """Per instance (attention, α, seed): the warm-up the causal online rule chose (docs/theory.md §8).
+
+    Each instance runs once more with ``federated.strategy = "fedfrozen_adaptive"``; the results are
+    cached in ``<sweep>/_online/`` (keyed by the config hash), so a redraw does not rerun them.
+    """
+    from pathlib import Path
+
+    from joblib import Parallel, delayed
+
+    from linattn_theory.config import config_hash
+
+    jobs, keys = [], []
+    for _, runs in runs_by_instance(folder, results):
+        config = next(iter(runs.values()))[0]
+        online = config.with_updates({"federated.strategy": "fedfrozen_adaptive",
+                                      "federated.warmup_rounds": config.federated.rounds})
+        jobs.append((online.to_dict(), str(Path(folder) / "_online" / f"{config_hash(online)}.json")))
+        keys.append({"attention": config.model.attention, HUE: config.task.label_alpha, "seed": config.seed})
+    out = Parallel(n_jobs=workers or 1)(delayed(_online_run)(*job) for job in jobs)
+    table = pd.DataFrame([{**k, **o} for k, o in zip(keys, out)])
+    return table[~table["diverged"]]
+
+
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the sweep, draw the four panels, write digits.*; returns the paths.
 
@@ -69,6 +114,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
                                       workers=workers, progress=progress)
     results, dropped = plotting.drop_diverged(results)
     table = run_table(folder, results).dropna(subset=["loss_change"])
+    online = online_warmups(folder, results, workers)
     fig, axes = plotting.figure(2, 2, height=3.2, quick=quick)
     levels = sorted(table[HUE].unique())
     rows = []
@@ -83,7 +129,12 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
                                                 label=name, best="max")
             loss, best_loss = plotting.seed_band_best(ax_loss, mine, "T0", "loss_change", color=color,
                                                       label=name)
-            labels = {"attention": attention, HUE: level}
+            chosen = online[(online["attention"] == attention) & (online[HUE] == level)]["kernel_round"]
+            online_T0 = float(chosen.median()) if len(chosen) else float("nan")
+            if np.isfinite(online_T0):       # the causal rule's choice (median over seeds), dashed
+                for ax in (ax_acc, ax_loss):
+                    ax.axvline(online_T0, color=color, linestyle="--", linewidth=0.9)
+            labels = {"attention": attention, HUE: level, "online_T0_median": online_T0}
             rows += [acc.assign(quantity="test_accuracy", best_T0=best["T0"], **labels),
                      loss.assign(quantity="loss_change_vs_fedavg", best_T0=best_loss["T0"], **labels)]
         ax_acc.set_title(f"{attention} attention")
@@ -91,7 +142,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         ax_loss.axhline(0.0, color="0.4", linewidth=1, linestyle=":")
         ax_loss.set_ylabel(r"$F_\lambda(\theta_T)$ $-$ FedAvg's")
         ax_loss.set_xlabel(plotting.label("T0") + r"  ($T_0 = T$: FedAvg)")
-    axes[0].legend(loc="lower right")
+    axes[0].legend(loc="lower right", title="dashed: online rule's T$_0$\n(median over seeds)")
     plotting.note_dropped(axes[0], dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
