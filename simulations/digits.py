@@ -142,7 +142,7 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         ax_loss.axhline(0.0, color="0.4", linewidth=1, linestyle=":")
         ax_loss.set_ylabel(r"$F_\lambda(\theta_T)$ $-$ FedAvg's")
         ax_loss.set_xlabel(plotting.label("T0") + r"  ($T_0 = T$: FedAvg)")
-    axes[0].legend(loc="lower right", title="dashed: online rule's T$_0$\n(median over seeds)")
+    axes[1].legend(loc="lower right", title="dashed: online rule's T$_0$\n(median over seeds)")
     plotting.note_dropped(axes[0], dropped)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
