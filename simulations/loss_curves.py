@@ -7,7 +7,8 @@ per instance (seed: its own teacher, clients and initialisation). FedFrozen is d
 instance's best warm-up T0_best (the smallest T0 of the grid 0, 4, …, T minimising the final
 excess risk, linattn_theory.sweep_analysis.best_warmup: chosen after seeing the runs) and, dashed,
 at T0_theory, the argmin of the bound fitted on the instance's own FedAvg run (an a posteriori fit,
-descriptive). Each panel's title names the method with the lowest final excess risk; the figure title
+descriptive); dotted, the strategy fedfrozen_adaptive, whose causal rule chose its warm-up during
+the run (docs/theory.md §8; "online T0" in each panel). Each panel's title names the method with the lowest final excess risk; the figure title
 counts the instances in which SCAFFOLD ends below FedFrozen at T0_best.
 
 Config: simulations/configs/loss_curves.toml. Run: python simulations/loss_curves.py [--quick] [--out figures]
@@ -75,7 +76,9 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         for strategy in baselines:
             curves[plotting.STRATEGY_NAMES.get(strategy, strategy)] = (
                 ok[(ok["federated.strategy"] == strategy) & (ok["seed"] == seed)], strategy,
-                {"color": colors[strategy], "linewidth": 1.6 if strategy == "fedavg" else 1.0})
+                {"color": colors[strategy], "linewidth": 1.6 if strategy == "fedavg" else 1.0}
+                if strategy != "fedfrozen_adaptive" else     # the causal rule: on top, dotted
+                {"color": colors[strategy], "linewidth": 1.6, "linestyle": ":", "zorder": 5})
         mine = ok[(ok["federated.strategy"] == "fedfrozen") & (ok["seed"] == seed)]
         curves[r"FedFrozen at its best $T_0$"] = (mine[mine["T0"] == best[seed]], "fedfrozen_best",
                                                   {"color": "black", "linewidth": 1.8})
@@ -94,7 +97,9 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         ranking = sorted(final, key=final.get)
         names = {"fedfrozen_best": "FedFrozen (best)", "fedfrozen_theory": "FedFrozen (fit)"}
         ax.set_title(f"seed {seed}; lowest: " + names.get(ranking[0], plotting.STRATEGY_NAMES.get(ranking[0], ranking[0])))
-        ax.text(0.02, 0.02, rf"best $T_0 = {best[seed]}$, $T_0^{{\mathrm{{theory}}}} = {theory[seed]}$",
+        adaptive = ok[(ok["federated.strategy"] == "fedfrozen_adaptive") & (ok["seed"] == seed)]["T0"]
+        online = f"online $T_0 = {int(adaptive.iloc[0])}$\n" if len(adaptive) else ""
+        ax.text(0.02, 0.02, online + rf"best $T_0 = {best[seed]}$, $T_0^{{\mathrm{{theory}}}} = {theory[seed]}$",
                 transform=ax.transAxes, ha="left", va="bottom")
         plotting.log_scale(ax)
         ax.set_xlabel(plotting.label("round"))
