@@ -258,8 +258,9 @@ def run_online(config, clients=None, rule: OnlineRule | None = None, *, params: 
     forecasts: list[FreezeForecast] = []
     decisions = []
     keep = states.append
+    engine = config.model.engine
     result = run_schedule(theta0, data, dataclasses.replace(warm, rounds=0), T, config.seed,
-                          max_bytes=max_bytes, on_round=keep)
+                          max_bytes=max_bytes, on_round=keep, engine=engine)
     bar = tqdm(total=T, disable=not progress, desc="adaptive warm-up", unit="round", leave=False)
     while True:
         state = states[-1]
@@ -270,7 +271,7 @@ def run_online(config, clients=None, rule: OnlineRule | None = None, *, params: 
         if decision.stop or result.diverged:
             break
         result = run_schedule(state.params, data, dataclasses.replace(warm, rounds=t + 1), T,
-                              config.seed, max_bytes=max_bytes, prefix=state, on_round=keep)
+                              config.seed, max_bytes=max_bytes, prefix=state, on_round=keep, engine=engine)
         bar.update(1)
         if result.diverged:
             break
@@ -282,7 +283,8 @@ def run_online(config, clients=None, rule: OnlineRule | None = None, *, params: 
         kept = states[next(i for i, st in enumerate(states) if st.round == s)].params
         frozen = dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=t)
         start = state._replace(params=kept, warmup_params=kept)
-        result = run_schedule(kept, data, frozen, t, config.seed, max_bytes=max_bytes, prefix=start)
+        result = run_schedule(kept, data, frozen, t, config.seed, max_bytes=max_bytes, prefix=start,
+                              engine=engine)
     result.metadata.update(run_metadata(config))
     result.metadata.update(strategy="fedfrozen_adaptive", warmup_rounds=int(s), kernel_round=int(s),
                            stop_round=int(t), predicted_objective=float(decision.freeze_objective))

@@ -285,3 +285,18 @@ def test_quoted_softmax_transfer_claims_hold_on_the_committed_scores():
     assert worst["T0"] < worst["best_T0"] == 40
     linear = scores[(scores["set"] == "evaluation") & (scores["recommender"] == "online")]
     assert worst["regret"] > linear["regret"].max()
+
+
+def test_adaptive_run_uses_the_configured_engine(small):
+    """``model.engine`` reaches every round of the adaptive run (as in ``simulate``), and the fused
+    engine gives the same run as the Array-API one (docs/theory.md §8; linattn_theory.fused)."""
+    pytest.importorskip("numba")
+    config, clients = small
+    config = config.with_updates({"federated.rounds": 12, "federated.strategy": "fedfrozen_adaptive",
+                                  "federated.adaptive_window": 2, "federated.adaptive_horizon": 1})
+    runs = {engine: simulate(config.with_updates({"model.engine": engine}), clients)
+            for engine in ("fused", "array_api")}
+    assert {e: r.metadata["engine"] for e, r in runs.items()} == {"fused": "fused", "array_api": "array_api"}
+    assert runs["fused"].metadata["stop_round"] == runs["array_api"].metadata["stop_round"]
+    np.testing.assert_allclose(runs["fused"].table["loss_regularized"], runs["array_api"].table["loss_regularized"],
+                               rtol=1e-12)
