@@ -451,7 +451,7 @@ def _drift_growth(drift_floor, burn_in: int = 0) -> float:
     return float(np.polyfit(np.arange(len(D), dtype=float), D, 1)[0])
 
 
-def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int = 4):
+def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int = 8):
     """``Φ*_λ`` by :func:`~linattn_theory.theory.centralized_optimum`, also started from the path's
     best and last kernels (so ``Φ*_λ ≤ Φ_λ(K_t)`` on the whole path)."""
     fed = config.federated
@@ -463,7 +463,7 @@ def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int 
 
 
 def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None = None,
-                   optimum=None, restarts: int = 4) -> TradeoffBound:
+                   optimum=None, restarts: int = 8) -> TradeoffBound:
     """Estimate the constants of ``U`` on an instance and evaluate ``U(T0)`` for ``T0 = 0..T``.
 
     One FedAvg run of ``T`` rounds (:func:`warmup_path`) gives every warm-up kernel; ``Φ*_λ`` is

@@ -333,6 +333,28 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
                          "frozen_bound": frozen})
 
 
+def pilot_path(config, clients, pilot_rounds: int):
+    """The pilot: the first ``T_p`` FedAvg rounds of the run (:func:`~linattn_theory.bound.warmup_path`)."""
+    from .bound import warmup_path
+    path = warmup_path(config.with_updates({"federated.rounds": pilot_rounds, "federated.warmup_rounds": 0}),
+                       clients)
+    if path.divergence is not None:
+        raise ValueError(f"the pilot's FedAvg rounds diverged: {path.divergence.message}")
+    return path
+
+
+def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFrame]:
+    """``(T0, U_pilot)``: ``T0 = argmin_{T0 ≥ T_p} U_pilot(T0)`` from the pilot ``path`` (:func:`pilot_bound`).
+
+    The pilot rounds are the run's own first rounds, so ``T0 < T_p`` is not offered. ``optimum``
+    is ``Φ*_λ``, a property of the clients' data (docs/theory.md §8).
+    """
+    from .bound import path_terms
+    Tp = len(path.params) - 1
+    curve = pilot_bound(path_terms(path, clients, config, optimum), config.federated.rounds)
+    return Tp + int(np.argmin(curve["U"].to_numpy()[Tp:])), curve
+
+
 @dataclass(frozen=True)
 class Recommendation:
     """A recommended warm-up ``T0_theory`` and what it was made from (docs/theory.md §8).
@@ -393,7 +415,7 @@ def default_transfer_seeds(seed: int, count: int = 3) -> list[int]:
 
 def recommend(config, clients=None, *, mode: str = "online", measure: bool = True,
               pilot_rounds: int | None = None, transfer_seeds=None, rule: OnlineRule | None = None,
-              restarts: int = 4) -> Recommendation:
+              restarts: int = 8) -> Recommendation:
     """Recommend a warm-up length ``T0`` for ``config`` from the information set ``mode`` (docs/theory.md §8).
 
     * ``"online"`` (default, causal): :func:`run_online` with ``rule`` (default from the config's
@@ -419,20 +441,15 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
                              curve=run.decisions, stop_round=run.stop_round,
                              details={"predicted_objective": run.predicted_objective, "run": run.result})
     elif mode == "pilot":
-        from .bound import path_optimum, path_terms, warmup_path
+        from .bound import path_optimum
         Tp = default_pilot_rounds(T) if pilot_rounds is None else int(pilot_rounds)
         if not 1 <= Tp <= max(1, T // 4):
             raise ValueError(f"pilot_rounds = {pilot_rounds!r}; expected 1 <= T_p <= T/4 = {T // 4}")
-        pilot_config = config.with_updates({"federated.rounds": Tp, "federated.warmup_rounds": 0})
-        path = warmup_path(pilot_config, clients)
-        if path.divergence is not None:
-            raise ValueError(f"the pilot's FedAvg rounds diverged: {path.divergence.message}")
-        optimum = path_optimum(config, clients, path, restarts=restarts)
-        terms = path_terms(path, clients, config, optimum.objective)
-        curve = pilot_bound(terms, T)
-        T0 = Tp + int(np.argmin(curve["U"].to_numpy()[Tp:]))
+        path = pilot_path(config, clients, Tp)
+        optimum = path_optimum(config, clients, path, restarts=restarts).objective
+        T0, curve = pilot_warmup(config, clients, path, optimum)
         rec = Recommendation(config, mode, T0, INFORMATION["pilot"].format(pilot_rounds=Tp), curve=curve,
-                             details={"pilot_rounds": Tp, "optimum": optimum.objective})
+                             details={"pilot_rounds": Tp, "optimum": optimum})
     elif mode == "transfer":
         seeds = default_transfer_seeds(config.seed) if transfer_seeds is None else [int(s) for s in transfer_seeds]
         if not seeds or config.seed in seeds:

@@ -43,7 +43,7 @@ def is_u_shaped(excess_risk, margin: float = U_SHAPE_MARGIN) -> bool:
     return bool(0 < b < len(R) - 1 and min(R[0], R[-1]) >= (1.0 + margin) * R[b])
 
 
-def instance_truth(config, clients, restarts: int = 4) -> dict:
+def instance_truth(config, clients, restarts: int = 8) -> dict:
     """``R(T0)`` for ``T0 = 0..T`` (one warm-up sweep) and ``Φ*_λ`` of one instance.
 
     ``Φ*_λ`` is :func:`~linattn_theory.theory.centralized_optimum` started from the teacher,
@@ -71,7 +71,7 @@ def instance_truth(config, clients, restarts: int = 4) -> dict:
             "diverged": np.array([runs[T0].diverged for T0 in range(T + 1)])}
 
 
-def score_instance(config, clients=None, *, pilot_rounds: int | None = None, restarts: int = 4,
+def score_instance(config, clients=None, *, pilot_rounds: int | None = None, restarts: int = 8,
                    keep_forecasts: bool = False) -> dict:
     """Truth and every recommender on one instance: the record ``benchmarks/predictive_regret.py`` stores.
 
@@ -83,9 +83,9 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     every stored round ``s ≤ t`` of the FedAvg path (docs/theory.md §8), so that candidate online
     rules can be replayed on the record.
     """
-    from .bound import config_stacked, estimate_bound, path_terms, warmup_path
+    from .bound import config_stacked, estimate_bound, warmup_path
     from .federated import clients_from_config
-    from .recommenders import default_pilot_rounds, freeze_forecast, pilot_bound, run_online
+    from .recommenders import default_pilot_rounds, freeze_forecast, pilot_path, pilot_warmup, run_online
 
     clients = clients_from_config(config) if clients is None else clients
     T = config.federated.rounds
@@ -101,9 +101,7 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     record.update(online_T0=online.kernel_round, online_stop_round=online.stop_round,
                   online_risk=realised, online_predicted=online.predicted_objective - optimum)
     Tp = default_pilot_rounds(T) if pilot_rounds is None else pilot_rounds
-    pilot_path = warmup_path(config.with_updates({"federated.rounds": Tp, "federated.warmup_rounds": 0}), clients)
-    curve = pilot_bound(path_terms(pilot_path, clients, config, optimum), T)
-    record["pilot_T0"] = Tp + int(np.argmin(curve["U"].to_numpy()[Tp:]))
+    record["pilot_T0"] = pilot_warmup(config, clients, pilot_path(config, clients, Tp), optimum)[0]
     path = warmup_path(config, clients)
     record["a_posteriori_T0"] = estimate_bound(config, clients, path=path, optimum=optimum).T0_theory
     for mode in ("pilot", "a_posteriori"):

@@ -448,7 +448,7 @@ def decompose_excess_risk(run, clients=None, *, optimum=None, lam: float | None 
             "cumulative_kernel_drift": float(gamma)}
 
 
-def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restarts: int = 4,
+def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restarts: int = 8,
                           progress: bool = False) -> pd.DataFrame:
     """:func:`decompose_excess_risk` for each warm-up length ``T0`` in ``warmups`` (docs/theory.md §6).
 

@@ -300,3 +300,28 @@ def test_adaptive_run_uses_the_configured_engine(small):
     assert runs["fused"].metadata["stop_round"] == runs["array_api"].metadata["stop_round"]
     np.testing.assert_allclose(runs["fused"].table["loss_regularized"], runs["array_api"].table["loss_regularized"],
                                rtol=1e-12)
+
+
+def test_docs_state_the_declared_benchmark_grid():
+    """docs/theory.md §8 describes the design/evaluation grid; it must be the one the benchmark declares."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("predictive_regret", root / "benchmarks" / "predictive_regret.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    docs = (root / "docs" / "theory.md").read_text()
+    seeds = lambda s: f"{s[0]}–{s[-1]}"  # noqa: E731
+    for declared in (bench.DESIGN_SEEDS, bench.EVALUATION_SEEDS, bench.SOFTMAX_SEEDS):
+        assert list(declared) == list(range(declared[0], declared[-1] + 1))
+        assert f"seeds {seeds(declared)}" in docs
+    symbols = {"task.zeta_value": r"\zeta_V", "task.zeta_task": r"\zeta_{\text{task}}"}
+    for spec in bench.FAMILIES.values():
+        key, levels = spec["heterogeneity"]
+        for symbol, values in ((symbols[key], levels), ("E", spec["local_steps"]), (r"\eta", spec["learning_rate"])):
+            listed = ", ".join(f"{v:g}" for v in values)
+            assert f"{symbol} \\in \\{{{listed}\\}}" in " ".join(docs.split()), (symbol, listed)
+        assert f"$T = {spec['federated']['rounds']}$" in docs
+        task = spec["task"]
+        assert f"$m = {task['num_clients']}$ clients of {task['samples_per_client']}" in docs

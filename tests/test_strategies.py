@@ -393,6 +393,11 @@ def test_strategies_script_writes_table_markdown_and_figure(tmp_path):
     assert np.all(ok[ok["strategy"] != "random_kernel"]["kernel_drift"] > 0)
     table = paths["markdown"].read_text().splitlines()
     assert sum(line.startswith("| low |") for line in table) == len(names)
+    # fedfrozen_adaptive reports the round its rule decided at (docs/theory.md §8); others do not
+    adaptive = ok[ok["strategy"] == "fedfrozen_adaptive"]
+    assert len(adaptive) and (adaptive["stop_round"] >= adaptive["warmup_rounds"]).all()
+    assert runs.loc[runs["strategy"] != "fedfrozen_adaptive", "stop_round"].isna().all()
+    assert all("[" in line for line in table if "| fedfrozen_adaptive |" in line)
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 20_000
     assert paths["pdf"].read_bytes()[:5] == b"%PDF-"
 
