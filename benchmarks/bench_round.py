@@ -7,7 +7,7 @@ E = 10 local steps, float64) one interleaved run times, in turn and ``--repeat``
   (bytes read + written), on 1 and on 2 threads (each thread copies half);
 * a warm-up round (every block trains) of the Array-API engine (``engine="array_api"``,
   ``simulate``'s default chunking) and of the fused engine (``engine="fused"``) on 1 and on
-  2 threads (:func:`linattn_theory.fused.set_threads`);
+  2 threads (:func:`linattn_theory.core.fused.set_threads`);
 * when PyTorch is importable, a straightforward autograd round (attention written on ``X``,
   clients in a Python loop, as a user would first write it).
 
@@ -41,10 +41,10 @@ import time
 import numpy as np
 from _common import REFERENCE, print_table, relative_difference, size_config, thread_note
 
-from linattn_theory import fused
-from linattn_theory.backend import resolve_max_bytes
-from linattn_theory.federated import clients_from_config, prepare_run, run_schedule
-from linattn_theory.model import Params
+from linattn_theory.core import fused
+from linattn_theory.core.backend import resolve_max_bytes
+from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule
+from linattn_theory.core.model import Params
 
 ROUNDS = 3
 

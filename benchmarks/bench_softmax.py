@@ -19,8 +19,8 @@ import argparse
 
 from _common import REFERENCE, best_times, print_table, size_config, thread_note
 
-from linattn_theory.backend import resolve_max_bytes
-from linattn_theory.federated import clients_from_config, prepare_run, run_schedule
+from linattn_theory.core.backend import resolve_max_bytes
+from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule
 
 
 def round_function(size, attention: str, clients):

@@ -18,8 +18,8 @@ import argparse
 
 from _common import REFERENCE, best_times, print_table, relative_difference, size_config, thread_note
 
-from linattn_theory.federated import clients_from_config, simulate
-from linattn_theory.warmup_sweep import warmup_sweep
+from linattn_theory.sim.engine import clients_from_config, simulate
+from linattn_theory.sim.warmup_grid import warmup_sweep
 
 
 def main(argv=None) -> None:

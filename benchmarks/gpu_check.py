@@ -36,9 +36,9 @@ from _common import (LARGER, REFERENCE, Size, best_time, best_times, print_table
                      size_config)
 
 from linattn_theory import config_from_dict
-from linattn_theory.backend import gpu_available, resolve_max_bytes
-from linattn_theory.federated import clients_from_config, prepare_run, run_schedule, simulate
-from linattn_theory.warmup_sweep import warmup_sweep
+from linattn_theory.core.backend import gpu_available, resolve_max_bytes
+from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule, simulate
+from linattn_theory.sim.warmup_grid import warmup_sweep
 
 TOLERANCE = 1e-10
 BIG = (Size("16x data", clients=128, samples=1024, tokens=32, dim=16, rank=16, outputs=4),

@@ -9,10 +9,10 @@ Two declared, disjoint sets of instances, fixed in this file:
 
 The grid (``FAMILIES``): both task families, three heterogeneity levels, three values of ``E``,
 two step sizes, ``T = 40`` rounds. Per instance the truth is ``R(T0)`` for every ``T0`` from one
-warm-up sweep against one centralised optimum (:func:`linattn_theory.regret.instance_truth`);
+warm-up sweep against one centralised optimum (:func:`linattn_theory.recommenders.scoring.instance_truth`);
 each recommender is scored by its regret ``R(T0_rec)/R(T0_best) − 1``:
 
-* ``online`` (causal): :func:`linattn_theory.recommenders.run_online`, realised ``R`` of its own
+* ``online`` (causal): :func:`linattn_theory.recommenders.online.run_online`, realised ``R`` of its own
   run (roll-backs included);
 * ``pilot``: the bound fitted on the first ``T/4`` rounds, extrapolated;
 * ``transfer``: the median a-posteriori ``T0`` of the design seeds of the same setting;
@@ -44,9 +44,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from linattn_theory.config import config_from_dict, config_hash  # noqa: E402
-from linattn_theory.io import atomic_write_text, write_json  # noqa: E402
-from linattn_theory.regret import regret  # noqa: E402
+from linattn_theory.sim.config import config_from_dict, config_hash  # noqa: E402
+from linattn_theory.core.io import atomic_write_text, write_json  # noqa: E402
+from linattn_theory.recommenders.scoring import regret  # noqa: E402
 
 DESIGN_SEEDS = (1000, 1001, 1002)
 EVALUATION_SEEDS = (2000, 2001, 2002, 2003, 2004)
@@ -135,7 +135,7 @@ def _score(config_dict: dict, path: str, keep_forecasts: bool) -> str:
     """Worker: score one instance and write its record atomically (skipped when cached)."""
     import warnings
 
-    from linattn_theory.regret import score_instance
+    from linattn_theory.recommenders.scoring import score_instance
     if not _cached(path, keep_forecasts):
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
@@ -199,7 +199,7 @@ def score_table(table: pd.DataFrame, records: dict) -> pd.DataFrame:
 
 
 class _StoredForecast:
-    """A :class:`~linattn_theory.recommenders.FreezeForecast` replayed from a stored record:
+    """A :class:`~linattn_theory.recommenders.online.FreezeForecast` replayed from a stored record:
     ``rows[s][t − s] = J(s, T − t) − Φ*_λ`` for ``t ≥ s``."""
 
     def __init__(self, rows, s: int):
@@ -220,7 +220,7 @@ def _patience_rule(forecasts, T: int, patience: int):
 
 def _trend_rule(forecasts, T: int, window: int):
     """Escape guard, then stop as soon as the ``window``-round trend of ``R_freeze`` is not falling."""
-    from linattn_theory.recommenders import _trend
+    from linattn_theory.recommenders.online import _trend
     t = len(forecasts) - 1
     risk = np.array([f.final_objective(T - f.round) for f in forecasts])
     now = [f.final_objective(T - t) for f in forecasts]
@@ -235,7 +235,7 @@ def _trend_rule(forecasts, T: int, window: int):
 
 #: Candidate online rules compared on the design set (docs/theory.md §8, "How the rule was designed").
 def design_candidates():
-    from linattn_theory.recommenders import online_decision
+    from linattn_theory.recommenders.online import online_decision
 
     def gain_cost(w, h):
         return lambda fc, T: (lambda d: (d.stop, d.kernel_round))(online_decision(fc, T, w, h))
@@ -360,7 +360,7 @@ def plot(scores: pd.DataFrame, records: dict, table: pd.DataFrame, out: Path, qu
     online rule's worst evaluation instance (``R(T0)`` with its stop and the best ``T0``)."""
     import matplotlib.pyplot as plt
 
-    from linattn_theory import plotting
+    from linattn_theory.report import plotting
 
     ev = scores[(scores["set"] == "evaluation") & (scores["recommender"] != "none")]
     diverged = ev[~np.isfinite(ev["regret"])]

@@ -137,9 +137,12 @@ for E_val in (2, 3, 4):
 claim("5  V_FA − V* = η(E−1)/2 Ã⁻¹Z + O(η²), D = η²(E−1)²/8 tr(ZᵀÃ⁻¹Z) + O(η³) (exact, E = 2, 3, 4)", ok)
 
 # ---------------------------------------------------------------------------- claim 6
-from linattn_theory.model import Params, kernel  # noqa: E402
-from linattn_theory.tasks import planted_kernel_clients, stack_clients  # noqa: E402
-from linattn_theory.theory import _host_moments, fedavg_fixed_point, profile_objective, value_drift_floor  # noqa: E402
+from linattn_theory.core.model import Params, kernel  # noqa: E402
+from linattn_theory.data.tasks import planted_kernel_clients
+from linattn_theory.core.clients import stack_clients  # noqa: E402
+from linattn_theory.theory._shared import _host_moments
+from linattn_theory.theory.frozen_stage import fedavg_fixed_point, value_drift_floor
+from linattn_theory.theory.profile import profile_objective  # noqa: E402
 
 # (a) scalar value block (d = 1, H = 1, p = 1): the closed form of claim 2 with general E
 scalar_clients = planted_kernel_clients(num_clients=2, samples_per_client=30, tokens=3, dim=1, rank=1, outputs=1,

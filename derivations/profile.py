@@ -82,8 +82,8 @@ claim("3  ∇_K Φ_λ = mean_i q_i (Ŝ_i V* e_i)ᵀ, the model's kernel gradient
       all(sp.expand(a - b) == 0 for a, b in zip(lhs, rhs)))
 
 # ---------------------------------------------------------------------------- claim 4
-from linattn_theory.model import context_second_moment  # noqa: E402
-from linattn_theory.theory import profile_gradient, profile_objective  # noqa: E402
+from linattn_theory.core.model import context_second_moment  # noqa: E402
+from linattn_theory.theory.profile import profile_gradient, profile_objective  # noqa: E402
 
 rng = np.random.default_rng(4)
 d, n, p, N, lam4 = 2, 3, 2, 5, 0.3

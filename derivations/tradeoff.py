@@ -6,7 +6,7 @@ t ≤ T0), then k = T − T0 frozen rounds V ← M V + b at K = K_{T0} (docs/the
 excess risk splits exactly as
     R(T0) = bias(K_{T0}) + D(K_{T0}) + [F_λ(K_{T0}, V_T) − F_λ(K_{T0}, V_FA)].
 
-Assumptions, each a symbol or an inequality (linattn_theory.bound checks every one of them
+Assumptions, each a symbol or an inequality (linattn_theory.theory.bound checks every one of them
 along the simulated path and reports the ones that fail):
   (F)  the frozen stage is full batch, full participation: V_T − V_FA = M^k (V_{T0} − V_FA),
        with M = Σ_c p_c (I − ηÃ_c)^E symmetric and ρ = ‖M‖₂ < 1 (stability);
@@ -26,7 +26,7 @@ Modelling choices (how each term is bounded):
   * bias: (S)+(PL)+(I) give the inexact-PL recursion b_{t+1} ≤ q b_t + ε with
     q = 1 − 2μEη(1 − LEη/2); unrolled from t_s, b_t ≤ b_∞ + (b_s − b_∞) q^{t−t_s},
     b_∞ = ε/(1 − q), b_s = bias(K_{t_s})  [claim B]. (q, b_∞, t_s) are fitted on the path in
-    linattn_theory.bound (an a-posteriori bound), which also reports where (S), (PL), (I) hold;
+    linattn_theory.theory.bound (an a-posteriori bound), which also reports where (S), (PL), (I) hold;
   * drift floor and unfinished optimisation: exact closed forms at K_{T0} (no new constant).
     With c = ‖Ã^{½}M^kÃ^{-½}‖₂ = τ ρ^k ≤ √κ(Ã) ρ^k and c̄ = ‖Ã^{½}(I − M^k)Ã^{-½}‖₂, the two
     splittings V_T − V* = (V_FA − V*) + M^k(V_{T0} − V_FA) = (I − M^k)(V_FA − V*) + M^k(V_{T0} − V*)
@@ -62,7 +62,7 @@ B2, B5, E9 — are printed as BOOKKEEPING and not counted, docs/theory.md §6)
      D = ½ A (V_FA − V*)² = η²(E−1)²/8 · (Σ_c p_c (a_c − A) g_c)² / A + O(η³),
      g_c = a_c (V* − v_c) the client gradients at V*, ζ² = Σ_c p_c g_c²; so D₂ = (aα²/8) η²(E−1)²ζ²;
      the exponents in η, E − 1 and ζ are read off the exact series of D
-     (linattn_theory.scaling_laws.drift_exponents: 2, 2, 2 at fixed curvature heterogeneity α)
+     (linattn_theory.theory.scaling_laws.drift_exponents: 2, 2, 2 at fixed curvature heterogeneity α)
      and checked as log–log slopes of the package's value_drift_floor at small η (E3);
      E = 1 or α = 0 give D = 0 exactly; D ∝ δ² exactly for every η; the same leading
      coefficient holds for 2×2 matrix curvatures; and (Σ p_c (a_c − A) g_c)² ≤ σ_A² ζ²
@@ -160,7 +160,7 @@ def symbols_U():
 def claim_C():
     U, syms = symbols_U()
     print(f"     U(T0) = {U}   (T0 ≥ t_s)")
-    from linattn_theory.bound import frozen_stage_bound, tradeoff_bound
+    from linattn_theory.theory.bound import frozen_stage_bound, tradeoff_bound
     f = sp.lambdify(syms, U, "numpy")
     rng = np.random.default_rng(1)
     worst = 0.0
@@ -178,7 +178,7 @@ def claim_C():
                                         * vals["q"] ** (T0 - t_s)) + level, ref)
         got = tradeoff_bound(T0, T, **vals, burn_in=t_s, burn_in_level=level)
         worst = max(worst, float(np.max(np.abs(got - ref) / np.abs(ref))))
-    claim("C1 linattn_theory.bound.tradeoff_bound equals the sympy U(T0) (and b̄ before t_s)", worst < 1e-12,
+    claim("C1 linattn_theory.theory.bound.tradeoff_bound equals the sympy U(T0) (and b̄ before t_s)", worst < 1e-12,
           f"max rel. diff {worst:.1e}")
     # R ≤ U on random two-client quadratics, both splittings of claim A5
     ok, tighter = True, 0
@@ -232,7 +232,7 @@ def claim_D():
     T0_zeta = closed.subs(gamma, c * zeta ** 2)
     claim("D4 with γ = c ζ² (drift law): ζ dT0*/dζ = 2/ln q < 0 (more heterogeneity, earlier freeze)",
           is_zero(sp.simplify(zeta * sp.diff(T0_zeta, zeta)) - 2 / sp.log(q)))
-    from linattn_theory.bound import closed_form_warmup
+    from linattn_theory.theory.bound import closed_form_warmup
     f = sp.lambdify((b_s, b_inf, q, gamma, t_s), closed, "math")
     rng = np.random.default_rng(2)
     worst = 0.0
@@ -240,7 +240,7 @@ def claim_D():
         args = (rng.uniform(0.5, 2), rng.uniform(0, 0.2), rng.uniform(0.5, 0.99), rng.uniform(1e-5, 1e-2),
                 int(rng.integers(0, 5)))
         worst = max(worst, abs(closed_form_warmup(*args) - f(*args)) / abs(f(*args)))
-    claim("D5 linattn_theory.bound.closed_form_warmup equals the sympy T0*", worst < 1e-12, f"max rel. diff {worst:.1e}")
+    claim("D5 linattn_theory.theory.bound.closed_form_warmup equals the sympy T0*", worst < 1e-12, f"max rel. diff {worst:.1e}")
     rho, e_ = sp.symbols("rho e", positive=True)
     U3 = U2 + e_ * rho ** (2 * (T - T0))                   # the frozen-stage transient kept, e ≥ 0
     # No closed form is claimed (sympy cannot prove that none exists); what is claimed: U₃ is
@@ -314,10 +314,10 @@ def claim_E():
     claim("E2 D₂ = (aα²/8) η²(E−1)²ζ², ζ² = Σ p_c g_c² (no δ left: D₂ ∝ ζ²)", is_zero(ratio - a * al ** 2 / 8),
           f"D₂/(η²(E−1)²ζ²) = {ratio}")
     # the exponents are read off the exact series (not typed in), then checked on the package's D(K)
-    from linattn_theory.model import Params, kernel
-    from linattn_theory.scaling_laws import drift_exponents
-    from linattn_theory.tasks import planted_kernel_clients
-    from linattn_theory.theory import value_drift_floor
+    from linattn_theory.core.model import Params, kernel
+    from linattn_theory.theory.scaling_laws import drift_exponents
+    from linattn_theory.data.tasks import planted_kernel_clients
+    from linattn_theory.theory.frozen_stage import value_drift_floor
     derived = drift_exponents()
     clients = planted_kernel_clients(num_clients=3, samples_per_client=30, tokens=4, dim=3, heads=2, rank=2,
                                      outputs=2, zeta_value=1.0, zeta_covariate=1.0, noise=0.1, seed=4)

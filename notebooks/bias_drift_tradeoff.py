@@ -43,9 +43,10 @@ import numpy as np
 from linattn_theory import (config_from_dict, context_second_moment, contraction_rate, fedavg_fixed_point,
                             frozen_stage_map, kernel, loss_and_grad, planted_kernel_clients, predict,
                             profile_objective, simulate, stack_clients, value_drift_floor, value_moments)
-from linattn_theory.federated import initial_params
-from linattn_theory.teaching import best_warmup, check_exercise, excess_risk_curve, tendency, theorem
-from linattn_theory.theory import centralized_optimum, local_steps, replay_round
+from linattn_theory.sim.engine import initial_params
+from linattn_theory.report.teaching import best_warmup, check_exercise, excess_risk_curve, tendency, theorem
+from linattn_theory.theory.profile import centralized_optimum
+from linattn_theory.theory.inexactness import local_steps, replay_round
 
 plt.style.use("tableau-colorblind10")         # a colour-blind-safe palette
 plt.rcParams.update({"figure.dpi": 80, "axes.grid": True, "grid.alpha": 0.3,

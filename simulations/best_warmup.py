@@ -3,7 +3,7 @@
 Claim (docs/theory.md §6): the best warm-up moves earlier as the heterogeneity ζ_V grows, and
 freezing pays more. This is shown instance by instance (a thin line per seed: each seed draws its
 own teacher, clients and initialisation, and is run at every ζ_V), not only as a median: left,
-T0_best = the smallest T0 of the grid minimising R(T0) (linattn_theory.sweep_analysis.best_warmup);
+T0_best = the smallest T0 of the grid minimising R(T0) (linattn_theory.report.sweep_analysis.best_warmup);
 right, the gain 1 − R(T0_best)/R(T) over plain FedAvg. Thick black: the median over instances.
 The title counts the instances whose best warm-up at the highest ζ_V is earlier than at the lowest.
 Instances whose FedAvg run diverged have no gain and are left out (a note counts them).
@@ -24,8 +24,8 @@ except ImportError:  # a checkout without installing: the package is next to sim
 import numpy as np
 from matplotlib.lines import Line2D
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, excess_risk_sweep, script_main
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
 
 NAME = "best_warmup"
 CONFIG = config_path(__file__, "tradeoff")

@@ -25,11 +25,11 @@ except ImportError:  # a checkout without installing: the package is next to sim
 import numpy as np
 import pandas as pd
 
-from linattn_theory import plotting
-from linattn_theory.datasets import DIGITS_EXTRA, evaluate
-from linattn_theory.federated import clients_from_config
-from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.sweep_analysis import runs_by_instance
+from linattn_theory.report import plotting
+from linattn_theory.data.digits import DIGITS_EXTRA, evaluate
+from linattn_theory.sim.engine import clients_from_config
+from linattn_theory.report.figures import config_path, figure_sweep, script_main
+from linattn_theory.report.sweep_analysis import runs_by_instance
 
 NAME = "digits"
 CONFIG = config_path(__file__, "digits")
@@ -65,9 +65,9 @@ def _online_run(config_dict: dict, path: str) -> dict:
     import json
     from pathlib import Path
 
-    from linattn_theory.config import config_from_dict
-    from linattn_theory.federated import simulate
-    from linattn_theory.io import write_json
+    from linattn_theory.sim.config import config_from_dict
+    from linattn_theory.sim.engine import simulate
+    from linattn_theory.core.io import write_json
 
     target = Path(path)
     if not target.is_file():
@@ -88,7 +88,7 @@ def online_warmups(folder, results, workers=None) -> pd.DataFrame:
 
     from joblib import Parallel, delayed
 
-    from linattn_theory.config import config_hash
+    from linattn_theory.sim.config import config_hash
 
     jobs, keys = [], []
     for _, runs in runs_by_instance(folder, results):

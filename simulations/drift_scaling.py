@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from linattn_theory import plotting
-from linattn_theory.scaling_laws import drift_exponents
-from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.sweep_analysis import frozen_stage_table
+from linattn_theory.report import plotting
+from linattn_theory.theory.scaling_laws import drift_exponents
+from linattn_theory.report.figures import config_path, figure_sweep, script_main
+from linattn_theory.report.sweep_analysis import frozen_stage_table
 
 NAME = "drift_scaling"
 CONFIG = config_path(__file__, "drift_scaling")

@@ -24,9 +24,9 @@ except ImportError:  # a checkout without installing: the package is next to sim
 
 import pandas as pd
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, excess_risk_sweep, script_main
-from linattn_theory.sweep_analysis import quartiles
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
+from linattn_theory.report.sweep_analysis import quartiles
 
 NAME = "excess_risk_decomposition"
 CONFIG = config_path(__file__, "tradeoff")

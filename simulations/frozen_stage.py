@@ -23,12 +23,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.model import _value_matrix, kernel
-from linattn_theory.sweep_analysis import runs_by_instance
-from linattn_theory.theory import (contraction_rate, fedavg_fixed_point, profile_objective,
-                                   value_drift_floor)
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, figure_sweep, script_main
+from linattn_theory.core.model import _value_matrix, kernel
+from linattn_theory.report.sweep_analysis import runs_by_instance
+from linattn_theory.theory.frozen_stage import contraction_rate, fedavg_fixed_point, value_drift_floor
+from linattn_theory.theory.profile import profile_objective
 
 NAME = "frozen_stage"
 CONFIG = config_path(__file__, "frozen_stage")

@@ -4,7 +4,7 @@ Claim (docs/theory.md §6): the drift a warm-up accumulates grows with the heter
 number of local steps (leading order η²(E−1)²ζ²), so the best warm-up length T0 shrinks and
 FedFrozen's gain over plain FedAvg grows as ζ and E grow; with E = 1 there is no client drift
 and nothing to gain. Every cell summarises its instances (seeds) one by one, with the
-definitions of the headline (linattn_theory.sweep_analysis): left, the median per-instance best
+definitions of the headline (linattn_theory.report.sweep_analysis): left, the median per-instance best
 warm-up T0_best (the smallest T0 of the grid minimising R(T0)); middle, the median per-instance
 gain 1 − R(T0_best)/R(T); right, in how many instances FedFrozen at its best T0 beats FedAvg.
 Cells with diverged runs are marked † (a diverged run counts as R = ∞; an instance whose FedAvg
@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, excess_risk_sweep, script_main
-from linattn_theory.sweep_analysis import gain_summary
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
+from linattn_theory.report.sweep_analysis import gain_summary
 
 NAME = "heatmaps"
 CONFIG = config_path(__file__, "heatmaps")

@@ -5,7 +5,7 @@ Claim (docs/theory.md §4, §6): a longer warm-up buys a better kernel, the bias
 apart: the cumulative kernel drift Γ(T0) = Σ_{t<T0} Σ_c p_c ‖K_c^{t,E} − K^{t+1}‖_F² grows with
 T0, faster for more heterogeneous clients, and the bias stops falling. Lines: medians over
 instances (seeds), bands: interquartile range; dashed: the bias term of the bound
-(linattn_theory.bound, docs/theory.md §6), max_{t≤t_s} bias(K_t) before the burn-in round t_s,
+(linattn_theory.theory.bound, docs/theory.md §6), max_{t≤t_s} bias(K_t) before the burn-in round t_s,
 then b_∞ + (b_s − b_∞) q^{T0−t_s}, whose constants are fitted on each instance's own FedAvg path:
 an a posteriori fit (descriptive, not a prediction), median over instances.
 
@@ -24,8 +24,8 @@ except ImportError:  # a checkout without installing: the package is next to sim
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, excess_risk_sweep, script_main
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
 
 NAME = "kernel_bias_drift"
 CONFIG = config_path(__file__, "tradeoff")

@@ -5,7 +5,7 @@ ends below plain FedAvg, whose kernel keeps drifting; but a method that removes 
 altogether (SCAFFOLD, docs/theory.md §5) can end lower still. Curves: F_λ(θ_t) − Φ*_λ, one panel
 per instance (seed: its own teacher, clients and initialisation). FedFrozen is drawn at the
 instance's best warm-up T0_best (the smallest T0 of the grid 0, 4, …, T minimising the final
-excess risk, linattn_theory.sweep_analysis.best_warmup: chosen after seeing the runs) and, dashed,
+excess risk, linattn_theory.report.sweep_analysis.best_warmup: chosen after seeing the runs) and, dashed,
 at T0_theory, the argmin of the bound fitted on the instance's own FedAvg run (an a posteriori fit,
 descriptive); dotted, the strategy fedfrozen_adaptive, whose causal rule chose its warm-up during
 the run (docs/theory.md §8; "online T0" in each panel). Each panel's title names the method with the lowest final excess risk; the figure title
@@ -24,12 +24,12 @@ except ImportError:  # a checkout without installing: the package is next to sim
 
 import pandas as pd
 
-from linattn_theory import plotting
-from linattn_theory.bound import estimate_bound
-from linattn_theory.config import config_from_dict
-from linattn_theory.figures import analysis_workers, config_path, figure_sweep, script_main
-from linattn_theory.sweep import load_sweep
-from linattn_theory.sweep_analysis import best_warmup, excess_risk_table
+from linattn_theory.report import plotting
+from linattn_theory.theory.bound import estimate_bound
+from linattn_theory.sim.config import config_from_dict
+from linattn_theory.report.figures import analysis_workers, config_path, figure_sweep, script_main
+from linattn_theory.sim.sweep import load_sweep
+from linattn_theory.report.sweep_analysis import best_warmup, excess_risk_table
 
 NAME = "loss_curves"
 CONFIG = config_path(__file__, "loss_curves")

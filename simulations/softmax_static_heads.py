@@ -25,11 +25,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from linattn_theory import plotting
-from linattn_theory.federated import clients_from_config
-from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.static import head_pattern_statistics
-from linattn_theory.sweep_analysis import runs_by_instance
+from linattn_theory.report import plotting
+from linattn_theory.sim.engine import clients_from_config
+from linattn_theory.report.figures import config_path, figure_sweep, script_main
+from linattn_theory.theory.static_heads import head_pattern_statistics
+from linattn_theory.report.sweep_analysis import runs_by_instance
 
 NAME = "softmax_static_heads"
 CONFIG = config_path(__file__, "softmax_static_heads")

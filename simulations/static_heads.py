@@ -5,7 +5,7 @@ head's scores says how much of its attention is a fixed positional pattern, so t
 large ω_h are the ones that can be made static (their mean-score pattern, calibrated at the
 kernel) at little cost, whatever the heterogeneity. For every head h of the kernel K_{T0} a
 federated warm-up reaches (FedAvg, T0 rounds), the loss change is the closed form
-Φ_λ(K; h static) − Φ_λ(K) (linattn_theory.static.head_static_loss_change: the best F_λ a value
+Φ_λ(K; h static) − Φ_λ(K) (linattn_theory.theory.static_heads.head_static_loss_change: the best F_λ a value
 block reaches with h static, minus that with h attending), relative to Φ_λ(K). Left: one dot per
 (instance, head), colour the heterogeneity level ζ_V; right: per level, Spearman's rank
 correlation between ω_h and the loss change over all heads and instances, and in how many
@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, figure_sweep, script_main
-from linattn_theory.model import kernel
-from linattn_theory.static import head_static_loss_change
-from linattn_theory.sweep_analysis import runs_by_instance
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, figure_sweep, script_main
+from linattn_theory.core.model import kernel
+from linattn_theory.theory.static_heads import head_static_loss_change
+from linattn_theory.report.sweep_analysis import runs_by_instance
 
 NAME = "static_heads"
 CONFIG = config_path(__file__, "static_heads")

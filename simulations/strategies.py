@@ -13,7 +13,7 @@ the most static head) on the planted-kernel family at three heterogeneity levels
 - ``figures/strategies.png`` / ``.pdf``: per strategy and level, the final excess risk, the value
   drift in the last round and the cumulative kernel drift ``Γ(T)`` (median over seeds, bars from
   the smallest to the largest), and the excess risk against round at the highest level, in the
-  shared figure style (linattn_theory.plotting); an instance (level, seed) in which any run
+  shared figure style (linattn_theory.report.plotting); an instance (level, seed) in which any run
   diverged is left out for every strategy (a paired comparison) and named on the figure;
 - ``figures/strategies_plot.csv``: the plotted numbers (median, min, max and count over seeds, runs
   that diverged), like every figure's ``NAME.csv`` (``strategies.csv`` is the summary).
@@ -50,13 +50,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from linattn_theory.config import ConfigError, config_from_dict  # noqa: E402
-from linattn_theory.model import Params  # noqa: E402
-from linattn_theory.federated import clients_from_config, simulate  # noqa: E402
-from linattn_theory import plotting  # noqa: E402
-from linattn_theory.io import atomic_write_text  # noqa: E402
-from linattn_theory.static import static_head_features, static_profile_objective  # noqa: E402
-from linattn_theory.strategies import STRATEGIES  # noqa: E402
+from linattn_theory.core.errors import ConfigError
+from linattn_theory.sim.config import config_from_dict  # noqa: E402
+from linattn_theory.core.model import Params  # noqa: E402
+from linattn_theory.sim.engine import clients_from_config, simulate  # noqa: E402
+from linattn_theory.report import plotting  # noqa: E402
+from linattn_theory.core.io import atomic_write_text  # noqa: E402
+from linattn_theory.theory.static_heads import static_head_features, static_profile_objective  # noqa: E402
+from linattn_theory.sim.strategies import STRATEGIES  # noqa: E402
 
 CONFIG = Path(__file__).with_name("configs") / "strategies.toml"
 CENTRALISED_STEPS = 400

@@ -8,10 +8,10 @@ and initialisation), paired within an instance:
 
 - left: R(T0), median over instances with the interquartile range (IQR) as a band; dotted, the
   median of the bound U(T0) whose constants are fitted on each instance's own FedAvg run (an a
-  posteriori fit, descriptive: not a prediction; linattn_theory.bound);
+  posteriori fit, descriptive: not a prediction; linattn_theory.theory.bound);
 - middle: the paired ratio R(T0) / R(T) (plain FedAvg = 1) of each instance, median and IQR; the
   bar at the top gives the per-instance best warm-up T0_best (median, IQR; ties to the smallest
-  T0, linattn_theory.sweep_analysis.best_warmup);
+  T0, linattn_theory.report.sweep_analysis.best_warmup);
 - right: the gain 1 − R(T0_best)/R(T) of each instance (one dot each, the line is the median) and
   how many instances FedFrozen at its best T0 beats FedAvg in (tradeoff_gain.csv: per level, the
   share and the gain's median and quartiles).
@@ -32,9 +32,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.transforms import blended_transform_factory
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, excess_risk_sweep, script_main
-from linattn_theory.sweep_analysis import gain_summary, paired_ratios
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
+from linattn_theory.report.sweep_analysis import gain_summary, paired_ratios
 
 NAME = "tradeoff"
 CONFIG = config_path(__file__, "tradeoff")

@@ -21,8 +21,8 @@ except ImportError:  # a checkout without installing: the package is next to sim
 
 import pandas as pd
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, figure_sweep, script_main
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, figure_sweep, script_main
 
 NAME = "tradeoff_attention"
 CONFIG = config_path(__file__, "tradeoff_attention")

@@ -9,7 +9,7 @@ Top: realised change Φ_λ(K^{t+1}) − Φ_λ(K^t) and the predicted change (fir
 profile step); bottom: the inexactness of the round, realised − predicted (black; docs/theory.md
 §4's name for it, the table's column `gap`), stacked by source; one column per heterogeneity
 level, one instance (seed 0) each, as the title says. Computed
-by linattn_theory.theory.warmup_inexactness, which replays each full-batch round.
+by linattn_theory.theory.inexactness.warmup_inexactness, which replays each full-batch round.
 
 Config: simulations/configs/warmup_inexactness.toml.
 Run: python simulations/warmup_inexactness.py [--quick] [--out figures]
@@ -25,10 +25,10 @@ except ImportError:  # a checkout without installing: the package is next to sim
 
 import pandas as pd
 
-from linattn_theory import plotting
-from linattn_theory.figures import config_path, script_main
-from linattn_theory.sweep import load_sweep
-from linattn_theory.theory import warmup_inexactness
+from linattn_theory.report import plotting
+from linattn_theory.report.figures import config_path, script_main
+from linattn_theory.sim.sweep import load_sweep
+from linattn_theory.theory.inexactness import warmup_inexactness
 
 NAME = "warmup_inexactness"
 CONFIG = config_path(__file__, "warmup_inexactness")

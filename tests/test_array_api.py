@@ -14,16 +14,15 @@ import numpy as np
 import pytest
 
 from linattn_theory import Params, loss_and_grad, predict, stack_clients
-from linattn_theory._array import to_numpy
-from linattn_theory.backend import (CPU_CHUNK_BYTES, BackendUnavailableError, client_chunks,
-                                    client_working_bytes, get_namespace, gpu_available,
-                                    resolve_max_bytes)
-from linattn_theory.cli import main
-from linattn_theory.config import ConfigError, FederatedConfig, config_from_dict
-from linattn_theory.federated import clients_from_config, run_schedule, simulate
-from linattn_theory.model import kernel, kernel_gradient_from_moments, loss_and_grad_from_moments
-from linattn_theory.moments import value_moments, value_objective
-from linattn_theory.tasks import planted_kernel_clients
+from linattn_theory.core._array import to_numpy
+from linattn_theory.core.backend import CPU_CHUNK_BYTES, BackendUnavailableError, client_chunks, client_working_bytes, get_namespace, gpu_available, resolve_max_bytes
+from linattn_theory.cli.commands import main
+from linattn_theory.core.errors import ConfigError
+from linattn_theory.sim.config import FederatedConfig, config_from_dict
+from linattn_theory.sim.engine import clients_from_config, run_schedule, simulate
+from linattn_theory.core.model import kernel, kernel_gradient_from_moments, loss_and_grad_from_moments
+from linattn_theory.core.moments import value_moments, value_objective
+from linattn_theory.data.tasks import planted_kernel_clients
 
 xs = pytest.importorskip("array_api_strict")
 

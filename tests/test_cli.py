@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from linattn_theory.cli import main
+from linattn_theory.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,7 +151,7 @@ def test_derive_runs_every_script_and_fails_on_any_failure(tmp_path, capsys):
 
 
 def test_results_get_the_usual_file_permissions(tmp_path):
-    from linattn_theory.io import atomic_write_text
+    from linattn_theory.core.io import atomic_write_text
     old = os.umask(0o022)
     try:
         path = atomic_write_text(tmp_path / "a" / "x.txt", "hello")

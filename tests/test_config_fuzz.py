@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from linattn_theory.cli import main
-from linattn_theory.config import SECTIONS
-from linattn_theory.strategies import STRATEGIES
+from linattn_theory.cli.commands import main
+from linattn_theory.sim.config import SECTIONS
+from linattn_theory.sim.strategies import STRATEGIES
 
 KNOWN = {name: [f.name for f in fields(cls)] for name, cls in SECTIONS.items()}
 STRATEGY_NAMES = sorted(STRATEGIES)

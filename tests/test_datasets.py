@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from linattn_theory import Params, config_from_dict, predict, simulate
-from linattn_theory.config import ConfigError
-from linattn_theory.datasets import digit_contexts, digits_clients, evaluate, split_clients
+from linattn_theory.core.errors import ConfigError
+from linattn_theory.data.digits import digit_contexts, digits_clients, evaluate, split_clients
 
 
 def pool(N=600, classes=6, n=3, d=2, seed=0):
@@ -147,7 +147,7 @@ def test_digits_figure_is_skipped_without_scikit_learn(monkeypatch, tmp_path, ca
     import importlib.util
     from pathlib import Path
 
-    from linattn_theory.figures import _load
+    from linattn_theory.report.figures import _load
 
     script = Path(__file__).resolve().parents[1] / "simulations" / "digits.py"
     module = _load("digits", script)

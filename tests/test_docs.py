@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import linattn_theory
-from linattn_theory.docgen import api_reference, cli_reference
+from linattn_theory.cli.docgen import api_reference, cli_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("page, generate", [("cli.md", cli_reference), ("api.md", api_reference)])
 def test_generated_reference_is_up_to_date(page, generate):
     committed = (ROOT / "docs" / page).read_text()
-    assert committed == generate(), f"docs/{page} is stale: run python -m linattn_theory.docgen"
+    assert committed == generate(), f"docs/{page} is stale: run python -m linattn_theory.cli.docgen"
 
 
 def public_objects():

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from linattn_theory import Params, RunConfig, kernel, loss_and_grad_from_moments, simulate
-from linattn_theory.federated import RunState, clients_from_config, initial_params, prepare_run, run_schedule
-from linattn_theory.tasks import stack_clients
+from linattn_theory.sim.engine import RunState, clients_from_config, initial_params, prepare_run, run_schedule
+from linattn_theory.core.clients import stack_clients
 
 SMALL = {"task.num_clients": 4, "task.samples_per_client": 24, "task.tokens": 5, "task.dim": 4,
          "task.rank": 2, "model.rank": 2, "federated.rounds": 6,
@@ -91,7 +91,7 @@ def test_table_reports_drift_and_client_losses():
     gamma = table["cumulative_kernel_drift"].to_numpy()
     assert gamma[3] > 0 and gamma[3] == gamma[-1]
     # the first round's kernel drift γ_0 = Σ_c p_c ‖K_c^{0,E} − K^1‖², from a replayed round
-    from linattn_theory.theory import replay_round
+    from linattn_theory.theory.inexactness import replay_round
     clients = clients_from_config(config)
     fed = config.federated
     params = initial_params(config, clients[0][1].shape[-1], clients[0][2].shape[-1])
@@ -143,7 +143,7 @@ def test_float32_runs_in_float32():
 
 
 def test_hessian_curvature_matches_dense_hessian():
-    from linattn_theory.federated import hessian_curvature
+    from linattn_theory.sim.engine import hessian_curvature
     config = small_config(**{"task.num_clients": 2, "task.dim": 3, "model.rank": 2, "task.outputs": 1})
     data = stack_clients(clients_from_config(config))
     params = initial_params(config, 3, 1)

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from linattn_theory import plotting
-from linattn_theory.cli import main
-from linattn_theory.figures import discover
+from linattn_theory.report import plotting
+from linattn_theory.cli.commands import main
+from linattn_theory.report.figures import discover
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the figures of issue 4 (docs/theory.md §4–6), by script name
@@ -44,7 +44,7 @@ def test_every_issue_figure_has_a_script_and_a_config():
         assert "docs/theory.md §" in source, f"{name}: the docstring must cite the claim it shows"
         assert "simulations/configs/" in source
         assert "plotting.figure(" in source and "plotting.save_figure(" in source, \
-            f"{name}: draw and save with linattn_theory.plotting (the shared style)"
+            f"{name}: draw and save with linattn_theory.report.plotting (the shared style)"
 
 
 @pytest.mark.parametrize("name", sorted(STYLED))
@@ -120,7 +120,7 @@ def test_print_ready_check_rejects_wide_figures_and_small_text():
 
 
 def test_best_warmup_is_the_smallest_argmin_and_divergence_counts_as_infinite():
-    from linattn_theory.sweep_analysis import best_warmup, gain_summary, paired_ratios
+    from linattn_theory.report.sweep_analysis import best_warmup, gain_summary, paired_ratios
     table = pd.DataFrame({"seed": [0] * 4 + [1] * 4, "T0": [0, 2, 4, 6] * 2, "federated.rounds": 6,
                           "excess_risk": [3.0, 1.0, 1.0, 2.0, np.nan, 5.0, 4.0, 4.0],
                           "diverged": [False] * 4 + [True, False, False, False]})

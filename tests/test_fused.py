@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from linattn_theory import config_from_dict, simulate
-from linattn_theory import fused as fused_module
-from linattn_theory.config import ConfigError, config_hash
-from linattn_theory.federated import prepare_run, run_schedule
-from linattn_theory.model import loss_and_grad_from_moments
+from linattn_theory.core import fused as fused_module
+from linattn_theory.core.errors import ConfigError
+from linattn_theory.sim.config import config_hash
+from linattn_theory.sim.engine import prepare_run, run_schedule
+from linattn_theory.core.model import loss_and_grad_from_moments
 
 needs_numba = pytest.mark.skipif(not fused_module.numba_available(), reason="numba is not installed")
 
@@ -143,11 +144,12 @@ def test_fused_engine_is_not_used_on_other_array_libraries():
     data, _ = prepare_run(cfg)
     strict = type(data)(*(xp.asarray(a) for a in (data.S, data.q, data.y, data.sample_weight,
                                                       data.weights)), data.sizes)
-    from linattn_theory.strategies import make_strategy
+    from linattn_theory.sim.engine import select_engine
+    from linattn_theory.sim.strategies import make_strategy
     strategy = make_strategy(cfg.federated, cfg.warmup_rounds)
-    assert fused_module.select_engine("auto", xp, strict, cfg.federated, strategy) is None
+    assert select_engine("auto", xp, strict, cfg.federated, strategy) is None
     with pytest.raises(ConfigError, match="NumPy arrays only"):
-        fused_module.select_engine("fused", xp, strict, cfg.federated, strategy)
+        select_engine("fused", xp, strict, cfg.federated, strategy)
 
 
 def test_default_engine_leaves_the_config_key_unchanged():
@@ -179,14 +181,14 @@ def test_importing_the_package_imports_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     import linattn_theory
-    from linattn_theory.warmup_sweep import warmup_sweep
+    from linattn_theory.sim.warmup_grid import warmup_sweep
     assert linattn_theory.warmup_sweep is warmup_sweep          # the function, not its module
     assert linattn_theory.simulate is simulate
 
 
 def test_centralized_optimum_is_stored_with_the_sweep_and_reused(tmp_path):
     from linattn_theory import load_results, load_sweep, run_sweep
-    from linattn_theory import sweep_analysis
+    from linattn_theory.report import sweep_analysis
 
     path = tmp_path / "sweep.toml"
     path.write_text("seed = 0\n[task]\nnum_clients = 3\nsamples_per_client = 16\ntokens = 4\ndim = 3\n"

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from linattn_theory import Params, config_from_dict, loss_and_grad, simulate, stack_clients
-from linattn_theory._array import to_numpy
-from linattn_theory.backend import get_namespace, gpu_available
-from linattn_theory.cli import main
-from linattn_theory.model import kernel
-from linattn_theory.moments import value_moments
-from linattn_theory.tasks import planted_kernel_clients
-from linattn_theory.warmup_sweep import warmup_sweep
+from linattn_theory.core._array import to_numpy
+from linattn_theory.core.backend import get_namespace, gpu_available
+from linattn_theory.cli.commands import main
+from linattn_theory.core.model import kernel
+from linattn_theory.core.moments import value_moments
+from linattn_theory.data.tasks import planted_kernel_clients
+from linattn_theory.sim.warmup_grid import warmup_sweep
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")]

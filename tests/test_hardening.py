@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from linattn_theory import Params, kernel, load_results, loss_and_grad, predict, simulate
-from linattn_theory.cli import BAD_INPUTS, main
-from linattn_theory.config import ConfigError, config_from_dict, ignored_settings
+from linattn_theory.cli.commands import BAD_INPUTS, main
+from linattn_theory.core.errors import ConfigError
+from linattn_theory.sim.config import config_from_dict, ignored_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,7 +186,7 @@ def test_limits_can_be_raised(tmp_path, capsys):
 
 
 def test_unexpected_failure_exits_1_with_one_line_and_debug_traceback(tmp_path, capsys, monkeypatch):
-    import linattn_theory.federated as federated
+    import linattn_theory.sim.engine as federated
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug\nover two lines")
@@ -202,7 +203,7 @@ def test_unexpected_failure_exits_1_with_one_line_and_debug_traceback(tmp_path, 
 
 
 def test_ctrl_c_exits_130(tmp_path, capsys, monkeypatch):
-    import linattn_theory.federated as federated
+    import linattn_theory.sim.engine as federated
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -280,7 +281,7 @@ def test_git_revision_recorded_at_build_time_is_used_outside_a_checkout(tmp_path
     import shutil
     package = tmp_path / "site" / "linattn_theory"
     shutil.copytree(ROOT / "linattn_theory", package, ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("from pathlib import Path; from linattn_theory.federated import _git_revision; "
+    code = ("from pathlib import Path; from linattn_theory.sim.engine import _git_revision; "
             "print(_git_revision()); Path(__import__('linattn_theory').__file__).with_name("
             "'_revision.txt').write_text('0123abcd\\n'); print(_git_revision())")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(package.parent)},

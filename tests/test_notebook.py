@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from linattn_theory.teaching import TheoremViolation, best_warmup, check_exercise, tendency, theorem
+from linattn_theory.report.teaching import TheoremViolation, best_warmup, check_exercise, tendency, theorem
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "bias_drift_tradeoff.py"
@@ -185,7 +185,7 @@ def test_the_reading_time_estimate_holds():
     assert len({name.split()[0].rstrip("ab") for name in EXERCISES}) == 7 and len(EXERCISES) == 9
 
 
-# --- linattn_theory.teaching ----------------------------------------------------------------------------
+# --- linattn_theory.report.teaching ----------------------------------------------------------------------------
 def _stub():
     raise NotImplementedError
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from linattn_theory.figure_numbers import QUOTED_FILES, _BLOCK, blocks, headline_numbers
+from linattn_theory.report.figure_numbers import QUOTED_FILES, _BLOCK, blocks, headline_numbers
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
@@ -24,7 +24,7 @@ def test_quoted_blocks_equal_what_the_committed_csvs_give(name):
     generated = blocks(FIGURES)
     for block, body in found.items():
         assert body == generated[block], (f"{name}: block {block!r} is stale; run "
-                                          "python -m linattn_theory.figure_numbers after regenerating figures")
+                                          "python -m linattn_theory.report.figure_numbers after regenerating figures")
 
 
 def test_headline_summary_recomputed_independently_from_the_instances():

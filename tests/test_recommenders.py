@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from linattn_theory.cli_recommend import recommend_main
-from linattn_theory.config import config_from_dict
-from linattn_theory.federated import clients_from_config, prepare_run, run_schedule, simulate
-from linattn_theory.recommenders import (MODES, OnlineRule, freeze_forecast, online_decision, recommend,
-                                         run_online)
-from linattn_theory.regret import best_warmup, is_u_shaped, regret
+from linattn_theory.cli.recommend_command import recommend_main
+from linattn_theory.sim.config import config_from_dict
+from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule, simulate
+from linattn_theory.recommenders.recommendation import MODES, recommend
+from linattn_theory.recommenders.online import OnlineRule, freeze_forecast, online_decision, run_online
+from linattn_theory.recommenders.scoring import best_warmup, is_u_shaped, regret
 
 SMALL = {"seed": 3,
          "task": {"family": "planted_kernel", "num_clients": 3, "samples_per_client": 20, "tokens": 5,
@@ -289,7 +289,7 @@ def test_quoted_softmax_transfer_claims_hold_on_the_committed_scores():
 
 def test_adaptive_run_uses_the_configured_engine(small):
     """``model.engine`` reaches every round of the adaptive run (as in ``simulate``), and the fused
-    engine gives the same run as the Array-API one (docs/theory.md §8; linattn_theory.fused)."""
+    engine gives the same run as the Array-API one (docs/theory.md §8; linattn_theory.core.fused)."""
     pytest.importorskip("numba")
     config, clients = small
     config = config.with_updates({"federated.rounds": 12, "federated.strategy": "fedfrozen_adaptive",

@@ -9,14 +9,15 @@ from hypothesis import strategies as st
 
 from linattn_theory import (Params, config_from_dict, decompose_excess_risk, kernel, loss_and_grad,
                             predict, simulate, stack_clients)
-from linattn_theory.config import ConfigError, config_hash
-from linattn_theory.federated import clients_from_config, initial_params, prepare_run, run_schedule
-from linattn_theory.model import loss_and_grad_from_contexts, softmax_weights
-from linattn_theory.moments import value_moments
-from linattn_theory.tasks import planted_kernel_clients
-from linattn_theory.theory import (centralized_optimum, contraction_rate, fedavg_fixed_point,
-                                   profile_objective, value_drift_floor)
-from linattn_theory.warmup_sweep import warmup_sweep
+from linattn_theory.core.errors import ConfigError
+from linattn_theory.sim.config import config_hash
+from linattn_theory.sim.engine import clients_from_config, initial_params, prepare_run, run_schedule
+from linattn_theory.core.model import loss_and_grad_from_contexts, softmax_weights
+from linattn_theory.core.moments import value_moments
+from linattn_theory.data.tasks import planted_kernel_clients
+from linattn_theory.theory.profile import centralized_optimum, profile_objective
+from linattn_theory.theory.frozen_stage import contraction_rate, fedavg_fixed_point, value_drift_floor
+from linattn_theory.sim.warmup_grid import warmup_sweep
 
 
 def random_problem(seed, H, d, r, p, n, B, scale=1.0):
@@ -279,7 +280,7 @@ def test_warmup_sweep_shares_softmax_warmups(federated):
 # static softmax heads: pattern variance, divergence, loss change (docs/theory.md §9, §7)
 # --------------------------------------------------------------------------------------
 def test_head_pattern_statistics():
-    from linattn_theory.static import head_pattern_statistics
+    from linattn_theory.theory.static_heads import head_pattern_statistics
 
     clients = planted_kernel_clients(num_clients=3, samples_per_client=25, tokens=5, dim=4, heads=2,
                                      positional_strength=1.0, dirichlet_alpha=1.0, seed=7)
@@ -322,7 +323,7 @@ def test_head_pattern_statistics():
 
 def test_every_strategy_trains_softmax_attention():
     """The strategies act on blocks, not on the attention: each runs, learns and freezes what it should."""
-    from linattn_theory.strategies import STRATEGIES
+    from linattn_theory.sim.strategies import STRATEGIES
 
     for name in STRATEGIES:
         extra = {"fedadam": {"server_learning_rate": 0.01}, "fedavgm": {"server_momentum": 0.5}}.get(name, {})
@@ -355,9 +356,9 @@ def test_static_heads_figure_numbers_match_committed_data():
 
 
 def test_sweep_analysis_reads_softmax_runs_with_softmax_features(tmp_path):
-    from linattn_theory.results import load_results
-    from linattn_theory.sweep import load_sweep, run_sweep
-    from linattn_theory.sweep_analysis import frozen_stage_table
+    from linattn_theory.report.results import load_results
+    from linattn_theory.sim.sweep import load_sweep, run_sweep
+    from linattn_theory.report.sweep_analysis import frozen_stage_table
 
     (tmp_path / "s.toml").write_text(
         'seed = 1\n[task]\nnum_clients = 3\nsamples_per_client = 12\ntokens = 4\ndim = 3\n'
@@ -368,7 +369,7 @@ def test_sweep_analysis_reads_softmax_runs_with_softmax_features(tmp_path):
     run_sweep(load_sweep(tmp_path / "s.toml"), folder, executor="serial")
     table = frozen_stage_table(folder, load_results(folder))
     assert len(table) == 2
-    from linattn_theory.results import load_run
+    from linattn_theory.report.results import load_run
     for _, row in table.iterrows():
         run = load_run(folder, row["run_id"])
         config = config_from_dict(run.metadata["config"])
@@ -378,7 +379,7 @@ def test_sweep_analysis_reads_softmax_runs_with_softmax_features(tmp_path):
 
 
 def test_static_head_comparison_refuses_softmax_configs():
-    from linattn_theory.static import compare_static_heads
+    from linattn_theory.theory.static_heads import compare_static_heads
     with pytest.raises(ValueError, match="head_pattern_statistics"):
         compare_static_heads(_config())
 

@@ -7,13 +7,10 @@ import numpy as np
 import pytest
 
 from linattn_theory import Params, config_from_dict, kernel, planted_kernel_clients
-from linattn_theory.federated import simulate
-from linattn_theory.model import _flat, features, context_second_moment, predict
-from linattn_theory.static import (StaticHeads, attention_scores, compare_static_heads, decay_pattern,
-                                   head_features, input_independent_share, mean_score_pattern,
-                                   predict_static, select_static_heads, stack_contexts,
-                                   static_patterns, static_profile_objective, uniform_pattern)
-from linattn_theory.tasks import stack_clients
+from linattn_theory.sim.engine import simulate
+from linattn_theory.core.model import _flat, features, context_second_moment, predict
+from linattn_theory.theory.static_heads import StaticHeads, attention_scores, compare_static_heads, decay_pattern, head_features, input_independent_share, mean_score_pattern, predict_static, select_static_heads, stack_contexts, static_patterns, static_profile_objective, uniform_pattern
+from linattn_theory.core.clients import stack_clients
 
 
 def small_clients(positional_strength=1.0, query="last", seed=0, **options):
@@ -214,7 +211,7 @@ def test_head_static_loss_change_matches_least_squares_on_hand_built_features():
     """Φ_0 with one head static, recomputed by least squares on features built here from the
     definitions (ψ_h = X^T a_h with a_{h,i} = mean_N q^T K_h x_i / n; φ_g = Ŝ K_g^T q), equal
     client sizes so that the p_c-weighted objective is the pooled mean."""
-    from linattn_theory.static import head_static_loss_change
+    from linattn_theory.theory.static_heads import head_static_loss_change
     clients = small_clients(dirichlet_alpha=None, samples_per_client=30)
     X, q, y = pooled(clients)
     K = kernel(random_params(seed=5))
@@ -241,7 +238,7 @@ def test_head_static_loss_change_matches_least_squares_on_hand_built_features():
 def test_static_head_features_make_the_largest_share_head_static_at_the_freeze():
     """count=1: only the head with the largest ω_h at the frozen kernel gets the static feature
     X^T a_h (checked against features built from the definition); the other keeps φ = Ŝ K^T q."""
-    from linattn_theory.static import static_head_features
+    from linattn_theory.theory.static_heads import static_head_features
     clients = small_clients(positional_strength=2.0)
     X, q, _ = pooled(clients)
     params = random_params(seed=3)

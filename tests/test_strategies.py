@@ -10,14 +10,13 @@ import pandas as pd
 import pytest
 
 from linattn_theory import ConfigError, Params, config_from_dict, kernel
-from linattn_theory.federated import (clients_from_config, initial_params, run_schedule, simulate,
-                                      stable_learning_rate)
-from linattn_theory.model import loss_and_grad_from_moments
-from linattn_theory.moments import value_moments
-from linattn_theory.strategies import STRATEGIES, Round, effective_warmup_rounds
-from linattn_theory.strategies import scaffold
-from linattn_theory.strategies.fedprox import frozen_fixed_point
-from linattn_theory.tasks import stack_clients
+from linattn_theory.sim.engine import clients_from_config, initial_params, run_schedule, simulate, stable_learning_rate
+from linattn_theory.core.model import loss_and_grad_from_moments
+from linattn_theory.core.moments import value_moments
+from linattn_theory.sim.strategies import STRATEGIES, Round, effective_warmup_rounds
+from linattn_theory.sim.strategies import scaffold
+from linattn_theory.sim.strategies.fedprox import frozen_fixed_point
+from linattn_theory.core.clients import stack_clients
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from linattn_theory import load_results, load_run, load_sweep, simulate
-from linattn_theory.cli import main
-from linattn_theory.config import ConfigError
-from linattn_theory.io import _jsonable
-from linattn_theory.sweep import run_sweep, sweep_from_dict
+from linattn_theory.cli.commands import main
+from linattn_theory.core.errors import ConfigError
+from linattn_theory.core.io import _jsonable
+from linattn_theory.sim.sweep import run_sweep, sweep_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

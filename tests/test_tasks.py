@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from linattn_theory import in_context_regression_clients, make_clients, planted_kernel_clients
-from linattn_theory.model import context_second_moment, features
-from linattn_theory.tasks import as_federated, stack_clients
+from linattn_theory.core.model import context_second_moment, features
+from linattn_theory.core.clients import as_federated, stack_clients
 
 
 def test_planted_kernel_shapes_and_targets():
@@ -101,7 +101,8 @@ def test_dirichlet_sizes_follow_the_distribution_for_every_alpha(alpha):
     (Kolmogorov–Smirnov; the rounding error 1/R = 1e-4 is far under the KS tolerance)."""
     from scipy import stats
 
-    from linattn_theory.tasks import SEED_CLIENT, _client_sizes, seed_sequence
+    from linattn_theory.core.seeds import SEED_CLIENT, seed_sequence
+    from linattn_theory.data.tasks import _client_sizes
     m, N = 4, 2501
     spare = m * (N - 1)
     shares = []

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 
 from linattn_theory import theory as th
-from linattn_theory.config import FederatedConfig, config_from_dict
-from linattn_theory.federated import clients_from_config, initial_params, run_schedule, simulate, stable_learning_rate
-from linattn_theory.model import Params, _flat, _value_matrix, context_second_moment, features, kernel
-from linattn_theory.tasks import planted_kernel_clients, stack_clients
+from linattn_theory.theory._shared import _global_objective, _host_moments, _solve_symmetric
+from linattn_theory.sim.config import FederatedConfig, config_from_dict
+from linattn_theory.sim.engine import clients_from_config, initial_params, run_schedule, simulate, stable_learning_rate
+from linattn_theory.core.model import Params, _flat, _value_matrix, context_second_moment, features, kernel
+from linattn_theory.data.tasks import planted_kernel_clients
+from linattn_theory.core.clients import stack_clients
 
 
 def small_clients(num_clients=3, heads=1, seed=1, zeta=1.0, samples=40, noise=0.1):
@@ -74,7 +76,7 @@ def test_plain_list_of_tuples_is_weighted_by_size():
     K = kernel(Params.init(3, 2, 2, seed=2))
     assert th.profile_objective(K, tuples, 0.1)[0] == pytest.approx(th.profile_objective(K, clients, 0.1)[0], rel=1e-14)
     skewed = [tuples[0], (tuples[1][0][:10], tuples[1][1][:10], tuples[1][2][:10])]
-    moments = th._host_moments(K, stack_clients(skewed))
+    moments = _host_moments(K, stack_clients(skewed))
     np.testing.assert_allclose(moments.weights, [40 / 50, 10 / 50])
 
 
@@ -139,7 +141,7 @@ def test_centralized_optimum_reproduces_the_published_in_context_optimum():
     ≈ 6 standard errors (χ² ≈ 45). ``Λ`` is one client's spectrum ``diag(exp(ζ_X ε))`` (``ζ_X = 0.8``).
     """
     from scipy import stats
-    from linattn_theory.tasks import in_context_regression_clients
+    from linattn_theory.data.tasks import in_context_regression_clients
     d, n, sigma, N = 2, 3, 0.5, 3000
     clients = in_context_regression_clients(num_clients=1, samples_per_client=N, tokens=n, dim=d,
                                             zeta_covariate=0.8, zeta_task=0.0, noise=sigma, seed=0)
@@ -219,7 +221,7 @@ def test_one_local_step_has_no_drift(lam):
     # heterogeneous clients with E > 1 do drift; the floor equals F_λ(V_FA) − Φ_λ
     D = th.value_drift_floor(K, clients, eta, 3, lam)
     V_FA = th.fedavg_fixed_point(K, clients, eta, 3, lam)
-    F_FA = th._global_objective(V_FA, th._host_moments(K, stack_clients(clients)), lam)
+    F_FA = _global_objective(V_FA, _host_moments(K, stack_clients(clients)), lam)
     assert D > 1e-8 and D == pytest.approx(F_FA - phi, rel=1e-8)
 
 
@@ -256,7 +258,7 @@ def test_decomposition_parts_computed_independently_add_up_to_the_simulated_risk
     after ``k`` frozen rounds (``F_λ(θ_T) − Φ*_λ`` from its ``loss_regularized``), to 1e-9 relative;
     no part is defined as a difference of the others.
     """
-    from linattn_theory.moments import value_moments
+    from linattn_theory.core.moments import value_moments
     config = small_config()
     clients = clients_from_config(config)
     fed = config.federated
@@ -330,7 +332,7 @@ def _reference_round(params, clients, eta, E, lam, s):
     differences in test_model.py); shares no code with ``theory.warmup_inexactness`` beyond it.
     Returns ``(θ^{t+1}, {"K_a", "K_b", "K_prod", "K_new"})``.
     """
-    from linattn_theory.model import loss_and_grad
+    from linattn_theory.core.model import loss_and_grad
     weights = np.asarray(clients.weights, dtype=float)
     weights = weights / weights.sum()
 
@@ -446,11 +448,11 @@ def test_population_moments_come_from_the_same_client_distributions():
     K_star = clients.truth["kernel"]
     moments = th.population_value_moments(K_star, config, samples=3000)
     # each client's least-squares value map from fresh samples recovers its planted V*_c
-    V_c = th._solve_symmetric(moments.A, moments.B)
+    V_c = _solve_symmetric(moments.A, moments.B)
     V_true = clients.truth["value_maps"].reshape(2, -1, 2)
     assert rel(V_c, V_true) < 0.02       # noise 0.05 over 3000 samples: ~σ·√(cond/N) ≈ 5e-3
     np.testing.assert_allclose(moments.weights, clients.weights)
-    training = th._host_moments(K_star, stack_clients(clients))
+    training = _host_moments(K_star, stack_clients(clients))
     assert not np.allclose(training.A, moments.A)     # fresh samples, not the training ones
 
 

@@ -6,13 +6,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linattn_theory import bound as tb
-from linattn_theory.config import FederatedConfig, config_from_dict
-from linattn_theory.federated import (clients_from_config, run_schedule, simulate, stable_learning_rate,
-                                     value_curvature)
-from linattn_theory.model import Params, kernel
-from linattn_theory.tasks import planted_kernel_clients, stack_clients
-from linattn_theory.theory import contraction_rate, excess_risk_by_warmup, profile_objective
+from linattn_theory.theory import bound as tb
+from linattn_theory.sim.config import FederatedConfig, config_from_dict
+from linattn_theory.sim.engine import clients_from_config, run_schedule, simulate, stable_learning_rate, value_curvature
+from linattn_theory.core.model import Params, kernel
+from linattn_theory.data.tasks import planted_kernel_clients
+from linattn_theory.core.clients import stack_clients
+from linattn_theory.theory.frozen_stage import contraction_rate
+from linattn_theory.theory.decomposition import excess_risk_by_warmup
+from linattn_theory.theory.profile import profile_objective
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +139,7 @@ def test_closed_form_is_the_minimiser_of_the_two_term_model():
 @pytest.fixture(scope="module")
 def derived_exponents():
     """The exponents read off the exact series of the two-client drift floor (sympy)."""
-    from linattn_theory.scaling_laws import drift_exponents
+    from linattn_theory.theory.scaling_laws import drift_exponents
     return drift_exponents()
 
 

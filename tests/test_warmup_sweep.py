@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import linattn_theory.federated as federated
+import linattn_theory.sim.engine as federated
 from linattn_theory import config_from_dict, simulate, stack_clients
-from linattn_theory.model import Params, kernel
-from linattn_theory.moments import value_moments
-from linattn_theory.tasks import planted_kernel_clients
-from linattn_theory.theory import frozen_client_map
-from linattn_theory.warmup_sweep import warmup_sweep
+from linattn_theory.core.model import Params, kernel
+from linattn_theory.core.moments import value_moments
+from linattn_theory.data.tasks import planted_kernel_clients
+from linattn_theory.core.frozen_map import frozen_client_map
+from linattn_theory.sim.warmup_grid import warmup_sweep
 
 RTOL = 1e-10   # moment-space frozen stage vs per-sample simulation: rounding only
 

@@ -1,0 +1,440 @@
+"""The ``linattn`` command line: thin wrappers over the package's functions.
+
+Every command checks all it can before any work (config, output folder, a memory and time
+estimate, grid size) and has one error boundary: exit status 0 success, 2 invalid input
+(nothing is written), 3 a run diverged (its table is written and the message suggests a stable
+step size), 1 any other failure (a one-line message; ``--debug`` shows the traceback),
+130 interrupted by Ctrl-C and 143 stopped by SIGTERM (workers are stopped, finished runs kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import warnings
+from pathlib import Path
+
+from ..core.errors import ConfigError
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_DIVERGED = 0, 1, 2, 3
+
+#: the bad inputs every command refuses before any work (kind, example, what happens); rendered
+#: into docs/cli.md, and tests/test_hardening.py holds one case per kind
+BAD_INPUTS = (
+    ("missing config", "`simulate nope.toml`", "exit 2: config file 'nope.toml' does not exist"),
+    ("folder as config", "`simulate /tmp`", "exit 2: ... is a folder; expected a TOML file"),
+    ("binary config", "a file with NUL bytes", "exit 2: ... is a binary file"),
+    ("non-UTF-8 config", "Latin-1 or UTF-16 text", "exit 2: ... is not UTF-8 text (byte, position)"),
+    ("UTF-8 BOM", "a file saved with a byte-order mark", "accepted"),
+    ("empty config", "an empty file or only comments", "exit 2: ... is empty (no settings)"),
+    ("invalid TOML", "`seed = = 1`", "exit 2: not valid TOML (line, column)"),
+    ("unknown key", "`[federated] local_epochs = 3`", "exit 2: federated.local_epochs: unknown key; allowed keys are ..."),
+    ("wrong type", "`rounds = \"four\"`, `tokens = 4.5`, `seed = true`, a list or table as a value",
+     "exit 2: the field, the value, the expected type"),
+    ("out of range", "`learning_rate = -0.1`, `participation = 1.5`, `warmup_rounds > rounds`",
+     "exit 2: the field, the value, the allowed range"),
+    ("non-finite number", "`noise = inf`, `learning_rate = nan`", "exit 2: expected a finite number"),
+    ("key of another task family", "`zeta_task` with `planted_kernel`", "exit 2: does not apply to family ..."),
+    ("batch larger than a client", "`batch_size = 200`, `samples_per_client = 128`",
+     "exit 2 (equal sizes); with `dirichlet_alpha` a run-time warning (drawn with replacement)"),
+    ("setting the strategy ignores", "`prox_mu = 0.5` with `strategy = \"fedavg\"`",
+     "warning: ... is ignored by strategy 'fedavg'"),
+    ("sweep file given to simulate", "`simulate simulations/configs/tradeoff.toml`",
+     "exit 2: a sweep file ...; run it with `linattn sweep`"),
+    ("bad --out", "`--out ''`, `--out a_file`, `--out a_file/sub`, a read-only folder",
+     "exit 2 before any run: expected a folder name / is a file / is not writable"),
+    ("too much memory", "`dim = 10**6`, `num_clients = 10**7`, `heads = 10**9`, `rounds = 10**12` (its table)",
+     "exit 2: estimated memory, the limit, `--max-memory-gb`"),
+    ("too long", "`local_steps = 10**8`; `rounds = 10**6` with `local_steps = 1000`", "exit 2: estimated time, the limit, `--max-hours`"),
+    ("huge grid", "a grid of 10**6 runs", "exit 2 at once, from the list lengths: the limit and `--max-runs`"),
+    ("bad executor options", "`--workers 0`, `--scheduler` without dask", "exit 2"),
+    ("unreachable Dask scheduler", "`--scheduler tcp://127.0.0.1:1`", "exit 2 before sweep.json is written"),
+    ("folder of another sweep", "a second sweep with another grid into the same --out",
+     "exit 2: holds another sweep ...; `--add` adds the runs to it"),
+    ("failure inside a run", "an unexpected exception", "exit 1: one line; `--debug` prints the traceback"),
+    ("Ctrl-C / SIGTERM", "during a sweep", "exit 130 / 143, workers stopped, finished runs kept"),
+)
+
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+
+
+class Terminated(BaseException):
+    """Raised in the main thread when the process receives SIGTERM (so cleanup code runs)."""
+
+
+def _resource_limits(args, configs, workers: int = 1) -> None:
+    from ..sim.limits import check_resources
+
+    check_resources(configs, workers=workers, max_memory_gb=args.max_memory_gb,
+                    max_hours=None if args.max_hours == 0 else args.max_hours)
+
+
+def _warn(command: str, notes) -> None:
+    for note in dict.fromkeys(notes):            # each distinct message once, in order
+        print(f"linattn {command}: warning: {note}", file=sys.stderr)
+
+
+def _simulate(args) -> int:
+    from ..sim.config import config_from_dict, ignored_settings, read_toml
+    from ..sim.limits import check_output_folder
+
+    data = read_toml(args.config)
+    sweep_keys = sorted({"grid", "quick", "figure"} & set(data))
+    if sweep_keys:
+        raise ConfigError(f"{sweep_keys[0]}: {args.config} is a sweep file (it has a [{sweep_keys[0]}] "
+                          f"table); run it with `linattn sweep {args.config} --out DIR`")
+    config = config_from_dict(data)
+    if args.backend is not None:
+        config = config.with_updates({"model.backend": args.backend})
+    if args.engine is not None:
+        config = config.with_updates({"model.engine": args.engine})
+    out = check_output_folder(args.out)
+    _resource_limits(args, [config])
+    if config.model.backend != "numpy":
+        from ..core.backend import get_namespace
+        get_namespace(config.model.backend)          # an unusable backend fails here, before any work
+    _warn("simulate", ignored_settings(config))
+
+    from ..sim.engine import simulate
+    from ..core.io import write_run
+
+    result = simulate(config, progress=not args.quiet)
+    paths = write_run(result, out)
+    last = result.table.iloc[-1]
+    print(f"wrote {paths['table']} ({len(result.table) - 1} rounds, final loss F = {last['loss']:.6g})")
+    if result.diverged:
+        print(result.divergence.message, file=sys.stderr)
+        return EXIT_DIVERGED
+    return EXIT_OK
+
+
+def _sweep(args) -> int:
+    import os
+
+    from ..sim.config import ignored_settings
+    from ..sim.limits import check_output_folder
+    from ..sim.sweep import _check_executor, is_complete, load_sweep, run_sweep
+
+    sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None)
+    if args.dry_run:
+        for run_id, point in zip(sweep.run_ids, sweep.points):
+            print(run_id, " ".join(f"{k}={v}" for k, v in point.items()))
+        print(f"{len(sweep)} runs (nothing written)")
+        return EXIT_OK
+    out = check_output_folder(args.out)
+    _check_executor(args.executor, args.workers, args.scheduler)
+    workers = 1 if args.executor == "serial" else (args.workers or os.cpu_count() or 1)
+    pending = [c for i, c in zip(sweep.run_ids, sweep.configs) if not is_complete(out, i)]
+    _resource_limits(args, pending, workers)
+    _warn("sweep", (note for c in sweep.configs for note in ignored_settings(c)))
+    summary = run_sweep(sweep, out, executor=args.executor, workers=args.workers,
+                        scheduler=args.scheduler, progress=not args.quiet,
+                        existing="add" if args.add else "refuse")
+    print(f"{summary.total} runs in {summary.out}: {summary.computed} computed, {summary.skipped} "
+          f"already finished, {summary.diverged} diverged ({summary.seconds:.1f} s)")
+    return EXIT_OK
+
+
+def _figures(args) -> int:
+    from ..report.figures import discover, make_figures
+    from ..sim.limits import check_output_folder
+
+    scripts = discover(args.root, only=args.only)
+    if args.list:
+        for name, path in scripts.items():
+            print(f"{name}\t{path}")
+        return EXIT_OK
+    check_output_folder(args.out)
+    made = make_figures(scripts, args.out, quick=args.quick, executor=args.executor,
+                        workers=args.workers, progress=not args.quiet)
+    for name, (paths, seconds) in made.items():
+        print(f"{name} ({seconds:.1f} s):")
+        for path in paths:
+            print(f"  wrote {path}")
+    total = sum(seconds for _, seconds in made.values())
+    files = sum(len(paths) for paths, _ in made.values())
+    print(f"{len(made)} figure scripts, {files} files, {total:.1f} s in all, written to {args.out}")
+    return EXIT_OK
+
+def _recommend(args) -> int:
+    from .recommend_command import recommend_main
+
+    return recommend_main(args.config, mode=args.mode, measure=not args.no_measure,
+                          pilot_rounds=args.pilot_rounds, transfer_seeds=args.transfer_seeds)
+
+
+def _derive(args) -> int:
+    import subprocess
+
+    folder = Path(args.root) / "derivations"
+    scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+    if not scripts:
+        raise ConfigError(f"--root {args.root!r}: no derivation scripts in {folder}")
+    if args.only:
+        scripts = [p for p in scripts if p.stem in args.only]
+        missing = set(args.only) - {p.stem for p in scripts}
+        if missing:
+            raise ConfigError(f"--only {sorted(missing)[0]!r}: no such derivation in {folder}")
+    failed = []
+    totals = dict.fromkeys(CLAIM_KINDS, 0)
+    for script in scripts:
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+        if not args.quiet:
+            print(proc.stdout, end="")
+        counts = count_claims(proc.stdout)
+        totals = {kind: totals[kind] + counts[kind] for kind in CLAIM_KINDS}
+        ok = proc.returncode == 0 and counts["PASS"] > 0 and counts["FAIL"] == 0   # bookkeeping alone is no evidence
+        print(f"{'PASS' if ok else 'FAIL'}: derivations/{script.name} ({counts['PASS']} claims hold, "
+              f"{counts['FAIL']} fail, {counts['BOOKKEEPING']} bookkeeping)")
+        if not ok:
+            failed.append(script.name)
+            print(proc.stderr, end="", file=sys.stderr)
+    print(f"{len(scripts) - len(failed)} derivations passed, {len(failed)} failed; claims: {totals['PASS']} hold, "
+          f"{totals['FAIL']} fail; {totals['BOOKKEEPING']} bookkeeping statements (hold by definition, "
+          "not counted)")
+    return 1 if failed else EXIT_OK
+
+
+#: line prefixes of derivations/_claims.py: evidence (PASS/FAIL) and bookkeeping (not counted)
+CLAIM_KINDS = ("PASS", "FAIL", "BOOKKEEPING")
+
+
+def count_claims(stdout: str) -> dict:
+    """Count the ``PASS:``, ``FAIL:`` and ``BOOKKEEPING:`` lines a derivation script printed."""
+    counts = dict.fromkeys(CLAIM_KINDS, 0)
+    for line in stdout.splitlines():
+        kind = line.split(":", 1)[0]
+        if kind in counts and ":" in line:
+            counts[kind] += 1
+    return counts
+
+
+def checks_reference() -> str:
+    """Markdown: exit statuses, the checks made before any work and the table of bad inputs."""
+    rows = "\n".join(f"| {kind} | {example} | {outcome} |" for kind, example, outcome in BAD_INPUTS)
+    return f"""## Exit status and checks before any work
+
+Every command checks all it can before it computes or writes anything, and has one error
+boundary: a bad input exits with status **2** and one line naming the field, the value and
+what is allowed (nothing is written); a diverged run exits **3** (its table is written and the
+message suggests a stable step size); any other failure exits **1** with a one-line message
+(`--debug` prints the traceback); Ctrl-C exits **130** and SIGTERM **143**, after stopping the
+sweep's workers (finished runs are kept; rerun to resume).
+
+Before any work `simulate` and `sweep` estimate each run's peak memory and running time from
+its config (`linattn_theory.sim.limits.estimate_run`: the generated and stacked data, the working
+set, the table; the flops of the local steps) and refuse runs above `--max-memory-gb` (default
+80% of the machine's memory, times the runs held at once) or `--max-hours` (default 24, the
+sum over the runs divided by the workers; 0 turns it off). Sweep workers exit as soon as the
+sweep's process is gone (even after SIGKILL), and a local Dask cluster's scratch folder is
+removed (one left by a killed sweep is removed by the next Dask sweep).
+
+Client sizes with `task.dirichlet_alpha = α` follow Dirichlet(α) proportions for every α > 0
+(drawn in log space, so very small α gives one dominant client rather than equal sizes), with
+at least one sample per client and `m·N` samples in all.
+
+| bad input | example | what happens |
+|---|---|---|
+{rows}
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also the source of docs/cli.md)."""
+    parser = argparse.ArgumentParser(
+        prog="linattn",
+        description="Federated training of linear attention: simulations, theory checks and figures.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="on an unexpected error, print the full traceback")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("simulate", help="run one federated simulation from a TOML config",
+                       description="Run one federated simulation (the strategy of federated.strategy: FedAvg, "
+                                   "FedFrozen or a baseline) and write "
+                                   "rounds.csv, params.npz and metadata.json to --out.")
+    p.add_argument("config", help="TOML configuration file (see simulations/configs/)")
+    p.add_argument("--out", required=True, help="output folder (created if missing)")
+    p.add_argument("--backend", choices=("numpy", "cupy"), default=None,
+                   help="array library, overriding model.backend of the config "
+                        "(cupy needs a GPU and pip install 'linattn-theory[gpu]')")
+    _limit_arguments(p)
+    p.add_argument("--engine", choices=("auto", "fused", "array_api"), default=None,
+                   help="local-step engine, overriding model.engine of the config: fused CPU "
+                        "kernels (numba), the Array-API path, or auto (fused where it applies)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _debug_argument(p)
+    p.set_defaults(func=_simulate)
+
+    p = sub.add_parser("sweep", help="run a grid of simulations in parallel (resumable)",
+                       description="Run every configuration of a sweep file's [grid] (dotted keys -> "
+                                   "lists) and store each run under DIR/runs/<config hash>/; "
+                                   "finished runs are skipped, so an interrupted sweep resumes. "
+                                   "Load the results with linattn_theory.load_results(DIR).")
+    p.add_argument("config", help="sweep TOML: a run config plus a [grid] table")
+    p.add_argument("--out", required=True, help="sweep folder (created if missing)")
+    p.add_argument("--quick", action="store_true", help="apply the file's [quick] overrides")
+    p.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
+    _executor_arguments(p)
+    p.add_argument("--scheduler", default=None,
+                   help="Dask scheduler address (executor dask; default: a local cluster on 127.0.0.1)")
+    p.add_argument("--add", action="store_true",
+                   help="--out holds a sweep with another grid: add this sweep's runs to it "
+                        "(default: refuse)")
+    p.add_argument("--max-runs", type=_non_negative(int), default=MAX_RUNS_DEFAULT, metavar="N",
+                   help=f"refuse grids of more than N runs (default {MAX_RUNS_DEFAULT}; 0: no limit)")
+    _limit_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _debug_argument(p)
+    p.set_defaults(func=_sweep)
+
+    p = sub.add_parser("figures", help="regenerate the figures (simulations/*.py)",
+                       description="Run every figure script of ROOT/simulations (or those named by "
+                                   "--only) and write PNG, PDF and a CSV of the plotted data per figure.")
+    p.add_argument("--out", default="figures", help="output folder (default: figures)")
+    p.add_argument("--root", default=".", help="repository root holding simulations/ (default: .)")
+    p.add_argument("--only", action="append", metavar="NAME",
+                   help="only this figure script (repeatable)")
+    p.add_argument("--quick", action="store_true", help="small grids: the whole set in under two minutes")
+    p.add_argument("--list", action="store_true", help="list the figure scripts and exit")
+    _executor_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _debug_argument(p)
+    p.set_defaults(func=_figures)
+
+    p = sub.add_parser("recommend", help="recommend the warm-up length T0 (causal by default)",
+                       description="Recommend a warm-up length T0 from a named information set "
+                                   "(docs/theory.md §8): online (default; a causal rule that runs with "
+                                   "the training and freezes when more warm-up no longer pays), pilot "
+                                   "(the bound U(T0) fitted on the first T/4 rounds), transfer (the "
+                                   "bound's T0 on other seeds) or a_posteriori (the bound fitted on the "
+                                   "whole path it is judged on: descriptive, not a prediction). Prints "
+                                   "what the recommendation used, violated assumptions first, and the "
+                                   "measured excess risk against plain FedAvg.")
+    p.add_argument("config", help="TOML configuration file")
+    p.add_argument("--mode", choices=("online", "pilot", "transfer", "a_posteriori"), default="online",
+                   help="information set of the recommendation (default: online)")
+    p.add_argument("--pilot-rounds", type=int, default=None, metavar="T_P",
+                   help="pilot rounds (mode pilot; default T/4, at most T/4)")
+    p.add_argument("--transfer-seeds", type=int, nargs="+", default=None, metavar="SEED",
+                   help="seeds of the same setting to transfer from (mode transfer; default the three "
+                        "seeds after the config's seed; never the config's own seed)")
+    p.add_argument("--no-measure", action="store_true",
+                   help="skip the explicit runs that measure R(recommended) and R(T)")
+    _debug_argument(p)
+    p.set_defaults(func=_recommend)
+
+    p = sub.add_parser("derive", help="run the sympy derivations and report PASS/FAIL",
+                       description="Run every script in derivations/ (each states claims, derives them "
+                                   "with sympy and checks them) and count the claims. Statements that "
+                                   "hold by definition are printed as BOOKKEEPING and never counted as "
+                                   "PASS; a script fails if a claim fails or if it has no claim that "
+                                   "could fail. Exit 1 if any script fails.")
+    p.add_argument("--root", default=".", help="repository root holding derivations/ (default: .)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these derivations (file stems)")
+    p.add_argument("--quiet", action="store_true", help="print only one line per derivation")
+    _debug_argument(p)
+    p.set_defaults(func=_derive)
+    return parser
+
+
+def _executor_arguments(p) -> None:
+    from ..sim.sweep import EXECUTORS
+    p.add_argument("--executor", choices=EXECUTORS, default="processes",
+                   help="serial (in-process), processes (forked workers, default) or dask")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: one per core)")
+
+
+MAX_RUNS_DEFAULT = 10_000
+
+
+def _non_negative(kind, low: float = 0):
+    """An argparse type: a finite number of ``kind`` that is at least ``low``."""
+    def parse(text: str):
+        import math
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}")
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= {low:g}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _limit_arguments(p) -> None:
+    from ..sim.limits import DEFAULT_MAX_HOURS
+    p.add_argument("--max-memory-gb", type=_non_negative(float), default=None, metavar="GB",
+                   help="refuse runs whose estimated memory exceeds GB (default: 80%% of this "
+                        "machine's memory)")
+    p.add_argument("--max-hours", type=_non_negative(float), default=DEFAULT_MAX_HOURS, metavar="H",
+                   help=f"refuse runs whose estimated time exceeds H hours (default {DEFAULT_MAX_HOURS:g}; "
+                        f"0: no limit)")
+
+
+def _debug_argument(p) -> None:
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="on an unexpected error, print the full traceback")
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (see the module docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    name = f"linattn {args.command}"
+    previous = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:                  # not the main thread: SIGTERM keeps its default action
+        pass
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, *_, **__: print(f"{name}: warning: {message}",
+                                                                   file=sys.stderr)
+            return args.func(args)
+    except ConfigError as err:
+        print(f"{name}: invalid configuration: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted (finished runs are kept; rerun to resume)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"{name}: stopped by SIGTERM (finished runs are kept; rerun to resume)", file=sys.stderr)
+        return EXIT_TERMINATED
+    except MemoryError:
+        if args.debug:
+            raise
+        print(f"{name}: out of memory; reduce the task's size (see --max-memory-gb)", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as err:  # noqa: BLE001 - the boundary: one line, the traceback with --debug
+        if args.debug:
+            raise
+        print(f"{name}: error: {type(err).__name__}: {_one_line(err)} (rerun with --debug for the "
+              f"traceback)", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Array backends: one numeric code path, several array libraries (docs/theory.md, "Implementation notes").
+
+Every numeric function of the package asks its inputs for their namespace
+(``array_api_compat.array_namespace``) and uses only Array API standard functions, so the
+same code runs on NumPy (CPU), CuPy (GPU) and ``array-api-strict`` (the standard's
+reference implementation, which the tests use to prove that nothing NumPy-only slipped into
+the shared path). This module turns a backend *name* (``model.backend`` in configs,
+``--backend`` on the command line) into a namespace, and helps bound the memory one round
+of the simulator uses (:func:`client_chunks`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["BACKENDS", "BackendUnavailableError", "get_namespace", "gpu_available",
+           "client_chunks", "client_working_bytes", "resolve_max_bytes", "CPU_CHUNK_BYTES"]
+
+#: Backend names accepted by :func:`get_namespace` (configs accept ``numpy`` and ``cupy``).
+BACKENDS = ("numpy", "cupy", "array_api_strict")
+
+#: Default round working set on the CPU: clients train in chunks of about this many bytes, so
+#: that a chunk's data stays in cache for its ``E`` local steps (``benchmarks/bench_round.py``).
+CPU_CHUNK_BYTES = 16 * 2**20
+
+_GPU_HINT = "install the optional GPU extra: pip install 'linattn-theory[gpu]'"
+
+
+class BackendUnavailableError(ConfigError):
+    """The requested backend's library (or its device) is not available on this machine.
+
+    A :class:`~linattn_theory.core.errors.ConfigError`, so the command line reports it like any
+    other invalid setting (exit status 2, nothing written).
+    """
+
+
+def gpu_available() -> bool:
+    """``True`` when CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # ImportError, CUDARuntimeError (no driver), ...
+        return False
+
+
+def get_namespace(backend: str = "numpy"):
+    """The Array API namespace of ``backend`` (``"numpy"``, ``"cupy"`` or ``"array_api_strict"``).
+
+    ``numpy`` and ``cupy`` are wrapped by ``array_api_compat``; ``cupy`` needs CuPy and a
+    CUDA GPU, and says how to install them (the ``[gpu]`` extra) when they are missing.
+    """
+    if backend == "numpy":
+        import array_api_compat.numpy as xp
+        return xp
+    if backend == "cupy":
+        try:
+            import cupy
+        except ImportError as err:
+            raise BackendUnavailableError(
+                f"backend = 'cupy': CuPy is not importable ({err}); {_GPU_HINT}, "
+                f"or use backend = 'numpy'") from None
+        try:
+            devices = cupy.cuda.runtime.getDeviceCount()
+        except Exception as err:  # CUDARuntimeError without a driver
+            raise BackendUnavailableError(
+                f"backend = 'cupy': CuPy found no usable CUDA device ({err}); "
+                f"use backend = 'numpy' on machines without a GPU") from None
+        if devices < 1:
+            raise BackendUnavailableError("backend = 'cupy': CuPy sees no CUDA device; "
+                                          "use backend = 'numpy' on machines without a GPU")
+        import array_api_compat.cupy as xp
+        return xp
+    if backend == "array_api_strict":
+        try:
+            import array_api_strict as xp
+        except ImportError:
+            raise BackendUnavailableError(
+                "backend = 'array_api_strict': the package is not installed; it comes with "
+                "the test extra: pip install 'linattn-theory[test]'") from None
+        return xp
+    raise ConfigError(f"backend = {backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
+
+
+def client_chunks(num_clients: int, bytes_per_client: int, max_bytes: int | None):
+    """Split ``range(num_clients)`` into consecutive chunks whose working set fits ``max_bytes``.
+
+    Each chunk holds ``max(1, max_bytes // bytes_per_client)`` clients (at least one, so a
+    budget below one client's working set still runs, one client at a time);
+    ``max_bytes=None`` gives a single chunk. Returns a list of ``(start, stop)`` pairs.
+    Clients train independently within a round, so chunking never changes a result.
+    """
+    if max_bytes is None or num_clients == 0:
+        return [(0, num_clients)]
+    if max_bytes <= 0:
+        raise ValueError(f"max_bytes = {max_bytes!r}: expected a positive number of bytes or None")
+    size = max(1, int(max_bytes // max(1, int(bytes_per_client))))
+    return [(lo, min(lo + size, num_clients)) for lo in range(0, num_clients, size)]
+
+
+def resolve_max_bytes(max_bytes, data, heads: int, batch_size: int | None = None):
+    """The chunk budget of a run on ``data``: ``max_bytes`` itself, or the policy ``"auto"``.
+
+    ``"auto"``: on NumPy, all clients at once while their round working set fits twice
+    :data:`CPU_CHUNK_BYTES` (it stays in cache anyway), else chunks of at most
+    :data:`CPU_CHUNK_BYTES`, each of which keeps its data in cache for its ``E`` local steps;
+    elsewhere (GPU) one chunk, the largest batches.
+    """
+    if not isinstance(max_bytes, str):
+        return max_bytes
+    if max_bytes != "auto":
+        raise ValueError(f"max_bytes = {max_bytes!r}: expected a number of bytes, None or 'auto'")
+    from array_api_compat import array_namespace, is_numpy_namespace
+    if not is_numpy_namespace(array_namespace(data.S)):
+        return None
+    total = data.S.shape[0] * client_working_bytes(data, heads, batch_size)
+    return None if total <= 2 * CPU_CHUNK_BYTES else CPU_CHUNK_BYTES
+
+
+def _itemsize(dtype) -> int:
+    """Bytes per element of an array-library dtype (NumPy, CuPy, array-api-strict)."""
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 4 if "32" in str(dtype) else 8
+
+
+def client_working_bytes(data, heads: int, batch_size: int | None = None) -> int:
+    """Bytes one client adds to a round's working set (upper estimate).
+
+    Per sample of a local step: its gathered ``Ŝ``, ``q``, ``y`` and weight (copied when
+    only some clients take part or with minibatches) and the per-sample intermediates of
+    :func:`~linattn_theory.core.model.loss_and_grad_from_moments` (``K^T q``, ``φ``, ``W_V e``,
+    ``g`` of ``H·d`` numbers each, ``e`` twice). Softmax attention (docs/theory.md §9) adds the
+    context ``X`` (``n·d``) and the scores, weights, ``X W_V e`` and ``J u`` (``H·n`` each).
+    Used with :func:`client_chunks`.
+    """
+    N = data.S.shape[1] if batch_size is None else batch_size
+    d, p = data.S.shape[-1], data.y.shape[-1]
+    per_sample = d * d + d + p + 1 + 4 * heads * d + 2 * p
+    if getattr(data, "attention", "linear") == "softmax":
+        n = data.X.shape[-2]
+        per_sample += n * d + 4 * heads * n
+    return _itemsize(data.S.dtype) * N * per_sample

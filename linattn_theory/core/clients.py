@@ -1,0 +1,138 @@
+"""Client data: one client's samples, a federated data set with client weights ``p_c``, and the
+stacked, padded sufficient form every computation reads (docs/theory.md §1–2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from .model import ATTENTIONS, attention_features, context_second_moment
+
+__all__ = ["ClientDataset", "FederatedDataset", "StackedClients", "as_federated", "stack_clients"]
+
+
+class ClientDataset(NamedTuple):
+    """One client's samples: contexts ``X`` ``(N, n, d)``, queries ``q`` ``(N, d)``, targets ``y`` ``(N, p)``."""
+
+    X: np.ndarray
+    q: np.ndarray
+    y: np.ndarray
+
+
+@dataclass(frozen=True)
+class FederatedDataset(Sequence):
+    """``m`` client datasets with weights ``p_c = N_c / Σ N_c``; iterates as ``(X, q, y)`` tuples.
+
+    ``truth`` holds what generated the data (teacher kernels, value maps, …) for analysis.
+    """
+
+    clients: tuple[ClientDataset, ...]
+    weights: np.ndarray
+    family: str = "custom"
+    truth: dict = field(default_factory=dict)
+
+    def __getitem__(self, c):
+        return self.clients[c]
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.array([c.X.shape[0] for c in self.clients])
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        """``(n, d, p)``: tokens per context, token dimension, output dimension."""
+        X, _, y = self.clients[0]
+        return X.shape[1], X.shape[2], y.shape[1]
+
+
+def as_federated(clients) -> FederatedDataset:
+    """Accept a :class:`FederatedDataset` or a plain sequence of ``(X, q, y)`` tuples (``p_c ∝ N_c``)."""
+    if isinstance(clients, FederatedDataset):
+        return clients
+    items = tuple(ClientDataset(*(np.asarray(a) for a in c)) for c in clients)
+    if not items:
+        raise ValueError("clients is empty; expected at least one (X, q, y) tuple")
+    n, d, p = items[0].X.shape[1], items[0].X.shape[2], items[0].y.shape[1]
+    for i, (X, q, y) in enumerate(items):
+        N = X.shape[0]
+        if X.ndim != 3 or X.shape[1:] != (n, d) or q.shape != (N, d) or y.shape != (N, p):
+            raise ValueError(f"client {i}: shapes X{X.shape}, q{q.shape}, y{y.shape}; "
+                             f"expected X (N, {n}, {d}), q (N, {d}), y (N, {p})")
+    sizes = np.array([c.X.shape[0] for c in items], dtype=float)
+    return FederatedDataset(items, sizes / sizes.sum())
+
+
+@dataclass(frozen=True)
+class StackedClients:
+    """All clients padded to a common ``N`` (padding has weight 0), in the sufficient form.
+
+    ``S`` ``(m, N, d, d)`` holds ``Ŝ`` per sample, ``q`` ``(m, N, d)``, ``y`` ``(m, N, p)``,
+    ``sample_weight`` ``(m, N)`` (``1/N_c`` on real samples, 0 on padding), ``weights`` ``(m,)``
+    the client weights ``p_c`` and ``sizes`` ``(m,)`` the ``N_c`` (host array).
+
+    ``attention`` says which layer reads the data (docs/theory.md §9): softmax attention needs
+    the contexts themselves, ``X`` ``(m, N, n, d)`` (kept only then; ``None`` for linear
+    attention), with scores divided by ``temperature``. ``inputs`` is what the model reads:
+    ``Ŝ`` (linear) or ``X`` (softmax).
+    """
+
+    S: object
+    q: object
+    y: object
+    sample_weight: object
+    weights: object
+    sizes: np.ndarray
+    X: object = None
+    attention: str = "linear"
+    temperature: float = 1.0
+
+    @property
+    def inputs(self):
+        """``Ŝ`` for linear attention, ``X`` for softmax attention."""
+        return self.X if self.attention == "softmax" else self.S
+
+    def features(self, K):
+        """``φ_h`` of kernels ``K`` ``(..., H, d, d)`` on every sample, shape ``(m, N, H, d)``."""
+        return attention_features(K, self.inputs, self.q, self.attention, self.temperature)
+
+
+def stack_clients(clients, xp=None, dtype=np.float64, attention: str = "linear",
+                  temperature: float = 1.0) -> StackedClients:
+    """Pad and stack clients into :class:`StackedClients` in namespace ``xp`` (default NumPy).
+
+    ``attention = "softmax"`` also keeps the padded contexts ``X`` (docs/theory.md §9).
+    """
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention = {attention!r}; expected one of {', '.join(map(repr, ATTENTIONS))}")
+    if not np.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature = {temperature!r}; expected a finite number > 0")
+    data = as_federated(clients)
+    m = len(data)
+    n, d, p = data.dims
+    Nmax = int(data.sizes.max())
+    S = np.zeros((m, Nmax, d, d), dtype=dtype)
+    q = np.zeros((m, Nmax, d), dtype=dtype)
+    y = np.zeros((m, Nmax, p), dtype=dtype)
+    w = np.zeros((m, Nmax), dtype=dtype)
+    for c, (Xc, qc, yc) in enumerate(data):
+        N = Xc.shape[0]
+        S[c, :N] = context_second_moment(np.asarray(Xc, dtype=np.float64))
+        q[c, :N], y[c, :N], w[c, :N] = qc, yc, 1.0 / N
+    weights = np.asarray(data.weights, dtype=dtype)
+    X = None
+    if attention == "softmax":
+        n = data.dims[0]
+        X = np.zeros((m, Nmax, n, d), dtype=dtype)
+        for c, (Xc, _, _) in enumerate(data):
+            X[c, :Xc.shape[0]] = Xc
+    if xp is not None and xp is not np:
+        S, q, y, w, weights = (xp.asarray(a) for a in (S, q, y, w, weights))
+        X = None if X is None else xp.asarray(X)
+    return StackedClients(S, q, y, w, weights, data.sizes, X, attention, float(temperature))

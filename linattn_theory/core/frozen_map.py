@@ -1,0 +1,30 @@
+"""The frozen stage's inner loop: each client's ``E`` local steps on the value block as an
+affine map (docs/theory.md §5). The round engine, the warm-up grid and the theory use it.
+"""
+
+from __future__ import annotations
+
+from ._array import array_namespace
+from .moments import ValueMoments
+
+__all__ = ["frozen_client_map"]
+
+
+def frozen_client_map(moments: ValueMoments, eta: float, E: int, lam: float = 0.0):
+    """Each client's ``E`` local steps on ``F_{λ,c}`` as an affine map ``V ↦ M_c V + b_c`` (docs/theory.md §5).
+
+    ``M_c = (I − ηÃ_c)^E`` and ``b_c = Σ_{j<E} (I − ηÃ_c)^j η B_c`` with ``Ã_c = A_c + λI``:
+    the local step ``V ← V − η(Ã_c V − B_c)`` applied ``E`` times from ``V = I`` and ``V = 0``.
+    Array-API (runs on the moments' namespace); returns ``(M, b)`` of shapes ``(m, Hd, Hd)``
+    and ``(m, Hd, p)``.
+    """
+    A, B = moments.A, moments.B
+    xp = array_namespace(A, B)
+    identity = xp.eye(A.shape[-1], dtype=A.dtype)
+    step = identity - eta * (A + lam * identity)                 # (m, Hd, Hd)
+    M = xp.broadcast_to(identity, A.shape)
+    b = xp.zeros_like(B)
+    for _ in range(E):
+        b = xp.matmul(step, b) + eta * B
+        M = xp.matmul(step, M)
+    return M, b

@@ -1,0 +1,18 @@
+"""Random streams by purpose: every draw of the toolkit comes from a ``numpy.random.SeedSequence``
+keyed by ``(purpose, client, round, …)``, so a stream never depends on how many others exist.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["seed_sequence", "SEED_TEACHER", "SEED_CLIENT", "SEED_INIT", "SEED_MINIBATCH",
+           "SEED_PARTICIPATION", "SEED_EVAL"]
+
+# SeedSequence spawn keys by purpose: never reuse one for another purpose.
+SEED_TEACHER, SEED_CLIENT, SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, SEED_EVAL = range(6)
+
+
+def seed_sequence(seed: int, *key: int) -> np.random.SeedSequence:
+    """The stream for one purpose (and client, round, …): ``SeedSequence(seed, spawn_key=key)``."""
+    return np.random.SeedSequence(int(seed), spawn_key=tuple(int(k) for k in key))

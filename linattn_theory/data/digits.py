@@ -1,0 +1,156 @@
+"""Real data as client families: any arrays of contexts, queries and targets, and the ``digits`` family.
+
+:func:`split_clients` turns one pool of samples ``(X, q, y)`` (with class labels) into ``m``
+clients, non-IID in two ways (docs/theory.md §2, §9):
+
+- **label skew**: for each class ``k`` the shares of the clients are a draw
+  ``π_k ~ Dirichlet(α_label · 1_m)`` (small ``α_label``: each client sees few classes; Hsu, Qi &
+  Brown 2019); absent, every class is spread evenly;
+- **size skew**: client weights ``s ~ Dirichlet(α · 1_m)`` multiply those shares (absent: equal),
+  as ``dirichlet_alpha`` does for the synthetic families.
+
+Class ``k``'s training samples are dealt out in proportion to ``π_{k,c} s_c`` (every client first
+gets two samples of its own, so none is empty). A held-out test split (``test_fraction`` of each
+class) is kept in ``truth`` (``test_X``, ``test_q``, ``test_y``, ``test_labels``); with
+``fresh_samples=True`` the clients are built from the test split with the same shares, the
+population of each client for :func:`~linattn_theory.theory.profile.population_value_moments`.
+
+:func:`digits_clients` applies this to scikit-learn's bundled handwritten digits (an optional
+extra: ``pip install "linattn-theory[digits]"``; no download): each 8×8 image is a context of
+``n = 8`` row tokens (8 pixels in ``[0, 1]``) with a one-hot positional code appended
+(``d = 16``), the query is the fixed token ``1/√d`` (the layer learns ``K^T q``), the target the
+one-hot label (``p = 10``, squared loss). :func:`evaluate` gives the test loss and accuracy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core._array import array_namespace, to_numpy
+from ..core.model import Params, predict_from_contexts
+from ..core.clients import ClientDataset, FederatedDataset
+from ..core.seeds import seed_sequence
+
+__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "SEED_SPLIT"]
+
+#: SeedSequence purpose of the test split and the client split (apart from the task purposes 0–5)
+SEED_SPLIT = 201
+DIGITS_EXTRA = 'pip install "linattn-theory[digits]"  (or: pip install scikit-learn)'
+
+
+def _check_positive(name, value):
+    if value is not None and (not np.isfinite(value) or value <= 0):
+        raise ValueError(f"{name} = {value!r}; expected a number > 0 or None")
+
+
+def _test_split(labels, test_fraction, rng):
+    """Indices ``(train, test)``: ``round(test_fraction · N_k)`` of each class held out."""
+    train, test = [], []
+    for k in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == k))
+        cut = int(round(test_fraction * len(idx)))
+        test.append(idx[:cut])
+        train.append(idx[cut:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def _shares(classes, num_clients, label_alpha, dirichlet_alpha, rng):
+    """``(K, m)`` shares of each class over the clients: ``π_{k,c} s_c`` normalised per class."""
+    size = np.ones(num_clients) if dirichlet_alpha is None else rng.gamma(dirichlet_alpha, size=num_clients)
+    if label_alpha is None:
+        pi = np.ones((len(classes), num_clients))
+    else:
+        pi = rng.gamma(label_alpha, size=(len(classes), num_clients))
+    shares = pi * size + 1e-300
+    return shares / shares.sum(axis=1, keepdims=True)
+
+
+def _deal(indices, labels, classes, shares, rng, first: int = 2):
+    """Client index lists: ``first`` samples each, then each class's rest in proportion to its shares."""
+    m = shares.shape[1]
+    pool = rng.permutation(indices)
+    if len(pool) < first * m:
+        raise ValueError(f"{len(pool)} samples cannot give {m} clients {first} samples each; "
+                         f"use fewer clients")
+    clients = [list(pool[first * c:first * (c + 1)]) for c in range(m)]
+    rest = pool[first * m:]
+    for k, share in zip(classes, shares):
+        idx = rest[labels[rest] == k]
+        cuts = np.round(np.cumsum(share)[:-1] * len(idx)).astype(int)
+        for c, part in enumerate(np.split(idx, cuts)):
+            clients[c].extend(part)
+    return [np.sort(np.asarray(c, dtype=np.int64)) for c in clients]
+
+
+def split_clients(X, q, y, labels, num_clients: int = 8, label_alpha: float | None = None,
+                  dirichlet_alpha: float | None = None, test_fraction: float = 0.25, seed: int = 0,
+                  fresh_samples: bool = False, family: str = "custom") -> FederatedDataset:
+    """Split a pool ``X`` ``(N, n, d)``, ``q`` ``(N, d)``, ``y`` ``(N, p)`` with class ``labels`` ``(N,)`` into clients.
+
+    Label skew ``label_alpha`` and size skew ``dirichlet_alpha`` as in the module docstring; a
+    held-out test split of ``test_fraction`` per class goes to ``truth``. Client weights are
+    ``p_c = N_c / Σ N_c``. ``fresh_samples=True`` splits the test samples instead (same shares).
+    """
+    X, q, y, labels = (np.asarray(a) for a in (X, q, y, labels))
+    N = X.shape[0]
+    if X.ndim != 3 or q.shape != (N, X.shape[2]) or y.ndim != 2 or y.shape[0] != N or labels.shape != (N,):
+        raise ValueError(f"shapes X{X.shape}, q{q.shape}, y{y.shape}, labels{labels.shape}; expected "
+                         f"X (N, n, d), q (N, d), y (N, p), labels (N,)")
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+        raise ValueError(f"num_clients = {num_clients!r}; expected an integer >= 1")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction = {test_fraction!r}; expected a number in (0, 1)")
+    _check_positive("label_alpha", label_alpha)
+    _check_positive("dirichlet_alpha", dirichlet_alpha)
+    rng = np.random.default_rng(seed_sequence(seed, SEED_SPLIT))
+    train, test = _test_split(labels, test_fraction, rng)
+    classes = np.unique(labels)
+    shares = _shares(classes, num_clients, label_alpha, dirichlet_alpha, rng)
+    parts = _deal(train, labels, classes, shares, rng)
+    counts = np.array([[np.sum(labels[i] == k) for k in classes] for i in parts])
+    if fresh_samples:            # after the training split, which therefore stays the same
+        parts = _deal(test, labels, classes, shares, rng)
+    clients = tuple(ClientDataset(X[i], q[i], y[i]) for i in parts)
+    sizes = np.array([len(i) for i in parts], dtype=float)
+    truth = {"test_X": X[test], "test_q": q[test], "test_y": y[test], "test_labels": labels[test],
+             "class_shares": shares, "classes": classes, "label_counts": counts}
+    return FederatedDataset(clients, sizes / sizes.sum(), family, truth)
+
+
+def digit_contexts(images):
+    """8×8 images (values 0..16) → contexts ``(N, 8, 16)``: each row's pixels in ``[0, 1]`` and a one-hot row code."""
+    images = np.asarray(images, dtype=np.float64) / 16.0
+    N, rows, cols = images.shape
+    position = np.broadcast_to(np.eye(rows), (N, rows, rows))
+    return np.concatenate([images, position], axis=-1)
+
+
+def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
+                   dirichlet_alpha: float | None = None, test_fraction: float = 0.25, seed: int = 0,
+                   fresh_samples: bool = False) -> FederatedDataset:
+    """scikit-learn's handwritten digits (1,797 images) as a client family (docs/theory.md §9).
+
+    Contexts of 8 row tokens plus a positional code (``n = 8``, ``d = 16``), the fixed query
+    ``1/√d``, one-hot targets (``p = 10``); clients by :func:`split_clients`.
+    """
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError(f"task family 'digits' needs scikit-learn, an optional extra: {DIGITS_EXTRA}") from None
+    data = load_digits()
+    X = digit_contexts(data.images)
+    labels = np.asarray(data.target)
+    q = np.full((X.shape[0], X.shape[2]), 1.0 / np.sqrt(X.shape[2]))
+    y = np.eye(10)[labels]
+    return split_clients(X, q, y, labels, num_clients, label_alpha, dirichlet_alpha, test_fraction,
+                         seed, fresh_samples, family="digits")
+
+
+def evaluate(params: Params, X, q, y, attention: str = "linear", temperature: float = 1.0) -> dict:
+    """Mean loss ``½‖ŷ − y‖²`` and accuracy (``argmax ŷ = argmax y``) on samples ``(X, q, y)``."""
+    xp = array_namespace(params.WV)
+    X, q, y = (xp.asarray(a, dtype=params.WV.dtype) for a in (X, q, y))
+    yhat = to_numpy(predict_from_contexts(params, X, q, attention, temperature))
+    y = to_numpy(y)
+    return {"loss": float(np.mean(0.5 * np.sum((yhat - y) ** 2, axis=-1))),
+            "accuracy": float(np.mean(np.argmax(yhat, axis=-1) == np.argmax(y, axis=-1)))}

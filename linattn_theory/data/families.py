@@ -1,0 +1,34 @@
+"""Task families by name: the synthetic families (:mod:`.tasks`) and the digits data set
+(:mod:`.digits`), built by :func:`make_clients` (docs/theory.md §2, §9).
+"""
+
+from __future__ import annotations
+
+from ..core.clients import FederatedDataset
+from .tasks import in_context_regression_clients, planted_kernel_clients
+
+__all__ = ["FAMILIES", "make_clients"]
+
+
+def _digits_clients(**options) -> FederatedDataset:
+    """The ``digits`` family (real data, docs/theory.md §9): :func:`linattn_theory.data.digits.digits_clients`.
+
+    Imported on first use: scikit-learn is an optional extra."""
+    from .digits import digits_clients
+    return digits_clients(**options)
+
+
+FAMILIES = {
+    "planted_kernel": planted_kernel_clients,
+    "in_context_regression": in_context_regression_clients,
+    "digits": _digits_clients,
+}
+
+
+def make_clients(family: str, seed: int = 0, **options) -> FederatedDataset:
+    """Build the clients of a task family by name (``planted_kernel``, ``in_context_regression``, ``digits``)."""
+    try:
+        factory = FAMILIES[family]
+    except KeyError:
+        raise ValueError(f"task family {family!r} is unknown; expected one of {sorted(FAMILIES)}") from None
+    return factory(seed=seed, **options)

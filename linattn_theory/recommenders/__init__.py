@@ -1,0 +1,16 @@
+"""Warm-up recommenders with named information sets, and their scores (docs/theory.md §8).
+
+:mod:`.online` (the causal rule, run as the strategy ``fedfrozen_adaptive`` through the
+engine's control hook), :mod:`.recommendation` (``recommend`` with modes online, pilot, transfer
+and a posteriori) and :mod:`.scoring` (regret against the best warm-up length).
+"""
+from ..core._lazy import attach
+
+__getattr__, __dir__, __all__ = attach(__name__, {
+    ".online": ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision",
+        "OnlineRun", "run_online"],
+    ".recommendation": ["MODES", "INFORMATION", "Recommendation", "recommend", "default_pilot_rounds",
+        "pilot_bound", "pilot_path", "pilot_warmup", "default_transfer_seeds"],
+    ".scoring": ["best_warmup", "regret", "is_u_shaped", "instance_truth", "score_instance",
+        "U_SHAPE_MARGIN"],
+}, submodules=("online", "recommendation", "scoring",))

@@ -1,0 +1,278 @@
+"""The causal online rule: freeze the kernel when more warm-up no longer pays (docs/theory.md §8).
+
+The frozen stage is an exact affine map (docs/theory.md §5), so the final objective of freezing
+the kernel of any stored round ``s`` now, with ``k = T − t`` frozen rounds left, is computable
+(:class:`FreezeForecast`); the rule (:class:`OnlineRule`) decides at round ``t`` from rounds
+``≤ t`` only when more warm-up no longer pays and rolls back to the best stored kernel, the
+spent rounds counted. All mathematics of the rule lives in small pure functions on per-round
+forecasts; the federated loop that feeds them is :func:`run_online`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..core._array import to_numpy
+from ..core.model import Params, _value_matrix, kernel
+from ..core.clients import StackedClients
+from ..theory.frozen_stage import _fixed_point, _frozen_map
+from ..theory._shared import _host_moments, _profile_from_moments, _ridge
+
+
+__all__ = ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision",
+           "OnlineControl", "OnlineRun", "adaptive_strategy", "run_online"]
+
+
+# --------------------------------------------------------------------------------------
+# the exact forecast of freezing a kernel (docs/theory.md §5, §8)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FreezeForecast:
+    """What freezing the kernel ``K_s`` of round ``s`` (with value block ``V_s``) leads to.
+
+    With ``k`` frozen rounds, ``V_T = V_FA + M^k (V_s − V_FA)`` exactly (docs/theory.md §5), and
+    the final objective is ``F_λ(K_s, V_T) = Φ_λ(K_s) + ½‖V_T − V*_λ‖²_Ã``. ``M`` is symmetric;
+    it is kept as its eigendecomposition ``M = Q diag(μ) Qᵀ``.
+    """
+
+    round: int
+    profile: float          # Φ_λ(K_s)
+    drift_floor: float      # D(K_s) = ½‖V_FA − V*_λ‖²_Ã
+    contraction_rate: float  # ρ(K_s) = max |μ|
+    offset: np.ndarray = field(repr=False)     # V_FA − V*_λ, (Hd, p)
+    start: np.ndarray = field(repr=False)      # Qᵀ (V_s − V_FA), (Hd, p)
+    basis: np.ndarray = field(repr=False)      # Q, (Hd, Hd)
+    eigenvalues: np.ndarray = field(repr=False)  # μ, (Hd,)
+    curvature: np.ndarray = field(repr=False)  # Ã, (Hd, Hd)
+
+    def final_objective(self, frozen_rounds) -> np.ndarray | float:
+        """``F_λ(K_s, V_T)`` after ``k = frozen_rounds`` frozen rounds (a number or an array of ``k``)."""
+        k = np.asarray(frozen_rounds, dtype=float)
+        with np.errstate(over="ignore", invalid="ignore"):
+            power = np.power(self.eigenvalues[None, :], k.reshape(-1)[:, None])      # (K, Hd)
+            delta = self.offset[None] + np.einsum("ij,kj,jp->kip", self.basis, power, self.start)
+            value = self.profile + 0.5 * np.einsum("kip,ij,kjp->k", delta, self.curvature, delta)
+        value = np.where(np.isfinite(value), value, np.inf)
+        return float(value[0]) if k.ndim == 0 else value.reshape(k.shape)
+
+
+def freeze_forecast(params: Params, data: StackedClients, fed, round_index: int = 0) -> FreezeForecast:
+    """:class:`FreezeForecast` of freezing ``θ = params`` (its kernel and value block) under ``fed``.
+
+    Uses the clients' value moments at ``K = kernel(params)``: ``Ã_c``, ``B_c`` (docs/theory.md
+    §4), the frozen-stage map ``(M, b)`` with the server step and ``V_FA = (I − M)^{-1} b`` (§5).
+    Exact for full batches and full participation; otherwise the forecast of the mean dynamics.
+    """
+    lam, eta, E, s = fed.ridge, fed.learning_rate, fed.local_steps, fed.server_learning_rate
+    K = np.asarray(to_numpy(kernel(params)), dtype=np.float64)
+    moments = _host_moments(K, data)
+    profile, V_star = _profile_from_moments(moments, lam)
+    M, b = _frozen_map(moments, eta, E, lam, s)
+    V_FA = _fixed_point(M, b)
+    A = _ridge(moments.weighted()[0], lam)
+    mu, Q = np.linalg.eigh(0.5 * (M + M.T))
+    V = _value_matrix(np, np.asarray(to_numpy(params.WV), dtype=np.float64))
+    offset = V_FA - V_star
+    return FreezeForecast(int(round_index), float(profile), float(0.5 * np.sum(offset * (A @ offset))),
+                          float(np.max(np.abs(mu))), offset, Q.T @ (V - V_FA), Q, mu, A)
+
+
+# --------------------------------------------------------------------------------------
+# the causal freezing rule (docs/theory.md §8)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OnlineDecision:
+    """The rule's verdict at round ``t``: continue the warm-up, or freeze the kernel of round
+    ``kernel_round`` (``≤ t``: a roll-back when smaller) for the remaining ``T − t`` rounds.
+
+    ``freeze_objective`` is the exact final objective of that choice, ``F_λ(K_s, V_T)``;
+    ``gain`` the predicted decrease of ``R_freeze`` over the next ``horizon`` rounds and ``cost``
+    the exact increase of the best stored option's final objective over the same rounds.
+    """
+
+    round: int
+    stop: bool
+    kernel_round: int
+    freeze_objective: float
+    gain: float
+    cost: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class OnlineRule:
+    """Freeze when one more stretch of warm-up is predicted to buy less than it costs.
+
+    At round ``t`` the rule knows the forecasts of every stored round ``s ≤ t``
+    (:class:`FreezeForecast`), hence ``J(s, k) = F_λ(K_s, V_T)`` with ``k`` frozen rounds and
+    ``R_freeze(t) + Φ*_λ = J(t, T − t)``. With ``h = horizon`` and ``w = window``:
+
+    * **escape** (docs/theory.md §8): from a small initialisation the warm-up first sits near the
+      saddle at ``K = 0``, where ``R_freeze`` is flat or rises. The rule never stops before
+      ``R_freeze(t) < R_freeze(0)`` (the warm-up beats freezing the initial kernel) and ``w``
+      further rounds have passed, so that the trend below is measured on the descent phase;
+    * **gain** of ``h`` more rounds: ``−h ×`` the least-squares slope of ``R_freeze`` over rounds
+      ``t − w .. t`` (a first-order model of the inexact descent of §4, which is locally a
+      steady decrease);
+    * **cost** of ``h`` more rounds, exact: ``min_s J(s, T − t − h) − min_s J(s, T − t)``, how much
+      the best option available now degrades when ``h`` frozen rounds are given up;
+    * continue while ``gain > cost``; otherwise freeze ``K_{s*}``, ``s* = argmin_s J(s, T − t)``
+      (a roll-back when ``s* < t``; the rounds spent are counted). At ``t = T`` the warm-up is
+      over and no roll-back remains (plain FedAvg).
+
+    ``window = 5`` and ``horizon = 3`` were chosen on the design instances of
+    ``benchmarks/predictive_regret.py`` and are scored there on disjoint evaluation instances.
+    """
+
+    window: int = 5
+    horizon: int = 3
+
+    def __post_init__(self):
+        for name in ("window", "horizon"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"OnlineRule.{name} = {value!r}; expected an integer >= 1")
+
+    def decide(self, forecasts, T: int) -> OnlineDecision:
+        """The decision at round ``t = len(forecasts) − 1`` from the forecasts of rounds ``0..t``."""
+        return online_decision(forecasts, T, self.window, self.horizon)
+
+
+def _options(forecasts, frozen_rounds: int) -> np.ndarray:
+    """``J(s, k)`` for every stored round ``s`` and ``k = frozen_rounds``."""
+    return np.array([f.final_objective(frozen_rounds) for f in forecasts])
+
+
+def _trend(values) -> float:
+    """Least-squares slope of ``values`` against their index."""
+    y = np.asarray(values, dtype=float)
+    x = np.arange(len(y), dtype=float) - (len(y) - 1) / 2.0
+    return float(np.sum(x * (y - y.mean())) / np.sum(x * x))
+
+
+def online_decision(forecasts, T: int, window: int = 5, horizon: int = 3) -> OnlineDecision:
+    """:class:`OnlineRule`'s decision at round ``t = len(forecasts) − 1``, from rounds ``0..t`` only."""
+    t = len(forecasts) - 1
+    if not 0 <= t <= T:
+        raise ValueError(f"{len(forecasts)} forecasts for T = {T} rounds; expected 1..T+1")
+    if t == T:
+        objective = forecasts[T].final_objective(0)
+        return OnlineDecision(t, True, T, objective, 0.0, 0.0, "warm-up budget spent: plain FedAvg")
+    now = _options(forecasts, T - t)
+    s = int(np.argmin(now))
+    risk = np.array([f.final_objective(T - f.round) for f in forecasts])   # R_freeze(0..t) + Φ*
+    below = np.flatnonzero(risk < risk[0])
+    if len(below) == 0 or t < below[0] + window:
+        return OnlineDecision(t, False, s, float(now[s]), float("nan"), float("nan"),
+                              "escaping the saddle: R_freeze has not yet fallen below R_freeze(0) "
+                              f"for {window} rounds")
+    h = min(horizon, T - t)
+    gain = -h * _trend(risk[t - window:])
+    cost = float(np.min(_options(forecasts, T - t - h)) - now[s])
+    if gain > cost:
+        return OnlineDecision(t, False, s, float(now[s]), gain, cost,
+                              f"predicted gain {gain:.3g} of {h} more rounds exceeds their cost {cost:.3g}")
+    return OnlineDecision(t, True, s, float(now[s]), gain, cost,
+                          f"predicted gain {gain:.3g} of {h} more rounds does not exceed their cost {cost:.3g}")
+
+
+@dataclass
+class OnlineRun:
+    """A FedFrozen run whose warm-up length was chosen online (:func:`run_online`).
+
+    ``result`` is the simulator's :class:`~linattn_theory.sim.engine.RunResult` (its table: warm-up
+    rows up to ``stop_round``, then the frozen stage); ``kernel_round`` is the round whose kernel
+    was frozen (``T0``), ``stop_round`` the round at which the rule decided (``≥ kernel_round``; the
+    frozen stage runs ``T − stop_round`` rounds); ``predicted_objective`` the forecast
+    ``F_λ(K_{T0}, V_T)``; ``decisions`` one row per warm-up round.
+    """
+
+    result: object
+    kernel_round: int
+    stop_round: int
+    predicted_objective: float
+    decisions: pd.DataFrame
+
+
+class OnlineControl:
+    """The online rule as a strategy's per-round control (:class:`~linattn_theory.sim.strategies.Control`).
+
+    ``observe`` stores ``θ^t``, adds the :class:`FreezeForecast` of round ``t`` and asks the rule,
+    which sees rounds ``0..t`` only; when it stops, the run freezes the kernel of its
+    ``kernel_round`` (a stored round: roll-back). ``finish`` records ``kernel_round`` (the ``T0``),
+    ``stop_round`` and the forecast; ``decisions`` keeps one row per round observed.
+    """
+
+    def __init__(self, rule: OnlineRule, fed):
+        self.rule, self.fed = rule, fed
+        self.params: dict[int, Params] = {}
+        self.forecasts: list[FreezeForecast] = []
+        self.decisions: list[dict] = []
+        self.decision: OnlineDecision | None = None
+        self.stop_round: int | None = None
+
+    def observe(self, state, data):
+        from ..sim.strategies import Freeze
+
+        t = state.round
+        self.params[t] = state.params
+        self.forecasts.append(freeze_forecast(state.params, data, self.fed, t))
+        self.decision = self.rule.decide(self.forecasts, self.fed.rounds)
+        self.decisions.append(dataclasses.asdict(self.decision))
+        if not self.decision.stop:
+            return None
+        self.stop_round = t
+        return Freeze(self.decision.kernel_round, self.params[self.decision.kernel_round])
+
+    def finish(self, result) -> dict:
+        s, t = self.decision.kernel_round, self.stop_round
+        if t is None:     # the warm-up diverged before the rule stopped (or T was reached undecided)
+            s = t = int(result.table["round"].iloc[-1])
+        return {"warmup_rounds": int(s), "kernel_round": int(s), "stop_round": int(t),
+                "predicted_objective": float(self.decision.freeze_objective)}
+
+
+def _default_rule(fed) -> OnlineRule:
+    return OnlineRule(fed.adaptive_window, fed.adaptive_horizon)
+
+
+def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineControl | None = None):
+    """The strategy ``fedfrozen_adaptive``: FedAvg rounds until the online rule freezes the kernel.
+
+    FedFrozen's client and server rules with every block training, plus ``control`` (the round
+    engine's hook; default: an :class:`OnlineControl` of ``OnlineRule(fed.adaptive_window,
+    fed.adaptive_horizon)``). ``warmup_rounds`` is ignored: the rule chooses ``T0``. Registered
+    by the package (``linattn_theory/__init__.py``).
+    """
+    from ..sim.strategies import Control, Strategy
+    from ..sim.strategies.base import freeze_after, local_sgd, server_sgd
+
+    control = OnlineControl(_default_rule(fed), fed) if control is None else control
+    return Strategy("fedfrozen_adaptive", freeze_after(fed.rounds, ("WV",)), local_sgd(),
+                    server_sgd(fed.server_learning_rate), Control(control.observe, control.finish))
+
+
+def run_online(config, clients=None, rule: OnlineRule | None = None, *, params: Params | None = None,
+               max_bytes="auto", progress: bool = False) -> OnlineRun:
+    """Train FedAvg and freeze the kernel when ``rule`` says so (strategy ``fedfrozen_adaptive``).
+
+    Runs :func:`~linattn_theory.sim.engine.simulate` with :func:`adaptive_strategy`: after every
+    round ``t`` the engine hands ``θ^t`` to the rule's control, which adds the
+    :class:`FreezeForecast` of round ``t``; the rule sees rounds ``0..t`` only. When it stops at
+    round ``t`` with kernel round ``s``, the run continues from ``θ^s`` with the kernel frozen for
+    the remaining ``T − t`` rounds (the table keeps the rows of the rounds spent). Full batches and
+    full participation make the forecast exact; otherwise it is the forecast of the mean dynamics.
+    """
+    from ..sim.engine import simulate
+
+    fed = config.federated
+    control = OnlineControl(_default_rule(fed) if rule is None else rule, fed)
+    result = simulate(config, clients, params=params, max_bytes=max_bytes, progress=progress,
+                      strategy=adaptive_strategy(fed, control=control))
+    meta = result.metadata
+    return OnlineRun(result, meta["kernel_round"], meta["stop_round"], meta["predicted_objective"],
+                     pd.DataFrame(control.decisions))

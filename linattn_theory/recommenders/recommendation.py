@@ -1,0 +1,253 @@
+"""Warm-up recommenders with named information sets (docs/theory.md §8).
+
+A recommendation of the warm-up length ``T0`` is a *prediction* only if it is made from what is
+known before ``T0`` is chosen. Each recommender here says what it used:
+
+* ``online`` (causal, the default): runs with the training and decides at round ``t`` from rounds
+  ``≤ t`` only. The frozen stage is an exact affine map (docs/theory.md §5), so the final
+  objective of freezing the kernel of any stored round ``s`` now, with ``k = T − t`` frozen rounds
+  left, is computable (:class:`FreezeForecast`); the rule (:class:`OnlineRule`) decides when more
+  warm-up no longer pays and rolls back to the best stored kernel, the spent rounds counted.
+* ``pilot``: constants of the bound ``U(T0)`` fitted on the first ``T_p ≤ T/4`` FedAvg rounds
+  and on ``Φ*_λ`` (computable from the data alone); the bound extrapolates the rest.
+* ``transfer``: the a-posteriori bound's ``T0`` on other seeds of the same family and setting,
+  never on the instance judged.
+* ``a_posteriori`` (descriptive): the bound fitted on the whole FedAvg path it then judges
+  (:func:`linattn_theory.theory.bound.estimate_bound`). It explains a curve; it predicts nothing.
+
+All mathematics of the rules lives in small pure functions on per-round forecasts; the
+federated loop that feeds them is :func:`run_online`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..core._array import to_numpy
+from ..core.model import kernel
+from .online import OnlineRule, run_online
+
+__all__ = ["MODES", "INFORMATION", "Recommendation", "recommend", "default_pilot_rounds", "pilot_bound",
+           "pilot_path", "pilot_warmup", "default_transfer_seeds"]
+
+#: The recommenders and their information sets (docs/theory.md §8).
+MODES = ("online", "pilot", "transfer", "a_posteriori")
+
+#: One sentence per mode: what it used (the ``information`` of a :class:`Recommendation`).
+INFORMATION = {
+    "online": ("causal: at each warm-up round t only rounds ≤ t, through the exact frozen-stage "
+               "map at the stored kernels; the rounds spent before freezing are counted against T"),
+    "pilot": ("pilot: the first T_p = {pilot_rounds} FedAvg rounds, θ^0 and Φ*_λ from the clients' "
+              "data; the bound U(T0) extrapolates the rest of the path"),
+    "transfer": ("transfer: the a-posteriori bound's T0 on seeds {seeds} of the same family and "
+                 "setting; nothing measured on this instance"),
+    "a_posteriori": ("a posteriori (descriptive, not a prediction): constants fitted on the whole "
+                     "FedAvg path θ^0..θ^T that this recommendation is then judged on"),
+}
+
+
+# --------------------------------------------------------------------------------------
+# pilot, transfer and a-posteriori recommenders (docs/theory.md §6, §8)
+# --------------------------------------------------------------------------------------
+def default_pilot_rounds(T: int) -> int:
+    """``T_p = ⌊T/4⌋`` (at least 2 rounds, so that a trend exists; at most ``T``)."""
+    return min(T, max(2, T // 4))
+
+
+def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
+    """``U(T0)`` for ``T0 = 0..T`` from the pilot rounds ``0..T_p`` of ``terms`` (:func:`~linattn_theory.theory.bound.path_terms`).
+
+    The bias term is the inexact-PL curve fitted on the pilot's bias
+    (:func:`~linattn_theory.theory.bound.fit_inexact_pl`) and extrapolated; the drift floor grows
+    linearly at the pilot's least-squares rate ``γ`` beyond ``T_p``; the value lag ``u``, the
+    contraction ``ρ`` and the transient ``τ`` stay at their round-``T_p`` values. Rounds
+    ``≤ T_p`` use the measured terms. Returns columns ``round``, ``U``, ``bias_bound``,
+    ``drift_floor``, ``frozen_bound``.
+    """
+    from ..theory.bound import _drift_growth, fit_inexact_pl, frozen_stage_bound, tradeoff_bound
+
+    Tp = len(terms) - 1
+    bias = terms["bias"].to_numpy()
+    frozen_pilot = frozen_stage_bound(terms["drift_floor"].to_numpy(), terms["value_lag"].to_numpy(),
+                                      terms["transient"].to_numpy())
+    burn_in, b_floor, q = fit_inexact_pl(bias, frozen_pilot)
+    level = float(np.max(bias[:burn_in + 1]))
+    gamma = _drift_growth(terms["drift_floor"], burn_in)
+    rounds = np.arange(T + 1)
+    ahead = np.maximum(rounds - Tp, 0)
+    last = terms.iloc[-1]
+    pad = lambda column, extension: np.concatenate([terms[column].to_numpy(), extension])  # noqa: E731
+    drift = pad("drift_floor", np.maximum(last["drift_floor"] + gamma * ahead[Tp + 1:], 0.0))
+    lag = pad("value_lag", np.full(T - Tp, last["value_lag"]))
+    rho = pad("contraction_rate", np.full(T - Tp, last["contraction_rate"]))
+    tau = pad("tau", np.full(T - Tp, last["tau"]))
+    U = tradeoff_bound(rounds, T, bias[burn_in], b_floor, q, drift, lag, rho, tau, burn_in, level)
+    frozen = frozen_stage_bound(drift, lag, tau * np.power(rho, T - rounds))
+    return pd.DataFrame({"round": rounds, "U": U, "bias_bound": U - frozen, "drift_floor": drift,
+                         "frozen_bound": frozen})
+
+
+def pilot_path(config, clients, pilot_rounds: int):
+    """The pilot: the first ``T_p`` FedAvg rounds of the run (:func:`~linattn_theory.theory.bound.warmup_path`)."""
+    from ..theory.bound import warmup_path
+    path = warmup_path(config.with_updates({"federated.rounds": pilot_rounds, "federated.warmup_rounds": 0}),
+                       clients)
+    if path.divergence is not None:
+        raise ValueError(f"the pilot's FedAvg rounds diverged: {path.divergence.message}")
+    return path
+
+
+def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFrame]:
+    """``(T0, U_pilot)``: ``T0 = argmin_{T0 ≥ T_p} U_pilot(T0)`` from the pilot ``path`` (:func:`pilot_bound`).
+
+    The pilot rounds are the run's own first rounds, so ``T0 < T_p`` is not offered. ``optimum``
+    is ``Φ*_λ``, a property of the clients' data (docs/theory.md §8).
+    """
+    from ..theory.bound import path_terms
+    Tp = len(path.params) - 1
+    curve = pilot_bound(path_terms(path, clients, config, optimum), config.federated.rounds)
+    return Tp + int(np.argmin(curve["U"].to_numpy()[Tp:])), curve
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A recommended warm-up ``T0_theory`` and what it was made from (docs/theory.md §8).
+
+    ``mode`` names the information set and ``information`` says it in a sentence. ``curve`` is
+    the bound the recommendation minimised (``pilot``, ``a_posteriori``) or the online rule's
+    per-round decisions (``online``); ``stop_round`` is the round at which the online rule
+    decided (the frozen stage then runs ``T − stop_round`` rounds); ``bound`` is the
+    a-posteriori :class:`~linattn_theory.theory.bound.TradeoffBound` (``a_posteriori`` only), whose
+    ``violated`` assumption checks are reported first. ``measured`` holds the simulated excess
+    risks of the recommendation and of plain FedAvg (``R(T0_theory)``, ``R(T)``) when asked.
+    """
+
+    config: object
+    mode: str
+    T0_theory: int
+    information: str
+    curve: pd.DataFrame | None = None
+    stop_round: int | None = None
+    bound: object | None = None
+    details: dict = field(default_factory=dict)
+    measured: pd.DataFrame | None = None
+
+    @property
+    def descriptive(self) -> bool:
+        """True for the a-posteriori fit, which explains a path but predicts nothing."""
+        return self.mode == "a_posteriori"
+
+    @property
+    def violated(self) -> list:
+        """The assumption checks of the bound that failed (empty for modes without a bound)."""
+        return [] if self.bound is None else self.bound.violated
+
+    @property
+    def measured_gain(self) -> float | None:
+        """``R(T) − R(recommendation)`` from the simulations (``None`` if not measured or diverged)."""
+        if self.measured is None or self.measured["diverged"].any():
+            return None
+        R = self.measured.set_index("run")["excess_risk"]
+        return float(R.loc["fedavg"] - R.loc["recommended"])
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode = {mode!r}; expected one of {', '.join(map(repr, MODES))}")
+    return mode
+
+
+def _a_posteriori_T0(config, clients, restarts: int):
+    from ..theory.bound import estimate_bound
+    return estimate_bound(config, clients, restarts=restarts)
+
+
+def default_transfer_seeds(seed: int, count: int = 3) -> list[int]:
+    """``count`` seeds after ``seed`` (never ``seed`` itself): the other instances a transfer uses."""
+    return [seed + i for i in range(1, count + 1)]
+
+
+def recommend(config, clients=None, *, mode: str = "online", measure: bool = True,
+              pilot_rounds: int | None = None, transfer_seeds=None, rule: OnlineRule | None = None,
+              restarts: int = 8) -> Recommendation:
+    """Recommend a warm-up length ``T0`` for ``config`` from the information set ``mode`` (docs/theory.md §8).
+
+    * ``"online"`` (default, causal): :func:`run_online` with ``rule`` (default from the config's
+      ``adaptive_window``/``adaptive_horizon``); ``T0_theory`` is the frozen kernel's round and
+      ``stop_round`` the round at which the rule decided.
+    * ``"pilot"``: the first ``pilot_rounds`` (default ``⌊T/4⌋``) FedAvg rounds and ``Φ*_λ`` from the
+      data; ``T0_theory = argmin_{T0 ≥ T_p} U_pilot(T0)`` (:func:`pilot_bound`); the pilot rounds
+      are the run's own first rounds, so ``T0 < T_p`` is not offered.
+    * ``"transfer"``: the median a-posteriori ``T0_theory`` over ``transfer_seeds`` (default the three
+      seeds after ``config.seed``; the instance's own seed is refused).
+    * ``"a_posteriori"`` (descriptive): ``argmin U`` of the bound fitted on the whole FedAvg path.
+
+    With ``measure``, simulates the recommendation and plain FedAvg against one ``Φ*_λ``.
+    """
+    from ..sim.engine import clients_from_config
+
+    _check_mode(mode)
+    T = config.federated.rounds
+    clients = clients_from_config(config) if clients is None else clients
+    if mode == "online":
+        run = run_online(config, clients, rule)
+        rec = Recommendation(config, mode, run.kernel_round, INFORMATION["online"],
+                             curve=run.decisions, stop_round=run.stop_round,
+                             details={"predicted_objective": run.predicted_objective, "run": run.result})
+    elif mode == "pilot":
+        from ..theory.bound import path_optimum
+        Tp = default_pilot_rounds(T) if pilot_rounds is None else int(pilot_rounds)
+        if not 1 <= Tp <= max(1, T // 4):
+            raise ValueError(f"pilot_rounds = {pilot_rounds!r}; expected 1 <= T_p <= T/4 = {T // 4}")
+        path = pilot_path(config, clients, Tp)
+        optimum = path_optimum(config, clients, path, restarts=restarts).objective
+        T0, curve = pilot_warmup(config, clients, path, optimum)
+        rec = Recommendation(config, mode, T0, INFORMATION["pilot"].format(pilot_rounds=Tp), curve=curve,
+                             details={"pilot_rounds": Tp, "optimum": optimum})
+    elif mode == "transfer":
+        seeds = default_transfer_seeds(config.seed) if transfer_seeds is None else [int(s) for s in transfer_seeds]
+        if not seeds or config.seed in seeds:
+            raise ValueError(f"transfer_seeds = {seeds}: expected other seeds than the instance's "
+                             f"own seed {config.seed}")
+        fitted = {s: _a_posteriori_T0(config.with_updates({"seed": s}), None, restarts).T0_theory for s in seeds}
+        T0 = int(np.round(np.median(list(fitted.values()))))
+        rec = Recommendation(config, mode, T0, INFORMATION["transfer"].format(seeds=seeds),
+                             details={"transfer_seeds": seeds, "transfer_T0": fitted})
+    else:
+        bound = _a_posteriori_T0(config, clients, restarts)
+        rec = Recommendation(config, mode, bound.T0_theory, INFORMATION["a_posteriori"], curve=bound.curve,
+                             bound=bound)
+    if measure:
+        rec = dataclasses.replace(rec, measured=_measure(rec, clients, restarts))
+    return rec
+
+
+def _measure(rec: Recommendation, clients, restarts: int) -> pd.DataFrame:
+    """Simulated ``R`` of the recommendation and of plain FedAvg, against one ``Φ*_λ``."""
+    from ..theory.bound import config_stacked
+    from ..sim.engine import simulate
+    from ..theory.profile import centralized_optimum
+
+    config = rec.config
+    T = config.federated.rounds
+    fedfrozen = lambda T0: config.with_updates({"federated.strategy": "fedfrozen",  # noqa: E731
+                                                "federated.warmup_rounds": int(T0)})
+    runs = {"recommended": rec.details["run"] if rec.mode == "online" else simulate(fedfrozen(rec.T0_theory), clients),
+            "fedavg": simulate(fedfrozen(T), clients)}
+    kernels = [np.asarray(to_numpy(kernel(r.warmup_params))) for r in runs.values() if not r.diverged]
+    optimum = centralized_optimum(config_stacked(config, clients), config.federated.ridge,
+                                  rank=config.model.rank, heads=config.model.heads, restarts=restarts,
+                                  seed=config.seed, initial_kernels=kernels).objective
+    rows = []
+    for name, run in runs.items():
+        T0 = rec.T0_theory if name == "recommended" else T
+        row = {"run": name, "warmup_rounds": T0, "diverged": run.diverged, "optimum": optimum}
+        row["excess_risk"] = (np.nan if run.diverged
+                              else float(run.table["loss_regularized"].iloc[-1]) - optimum)
+        row["message"] = run.divergence.message if run.diverged else ""
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,147 @@
+"""Regenerating the figures: discover the scripts of ``simulations/`` and run them.
+
+A figure script ``simulations/NAME.py`` defines
+``make(out_dir, quick=False, executor="processes", workers=None, progress=False) -> list[Path]``
+and reads its sweep from ``simulations/configs/``; it is runnable on its own as
+``python simulations/NAME.py [--quick] [--out figures]`` through :func:`script_main`.
+Sweep results are cached under ``out_dir/_sweeps/<config>[-quick]/`` (keyed by each run's
+config hash, so a second call only redraws).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..core.errors import ConfigError
+
+__all__ = ["discover", "make_figures", "figure_sweep", "script_main", "config_path", "analysis_workers",
+           "excess_risk_sweep"]
+
+
+def _defines_make(path: Path) -> bool:
+    return "\ndef make(" in path.read_text()
+
+
+def discover(root=".", only=None) -> dict[str, Path]:
+    """``{name: path}`` of the figure scripts in ``root/simulations`` (files defining ``make``)."""
+    folder = Path(root) / "simulations"
+    if not folder.is_dir():
+        raise ConfigError(f"--root {str(root)!r}: no simulations/ folder there")
+    scripts = {p.stem: p for p in sorted(folder.glob("*.py"))
+               if not p.name.startswith("_") and _defines_make(p)}
+    if only:
+        unknown = sorted(set(only) - set(scripts))
+        if unknown:
+            raise ConfigError(f"--only {unknown[0]!r}: no such figure script; expected one of "
+                              f"{', '.join(scripts)}")
+        scripts = {k: v for k, v in scripts.items() if k in set(only)}
+    return scripts
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(f"linattn_figure_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
+                 executor: str = "processes", workers: int | None = None,
+                 progress: bool = False) -> dict[str, tuple[list[Path], float]]:
+    """Run each script's ``make``; ``{name: (written paths, seconds)}``.
+
+    Options a script's ``make`` does not take (e.g. ``executor`` for a script that runs no sweep)
+    are not passed; ``make`` may return a list of paths or a ``{kind: path}`` dict.
+    """
+    made = {}
+    options = {"quick": quick, "executor": executor, "workers": workers, "progress": progress}
+    for name, path in scripts.items():
+        start = time.perf_counter()
+        make = _load(name, path).make
+        accepted = inspect.signature(make).parameters
+        paths = make(out_dir, **{k: v for k, v in options.items() if k in accepted})
+        paths = paths.values() if isinstance(paths, dict) else paths
+        made[name] = ([Path(p) for p in paths], time.perf_counter() - start)
+    return made
+
+
+def analysis_workers(executor: str = "processes", workers: int | None = None) -> int:
+    """Processes for a figure's per-instance analysis: one with ``executor="serial"``, else ``workers``
+    (default one per core), as for the sweep itself."""
+    return 1 if executor == "serial" else int(workers or os.cpu_count() or 1)
+
+
+def config_path(script_file, name: str) -> Path:
+    """``simulations/configs/NAME.toml`` next to a figure script."""
+    return Path(script_file).resolve().parent / "configs" / f"{name}.toml"
+
+
+def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=None,
+                 progress=False, rounds=False):
+    """Run (or reuse) a figure's sweep; returns ``(sweep, results, sweep_dir)``.
+
+    ``config`` is a sweep TOML file or a :class:`~linattn_theory.sim.sweep.Sweep` read from one
+    (then ``quick`` only names the folder). ``results`` is :func:`linattn_theory.load_results`
+    of the sweep folder ``out_dir/_sweeps/<config stem>[-quick]``; with ``rounds=True`` also the
+    per-round table, as ``(summary, per_round)``.
+    """
+    from .results import load_results
+    from ..sim.sweep import Sweep, load_sweep, run_sweep
+
+    sweep = config if isinstance(config, Sweep) else load_sweep(config, quick=quick)
+    stem = Path(sweep.source).stem if sweep.source else "sweep"
+    folder = Path(out_dir) / "_sweeps" / (stem + ("-quick" if quick else ""))
+    run_sweep(sweep, folder, executor=executor, workers=workers, progress=progress, existing="replace")
+    summary = load_results(folder)
+    if rounds:
+        return sweep, (summary, load_results(folder, rounds=True)), folder
+    return sweep, summary, folder
+
+
+def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor="processes",
+                      workers=None, progress=False):
+    """Run (or reuse) a FedFrozen sweep over ``T0`` and analyse it: ``(table, best, dropped)``.
+
+    ``table``: the non-diverged runs with the excess-risk decomposition (and, with ``bound``, the
+    fitted bound) of :func:`~linattn_theory.report.sweep_analysis.excess_risk_table`; ``best``: per
+    instance (the columns ``by``), the best warm-up and the gain over FedAvg
+    (:func:`~linattn_theory.report.sweep_analysis.best_warmup`, diverged runs counted as ``R = ∞``);
+    ``dropped``: how many runs diverged.
+    """
+    from .plotting import drop_diverged
+    from .sweep_analysis import best_warmup, excess_risk_table
+
+    _, results, folder = figure_sweep(config, out_dir, quick=quick, executor=executor,
+                                      workers=workers, progress=progress)
+    table = excess_risk_table(folder, results, bound=bound, workers=analysis_workers(executor, workers))
+    best = best_warmup(table, by)
+    table, dropped = drop_diverged(table)
+    return table, best, dropped
+
+
+def script_main(make, doc: str | None = None, argv=None) -> int:
+    """The command line of one figure script: ``[--quick] [--out DIR] [--executor E] [--workers N]``."""
+    from ..sim.sweep import EXECUTORS
+
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--quick", action="store_true", help="small grids (seconds, for tests)")
+    parser.add_argument("--out", default="figures", help="output folder (default: figures)")
+    parser.add_argument("--executor", choices=EXECUTORS, default="processes")
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    try:
+        paths = make(args.out, quick=args.quick, executor=args.executor, workers=args.workers,
+                     progress=not args.quiet)
+    except ConfigError as err:
+        print(f"invalid configuration: {err}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    return 0

@@ -1,0 +1,325 @@
+"""One style for every figure: print sizes, colour-blind-safe palette, the theory's symbols, atomic PNG+PDF+CSV output.
+
+Every figure script in ``simulations/`` draws with :func:`figure` (3.5 in or 7 in wide, text of at
+least 7 pt; ``quick=True`` marks a smoke-test figure), labels axes with :data:`LABELS`, puts its
+legend under the axes (:func:`legend_below`), draws medians with interquartile bands over
+instances (:func:`instance_band`) and saves with :func:`save_figure`, which checks the print size
+(:func:`check_print_ready`), writes fixed metadata (no date: a rerun gives the same bytes) and the
+plotted numbers as a CSV next to the image (the tests check it is non-empty and finite). Diverged
+runs are never plotted as NaN: :func:`drop_diverged` removes them and :func:`note_dropped` says so.
+"""
+
+from __future__ import annotations
+
+import io as _io
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from ..core.io import atomic_write_bytes, atomic_write_text  # noqa: E402
+
+__all__ = ["LABELS", "STRATEGY_NAMES", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
+           "note_dropped", "dropped_text", "mark_x", "instance_band", "data_ticks", "stacked_bars", "log_scale", "curve_rows",
+           "legend_below", "check_print_ready", "PALETTE_NAME", "COLUMN_WIDTH", "FULL_WIDTH", "MIN_FONT_SIZE",
+           "QUICK_MARK"]
+
+PALETTE_NAME = "colorblind"
+#: figure widths in inches: one column and two columns of a paper (text at 7 pt or more at that size)
+COLUMN_WIDTH, FULL_WIDTH = 3.5, 7.0
+MIN_FONT_SIZE = 7.0
+#: written across every quick-mode figure (small grids: a smoke test, not the result)
+QUICK_MARK = "QUICK MODE: smoke test, not the result"
+#: Axis and legend labels: the theory's symbols (docs/theory.md), keyed by result column.
+LABELS = {
+    "T0": r"warm-up length $T_0$",
+    "federated.warmup_rounds": r"warm-up length $T_0$",
+    "round": r"round $t$",
+    "excess_risk": r"excess risk $R(T_0) = F_\lambda(\theta_T) - \Phi^*_\lambda$",
+    "final_loss_regularized": r"final loss $F_\lambda(\theta_T)$",
+    "final_loss": r"final loss $F(\theta_T)$",
+    "loss_regularized": r"global loss $F_\lambda(\theta_t)$",
+    "loss": r"global loss $F(\theta_t)$",
+    "loss_gap": r"$F_\lambda(\theta_t) - \Phi^*_\lambda$",
+    "profile": r"$\Phi_\lambda(K)$",
+    "bias": r"kernel-profile bias $\Phi_\lambda(K_{T_0}) - \Phi^*_\lambda$",
+    "drift_floor": r"value drift floor $D(K_{T_0})$",
+    "unfinished": r"unfinished optimisation",
+    "cumulative_kernel_drift": r"cumulative kernel drift $\Gamma(T_0)$",
+    "kernel_drift": r"kernel drift per round",
+    "drift_WV": r"value drift (client dispersion of $W_V$)",
+    "bound": r"bound $U(T_0)$",
+    "task.zeta_value": r"concept heterogeneity $\zeta_V$",
+    "task.zeta_covariate": r"covariate heterogeneity $\zeta_X$",
+    "zeta": r"client dissimilarity $\zeta$",
+    "federated.learning_rate": r"step size $\eta$",
+    "federated.local_steps": r"local steps $E$",
+    "local_steps_minus_one": r"$E - 1$",
+    "federated.strategy": "strategy",
+    "rho": r"contraction rate $\rho$",
+    "best_T0": r"best warm-up $T_0^{\mathrm{best}}$",
+    "gain": r"gain over FedAvg",
+    "seed": "seed",
+}
+
+
+#: Display names of the strategies (linattn_theory.sim.strategies), for legends.
+STRATEGY_NAMES = {
+    "fedavg": "FedAvg", "fedfrozen": "FedFrozen", "random_kernel": "random kernel (T$_0$ = 0)",
+    "value_frozen": "value frozen", "fedprox": "FedProx", "scaffold": "SCAFFOLD",
+    "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedfrozen_fedprox": "FedFrozen + FedProx",
+    "fedfrozen_scaffold": "FedFrozen + SCAFFOLD", "fedfrozen_adaptive": "FedFrozen, online T$_0$",
+    "static_uniform": "static: uniform", "static_decay": "static: decay",
+    "static_calibrated": r"static: calibrated at $T_0$", "static_saf": r"SAF: most static head at $T_0$",
+}
+
+
+def label(key: str) -> str:
+    """The axis label of a column (the key itself when it has none)."""
+    return LABELS.get(key, key)
+
+
+def apply_style() -> None:
+    """Seaborn ``ticks`` theme, the colour-blind palette, print sizes (7–8 pt text); idempotent."""
+    sns.set_theme(context="paper", style="ticks", palette=PALETTE_NAME,
+                  rc={"figure.dpi": 110, "savefig.dpi": 300, "axes.grid": True,
+                      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+                      "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "figure.titlesize": 8,
+                      "xtick.labelsize": 7, "ytick.labelsize": 7, "legend.fontsize": 7,
+                      "legend.title_fontsize": 7, "lines.linewidth": 1.2, "lines.markersize": 3.5,
+                      "legend.frameon": False, "figure.constrained_layout.use": True,
+                      "pdf.fonttype": 42, "svg.fonttype": "none"})
+
+
+def palette(n: int):
+    """``n`` colours of the colour-blind palette (cycled when ``n`` > 10)."""
+    base = sns.color_palette(PALETTE_NAME)
+    return [base[i % len(base)] for i in range(n)]
+
+
+def figure(ncols: int = 1, nrows: int = 1, *, width: str = "full", height: float = 2.4,
+           quick: bool = False, **kwargs):
+    """``(fig, axes)`` in the shared style; ``axes`` is a flat array when there is more than one.
+
+    ``width`` is ``"full"`` (two-column paper width, 7 in) or ``"column"`` (3.5 in); ``height`` is
+    per row, in inches. With ``quick`` the figure carries :data:`QUICK_MARK` across it (and in the
+    PDF's keywords), so that a smoke-test figure is never mistaken for the result.
+    """
+    widths = {"full": FULL_WIDTH, "column": COLUMN_WIDTH}
+    if width not in widths:
+        raise ValueError(f"figure width {width!r}: expected 'full' or 'column'")
+    apply_style()
+    fig, axes = plt.subplots(nrows, ncols, figsize=(widths[width], height * nrows), **kwargs)
+    fig.linattn_quick = bool(quick)
+    if quick:
+        fig.text(0.5, 0.5, QUICK_MARK, transform=fig.transFigure, ha="center", va="center",
+                 rotation=20, fontsize=16, color="tab:red", alpha=0.35, zorder=100)
+    return fig, (np.ravel(axes) if nrows * ncols > 1 else axes)
+
+
+def legend_below(fig, handles=None, labels=None, ncols: int | None = None, **kwargs):
+    """One legend for the whole figure, under the axes (never on the data)."""
+    if handles is None:
+        handles, labels = [], []
+        for ax in fig.axes:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels and not lab.startswith("_"):
+                    handles.append(h)
+                    labels.append(lab)
+    elif labels is None:
+        labels = [h.get_label() for h in handles]
+    ncols = ncols or min(len(handles), 4)
+    return fig.legend(handles, labels, loc="outside lower center", ncols=ncols, **kwargs)
+
+
+def check_print_ready(fig, name: str = "figure") -> None:
+    """Raise unless ``fig`` is 3.5 in or 7 in wide and every visible text is at least 7 pt."""
+    width = round(float(fig.get_size_inches()[0]), 3)
+    if width not in (COLUMN_WIDTH, FULL_WIDTH):
+        raise ValueError(f"figure {name!r}: {width} in wide; expected {COLUMN_WIDTH} in (one column) "
+                         f"or {FULL_WIDTH} in (two columns)")
+    fig.canvas.draw()               # creates the tick labels
+    small = sorted({(t.get_text(), t.get_fontsize()) for t in fig.findobj(matplotlib.text.Text)
+                    if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_SIZE - 1e-9})
+    if small:
+        raise ValueError(f"figure {name!r}: text below {MIN_FONT_SIZE:g} pt: {small[:3]}")
+
+
+def _check_data(name: str, data: pd.DataFrame) -> None:
+    numeric = data.select_dtypes(include=[np.number, bool])
+    if data.empty or numeric.empty:
+        raise ValueError(f"figure {name!r}: the plotted data is empty")
+    if not np.all(np.isfinite(numeric.to_numpy(dtype=float))):
+        bad = [c for c in numeric if not np.all(np.isfinite(numeric[c].to_numpy(dtype=float)))]
+        raise ValueError(f"figure {name!r}: non-finite plotted values in columns {bad}; "
+                         "drop diverged runs (plotting.drop_diverged) instead of plotting NaN")
+
+
+def _metadata(fmt: str, name: str, quick: bool) -> dict:
+    """Fixed file metadata: no creation date, so that a rerun writes the same bytes."""
+    info = {"Title": name, "Creator": "linattn-theory"}
+    if quick:
+        info["Keywords" if fmt == "pdf" else "Description"] = QUICK_MARK
+    if fmt == "pdf":
+        info["CreationDate"] = None
+    return info
+
+
+def save_figure(fig, name: str, out_dir, data: pd.DataFrame | None = None,
+                formats=("png", "pdf")) -> list[Path]:
+    """Write ``out_dir/name.png`` and ``.pdf`` atomically, plus ``name.csv`` of the plotted ``data``.
+
+    ``data`` must be non-empty and finite (a figure is drawn from data, never a placeholder); the
+    figure must be print-ready (:func:`check_print_ready`). The files carry fixed metadata (no
+    date), so the same figure gives the same bytes. Closes ``fig``; returns the written paths.
+    """
+    out = Path(out_dir)
+    paths = []
+    if data is not None:
+        _check_data(name, data)
+        paths.append(atomic_write_text(out / f"{name}.csv",
+                                       data.to_csv(index=False, float_format="%.10g")))
+    if formats:
+        check_print_ready(fig, name)
+    quick = getattr(fig, "linattn_quick", False)
+    for fmt in formats:
+        buf = _io.BytesIO()
+        fig.savefig(buf, format=fmt, metadata=_metadata(fmt, name, quick))
+        paths.append(atomic_write_bytes(out / f"{name}.{fmt}", buf.getvalue()))
+    if formats:
+        plt.close(fig)
+    return paths
+
+
+def drop_diverged(results: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """``(results without diverged runs, how many were dropped)``."""
+    if "diverged" not in results:
+        return results, 0
+    keep = ~results["diverged"].astype(bool)
+    return results[keep], int((~keep).sum())
+
+
+def dropped_text(dropped: int, what: str = "diverged run") -> str:
+    """``"N diverged runs not shown"`` (``""`` when 0)."""
+    if not dropped:
+        return ""
+    return f"{dropped} {what if dropped == 1 else what + 's'} not shown"
+
+
+def note_dropped(ax, dropped: int, what: str = "diverged run") -> None:
+    """Say on the axes that ``dropped`` runs are not shown (nothing when 0)."""
+    if dropped:
+        ax.text(0.99, 0.01, dropped_text(dropped, what), transform=ax.transAxes,
+                ha="right", va="bottom", color="0.35")
+
+
+def mark_x(ax, x: float, text: str, color, linestyle: str = "--") -> None:
+    """A vertical marker at ``x`` with its legend entry ``text``."""
+    ax.axvline(x, color=color, linestyle=linestyle, linewidth=1.2, label=text)
+
+
+def _plain(value: float, _=None) -> str:
+    return f"{value:g}"
+
+
+def log_scale(ax, axis: str = "y") -> None:
+    """A log axis labelled in plain numbers (``0.3``, ``2``, ``1e-05``).
+
+    Minor ticks are labelled where few decades are shown: those at 2, 3 and 5 within about one
+    decade, at 2 and 5 within two, none beyond (labels must not collide at print size).
+    """
+    from matplotlib.ticker import FuncFormatter
+    getattr(ax, f"set_{axis}scale")("log")
+    target = ax.xaxis if axis == "x" else ax.yaxis
+
+    def minor(value, _=None):
+        low, high = sorted(target.get_view_interval())
+        decades = np.log10(high / low) if low > 0 else np.inf
+        mantissa = round(value / 10 ** np.floor(np.log10(value) + 1e-12), 6)
+        if (decades <= 1.2 and mantissa in (2, 3, 5)) or (decades <= 2.2 and mantissa in (2, 5)):
+            return _plain(float(f"{value:.6g}"))
+        return ""
+    target.set_major_formatter(FuncFormatter(_plain))
+    target.set_minor_formatter(FuncFormatter(minor))
+
+
+def data_ticks(ax, values, axis: str = "x") -> None:
+    """Ticks of a log axis at the data values, labelled as plain numbers (``0.005``, not ``5×10⁻³``)."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+    values = sorted(set(float(v) for v in values))
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(FixedLocator(values))
+    target.set_major_formatter(matplotlib.ticker.FuncFormatter(_plain))
+    target.set_minor_locator(NullLocator())
+    target.set_minor_formatter(NullFormatter())
+
+
+def stacked_bars(ax, x, parts: dict, colors, width: float = 0.8) -> None:
+    """Bars of ``parts`` (``{label: values}``) stacked at ``x``: positive values upwards from 0,
+    negative ones downwards, so that a signed decomposition reads off exactly."""
+    x = np.asarray(x, dtype=float)
+    up, down = np.zeros(len(x)), np.zeros(len(x))
+    for (name, values), color in zip(parts.items(), colors):
+        values = np.asarray(values, dtype=float)
+        bottom = np.where(values >= 0, up, down)
+        ax.bar(x, values, width=width, bottom=bottom, color=color, label=name, linewidth=0)
+        up = up + np.clip(values, 0, None)
+        down = down + np.clip(values, None, 0)
+
+
+def curve_rows(x: str, series: pd.Series, count: int, **labels) -> pd.DataFrame:
+    """A plotted line (``series`` indexed by ``x``) in :func:`instance_band`'s table format, for the CSV."""
+    values = series.to_numpy(dtype=float)
+    return pd.DataFrame({x: series.index, "median": values, "q25": values, "q75": values,
+                         "count": count, **labels})
+
+
+def instance_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,
+                  marker: str = "o", linestyle: str = "-") -> pd.DataFrame:
+    """Median of ``y`` over instances against ``x``, with a band over the interquartile range.
+
+    Returns the plotted summary (``x``, median, q25, q75, count) for the figure's CSV.
+    """
+    grouped = data.groupby(x)[y]
+    stats = pd.DataFrame({"median": grouped.median(), "q25": grouped.quantile(0.25),
+                          "q75": grouped.quantile(0.75), "count": grouped.count()}).reset_index()
+    ax.plot(stats[x], stats["median"], marker=marker, markersize=2.5, color=color, label=label,
+            linestyle=linestyle)
+    if (stats["count"] > 1).any():
+        ax.fill_between(stats[x], stats["q25"], stats["q75"], color=color, alpha=0.2, linewidth=0)
+    return stats
+
+
+def seed_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,
+              marker: str = "o") -> pd.DataFrame:
+    """Mean of ``y`` over seeds against ``x`` with a band from the smallest to the largest seed.
+
+    Used by the softmax and real-data figures (docs/theory.md §9), whose captions say so; the
+    headline figures use :func:`instance_band` (median, interquartile range). Returns the plotted
+    summary (``x``, mean, min, max, count) for the figure's CSV.
+    """
+    stats = data.groupby(x)[y].agg(["mean", "min", "max", "count"]).reset_index()
+    ax.plot(stats[x], stats["mean"], marker=marker, markersize=2.5, color=color, label=label)
+    if (stats["count"] > 1).any():
+        ax.fill_between(stats[x], stats["min"], stats["max"], color=color, alpha=0.2, linewidth=0)
+    return stats
+
+
+def seed_band_best(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,
+                   best: str = "min") -> tuple[pd.DataFrame, pd.Series]:
+    """:func:`seed_band` plus a star at the best point of the seed mean (``best``: ``"min"`` or ``"max"``).
+
+    Returns ``(stats, best row)``.
+    """
+    stats = seed_band(ax, data, x, y, color=color, label=label)
+    row = stats.loc[stats["mean"].idxmin() if best == "min" else stats["mean"].idxmax()]
+    ax.plot(row[x], row["mean"], marker="*", markersize=12, color=color, markeredgecolor="black",
+            linestyle="none")
+    return stats, row

@@ -1,0 +1,301 @@
+"""Theory quantities for every run of a sweep: the glue between stored runs and :mod:`.theory`.
+
+Runs are grouped by problem instance (the clients: task and seed, with the student's shape and
+the ridge λ), so that the clients are built and ``Φ*_λ`` is computed once per instance, and by
+schedule (the instance plus ``η``, ``E``, ``T``, …) for the bound ``U(T0)``. All mathematics is
+in :mod:`linattn_theory.theory` and :mod:`linattn_theory.theory.bound`; nothing is recomputed here.
+Results are memoised per process (``linattn figures`` draws figures 1–3 from one analysis), and
+instances are analysed in parallel with ``workers`` processes (the same numbers for any count);
+``Φ*_λ`` is also stored with the sweep (``<folder>/_optimum/<key>.json``, keyed by the instance
+and the starting kernels), so that redrawing a figure does not solve for it again.
+
+The statistics every figure uses are here too, so that one definition serves all of them
+(docs/theory.md §6): :func:`best_warmup` (per instance, the best warm-up ``T0_best`` = the
+smallest ``T0`` of the grid at which ``R(T0)`` is smallest), :func:`paired_ratios` (``R(T0)/R(T)``
+of the same instance) and :func:`gain_summary` (per level: how often and by how much FedFrozen at
+its best ``T0`` beats FedAvg).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..sim.config import RunConfig, config_from_dict
+from ..sim.engine import clients_from_config
+from ..core.model import kernel
+from .results import load_run
+from ..core.clients import stack_clients
+
+__all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table", "best_warmup", "paired_ratios",
+           "gain_summary", "quartiles"]
+
+_MEMO: dict = {}
+
+
+def _memo(kind: str, folder, results: pd.DataFrame, compute):
+    key = (kind, str(Path(folder).resolve()), tuple(results["run_id"]))
+    if key not in _MEMO:
+        _MEMO[key] = compute()
+    return _MEMO[key].copy()
+
+
+def _instance_key(config: RunConfig) -> str:
+    """The problem a run solves: its clients (task, seed), the student (shape, attention) and the ridge λ."""
+    model = config.model
+    return json.dumps([config.task.__dict__, config.seed, model.rank, model.heads,
+                       config.federated.ridge, model.attention, model.temperature],
+                      sort_keys=True, default=str)
+
+
+def _cached_optimum(folder, config: RunConfig, clients, starts) -> float:
+    """``Φ*_λ`` of ``config``'s instance from :func:`~linattn_theory.theory.profile.centralized_optimum`,
+    stored in ``<folder>/_optimum/`` under the instance and the exact starting kernels ``starts``.
+    """
+    from ..core.io import write_json
+    from ..theory.profile import centralized_optimum
+
+    digest = hashlib.sha256(_instance_key(config).encode())
+    for K in starts:
+        digest.update(np.ascontiguousarray(K, dtype=np.float64).tobytes())
+    path = Path(folder) / "_optimum" / f"{digest.hexdigest()[:24]}.json"
+    if path.is_file():
+        return float(json.loads(path.read_text())["objective"])
+    optimum = centralized_optimum(clients, config.federated.ridge, rank=config.model.rank,
+                                  heads=config.model.heads, seed=config.seed, initial_kernels=starts)
+    write_json(path, {"instance": json.loads(_instance_key(config)), "objective": optimum.objective,
+                      "best_start": optimum.best_start, "converged": optimum.converged})
+    return float(optimum.objective)
+
+
+def _schedule_key(config: RunConfig) -> str:
+    """The instance and every federated setting except the warm-up length and the strategy."""
+    fed = dict(config.federated.__dict__, warmup_rounds=None, strategy=None)
+    return json.dumps([_instance_key(config), fed, config.model.__dict__], sort_keys=True, default=str)
+
+
+def _instance_groups(folder, results: pd.DataFrame) -> list[list[str]]:
+    """The run ids of a sweep grouped by problem instance, in order of first appearance."""
+    groups: dict[str, list] = {}
+    for rid in results["run_id"]:
+        config = config_from_dict(load_run(folder, rid).metadata["config"])
+        groups.setdefault(_instance_key(config), []).append(rid)
+    return list(groups.values())
+
+
+def _load_instance(folder, run_ids):
+    runs = {}
+    for rid in run_ids:
+        run = load_run(folder, rid)
+        runs[rid] = (config_from_dict(run.metadata["config"]), run)
+    config = next(iter(runs.values()))[0]
+    clients = clients_from_config(config)
+    if config.model.attention != "linear":      # softmax: stacked with contexts and τ (docs/theory.md §9)
+        clients = stack_clients(clients, attention=config.model.attention, temperature=config.model.temperature)
+    return clients, runs
+
+
+def runs_by_instance(folder, results: pd.DataFrame):
+    """Group a sweep's runs by problem instance: yields ``(clients, {run_id: (RunConfig, RunResult)})``.
+
+    The clients are built once per instance (same task, seed, student shape and ridge λ); for
+    softmax attention they come stacked with their contexts and temperature, so that every
+    theory function uses the softmax features (docs/theory.md §9).
+    """
+    for run_ids in _instance_groups(folder, results):
+        yield _load_instance(folder, run_ids)
+
+
+def _per_instance(function, folder, results: pd.DataFrame, workers: int | None, *args) -> list:
+    """``function(clients, runs, *args)`` for every instance, in ``workers`` processes; rows concatenated
+    in instance order (so the result does not depend on ``workers``)."""
+    groups = _instance_groups(folder, results)
+    if workers is None or workers <= 1 or len(groups) <= 1:
+        chunks = [_instance_task(function, folder, g, args) for g in groups]
+    else:
+        from joblib import Parallel, delayed
+        chunks = Parallel(n_jobs=workers)(delayed(_instance_task)(function, folder, g, args) for g in groups)
+    return [row for chunk in chunks for row in chunk]
+
+
+def _instance_task(function, folder, run_ids, args):
+    return function(*_load_instance(folder, run_ids), *args)
+
+
+def frozen_stage_table(folder, results: pd.DataFrame) -> pd.DataFrame:
+    """Per run, the closed forms at its frozen kernel ``K_{T0}`` (docs/theory.md §4–6).
+
+    Adds ``profile`` ``Φ_λ(K_{T0})``, ``drift_floor`` ``D(K_{T0})``, ``contraction_rate`` ``ρ(K_{T0})``,
+    ``zeta`` (the client dissimilarity ``ζ(K_{T0})``, :func:`~linattn_theory.theory.bound.gradient_dissimilarity`)
+    and ``measured_drift_floor`` ``F_λ(θ_T) − Φ_λ(K_{T0})`` (equal to ``D`` once the frozen stage
+    has converged). Diverged runs get NaN and must be dropped before plotting.
+    """
+    from ..theory.bound import gradient_dissimilarity
+    from ..theory.frozen_stage import contraction_rate, value_drift_floor
+    from ..theory.profile import profile_objective
+
+    def compute():
+        rows = []
+        final = results.set_index("run_id")["final_loss_regularized"]
+        for clients, runs in runs_by_instance(folder, results):
+            for rid, (config, run) in runs.items():
+                if run.diverged:
+                    continue
+                K, fed = kernel(run.warmup_params), config.federated
+                profile = profile_objective(K, clients, fed.ridge)[0]
+                schedule = (fed.learning_rate, fed.local_steps, fed.ridge)
+                rows.append({"run_id": rid, "profile": profile,
+                             "drift_floor": value_drift_floor(K, clients, *schedule),
+                             "contraction_rate": contraction_rate(K, clients, *schedule),
+                             "zeta": float(np.sqrt(gradient_dissimilarity(K, clients, fed.ridge))),
+                             "measured_drift_floor": float(final[rid]) - profile})
+        columns = ["run_id", "profile", "drift_floor", "contraction_rate", "zeta", "measured_drift_floor"]
+        return results.merge(pd.DataFrame(rows, columns=columns), on="run_id", how="left")
+    return _memo("frozen_stage", folder, results, compute)
+
+
+def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False,
+                      workers: int | None = None) -> pd.DataFrame:
+    """Per run, the exact decomposition of the excess risk and, with ``bound``, the fitted bound ``U(T0)``.
+
+    Columns added (docs/theory.md §6): ``optimum`` ``Φ*_λ`` (one
+    :func:`~linattn_theory.theory.profile.centralized_optimum` per instance, also started from the best
+    kernel its runs reached), ``excess_risk`` ``R(T0) = F_λ(θ_T) − Φ*_λ``, ``bias``,
+    ``drift_floor``, ``unfinished`` and ``identity_residual`` from
+    :func:`~linattn_theory.theory.decomposition.decompose_excess_risk`; with ``bound``, from one
+    :func:`~linattn_theory.theory.bound.estimate_bound` per schedule (against the same ``Φ*_λ``):
+    ``T0_theory``, ``U`` and ``bias_bound`` at the run's ``T0``, and ``assumptions_violated`` (NaN
+    where the schedule's FedAvg path diverges). The bound's constants are fitted on the FedAvg run of the same instance: ``U`` and
+    ``T0_theory`` are an a posteriori fit (descriptive), not a prediction. Diverged runs get NaN.
+    Instances are analysed in ``workers`` processes (default: in this one).
+    """
+    table = _memo("excess_risk", folder, results,
+                  lambda: results.merge(pd.DataFrame(_per_instance(_decomposition, folder, results, workers, folder)),
+                                        on="run_id", how="left"))
+    if bound:
+        optimum = table.set_index("run_id")["optimum"].to_dict()
+        columns = ["run_id", "T0_theory", "U", "bias_bound", "assumptions_violated"]
+        bounds = _memo("bound", folder, results, lambda: pd.DataFrame(
+            _per_instance(_bounds, folder, results, workers, optimum), columns=columns))
+        table = table.merge(bounds, on="run_id", how="left")
+    return table
+
+
+def _decomposition(clients, runs, folder) -> list[dict]:
+    from ..theory.decomposition import decompose_excess_risk
+    from ..theory.profile import profile_objective
+
+    rows = []
+    config = next(iter(runs.values()))[0]
+    lam = config.federated.ridge
+    ok = [run for _, run in runs.values() if not run.diverged]
+    kernels = [kernel(run.warmup_params) for run in ok] + [kernel(run.params) for run in ok]
+    starts = [min(kernels, key=lambda K: profile_objective(K, clients, lam)[0])] if kernels else []
+    optimum = _cached_optimum(folder, config, clients, starts)
+    for rid, (_, run) in runs.items():
+        row = {"run_id": rid, "optimum": optimum}
+        if not run.diverged:
+            parts = decompose_excess_risk(run, clients, optimum=optimum)
+            row.update({k: parts[k] for k in ("excess_risk", "bias", "drift_floor", "unfinished",
+                                              "identity_residual")})
+        rows.append(row)
+    return rows
+
+
+def _bounds(clients, runs, optimum: dict) -> list[dict]:
+    from ..theory.bound import estimate_bound
+
+    rows, bounds = [], {}
+    for rid, (config, run) in runs.items():
+        if run.diverged:
+            continue
+        key = _schedule_key(config)
+        if key not in bounds:
+            try:
+                bounds[key] = estimate_bound(config, clients, optimum=float(optimum[rid]))
+            except ValueError:       # its FedAvg path diverged: no bound (the runs report their divergence)
+                bounds[key] = None
+        b = bounds[key]
+        if b is None:
+            continue
+        curve = b.curve.set_index("round")
+        T0 = run.metadata["warmup_rounds"]
+        rows.append({"run_id": rid, "T0_theory": b.T0_theory, "U": float(curve.loc[T0, "U"]),
+                     "bias_bound": float(curve.loc[T0, "bias_bound"]),
+                     "assumptions_violated": len(b.violated)})
+    return rows
+
+
+# -- statistics over instances (docs/theory.md §6) ---------------------------------------------
+
+def quartiles(values) -> dict:
+    """``{"median", "q25", "q75", "count"}`` of the finite ``values`` (NaN when there are none)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return {"median": np.nan, "q25": np.nan, "q75": np.nan, "count": 0}
+    q25, median, q75 = np.quantile(values, [0.25, 0.5, 0.75])
+    return {"median": float(median), "q25": float(q25), "q75": float(q75), "count": int(values.size)}
+
+
+def best_warmup(table: pd.DataFrame, by) -> pd.DataFrame:
+    """Per instance (one row per value of the columns ``by``), the best warm-up and FedFrozen's gain.
+
+    ``T0_best = min argmin_{T0} R(T0)`` over the instance's grid of ``T0`` (ties go to the smallest
+    ``T0``; a diverged run counts as ``R = ∞``): the one definition of the best warm-up
+    (docs/theory.md §6). Columns: ``by``, ``best_T0``, ``R_best = R(T0_best)``, ``R_fedavg = R(T)``
+    (``T = federated.rounds``; NaN when that run diverged or is missing), ``gain = 1 − R_best/R_fedavg``
+    (≥ 0; NaN without ``R_fedavg``), ``T`` and ``diverged_runs``.
+    """
+    from ..recommenders.scoring import best_warmup as argmin_smallest
+
+    by = list(by)
+    rows = []
+    for key, group in table.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        group = group.sort_values("T0", kind="stable")
+        risk = group["excess_risk"].where(~group["diverged"].astype(bool), np.inf).fillna(np.inf)
+        first = argmin_smallest(risk.to_numpy())          # the smallest T0 among the minimisers
+        best = group.iloc[first]
+        T = int(group["federated.rounds"].max())
+        fedavg = risk[group["T0"].to_numpy() == T]
+        R_fedavg = float(fedavg.iloc[0]) if len(fedavg) and np.isfinite(fedavg.iloc[0]) else np.nan
+        R_best = float(risk.iloc[first])
+        rows.append({**dict(zip(by, key)), "best_T0": int(best["T0"]), "R_best": R_best,
+                     "R_fedavg": R_fedavg, "gain": 1.0 - R_best / R_fedavg if np.isfinite(R_fedavg) else np.nan,
+                     "T": T, "diverged_runs": int(group["diverged"].astype(bool).sum())})
+    return pd.DataFrame(rows)
+
+
+def paired_ratios(table: pd.DataFrame, by) -> pd.DataFrame:
+    """The non-diverged runs with ``ratio = R(T0) / R(T)``, ``R(T)`` plain FedAvg's excess risk on the
+    same instance (the columns ``by``); instances whose FedAvg run diverged are left out."""
+    by = list(by)
+    ok = table[~table["diverged"].astype(bool)]
+    fedavg = (ok[ok["T0"] == ok["federated.rounds"]].set_index(by)["excess_risk"].rename("R_fedavg"))
+    joined = ok.join(fedavg, on=by, how="inner")
+    return joined.assign(ratio=joined["excess_risk"] / joined["R_fedavg"])
+
+
+def gain_summary(best: pd.DataFrame, level) -> pd.DataFrame:
+    """Per value of ``level`` (a column, or a list of columns), over the instances of :func:`best_warmup`: ``instances``, ``beats``
+    (how many have ``R(T0_best) < R(T)``, i.e. FedFrozen at its best warm-up beats FedAvg),
+    ``share_beats``, the gain's median and quartiles (``gain_median``, ``gain_q25``, ``gain_q75``)
+    and the best warm-up's (``best_T0_median``, ``best_T0_q25``, ``best_T0_q75``); instances whose
+    FedAvg run diverged are left out of both and counted in ``diverged_instances``."""
+    columns = [level] if isinstance(level, str) else list(level)
+    rows = []
+    for value, group in best.groupby(columns, sort=True):
+        gain = group["gain"].to_numpy(dtype=float)
+        valid = np.isfinite(gain)
+        g, t = quartiles(gain), quartiles(group["best_T0"].to_numpy(dtype=float)[valid])
+        rows.append({**dict(zip(columns, value)), "instances": int(valid.sum()),
+                     "diverged_instances": int((~valid).sum()), "beats": int((gain[valid] > 0).sum()),
+                     "share_beats": float((gain[valid] > 0).mean()) if valid.any() else np.nan,
+                     "gain_median": g["median"], "gain_q25": g["q25"], "gain_q75": g["q75"],
+                     "best_T0_median": t["median"], "best_T0_q25": t["q25"], "best_T0_q75": t["q75"]})
+    return pd.DataFrame(rows)

@@ -1,0 +1,119 @@
+"""Helpers of the teaching notebook (``notebooks/bias_drift_tradeoff.py``).
+
+Three kinds of statements appear in the notebook, and each has its own reporter:
+
+- an **exercise** checks the student's own answer against an independent computation and
+  prints ``EXERCISE <name>: PASS``, ``FAIL`` or ``UNANSWERED``; it never stops the notebook
+  (:func:`check_exercise`);
+- a **theorem** is an exact identity of docs/theory.md; when the numbers violate it, something
+  is wrong with the code, and :func:`theorem` raises :class:`TheoremViolation`;
+- a **tendency** is what the theory leads one to expect in the typical case, not an identity;
+  :func:`tendency` prints whether it holds on the numbers at hand.
+
+:func:`excess_risk_curve` is the one computation of the notebook that is not a single package
+call: the exact decomposition of ``R(T0)`` (docs/theory.md §6) for every warm-up length, from
+one shared FedAvg trajectory (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
+           "excess_risk_curve", "best_warmup"]
+
+PASS, FAIL, UNANSWERED = "PASS", "FAIL", "UNANSWERED"
+
+
+class TheoremViolation(AssertionError):
+    """An exact identity of docs/theory.md does not hold on the numbers: a bug, not a surprise."""
+
+
+def check_exercise(name: str, answer, verify) -> None:
+    """Run the student's answer and check it; print ``EXERCISE <name>: PASS``, ``FAIL`` or ``UNANSWERED``.
+
+    ``answer()`` calls the student's function (no arguments; a ``lambda`` closes over them). A
+    ``NotImplementedError`` means "not answered yet"; any other exception, in the answer or in
+    ``verify(result) -> (passed, detail)``, is a ``FAIL`` that names the error. Never raises, so an
+    unanswered or wrong exercise does not stop the rest of the notebook.
+    """
+    try:
+        result = answer()
+    except NotImplementedError:
+        print(f"EXERCISE {name}: {UNANSWERED}  (replace `raise NotImplementedError` by your answer, "
+              f"run that cell, then this one)")
+        return
+    except Exception as error:        # the student's code failed: report it, keep going
+        print(f"EXERCISE {name}: {FAIL}  your answer raised {type(error).__name__}: {error}")
+        return
+    try:
+        passed, detail = verify(result)
+    except Exception as error:        # e.g. a wrong shape or type: report it, keep going
+        print(f"EXERCISE {name}: {FAIL}  your answer could not be checked ({type(error).__name__}: {error})")
+        return
+    print(f"EXERCISE {name}: {PASS if passed else FAIL}  {detail}")
+
+
+def theorem(name: str, holds: bool, detail: str = "") -> None:
+    """Print ``THEOREM <name>: holds`` or raise :class:`TheoremViolation` (an exact identity failed)."""
+    if not holds:
+        raise TheoremViolation(f"THEOREM {name} is violated: {detail}")
+    print(f"THEOREM {name}: holds  {detail}")
+
+
+def tendency(name: str, holds: bool, detail: str = "") -> None:
+    """Print whether a tendency of the theory holds on these numbers (never raises)."""
+    verdict = "holds" if holds else "does NOT hold"
+    print(f"TENDENCY {name}: {verdict} on these numbers  {detail}")
+
+
+def excess_risk_curve(config, clients, optimum=None, *, restarts: int = 2) -> pd.DataFrame:
+    """``R(T0)`` and its exact parts for every ``T0 = 0..T`` (docs/theory.md §6).
+
+    ``R(T0) = bias(K_{T0}) + D(K_{T0}) + [F_λ(K_{T0}, V_T) − F_λ(K_{T0}, V_FA)]``, one row per warm-up
+    length (index ``T0``; columns ``excess_risk``, ``bias``, ``drift_floor``, ``unfinished``,
+    ``identity_residual``, ``profile_objective``, ``optimum``). The runs are the simulator's
+    FedFrozen runs of ``config`` sharing one FedAvg trajectory
+    (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep`; ``T0 = T`` is FedAvg), each split by
+    :func:`~linattn_theory.theory.decomposition.decompose_excess_risk` against ``optimum`` (``Φ*_λ``: a number or a
+    ``CentralizedOptimum``; ``None``: one :func:`~linattn_theory.theory.profile.centralized_optimum` with
+    ``restarts`` random starts, also started from FedAvg's last kernel and from the warm-up kernel
+    of lowest ``Φ_λ``). ``R`` is the simulator's measured loss and the parts come from the moments,
+    so ``identity_residual`` checks one against the other. Raises ``ValueError`` if the FedAvg
+    trajectory diverged (its excess risk is undefined).
+    """
+    from ..core.model import kernel
+    from ..core.clients import stack_clients
+    from ..theory.profile import centralized_optimum, profile_objective
+    from ..theory.decomposition import decompose_excess_risk
+    from ..sim.warmup_grid import warmup_sweep
+
+    fed = config.federated
+    runs = warmup_sweep(config.with_updates({"federated.strategy": "fedfrozen"}), clients=clients)
+    diverged = [T0 for T0, run in runs.items() if run.diverged]
+    if diverged:
+        raise ValueError(f"the warm-up diverged (T0 = {diverged[0]}..): R(T0) is undefined; use a smaller step")
+    data = stack_clients(clients)
+    if optimum is None:
+        kernels = [np.asarray(kernel(run.warmup_params)) for run in runs.values()]
+        best = min(kernels, key=lambda K: profile_objective(K, data, fed.ridge)[0])
+        optimum = centralized_optimum(data, fed.ridge, rank=config.model.rank, heads=config.model.heads,
+                                      restarts=restarts, seed=config.seed, initial_kernels=[kernels[-1], best])
+    rows = [decompose_excess_risk(run, data, optimum=optimum) for run in runs.values()]
+    columns = ["warmup_rounds", "excess_risk", "bias", "drift_floor", "unfinished", "identity_residual",
+               "profile_objective", "optimum"]
+    return pd.DataFrame(rows)[columns].rename(columns={"warmup_rounds": "T0"}).set_index("T0")
+
+
+def best_warmup(excess_risk) -> int:
+    """The best warm-up length: ``argmin_{T0} R(T0)``, the smallest such ``T0`` on ties (docs/theory.md §6).
+
+    ``excess_risk`` is a Series indexed by ``T0`` (or an array indexed ``0..T``).
+    """
+    series = pd.Series(np.asarray(excess_risk, dtype=float)) if not isinstance(excess_risk, pd.Series) \
+        else excess_risk.astype(float)
+    if not np.all(np.isfinite(series.to_numpy())):
+        raise ValueError("R(T0) is not finite for every T0: a run diverged")
+    from ..recommenders.scoring import best_warmup as argmin_smallest  # the one definition (docs/theory.md §8)
+    return int(series.index[argmin_smallest(series.to_numpy())])

@@ -1,0 +1,22 @@
+"""The simulator: configurations, strategies, the round engine and sweeps (docs/theory.md §3).
+
+:mod:`.config` (validated run configurations), :mod:`.strategies` (one module per federated
+strategy, a registry, and the per-round control hook), :mod:`.engine` (``simulate`` and the
+round loop ``run_schedule``), :mod:`.warmup_grid` (every warm-up length sharing one FedAvg
+prefix), :mod:`.sweep` (grids of runs on disk, resumable) and :mod:`.limits` (resource checks
+before work). Imports :mod:`linattn_theory.data` and :mod:`linattn_theory.core`.
+"""
+from ..core._lazy import attach
+
+__getattr__, __dir__, __all__ = attach(__name__, {
+    ".config": ["TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig", "load_config",
+        "config_from_dict", "config_hash", "ignored_settings", "read_toml"],
+    ".engine": ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
+        "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
+        "stable_learning_rate", "hessian_curvature", "select_engine"],
+    ".warmup_grid": ["warmup_sweep", "frozen_stage_from_moments"],
+    ".sweep": ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
+        "is_complete", "grid_size", "EXECUTORS", "MAX_RUNS"],
+    ".limits": ["check_output_folder", "RunEstimate", "estimate_run", "check_resources",
+        "default_memory_limit", "DEFAULT_MAX_HOURS", "FLOP_RATE"],
+}, submodules=("config", "engine", "warmup_grid", "sweep", "limits", "strategies",))

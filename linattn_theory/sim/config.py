@@ -1,0 +1,348 @@
+"""Run configuration: typed sections, read from TOML, validated before any work.
+
+Every error names the field, the value and what is allowed, and is raised as
+:class:`ConfigError` before anything is computed or written (the command line turns it into
+exit status 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..core.errors import ConfigError
+from .strategies import STRATEGIES, effective_warmup_rounds
+
+
+__all__ = ["ConfigError", "TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig",
+           "load_config", "config_from_dict", "config_hash", "ignored_settings", "read_toml"]
+
+
+def _spec(default, *, low=None, high=None, low_open=False, high_open=False, choices=None,
+          doc=""):
+    meta = {"low": low, "high": high, "low_open": low_open, "high_open": high_open,
+            "choices": choices, "doc": doc}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The clients (docs/theory.md §2). Keys that do not apply to ``family`` are rejected."""
+
+    family: str = _spec("planted_kernel", choices=("planted_kernel", "in_context_regression", "digits"),
+                        doc="task family (digits: scikit-learn's handwritten digits, docs/theory.md §9)")
+    num_clients: int = _spec(8, low=1, doc="number of clients m")
+    samples_per_client: int = _spec(128, low=2, doc="samples per client N (mean N_c when skewed)")
+    tokens: int = _spec(8, low=1, doc="context length n")
+    dim: int = _spec(6, low=1, doc="token dimension d (feature dimension for in-context regression)")
+    heads: int = _spec(1, low=1, doc="teacher heads (planted kernel)")
+    rank: int = _spec(3, low=1, doc="teacher kernel rank (planted kernel)")
+    outputs: int = _spec(2, low=1, doc="output dimension p (planted kernel)")
+    zeta_value: float = _spec(0.5, low=0.0, doc="concept heterogeneity ζ_V (planted kernel)")
+    zeta_covariate: float = _spec(0.5, low=0.0, doc="covariate heterogeneity ζ_X")
+    zeta_mean: float = _spec(0.0, low=0.0, doc="token-mean heterogeneity (planted kernel)")
+    zeta_task: float = _spec(0.5, low=0.0, doc="task-mean heterogeneity (in-context regression)")
+    noise: float = _spec(0.1, low=0.0, doc="label noise σ")
+    dirichlet_alpha: float | None = _spec(None, low=0.0, low_open=True,
+                                          doc="Dirichlet concentration α of client sizes (absent: equal)")
+    query: str = _spec("last", choices=("last", "fresh"), doc="query token (planted kernel)")
+    positional_strength: float = _spec(0.0, low=0.0, doc="position-dependent token means (planted kernel)")
+    label_alpha: float | None = _spec(None, low=0.0, low_open=True,
+                                      doc="Dirichlet concentration of each class over the clients (digits; absent: even)")
+    test_fraction: float = _spec(0.25, low=0.0, high=1.0, low_open=True, high_open=True,
+                                 doc="held-out test share of each class (digits)")
+
+
+FAMILY_KEYS = {
+    "planted_kernel": {"num_clients", "samples_per_client", "tokens", "dim", "heads", "rank",
+                       "outputs", "zeta_value", "zeta_covariate", "zeta_mean", "noise",
+                       "dirichlet_alpha", "query", "positional_strength"},
+    "in_context_regression": {"num_clients", "samples_per_client", "tokens", "dim",
+                              "zeta_covariate", "zeta_task", "noise", "dirichlet_alpha"},
+    "digits": {"num_clients", "label_alpha", "dirichlet_alpha", "test_fraction"},
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The student layer (docs/theory.md §1)."""
+
+    heads: int = _spec(1, low=1, doc="heads H")
+    rank: int = _spec(3, low=1, doc="head width r")
+    init_scale: float = _spec(0.5, low=0.0, doc="initial weights N(0, scale²/d)")
+    dtype: str = _spec("float64", choices=("float64", "float32"), doc="floating-point type")
+    backend: str = _spec("numpy", choices=("numpy", "cupy"), doc="array library")
+    attention: str = _spec("linear", choices=("linear", "softmax"),
+                           doc="attention: linear (docs/theory.md §1) or softmax (§9)")
+    temperature: float = _spec(1.0, low=0.0, low_open=True,
+                               doc="softmax temperature τ, scores q^T K x / τ (softmax attention only)")
+    engine: str = _spec("auto", choices=("auto", "fused", "array_api"),
+                        doc="local-step engine: fused CPU kernels (numba), the Array-API path, or auto "
+                            "(fused where it applies and pays; linattn_theory.core.fused)")
+
+
+#: model keys recorded only with softmax attention, so that linear configurations keep their hash
+SOFTMAX_KEYS = ("attention", "temperature")
+
+
+@dataclass(frozen=True)
+class FederatedConfig:
+    """The schedule (docs/theory.md §3)."""
+
+    strategy: str = _spec("fedfrozen", choices=tuple(STRATEGIES),
+                          doc="federated strategy (linattn_theory.sim.strategies; random_kernel = fedfrozen with T0 = 0)")
+    rounds: int = _spec(40, low=1, doc="total rounds T")
+    warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen, value_frozen, fedfrozen_*)")
+    local_steps: int = _spec(5, low=1, doc="local steps E")
+    learning_rate: float = _spec(0.05, low=0.0, low_open=True, doc="local step size η")
+    batch_size: int | None = _spec(None, low=1, doc="minibatch size b (absent: full batch)")
+    participation: float = _spec(1.0, low=0.0, high=1.0, low_open=True,
+                                 doc="fraction of clients per round")
+    server_learning_rate: float = _spec(1.0, low=0.0, low_open=True, doc="server step on the mean delta")
+    ridge: float = _spec(0.0, low=0.0, doc="value-block ridge λ")
+    prox_mu: float = _spec(0.1, low=0.0, doc="FedProx proximal weight μ (fedprox, fedfrozen_fedprox)")
+    adaptive_window: int = _spec(5, low=1, doc="fedfrozen_adaptive: rounds w of the R_freeze trend (docs/theory.md §8)")
+    adaptive_horizon: int = _spec(3, low=1, doc="fedfrozen_adaptive: rounds h of warm-up whose gain and cost are compared")
+    server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
+                                   doc="FedAvgM server momentum β (fedavgm)")
+    server_beta1: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
+                                doc="FedAdam first-moment decay β1 (fedadam)")
+    server_beta2: float = _spec(0.99, low=0.0, high=1.0, high_open=True,
+                                doc="FedAdam second-moment decay β2 (fedadam)")
+    server_epsilon: float = _spec(1e-3, low=0.0, low_open=True,
+                                  doc="FedAdam adaptivity τ (fedadam)")
+    divergence_factor: float = _spec(1e4, low=1.0, low_open=True,
+                                     doc="stop when F exceeds this times the initial loss")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole run: ``seed`` and the ``task``, ``model`` and ``federated`` sections."""
+
+    seed: int = _spec(0, low=0, doc="root seed")
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    federated: FederatedConfig = field(default_factory=FederatedConfig)
+
+    def to_dict(self) -> dict:
+        """Nested dictionary of every setting (task keys of the chosen family only)."""
+        data = asdict(self)
+        keep = FAMILY_KEYS[self.task.family] | {"family"}
+        data["task"] = {k: v for k, v in data["task"].items() if k in keep}
+        if self.model.attention == "linear":
+            data["model"] = {k: v for k, v in data["model"].items() if k not in SOFTMAX_KEYS}
+        return data
+
+    def with_updates(self, updates: dict) -> "RunConfig":
+        """Return a validated copy with dotted keys replaced, e.g. ``{"federated.local_steps": 3}``."""
+        data = self.to_dict()
+        for key, value in updates.items():
+            node = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                if part not in node or not isinstance(node[part], dict):
+                    raise ConfigError(f"{key}: unknown section {part!r}")
+                node = node[part]
+            node[leaf] = value
+        return config_from_dict(_drop_none(data))
+
+    @property
+    def warmup_rounds(self) -> int:
+        """The effective ``T0``: ``T`` for strategies that never freeze (fedavg, fedprox, …), 0 for
+        ``random_kernel`` (see :func:`linattn_theory.sim.strategies.effective_warmup_rounds`)."""
+        fed = self.federated
+        return effective_warmup_rounds(fed.strategy, fed.rounds, fed.warmup_rounds)
+
+
+#: FedAdam's server step is a per-coordinate step size (Reddi et al. 2020): FedAvg's default 1 diverges.
+FEDADAM_MAX_SERVER_STEP = 0.1
+
+SECTIONS = {"task": TaskConfig, "model": ModelConfig, "federated": FederatedConfig}
+
+
+def _drop_none(data: dict) -> dict:
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in data.items() if v is not None}
+
+
+def _expected_type(annotation):
+    """``(base type, optional)`` of a field annotation such as ``float | None``."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"float": float, "int": int, "str": str, "None": None})
+    args = typing.get_args(annotation)
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        base = [a for a in args if a is not type(None)][0]
+        return base, True
+    return annotation, False
+
+
+def _check_value(path: str, value, f):
+    base, _ = _expected_type(f.type)
+    meta = f.metadata
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path} = {value!r}: expected an integer")
+    elif base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path} = {value!r}: expected a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"{path} = {value!r}: expected a finite number")
+        value = float(value)
+    elif base is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path} = {value!r}: expected a string")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{path} = {value!r}: expected one of {', '.join(map(repr, meta['choices']))}")
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and (value < low or (meta["low_open"] and value == low)):
+        op = ">" if meta["low_open"] else ">="
+        raise ConfigError(f"{path} = {value!r}: expected a value {op} {low}")
+    if high is not None and (value > high or (meta["high_open"] and value == high)):
+        op = "<" if meta["high_open"] else "<="
+        raise ConfigError(f"{path} = {value!r}: expected a value {op} {high}")
+    return value
+
+
+def _build_section(cls, data, path: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table of keys, got {data!r}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}: unknown key; allowed keys are {', '.join(sorted(known))}")
+    values = {}
+    for name, value in data.items():
+        values[name] = _check_value(f"{path}.{name}", value, known[name])
+    return cls(**values)
+
+
+def config_from_dict(data: dict) -> RunConfig:
+    """Validate a nested dictionary (as read from TOML) and return a :class:`RunConfig`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration: expected a table, got {type(data).__name__}")
+    data = _drop_none(data)   # a recorded config (metadata.json) writes absent options as null
+    allowed = {"seed", *SECTIONS}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key; allowed top-level keys are {', '.join(sorted(allowed))}")
+    seed_field = next(f for f in fields(RunConfig) if f.name == "seed")
+    seed = _check_value("seed", data.get("seed", 0), seed_field)
+    sections = {name: _build_section(cls, data.get(name, {}), name) for name, cls in SECTIONS.items()}
+    task = sections["task"]
+    extra = set(data.get("task", {})) - FAMILY_KEYS[task.family] - {"family"}
+    if extra:
+        key = sorted(extra)[0]
+        raise ConfigError(f"task.{key}: does not apply to family {task.family!r}; "
+                          f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
+    fed = sections["federated"]
+    if fed.strategy == "fedadam" and fed.server_learning_rate > FEDADAM_MAX_SERVER_STEP:
+        given = "server_learning_rate" in data.get("federated", {})
+        raise ConfigError(("" if given else "federated.strategy = 'fedadam' with the default ") +
+                          f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
+                          f"every coordinate by about this much per round; expected a value <= "
+                          f"{FEDADAM_MAX_SERVER_STEP} for strategy 'fedadam' (e.g. 0.01)")
+    if fed.batch_size is not None and task.dirichlet_alpha is None and fed.batch_size > task.samples_per_client:
+        raise ConfigError(f"federated.batch_size = {fed.batch_size}: expected a value <= "
+                          f"task.samples_per_client = {task.samples_per_client} (a minibatch is drawn "
+                          f"without replacement from one client's samples; leave batch_size out for "
+                          f"full batches)")
+    if fed.warmup_rounds > fed.rounds and fed.strategy in STRATEGY_SETTINGS["warmup_rounds"]:
+        if "warmup_rounds" in data.get("federated", {}):
+            raise ConfigError(f"federated.warmup_rounds = {fed.warmup_rounds}: expected a value <= "
+                              f"federated.rounds = {fed.rounds}")
+        raise ConfigError(f"federated.rounds = {fed.rounds}: expected a value >= federated.warmup_rounds "
+                          f"= {fed.warmup_rounds} (its default); set federated.warmup_rounds too")
+    return RunConfig(seed=seed, **sections)
+
+
+#: federated settings that only some strategies read (the others ignore them)
+STRATEGY_SETTINGS = {
+    "warmup_rounds": ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold"),
+    "prox_mu": ("fedprox", "fedfrozen_fedprox"),
+    "server_momentum": ("fedavgm",),
+    "server_beta1": ("fedadam",),
+    "server_beta2": ("fedadam",),
+    "server_epsilon": ("fedadam",),
+    "adaptive_window": ("fedfrozen_adaptive",),
+    "adaptive_horizon": ("fedfrozen_adaptive",),
+}
+
+
+def ignored_settings(config: RunConfig) -> list[str]:
+    """One message per federated setting that ``config`` moves off its default although its
+    strategy never reads it (e.g. ``prox_mu`` with ``fedavg``); the command line prints them as
+    warnings."""
+    fed = config.federated
+    defaults = {f.name: f.default for f in fields(FederatedConfig)}
+    notes = []
+    for name, users in STRATEGY_SETTINGS.items():
+        value = getattr(fed, name)
+        if fed.strategy not in users and value != defaults[name]:
+            notes.append(f"federated.{name} = {value!r} is ignored by strategy {fed.strategy!r} "
+                         f"(only {', '.join(users)} read it)")
+    return notes
+
+
+def read_toml(path, what: str = "config file") -> dict:
+    """The table of a TOML file read as UTF-8 (a byte-order mark is accepted).
+
+    A missing file, a folder, an unreadable, binary, non-UTF-8 or empty file and invalid TOML
+    are each a :class:`ConfigError` naming the file.
+    """
+    path = Path(path)
+    if str(path) == "":
+        raise ConfigError(f"{what} '': expected the path of a TOML file")
+    if path.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a folder; expected a TOML file")
+    if not path.is_file():
+        kind = "does not exist" if not path.exists() else "is not a regular file"
+        raise ConfigError(f"{what} {str(path)!r} {kind}")
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{what} {str(path)!r} cannot be read ({err.strerror or err})") from None
+    if b"\0" in raw:
+        raise ConfigError(f"{what} {str(path)!r} is a binary file (it holds NUL bytes); expected TOML text")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what} {str(path)!r} is not UTF-8 text (byte 0x{raw[err.start]:02x} at "
+                          f"position {err.start}); save it as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML ({err})") from None
+    if not data:
+        raise ConfigError(f"{what} {str(path)!r} is empty (no settings); see simulations/configs/ "
+                          f"for examples")
+    return data
+
+
+def load_config(path) -> RunConfig:
+    """Read and validate a TOML configuration file."""
+    return config_from_dict(read_toml(path))
+
+
+def config_hash(config: RunConfig) -> str:
+    """A stable 16-hex-digit key of the full configuration (for result files).
+
+    ``model.engine = "auto"`` is left out, so that adding the option kept every earlier key.
+    """
+    data = config.to_dict()
+    if data["model"]["engine"] == "auto":   # the default engine leaves earlier runs' keys unchanged
+        del data["model"]["engine"]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def field_docs(cls) -> dict[str, str]:
+    """``{name: description}`` of a section, for docs and ``--help``."""
+    return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
+
+
+__all__ += ["field_docs"]

@@ -1,0 +1,165 @@
+"""Checks made before any work: the output folder, and a memory and time estimate of the runs.
+
+The estimates are deliberately rough (within a small factor on the configurations of
+``simulations/configs/``): they exist to refuse, in a second, a configuration that would
+exhaust the memory or run for days (``task.dim = 10**6``, ``federated.rounds = 10**12``),
+with the estimate, the limit and the flag that raises it in the message.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import ConfigError
+from .config import RunConfig
+
+__all__ = ["check_output_folder", "RunEstimate", "estimate_run", "check_resources",
+           "default_memory_limit", "DEFAULT_MAX_HOURS", "FLOP_RATE"]
+
+#: default time limit of one command, in hours (``--max-hours``)
+DEFAULT_MAX_HOURS = 24.0
+#: floating-point operations per second assumed by the time estimate (batched small matrix
+#: products on a CPU; measured 5e9 to 9e9 on two cores at d = 16..32)
+FLOP_RATE = 5e9
+#: fixed cost of one local step of one round (array-call overhead, measured 3e-4 to 7e-4 s)
+STEP_OVERHEAD = 3e-4
+#: bytes of one entry of the per-round table while it is built (Python dict of floats)
+TABLE_ENTRY_BYTES = 100
+#: client sizes under Dirichlet skew are drawn exactly up to this many clients (else bounded)
+_EXACT_SIZES_UP_TO = 10_000
+
+
+def check_output_folder(out, flag: str = "--out") -> Path:
+    """``Path(out)`` if results can be written there: not empty, not a file, and the folder or
+    its nearest existing parent a writable folder. Creates nothing; raises :class:`ConfigError`."""
+    if out is None or str(out).strip() == "":
+        raise ConfigError(f"{flag} {str(out or '')!r}: expected a folder name (use {flag} . for "
+                          f"the current folder)")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} exists and is not a folder")
+    parent = path
+    while not parent.exists():
+        if parent.is_symlink():
+            raise ConfigError(f"{flag} {str(path)!r}: {str(parent)!r} is a broken link")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {str(path)!r}: the folder {str(parent)!r} is not writable")
+    return path
+
+
+def default_memory_limit() -> float:
+    """80% of this machine's physical memory, in bytes (``--max-memory-gb``)."""
+    try:
+        return 0.8 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):       # pragma: no cover - not POSIX
+        return 16e9
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """Peak memory (bytes) and running time (seconds) of one run, estimated from its config."""
+
+    bytes: float
+    seconds: float
+
+
+def _largest_client(config: RunConfig) -> int:
+    """``max_c N_c``: exact when the clients are few, else the equal-size lower bound."""
+    task = config.task
+    if task.dirichlet_alpha is None or task.num_clients > _EXACT_SIZES_UP_TO:
+        return task.samples_per_client
+    import numpy as np
+
+    from ..core.seeds import SEED_CLIENT, seed_sequence
+    from ..data.tasks import _client_sizes
+    rngs = [np.random.default_rng(seed_sequence(config.seed, SEED_CLIENT, c))
+            for c in range(task.num_clients)]
+    return max(_client_sizes(task.num_clients, task.samples_per_client, task.dirichlet_alpha, rngs))
+
+
+def estimate_run(config: RunConfig) -> RunEstimate:
+    """Memory and time of ``config`` (docs/cli.md, "Checks before any work").
+
+    Memory: the generated contexts ``m·N·n·d`` (float64), the stacked moments padded to the
+    largest client, ``m·N_max·(d² + d + p + 1)``, the frozen-stage features ``m·N_max·H·d``,
+    the parameters and per-client copies, and the table (``T·m`` entries). Time: ``E`` local
+    steps per round of ``8Hd² + 4Hdp`` flops per sample over all clients while the kernel
+    trains (``T0`` rounds) and ``4Hdp`` once it is frozen, at :data:`FLOP_RATE`.
+    """
+    task, model, fed = config.task, config.model, config.federated
+    m, N, n = task.num_clients, task.samples_per_client, task.tokens
+    if task.family == "in_context_regression":
+        d, p, teacher_heads = task.dim + 1, 1, 0
+    else:
+        d, p, teacher_heads = task.dim, task.outputs, task.heads
+    H, r = model.heads, model.rank
+    item = 4 if model.dtype == "float32" else 8
+    n_max = _largest_client(config)
+    total = m * N
+    generated = 8.0 * total * (n * d + d + p) + 8.0 * teacher_heads * d * (d + 2 * task.rank + p) * (1 + m)
+    stacked = item * float(m) * n_max * (d * d + d + p + 1 + H * d)
+    params = item * 3.0 * H * d * max(r, p)
+    batch = n_max if fed.batch_size is None else min(fed.batch_size, n_max)
+    working = item * float(m) * batch * (4 * H * d + 2 * p) + 4 * params * m
+    table = TABLE_ENTRY_BYTES * float(fed.rounds + 1) * (m + 12)
+    memory = generated + stacked + working + table + 4 * params
+    warm_rounds = min(config.warmup_rounds, fed.rounds)      # rounds that train the kernel
+    warm_flops = float(m) * batch * (8.0 * H * d * d + 4.0 * H * d * p)
+    frozen_flops = float(m) * batch * 4.0 * H * d * p
+    flops = fed.local_steps * (warm_rounds * warm_flops + (fed.rounds - warm_rounds) * frozen_flops)
+    seconds = flops / FLOP_RATE + fed.rounds * fed.local_steps * STEP_OVERHEAD
+    seconds += 8.0 * total * n * d * d / FLOP_RATE                       # building the clients
+    return RunEstimate(memory, seconds)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.3g} GB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.3g} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.3g} h"
+    days = seconds / 86400
+    return f"{days:.3g} days" if days < 1e6 else f"{days / 365.25:.3g} years"
+
+
+def check_resources(configs, *, workers: int = 1, max_memory_gb: float | None = None,
+                    max_hours: float | None = DEFAULT_MAX_HOURS) -> list[RunEstimate]:
+    """Refuse (:class:`ConfigError`) runs whose estimate exceeds the limits; returns the estimates.
+
+    Memory: the largest run times the runs held at once (``workers``) against
+    ``max_memory_gb`` (default :func:`default_memory_limit`); time: the sum over the runs
+    divided by ``workers`` against ``max_hours`` (``None``: no time limit).
+    """
+    configs = list(configs)
+    estimates = [estimate_run(c) for c in configs]
+    if not estimates:
+        return estimates
+    workers = max(1, min(int(workers), len(configs)))
+    limit = default_memory_limit() if max_memory_gb is None else max_memory_gb * 1e9
+    where = max(range(len(configs)), key=lambda i: estimates[i].bytes)
+    memory = estimates[where].bytes * workers
+    if memory > limit:
+        source = "" if max_memory_gb is not None else " (80% of this machine's memory)"
+        at_once = f" ({workers} runs at once)" if workers > 1 else ""
+        raise ConfigError(
+            f"estimated memory {_gb(memory)}{at_once} exceeds the limit {_gb(limit)}{source}: "
+            f"reduce task.num_clients, task.samples_per_client, task.dim, model.heads or "
+            f"federated.rounds, or raise the limit with --max-memory-gb")
+    seconds = sum(e.seconds for e in estimates) / workers
+    if max_hours is not None and (not math.isfinite(seconds) or seconds > max_hours * 3600):
+        raise ConfigError(
+            f"estimated running time {_duration(seconds)} exceeds the limit {max_hours:g} h: "
+            f"reduce federated.rounds, federated.local_steps or the task's size, or raise the "
+            f"limit with --max-hours")
+    return estimates

@@ -1,0 +1,193 @@
+"""The shape every federated strategy shares (docs/theory.md §3).
+
+A strategy is three plain ingredients on explicit state, in the style of FedJAX algorithms
+and Optax transformations:
+
+- ``schedule(t) -> blocks``: the blocks (``"WQ"``, ``"WK"``, ``"WV"``) trained in round ``t``;
+  the others are not touched, so they stay bit-identical;
+- a :class:`ClientRule`: ``init(params, num_clients) -> state``, ``correction(state, round,
+  anchor, local) -> {block: term}`` added to every local gradient (FedProx, SCAFFOLD), and
+  ``update(state, round, anchor, local) -> state`` after the local steps (control variates);
+- a :class:`ServerRule`: ``init(params) -> state`` and ``update(state, round, delta) ->
+  (step, state)`` on the weighted mean delta ``Δ_b = Σ_c p̃_c θ_{c,b} − θ_b``; the server sets
+  ``θ_b ← θ_b + step_b`` (FedAvg: ``step = η_s Δ``; FedAvgM, FedAdam: a server optimiser);
+- optionally a :class:`Control`, the hook through which a strategy decides its schedule during
+  the run: the engine calls ``observe(state, data)`` with every round's state and freezes the
+  query/key block when it returns a :class:`Freeze` (the causal online rule, docs/theory.md §8,
+  is such a strategy; it is defined with the recommenders, which the engine never imports).
+
+The round engine (:func:`linattn_theory.sim.engine.run_schedule`) owns everything else: the
+batched local steps of all participants, the frozen stage's precomputed features, the
+measurements. ``anchor`` maps each trained block to ``θ^t_b`` (one model), ``local`` maps it to the
+participants' current models ``θ_{c,b}`` (leading client axis); every term a rule returns has the
+shape of ``local``. A strategy module exposes ``strategy(fed, warmup_rounds) -> Strategy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...core._array import array_namespace
+from ...core.model import BLOCKS, Params
+
+__all__ = ["Round", "ClientRule", "ServerRule", "Strategy", "Control", "Freeze", "train_all", "freeze_after",
+           "local_sgd", "server_sgd", "zeros_like_blocks", "scatter_clients", "take_clients",
+           "weighted_sum"]
+
+
+class Round(NamedTuple):
+    """What a strategy sees of round ``t``.
+
+    ``participants`` are host indices of the clients of this round, ``client_weights`` their
+    ``p_c`` (as in the objective) and ``weights`` the same renormalised to sum to one (``p̃_c``).
+    """
+
+    t: int
+    blocks: tuple[str, ...]
+    participants: np.ndarray
+    num_clients: int
+    client_weights: Any
+    weights: Any
+    local_steps: int
+    learning_rate: float
+
+
+class ClientRule(NamedTuple):
+    """Client side: a gradient correction during the local steps and a state update after them."""
+
+    init: Callable[[Params, int], Any]
+    correction: Callable[[Any, Round, dict, dict], dict]
+    update: Callable[[Any, Round, dict, dict], Any]
+
+
+class ServerRule(NamedTuple):
+    """Server side: the step ``θ_b ← θ_b + step_b`` taken from the weighted mean delta ``Δ_b``."""
+
+    init: Callable[[Params], Any]
+    update: Callable[[Any, Round, dict], tuple[dict, Any]]
+
+
+class Freeze(NamedTuple):
+    """A control decision: freeze the query/key block now, at the kernel of round ``kernel_round``.
+
+    The run continues from ``params`` (``θ^{kernel_round}``, a stored earlier state when the rule
+    rolls back) with only ``W_V`` training; the rounds already spent stay counted against ``T``.
+    """
+
+    kernel_round: int
+    params: Params
+
+
+class Control(NamedTuple):
+    """A strategy's per-round hook (docs/theory.md §8): the schedule is decided during the run.
+
+    ``observe(state, data) -> Freeze | None`` sees the :class:`~linattn_theory.sim.engine.RunState`
+    of every round the run reaches (round 0 included) and the stacked clients, until it returns a
+    :class:`Freeze` (applied while rounds remain); ``finish(result) -> dict`` is merged into the
+    run's metadata at the end.
+    """
+
+    observe: Callable[[Any, Any], "Freeze | None"]
+    finish: Callable[[Any], dict]
+
+
+class Strategy(NamedTuple):
+    """A federated strategy: which blocks train when, the client rule, the server rule and an
+    optional per-round :class:`Control` (then ``schedule`` is followed until it freezes)."""
+
+    name: str
+    schedule: Callable[[int], tuple[str, ...]]
+    client: ClientRule
+    server: ServerRule
+    control: Control | None = None
+
+
+# -- schedules ----------------------------------------------------------------------------
+
+def train_all(t: int) -> tuple[str, ...]:
+    """Every block trains in every round (FedAvg and the optimisers built on it)."""
+    return BLOCKS
+
+
+def freeze_after(warmup_rounds: int, keep: tuple[str, ...]) -> Callable[[int], tuple[str, ...]]:
+    """All blocks for ``t < T0``, then only ``keep`` (FedFrozen: ``keep = ("WV",)``)."""
+    keep = tuple(b for b in BLOCKS if b in keep)
+
+    def schedule(t: int) -> tuple[str, ...]:
+        return BLOCKS if t < warmup_rounds else keep
+
+    return schedule
+
+
+# -- the plain rules (FedAvg) ---------------------------------------------------------------
+
+def _no_state(*args):
+    return None
+
+
+def _no_correction(state, rnd: Round, anchor: dict, local: dict) -> dict:
+    return {}
+
+
+def _keep_state(state, rnd: Round, anchor: dict, local: dict):
+    return state
+
+
+def local_sgd() -> ClientRule:
+    """Plain local gradient descent ``θ_c ← θ_c − η ∇F_{λ,c}(θ_c)``: no correction, no state."""
+    return ClientRule(_no_state, _no_correction, _keep_state)
+
+
+def server_sgd(learning_rate: float = 1.0) -> ServerRule:
+    """FedAvg's server: ``θ ← θ + η_s Δ`` (``η_s = 1``: the weighted average of the client models)."""
+
+    def update(state, rnd: Round, delta: dict):
+        return {b: learning_rate * d for b, d in delta.items()}, state
+
+    return ServerRule(_no_state, update)
+
+
+# -- helpers for stateful rules ---------------------------------------------------------------
+
+def zeros_like_blocks(params: Params, leading: tuple[int, ...] = ()) -> dict:
+    """``{block: 0}`` shaped like each block of ``params``, with extra leading axes ``leading``."""
+    xp = array_namespace(params.WV)
+    return {b: xp.zeros(leading + tuple(getattr(params, b).shape), dtype=params.WV.dtype)
+            for b in BLOCKS}
+
+
+def scatter_clients(full, part_values, rnd: Round):
+    """Return ``full`` (leading axis: all clients) with the participants' rows set to ``part_values``.
+
+    Array-API clean (no item assignment): a gather through each client's position among the
+    participants, then a masked select.
+    """
+    if len(rnd.participants) == rnd.num_clients:
+        return part_values
+    xp = array_namespace(full, part_values)
+    position = np.zeros(rnd.num_clients, dtype=np.int64)
+    position[rnd.participants] = np.arange(len(rnd.participants))
+    mask = np.zeros(rnd.num_clients, dtype=bool)
+    mask[rnd.participants] = True
+    gathered = xp.take(part_values, xp.asarray(position), axis=0)
+    mask = xp.reshape(xp.asarray(mask), (-1,) + (1,) * (full.ndim - 1))
+    return xp.where(mask, gathered, full)
+
+
+def weighted_sum(weights, a):
+    """``Σ_c w_c a_c`` over the leading (client) axis."""
+    xp = array_namespace(weights, a)
+    return xp.sum(xp.reshape(weights, (-1,) + (1,) * (a.ndim - 1)) * a, axis=0)
+
+
+def take_clients(full, rnd: Round):
+    """The participants' rows of ``full`` (leading axis: all clients)."""
+    if len(rnd.participants) == rnd.num_clients:
+        return full
+    xp = array_namespace(full)
+    return xp.take(full, xp.asarray(rnd.participants), axis=0)
+
+

@@ -1,0 +1,48 @@
+"""FedFrozen: Two-Stage Federated Optimization via Attention Kernel Freezing (arXiv:2605.06446); docs/theory.md §3 and §5.
+
+Two stages on FedAvg: every block trains for ``t < T0`` (the warm-up); from round ``T0`` on the
+query/key block is frozen at its round-``T0`` value (the kernel ``K_{T0}``) and only ``W_V``
+trains, a quadratic problem in ``W_V`` (docs/theory.md §5).
+
+- ``random_kernel``: ``T0 = 0``, the kernel frozen at initialisation (a random kernel, as in work
+  on random attention); the configured ``warmup_rounds`` is ignored.
+- ``fedfrozen_fedprox`` / ``fedfrozen_scaffold``: the frozen stage runs FedProx (proximal term
+  ``μ(θ_c − θ^t)``) or SCAFFOLD (control variates, zero at round ``T0``) instead of FedAvg; the
+  warm-up is plain FedAvg.
+"""
+
+from __future__ import annotations
+
+from . import fedprox, scaffold
+from .base import Strategy, freeze_after, local_sgd, server_sgd
+
+__all__ = ["NAME", "strategy", "random_kernel", "fedfrozen_fedprox", "fedfrozen_scaffold"]
+
+NAME = "fedfrozen"
+FROZEN = ("WV",)
+
+
+def strategy(fed, warmup_rounds: int) -> Strategy:
+    """FedFrozen with warm-up ``T0 = warmup_rounds`` (``T0 = T``: FedAvg)."""
+    return Strategy(NAME, freeze_after(warmup_rounds, FROZEN), local_sgd(),
+                    server_sgd(fed.server_learning_rate))
+
+
+def random_kernel(fed, warmup_rounds: int | None = None) -> Strategy:
+    """FedFrozen with ``T0 = 0``: only ``W_V`` ever trains, on the random initial kernel."""
+    return strategy(fed, 0)._replace(name="random_kernel")
+
+
+def fedfrozen_fedprox(fed, warmup_rounds: int) -> Strategy:
+    """FedFrozen whose frozen stage (``t ≥ T0``) adds FedProx's ``μ(θ_c − θ^t)``, ``μ = fed.prox_mu``."""
+    return Strategy("fedfrozen_fedprox", freeze_after(warmup_rounds, FROZEN),
+                    fedprox.proximal(fed.prox_mu, start=warmup_rounds),
+                    server_sgd(fed.server_learning_rate))
+
+
+def fedfrozen_scaffold(fed, warmup_rounds: int) -> Strategy:
+    """FedFrozen whose frozen stage (``t ≥ T0``) runs SCAFFOLD on ``W_V``."""
+    return Strategy("fedfrozen_scaffold", freeze_after(warmup_rounds, FROZEN),
+                    scaffold.control_variates(start=warmup_rounds),
+                    server_sgd(fed.server_learning_rate))
+

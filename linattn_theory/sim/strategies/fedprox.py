@@ -1,0 +1,68 @@
+"""FedProx: Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, "Federated Optimization in Heterogeneous
+Networks", MLSys 2020 (arXiv:1812.06127); docs/theory.md §3 and §5.
+
+Each participant minimises ``F_{λ,c}(θ) + (μ/2)‖θ − θ^t‖²`` by ``E`` local gradient steps, i.e.
+the local gradient gains the proximal term ``μ(θ_c − θ^t)``; the server averages as FedAvg.
+``μ = 0`` is FedAvg, bit for bit (the term is an exact ``+0``).
+
+Frozen stage (derivations/fedprox.py): with ``G_c = I − η(Ã_c + μI)`` and ``S_c = Σ_{j<E} G_c^j``
+the round is ``V ← Σ_c p_c [(G_c^E + ημ S_c) V + η S_c B_c]``, whose fixed point is
+
+    V_prox = (Σ_c p_c S_c Ã_c)^{-1} Σ_c p_c S_c B_c
+           = (Σ_c p_c W_c)^{-1} Σ_c p_c W_c V*_c,   W_c = P_c (Ã_c + μI)^{-1} Ã_c,
+
+``P_c = I − G_c^E``: a weighted mean of the clients' optima like FedAvg's ``V_FA`` (``μ = 0``),
+equal to ``V*_λ`` only for ``E = 1``. The proximal term does not remove the drift floor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...core._array import to_numpy
+from .base import ClientRule, Strategy, server_sgd, train_all
+
+__all__ = ["NAME", "proximal", "strategy", "frozen_fixed_point"]
+
+NAME = "fedprox"
+
+
+def proximal(mu: float, start: int = 0) -> ClientRule:
+    """Add ``μ(θ_c − θ^t)`` to every local gradient of the trained blocks from round ``start`` on."""
+
+    def correction(state, rnd, anchor, local):
+        if rnd.t < start:
+            return {}
+        return {b: mu * (local[b] - anchor[b]) for b in rnd.blocks}
+
+    return ClientRule(lambda params, num_clients: None, correction, lambda state, *args: state)
+
+
+def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
+    """FedProx with ``μ = fed.prox_mu`` on every block in every round."""
+    return Strategy(NAME, train_all, proximal(fed.prox_mu), server_sgd(fed.server_learning_rate))
+
+
+def frozen_fixed_point(K, clients, learning_rate: float, local_steps: int, ridge: float = 0.0,
+                       mu: float = 0.0) -> np.ndarray:
+    """FedProx's frozen-stage fixed point ``V_prox = (Σ_c p_c S_c Ã_c)^{-1} Σ_c p_c S_c B_c``.
+
+    ``S_c = Σ_{j<E} (I − η(Ã_c + μI))^j`` (derivations/fedprox.py); ``μ = 0`` gives FedAvg's
+    ``V_FA`` (docs/theory.md §5). Returns the stacked value block ``(H·d, p)`` (host array).
+    """
+    from ...core.moments import value_moments
+
+    moments = value_moments(K, clients)
+    A, B, p = (to_numpy(a) for a in (moments.A, moments.B, moments.weights))
+    identity = np.eye(A.shape[-1])
+    lhs = np.zeros_like(A[0])
+    rhs = np.zeros_like(B[0])
+    for A_c, B_c, p_c in zip(A, B, p):
+        A_reg = A_c + ridge * identity
+        G = identity - learning_rate * (A_reg + mu * identity)
+        S, power = np.zeros_like(G), identity
+        for _ in range(local_steps):
+            S, power = S + power, power @ G
+        lhs += p_c * S @ A_reg
+        rhs += p_c * S @ B_c
+    return np.linalg.solve(lhs, rhs)

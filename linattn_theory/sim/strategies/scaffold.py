@@ -1,0 +1,54 @@
+"""SCAFFOLD: Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled
+Averaging for Federated Learning", ICML 2020 (arXiv:1910.06378), Algorithm 1 with option II;
+docs/theory.md §3 and §5.
+
+The server holds a control variate ``c``, client ``c`` holds ``c_i`` (both zero at the start).
+Local steps follow the corrected gradient ``∇F_{λ,c}(θ_c) − c_i + c``; afterwards
+
+    c_i⁺ = c_i − c + (θ^t − θ_c) / (E η),        c ← c + Σ_{i ∈ S} p_i (c_i⁺ − c_i),
+
+so ``c = Σ_c p_c c_c`` at every round (the paper's uniform ``1/N`` becomes the objective's
+weights ``p_c``); the model is averaged as in FedAvg. On the frozen-stage quadratic with full
+participation and full batch the fixed point is the centralised ``V*_λ(K) = Ã^{-1}B``: the
+control variates remove the value drift floor of docs/theory.md §5.
+"""
+
+from __future__ import annotations
+
+from .base import (ClientRule, Strategy, scatter_clients, server_sgd, take_clients, train_all, weighted_sum, zeros_like_blocks)
+
+__all__ = ["NAME", "control_variates", "strategy"]
+
+NAME = "scaffold"
+
+
+def control_variates(start: int = 0) -> ClientRule:
+    """SCAFFOLD's client rule from round ``start`` on; state ``(c, c_i)`` as ``{block: array}`` dicts."""
+
+    def init(params, num_clients):
+        return zeros_like_blocks(params), zeros_like_blocks(params, (num_clients,))
+
+    def correction(state, rnd, anchor, local):
+        if rnd.t < start:
+            return {}
+        server, clients = state
+        return {b: server[b] - take_clients(clients[b], rnd) for b in rnd.blocks}
+
+    def update(state, rnd, anchor, local):
+        if rnd.t < start:
+            return state
+        server, clients = dict(state[0]), dict(state[1])
+        inverse_step = 1.0 / (rnd.local_steps * rnd.learning_rate)
+        for b in rnd.blocks:
+            old = take_clients(clients[b], rnd)
+            new = old - server[b] + (anchor[b] - local[b]) * inverse_step
+            server[b] = server[b] + weighted_sum(rnd.client_weights, new - old)
+            clients[b] = scatter_clients(clients[b], new, rnd)
+        return server, clients
+
+    return ClientRule(init, correction, update)
+
+
+def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
+    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``."""
+    return Strategy(NAME, train_all, control_variates(), server_sgd(fed.server_learning_rate))

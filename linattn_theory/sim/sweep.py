@@ -1,0 +1,516 @@
+"""Sweeps: a grid of runs, executed in parallel, resumable, keyed by the hash of each run's config.
+
+A sweep file is a run configuration (the ``seed``, ``[task]``, ``[model]`` and ``[federated]``
+sections of ``linattn simulate``) plus
+
+- ``[grid]``: dotted keys mapped to lists of values, e.g. ``"federated.warmup_rounds" = [0, 5]``,
+  ``"task.zeta_value" = [0.25, 1.0]``, ``seed = [0, 1, 2]``; the runs are the Cartesian product
+  (first key slowest, last key fastest). Several ``[[grid]]`` tables give the union of their
+  products (e.g. one-at-a-time variations around the base config);
+- ``[quick]`` (optional): overrides applied with ``quick=True`` (``--quick``): a key of a grid
+  gets a new list, any other dotted key a new base value;
+- ``[figure]`` (optional): free-form settings read by the figure script that uses the sweep.
+
+Every expanded configuration is validated before any run starts. Run ``i`` is stored in
+``DIR/runs/<config_hash>/`` by :func:`linattn_theory.core.io.write_run` (each file atomic,
+``metadata.json`` last), so a finished run is one whose ``metadata.json`` exists: rerunning a
+sweep skips those, and a sweep killed at any instant and restarted completes with nothing lost.
+Workers only compute; the calling process writes every file, so the executor (in-process, local
+worker processes, or Dask) and the number of workers cannot change the results. Local workers
+exit as soon as the calling process is gone (even after SIGKILL), and are stopped on an error,
+Ctrl-C or SIGTERM; a local Dask cluster's scratch folder is removed afterwards.
+FedFrozen runs that differ only in the warm-up length ``T0`` form one task and share their
+warm-up trajectory (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep` with explicit frozen stages:
+the same numbers as separate simulations, bit for bit, at about the cost of the longest run).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.errors import ConfigError
+from .config import RunConfig, config_from_dict, config_hash, read_toml
+from ..core.io import write_json, write_run
+
+__all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
+           "is_complete", "grid_size", "EXECUTORS", "MAX_RUNS"]
+
+EXECUTORS = ("serial", "processes", "dask")
+MANIFEST = "sweep.json"
+#: largest grid expanded by default (``--max-runs``)
+MAX_RUNS = 10_000
+#: how a sweep treats a folder that holds another sweep (``sweep.json`` with other runs)
+EXISTING = ("refuse", "add", "replace")
+#: how often a worker checks that the sweep's process is still alive (seconds)
+PARENT_CHECK_SECONDS = 0.2
+_SECTIONS = ("grid", "quick", "figure")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """An expanded grid: the validated runs in grid order (duplicates removed), their grid points."""
+
+    configs: tuple[RunConfig, ...]
+    points: tuple[dict, ...]
+    grid: dict | list[dict]
+    base: dict
+    figure: dict = field(default_factory=dict)
+    source: str | None = None
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [config_hash(c) for c in self.configs]
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def with_runs(self, configs, points=None) -> "Sweep":
+        """This sweep with more (validated) runs appended; runs already in it are kept once."""
+        points = [{} for _ in configs] if points is None else list(points)
+        seen = set(self.run_ids)
+        new_configs, new_points = list(self.configs), list(self.points)
+        for config, point in zip(configs, points):
+            if config_hash(config) not in seen:
+                seen.add(config_hash(config))
+                new_configs.append(config)
+                new_points.append(dict(point))
+        return Sweep(tuple(new_configs), tuple(new_points), self.grid, self.base, self.figure, self.source)
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """What :func:`run_sweep` did: runs in the sweep, already finished before, computed now, diverged."""
+
+    total: int
+    skipped: int
+    computed: int
+    diverged: int
+    seconds: float
+    out: Path
+
+
+def _set_dotted(data: dict, key: str, value, where: str) -> None:
+    """``data[a][b] = value`` for ``key = "a.b"``, creating tables as needed."""
+    if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"{where}: {key!r} is not a dotted key such as 'federated.local_steps'")
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}.{key}: {part!r} is a value, not a table")
+    node[leaf] = value
+
+
+def _table(data: dict, name: str) -> dict:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name}: expected a table, got {value!r}")
+    return value
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}} -> {"a.b": 1}`` (TOML's dotted keys inside ``[grid]`` arrive nested)."""
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _grids(data: dict) -> list[dict]:
+    """The ``[grid]`` table, or each table of an array ``[[grid]]`` (their runs are united)."""
+    raw = data.get("grid", {})
+    tables = raw if isinstance(raw, list) else [raw]
+    grids = []
+    for i, table in enumerate(tables):
+        where = f"grid[{i}]" if isinstance(raw, list) else "grid"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: expected a table of dotted keys -> lists, got {table!r}")
+        grid = _flatten(table)
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"{where}.{key} = {values!r}: expected a non-empty list of values")
+        grids.append(grid)
+    return grids
+
+
+def _apply_quick(data: dict, base: dict, grids: list[dict]) -> None:
+    """``[quick]``: a key of a grid gets a new list (in every grid that has it), any other key a new base value."""
+    for key, value in _flatten(_table(data, "quick")).items():
+        holders = [g for g in grids if key in g]
+        if not holders:
+            _set_dotted(base, key, value, "quick")
+            continue
+        if not isinstance(value, list) or not value:
+            raise ConfigError(f"quick.{key} = {value!r}: {key} is a grid key; expected a non-empty list of values")
+        for grid in holders:
+            grid[key] = value
+
+
+def grid_size(grids: list[dict]) -> int:
+    """Runs of the grids before duplicates are removed: the sum of the products of list lengths."""
+    return sum(math.prod(len(values) for values in grid.values()) for grid in grids)
+
+
+def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = None,
+                    max_runs: int | None = MAX_RUNS) -> Sweep:
+    """Validate a sweep (as read from TOML) and expand its grid; raises :class:`ConfigError`.
+
+    ``grid`` is a table (one Cartesian product) or an array of tables (the union of their
+    products, e.g. one-at-a-time variations around the base config). Runs with the same full
+    configuration are kept once, in order of first appearance. A grid of more than
+    ``max_runs`` runs is refused from the list lengths alone, before anything is expanded.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"sweep: expected a table, got {type(data).__name__}")
+    base = {k: copy.deepcopy(v) for k, v in data.items() if k not in _SECTIONS}
+    grids = _grids(data)
+    figure = _table(data, "figure")
+    if quick:
+        _apply_quick(data, base, grids)
+    size = grid_size(grids)
+    if max_runs is not None and size > max_runs:
+        raise ConfigError(f"grid: {size} runs, above the limit of {max_runs} runs; split the grid "
+                          f"or raise the limit with --max-runs")
+    configs, points, seen = [], [], set()
+    for grid in grids:
+        for combo in itertools.product(*grid.values()):
+            point = dict(zip(grid, combo))
+            data_i = copy.deepcopy(base)
+            for key, value in point.items():
+                _set_dotted(data_i, key, value, "grid")
+            try:
+                config = config_from_dict(data_i)
+            except ConfigError as err:
+                where = ", ".join(f"{k}={v!r}" for k, v in point.items())
+                raise ConfigError(f"{err} (in the run {where})" if point else str(err)) from None
+            key = config_hash(config)
+            if key not in seen:
+                seen.add(key)
+                configs.append(config)
+                points.append(point)
+    grid_out = grids[0] if len(grids) == 1 else grids
+    return Sweep(tuple(configs), tuple(points), grid_out, base, figure, source)
+
+
+def load_sweep(path, *, quick: bool = False, max_runs: int | None = MAX_RUNS) -> Sweep:
+    """Read and validate a sweep TOML file (see the module docstring)."""
+    return sweep_from_dict(read_toml(path, "sweep file"), quick=quick, source=str(path),
+                           max_runs=max_runs)
+
+
+def run_dir(out, config_or_id) -> Path:
+    """``DIR/runs/<config_hash>``: where a run of the sweep stored in ``out`` lives."""
+    key = config_or_id if isinstance(config_or_id, str) else config_hash(config_or_id)
+    return Path(out) / "runs" / key
+
+
+def is_complete(out, config_or_id) -> bool:
+    """A run is finished when its ``metadata.json`` (written last, atomically) exists."""
+    return (run_dir(out, config_or_id) / "metadata.json").is_file()
+
+
+def _prefix_key(config: RunConfig) -> str | None:
+    """Runs with the same key differ only in ``T0`` and share their warm-up (FedFrozen only)."""
+    if config.federated.strategy != "fedfrozen":
+        return None
+    data = config.to_dict()
+    data["federated"]["warmup_rounds"] = None
+    return json.dumps(data, sort_keys=True)
+
+
+def _tasks(pending: list[tuple[str, RunConfig]]) -> list[list[tuple[str, dict]]]:
+    """Group the pending runs into tasks: FedFrozen runs that differ only in ``T0`` form one task."""
+    groups: dict[str, list] = {}
+    for run_id, config in pending:
+        groups.setdefault(_prefix_key(config) or run_id, []).append((run_id, config.to_dict()))
+    return list(groups.values())
+
+
+def _compute(task: list[tuple[str, dict]]) -> list:
+    """Worker side: simulate one task (nothing is written here); returns ``[(run_id, RunResult)]``.
+
+    A task of several FedFrozen runs shares one warm-up trajectory
+    (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep` with explicit frozen stages, which gives
+    the same numbers as :func:`~linattn_theory.sim.engine.simulate` bit for bit).
+    """
+    import numpy as np
+
+    from .engine import simulate
+    configs = [config_from_dict(data) for _, data in task]
+    with np.errstate(over="ignore", invalid="ignore"):      # divergence is detected and recorded
+        if len(task) == 1:
+            return [(task[0][0], simulate(configs[0]))]
+        from .warmup_grid import warmup_sweep
+        results = warmup_sweep(configs[0], [c.federated.warmup_rounds for c in configs],
+                               frozen_stage="explicit")
+    return [(run_id, results[c.federated.warmup_rounds]) for (run_id, _), c in zip(task, configs)]
+
+
+def _store(run_id: str, result, out: Path) -> bool:
+    """Caller side: write one finished run; returns whether it diverged."""
+    target = run_dir(out, run_id)
+    for stale in target.glob(".*.tmp"):     # left by a writer killed mid-file
+        stale.unlink(missing_ok=True)
+    result.metadata["run_id"] = run_id
+    write_run(result, target)
+    return result.diverged
+
+
+def _check_executor(executor: str, workers: int | None, scheduler: str | None) -> None:
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor = {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"workers = {workers!r}: expected a positive integer")
+    if scheduler is not None and executor != "dask":
+        raise ConfigError(f"scheduler = {scheduler!r} applies only to executor 'dask'")
+    if executor == "dask":
+        _dask()
+        if scheduler is not None:
+            _check_scheduler(scheduler)
+
+
+def _check_scheduler(address: str, timeout: float = 5.0) -> None:
+    """Refuse a Dask scheduler address that does not accept a TCP connection (before any work)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    text = address if "://" in address else f"tcp://{address}"
+    parts = urlsplit(text)
+    if parts.scheme not in ("tcp", "tls"):
+        return                                  # inproc://, ucx://: left to Dask
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        raise ConfigError(f"scheduler = {address!r}: expected an address such as tcp://host:8786")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        raise ConfigError(f"scheduler = {address!r}: no Dask scheduler reachable there "
+                          f"({err.strerror or err}); start one with `dask scheduler` or leave "
+                          f"--scheduler out for a local cluster") from None
+
+
+def _dask():
+    try:
+        from dask import distributed
+    except ImportError:
+        raise ConfigError("executor 'dask' needs dask.distributed, an optional extra: "
+                          "pip install 'linattn-theory[dask]'") from None
+    return distributed
+
+
+def _worker_init(parent_pid: int, threads: int) -> None:
+    """Worker process start: leave Ctrl-C to the sweep's process (it stops the workers), limit
+    BLAS threads to this worker's share of the cores, and exit as soon as the sweep's process
+    is gone (killed by SIGKILL, say), so that no worker outlives its sweep."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import tqdm.auto
+    import tqdm.std
+    for cls in {tqdm.std.tqdm, tqdm.auto.tqdm}:     # a forked copy of a lock may be held: fresh ones
+        cls.set_lock(tqdm.std.TqdmDefaultWriteLock())
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(threads)
+    except ImportError:                                  # pragma: no cover - comes with joblib
+        pass
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="linattn-parent-watch", daemon=True).start()
+
+
+def _stop_pool(pool, processes: list) -> None:
+    """Stop a process pool now: cancel what has not started and terminate the workers."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
+    for process in processes:
+        process.join(timeout=5)
+
+
+def _process_results(tasks: list, workers: int):
+    """``executor="processes"``: a pool of forked workers that die with the sweep."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    workers = min(workers, len(tasks))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_worker_init, initargs=(os.getpid(), threads))
+    finished = False
+    try:
+        pending = {pool.submit(_compute, task) for task in tasks}
+        processes = list(pool._processes.values())
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield future.result()
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:                                   # an error, Ctrl-C or SIGTERM: stop the workers now
+            _stop_pool(pool, list(pool._processes.values() if pool._processes else processes))
+
+
+#: prefix of a local Dask cluster's scratch folder (in the system's temporary folder)
+_DASK_SCRATCH = "linattn-dask-"
+
+
+def _dask_scratch() -> Path:
+    """A fresh scratch folder for a local Dask cluster; removes those of sweeps that were killed."""
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"{_DASK_SCRATCH}*"):
+        try:
+            pid = int(old.name[len(_DASK_SCRATCH):].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except (ValueError, OSError):
+            pass
+    return Path(tempfile.mkdtemp(prefix=f"{_DASK_SCRATCH}{os.getpid()}-"))
+
+
+def _remove_scratch(folder: Path, seconds: float = 5.0) -> None:
+    """Remove a Dask scratch folder; workers still shutting down may recreate lock files in it
+    for a moment, so remove until it stays gone for 0.3 s (at most ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shutil.rmtree(folder, ignore_errors=True)
+        time.sleep(0.3)
+        if not folder.exists() or time.monotonic() > deadline:
+            return
+
+
+def _dask_results(tasks: list, workers: int, scheduler: str | None):
+    distributed = _dask()
+    cluster = scratch = None
+    if scheduler is None:
+        scratch = _dask_scratch()
+        cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                           host="127.0.0.1", dashboard_address=None,
+                                           local_directory=str(scratch), silence_logs=logging.ERROR)
+    try:
+        try:
+            client = distributed.Client(cluster if cluster is not None else scheduler, timeout=10)
+        except (OSError, TimeoutError) as err:
+            raise ConfigError(f"scheduler = {scheduler!r}: cannot connect ({err})") from None
+        try:
+            futures = [client.submit(_compute, task, pure=False) for task in tasks]
+            for future in distributed.as_completed(futures):
+                yield future.result()
+        finally:
+            client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if scratch is not None:
+            _remove_scratch(scratch)
+
+
+def _results(executor: str, tasks: list, workers: int | None, scheduler: str | None):
+    """Yield ``[(run_id, RunResult)]`` for each task as it finishes (any order)."""
+    if executor == "serial" or not tasks:
+        yield from map(_compute, tasks)
+        return
+    workers = workers or os.cpu_count() or 1
+    if executor == "processes":
+        yield from _process_results(tasks, workers)
+        return
+    yield from _dask_results(tasks, workers, scheduler)
+
+
+def _manifest(sweep: Sweep, out: Path, existing: str) -> dict:
+    """The ``sweep.json`` to write: this sweep's, or (``existing="add"``) the union with the
+    sweep already in ``out``. A folder holding a sweep with other runs is refused by default."""
+    manifest = {"source": sweep.source, "grid": sweep.grid, "base": sweep.base,
+                "figure": sweep.figure, "runs": sweep.run_ids,
+                "points": [dict(p) for p in sweep.points]}
+    path = out / MANIFEST
+    if existing == "replace" or not path.is_file():
+        return manifest
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        old_runs, old_points = list(old["runs"]), list(old.get("points") or [{} for _ in old["runs"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"out = {str(out)!r}: {MANIFEST} there is not a sweep manifest; "
+                          f"choose another folder") from None
+    if set(old_runs) == set(manifest["runs"]):
+        return manifest
+    if existing == "refuse":
+        finished = sum(is_complete(out, r) for r in old_runs)
+        raise ConfigError(f"out = {str(out)!r} holds another sweep ({old.get('source')}: "
+                          f"{len(old_runs)} runs, {finished} finished) with a different grid; "
+                          f"choose another --out, or pass --add to add this sweep's runs to it")
+    seen = set(old_runs)
+    runs, points = old_runs, old_points
+    for run_id, point in zip(manifest["runs"], manifest["points"]):
+        if run_id not in seen:
+            seen.add(run_id)
+            runs.append(run_id)
+            points.append(point)
+    grids = old["grid"] if isinstance(old.get("grid"), list) else [old.get("grid")]
+    new = sweep.grid if isinstance(sweep.grid, list) else [sweep.grid]
+    return {**manifest, "source": old.get("source"), "grid": grids + new, "runs": runs, "points": points,
+            "added": list(old.get("added", [])) + [sweep.source]}
+
+
+def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | None = None,
+              scheduler: str | None = None, progress: bool = False,
+              existing: str = "refuse") -> SweepSummary:
+    """Run every unfinished run of ``sweep`` and store it under ``out`` (see the module docstring).
+
+    ``executor``: ``"serial"`` (in-process), ``"processes"`` (``workers`` forked processes,
+    default one per core, each exiting as soon as the calling process is gone) or ``"dask"``
+    (``scheduler`` address, checked first, or a local cluster of ``workers`` processes bound to
+    127.0.0.1 whose scratch folder is removed afterwards). Writes ``out/sweep.json`` (the grid
+    and its run ids) first. ``existing``: when ``out`` holds a sweep with other runs,
+    ``"refuse"`` (a :class:`ConfigError`), ``"add"`` this sweep's runs to it, or ``"replace"``
+    its manifest (runs stay on disk under their hashes).
+    """
+    from tqdm.auto import tqdm
+
+    from .limits import check_output_folder
+
+    _check_executor(executor, workers, scheduler)
+    if existing not in EXISTING:
+        raise ConfigError(f"existing = {existing!r}: expected one of {', '.join(EXISTING)}")
+    out = check_output_folder(out, "out =")
+    start = time.perf_counter()
+    ids = sweep.run_ids
+    write_json(out / MANIFEST, _manifest(sweep, out, existing))
+    pending = [(run_id, c) for run_id, c in zip(ids, sweep.configs) if not is_complete(out, run_id)]
+    skipped = len(ids) - len(pending)
+    diverged = 0
+    with tqdm(total=len(ids), initial=skipped, disable=not progress, desc="runs", unit="run") as bar:
+        for finished in _results(executor, _tasks(pending), workers, scheduler):
+            for run_id, result in finished:
+                diverged += _store(run_id, result, out)
+                bar.update()
+    return SweepSummary(len(ids), skipped, len(pending), diverged, time.perf_counter() - start, out)
+

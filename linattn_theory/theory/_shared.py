@@ -1,0 +1,104 @@
+"""Helpers shared by the theory modules: clients in stacked form, host moments, symmetric solves,
+argument checks (docs/theory.md §4–5).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from ..core._array import array_namespace, to_numpy
+from ..core.model import Params, kernel_gradient_from_inputs
+from ..core.moments import ValueMoments, value_moments, value_objective
+from ..core.clients import StackedClients, stack_clients
+
+
+PSEUDO_INVERSE_RTOL = 1e-12
+#: SeedSequence spawn key of the solver's random starts (apart from the task purposes 0–5).
+SEED_OPTIMUM = 101
+
+
+# --------------------------------------------------------------------------------------
+# helpers: clients, moments, symmetric solves
+# --------------------------------------------------------------------------------------
+def _stacked(clients, attention: str = "linear", temperature: float = 1.0) -> StackedClients:
+    """Clients in the stacked sufficient form (built once; pass it on to avoid rebuilding).
+
+    Stacked clients carry their attention (docs/theory.md §9); others are stacked for ``attention``.
+    """
+    if isinstance(clients, StackedClients):
+        return clients
+    return stack_clients(clients, attention=attention, temperature=temperature)
+
+
+def _attention_of(config: dict | None) -> tuple[str, float]:
+    """``(attention, temperature)`` of a recorded configuration (linear when it names none)."""
+    model = (config or {}).get("model", {}) or {}
+    return model.get("attention") or "linear", float(model.get("temperature") or 1.0)
+
+
+def _check_kernel(K, data: StackedClients, name: str = "K") -> np.ndarray:
+    K = np.asarray(to_numpy(K), dtype=np.float64)
+    d = data.q.shape[-1]
+    if K.ndim == 2:
+        K = K[None]
+    if K.ndim != 3 or K.shape[-2:] != (d, d):
+        raise ValueError(f"{name} has shape {K.shape}; expected (H, d, d) with d = {d}")
+    if not np.all(np.isfinite(K)):
+        raise ValueError(f"{name} contains non-finite values")
+    return K
+
+
+def _host_moments(K, data: StackedClients) -> ValueMoments:
+    """Per-client value moments of kernel ``K`` as host float64 arrays."""
+    mom = value_moments(K, data)
+    return ValueMoments(*(np.asarray(to_numpy(a), dtype=np.float64)
+                          for a in (mom.A, mom.B, mom.y2, mom.weights)))
+
+
+def _solve_symmetric(A, B, rtol: float = PSEUDO_INVERSE_RTOL):
+    """``A^+ B`` for symmetric ``A`` through its eigendecomposition (minimum-norm when singular)."""
+    w, U = np.linalg.eigh(A)
+    keep = np.abs(w) > rtol * np.max(np.abs(w), axis=-1, keepdims=True)
+    inv = np.divide(1.0, w, out=np.zeros_like(w), where=keep)
+    return U @ (inv[..., None] * (np.swapaxes(U, -1, -2) @ B))
+
+
+def _ridge(A, lam: float):
+    """``Ã = A + λI`` (works on one matrix or a stack)."""
+    return A + lam * np.eye(A.shape[-1])
+
+
+def _global_objective(V, moments: ValueMoments, lam: float) -> float:
+    """``F_λ(K, V) = Σ_c p_c F_{λ,c}(K, V)`` from the moments (docs/theory.md §4)."""
+    return float(np.sum(moments.weights * value_objective(V, moments, lam)))
+
+
+def _profile_from_moments(moments: ValueMoments, lam: float):
+    """``(Φ_λ, V*_λ)`` with ``V* = Ã^{-1} B`` and ``Φ_λ = ½ y2 − ½ tr(B^T V*)``."""
+    A, B, y2 = moments.weighted()
+    V = _solve_symmetric(_ridge(A, lam), B)
+    return float(0.5 * y2 - 0.5 * np.sum(B * V)), V
+
+
+def _kernel_gradient(K, V, data: StackedClients):
+    """``∇_K F(K, V) = Σ_c p_c Σ_i w_i q_i g_i^T`` for the stacked value block ``V`` ``(Hd, p)``.
+
+    Uses :func:`~linattn_theory.core.model.kernel_gradient_from_inputs` (the data's attention) with ``W_Q = K``,
+    ``W_K = I`` (so that ``W_Q W_K^T = K``).
+    """
+    xp = array_namespace(data.S)
+    H, d = K.shape[0], K.shape[-1]
+    p = V.shape[-1]
+    eye = xp.broadcast_to(xp.eye(d, dtype=data.S.dtype), (H, d, d))
+    params = Params(xp.asarray(K, dtype=data.S.dtype), eye,
+                    xp.reshape(xp.asarray(V, dtype=data.S.dtype), (H, d, p)))
+    G = kernel_gradient_from_inputs(params, data.inputs, data.q, data.y, data.sample_weight,
+                                    attention=data.attention, temperature=data.temperature)
+    G = xp.sum(xp.reshape(data.weights, (-1, 1, 1, 1)) * G, axis=0)
+    return np.asarray(to_numpy(G), dtype=np.float64)
+
+
+def _check_ridge(lam):
+    if not np.isfinite(lam) or lam < 0:
+        raise ValueError(f"lam = {lam!r}; expected a finite ridge λ >= 0")

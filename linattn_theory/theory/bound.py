@@ -1,0 +1,582 @@
+"""The bias–drift trade-off bound ``U(T0)`` and the warm-up length it recommends (docs/theory.md §6).
+
+The final excess risk of FedFrozen with warm-up ``T0`` out of ``T`` rounds splits exactly as
+
+    R(T0) = bias(K_{T0}) + D(K_{T0}) + [F_λ(K_{T0}, V_T) − F_λ(K_{T0}, V_FA)].
+
+``derivations/tradeoff.py`` bounds it, for ``T0 ≥ t_s``, by
+
+    U(T0) = b_∞ + (b_s − b_∞) q^{T0 − t_s} + ( √D(K_{T0}) + τ ρ^{T−T0} √u(T0) )²,
+
+and this module evaluates ``U`` on an instance. The modelling choices, each stated in the
+derivation and checked here along the simulated path (:class:`AssumptionCheck`):
+
+* **warm-up** (first term): inexact Polyak–Łojasiewicz descent of ``Φ_λ`` along the FedAvg
+  path from a burn-in round ``t_s`` on, ``bias_{t+1} ≤ q bias_t + ε`` with
+  ``q = 1 − 2μη_sηE(1 − Lη_sηE/2)`` (server step ``η_s``, PL constant ``μ`` and smoothness ``L`` of ``Φ_λ`` in the factors
+  ``(W_Q, W_K)``, ``E`` local steps of size ``η``) and per-round inexactness ``ε`` (client
+  drift, value lag, factor averaging); unrolled, ``bias(K_t) ≤ b_∞ + (b_s − b_∞) q^{t − t_s}``
+  with floor ``b_∞ = ε/(1 − q)`` and ``b_s = bias(K_{t_s})``; before ``t_s`` (the first rounds
+  start from a random value block, and the bias may even rise) the bias term is
+  ``max_{t ≤ t_s} bias(K_t)``. The constants ``(t_s, q, b_∞)`` are fitted on the warm-up path
+  (an a-posteriori bound, :func:`fit_inexact_pl`): for every burn-in and floor the smallest
+  ``q`` for which the unrolled inequality holds at every round, and of these the triple whose
+  bound certifies the smallest excess risk ``min_{T0} U(T0)``. The unrolled inequality
+  therefore holds on the path by construction; the stepwise recursion, the PL inequality and
+  the smoothness condition behind it are checked and reported separately.
+* **frozen stage** (second term): exact closed forms at the warm-up kernel ``K_{T0}``
+  (docs/theory.md §5): the value drift floor ``D``, the value lag at freezing
+  ``u = ½‖V_{T0} − V_FA‖²_Ã`` and the ``Ã``-norm contraction ``τ ρ^{k} = ‖Ã^{½} M^{k} Ã^{-½}‖₂``
+  after ``k = T − T0`` frozen rounds (``M`` symmetric, so ``τ ≤ √κ(Ã)``). With
+  ``F_λ(K, V) − Φ_λ(K) = ½‖V − V*_λ‖²_Ã`` and the triangle inequality, ``D + unfinished ≤
+  (√D + τρ^k √u)²``, and also ``≤ (c̄ √D + τρ^k √g)²`` with ``g = F_λ(θ_{T0}) − Φ_λ(K_{T0})`` and
+  ``c̄ = ‖I − M^k‖_Ã`` (exact for plain FedAvg); ``U`` uses the smaller. This needs a
+  full-batch, full-participation frozen stage (the affine map of §5).
+
+``T0_theory`` is the exact minimiser of ``U`` over ``0..T``; :func:`closed_form_warmup` is the
+closed-form minimiser of the two-term model (geometric bias, drift floor growing linearly at rate
+``γ``, frozen-stage transient dropped) that sympy derives. The drift scaling law
+``D ≈ η²(E−1)²/8 ‖Σ_c p_c (Ã_c − Ã) g_c‖²_{Ã⁻¹} ≤ η²(E−1)² σ_A² ζ² / (8 λ_min(Ã))`` is
+:func:`drift_floor_leading_order`; its exponents are derived, not typed in
+(:func:`linattn_theory.theory.scaling_laws.drift_exponents`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from ..core._array import to_numpy
+from ..sim.config import RunConfig
+from ..sim.engine import Divergence, clients_from_config, initial_params, run_schedule
+from ..core.model import Params, _value_matrix, kernel
+from ..core.moments import value_moments
+from ..core.clients import StackedClients, stack_clients
+from .profile import centralized_optimum, profile_gradient, profile_objective
+from .frozen_stage import contraction_rate, fedavg_fixed_point, frozen_stage_map, value_drift_floor
+
+__all__ = [
+    "AssumptionCheck",
+    "BoundConstants",
+    "TradeoffBound",
+    "WarmupPath",
+    "warmup_path",
+    "gradient_dissimilarity",
+    "drift_floor_leading_order",
+    "frozen_stage_bound",
+    "tradeoff_bound",
+    "fit_inexact_pl",
+    "closed_form_warmup",
+    "path_terms",
+    "path_optimum",
+    "estimate_bound",
+]
+
+
+#: Relative size of the floor grid searched by :func:`fit_inexact_pl`.
+FLOOR_GRID = 400
+
+
+# --------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AssumptionCheck:
+    """One assumption of the bound, checked along the simulated path.
+
+    ``holds`` says whether it held; ``measured`` is the measured quantity and ``detail`` says
+    what was compared with what. A violated assumption is reported, never dropped.
+    """
+
+    name: str
+    holds: bool
+    measured: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class BoundConstants:
+    """The instance's constants in ``U(T0)`` (symbols of docs/theory.md §6 and derivations/tradeoff.py).
+
+    ``b0 = bias(K_0)``; ``burn_in`` ``t_s`` (the inexact-PL recursion is assumed from round ``t_s``
+    on), ``b_start = bias(K_{t_s})``, ``burn_in_level = max_{t ≤ t_s} bias(K_t)``; ``b_floor = b_∞``,
+    ``q = 1 − 2μη_sηE(1 − Lη_sηE/2)`` (``η_s`` the server step); ``mu`` (PL constant implied by ``q``), ``L`` (smoothness of ``Φ_λ``
+    along the path from ``t_s`` on, secant estimate), ``epsilon = (1 − q) b_∞`` (per-round inexactness); ``zeta2`` (client dissimilarity ``Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ)‖²``),
+    ``curvature_spread2`` (``σ_A² = Σ_c p_c ‖Ã_c − Ã‖₂²``), ``lambda_min`` (of ``Ã``), ``rho``,
+    ``tau``, ``drift_floor`` at ``K_{T0_theory}``; ``rho_max``/``tau_max`` over the path;
+    ``drift_growth`` ``γ`` (least-squares slope of ``D(K_t)`` in ``t``) and ``drift_floor_initial``
+    ``D(K_0)``; ``optimum`` ``Φ*_λ``.
+    """
+
+    T: int
+    eta: float
+    local_steps: int
+    lam: float
+    optimum: float
+    b0: float
+    burn_in: int
+    b_start: float
+    burn_in_level: float
+    b_floor: float
+    q: float
+    mu: float
+    L: float
+    epsilon: float
+    zeta2: float
+    curvature_spread2: float
+    lambda_min: float
+    rho: float
+    tau: float
+    drift_floor: float
+    rho_max: float
+    tau_max: float
+    drift_growth: float
+    drift_floor_initial: float
+
+    def as_dict(self) -> dict:
+        """The constants as a plain ``{name: value}`` dictionary."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class TradeoffBound:
+    """``U(T0)`` on ``0..T`` with its minimiser, constants and assumption checks.
+
+    ``curve`` has one row per ``T0``: ``U``, ``bias_bound`` (first term), ``frozen_bound`` (second
+    term) and the measured path quantities (``bias``, ``drift_floor``, ``contraction_rate``,
+    ``value_lag``, ``tau``, …). ``T0_closed_form`` is the two-term model's closed-form minimiser
+    (a real number, possibly outside ``[0, T]``).
+    """
+
+    T0_theory: int
+    T0_closed_form: float
+    curve: pd.DataFrame
+    constants: BoundConstants
+    checks: tuple[AssumptionCheck, ...]
+
+    @property
+    def U(self) -> np.ndarray:
+        """``U(T0)`` for ``T0 = 0..T``."""
+        return self.curve["U"].to_numpy()
+
+    @property
+    def violated(self) -> list[AssumptionCheck]:
+        """The checks that failed on the simulated path."""
+        return [c for c in self.checks if not c.holds]
+
+
+# --------------------------------------------------------------------------------------
+# the warm-up path
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WarmupPath:
+    """The FedAvg trajectory ``θ^0 … θ^T`` (host arrays): every ``K_{T0}`` a warm-up can stop at.
+
+    ``table`` is the simulator's per-round table of the whole run; ``divergence`` is set when the
+    run stopped early (``params`` then ends at the last finite state).
+    """
+
+    params: tuple[Params, ...]
+    table: pd.DataFrame
+    divergence: Divergence | None = None
+
+
+def warmup_path(config: RunConfig, clients=None) -> WarmupPath:
+    """Run plain FedAvg for ``T = config.federated.rounds`` rounds and keep ``θ^t`` at every round.
+
+    Each round is one :func:`~linattn_theory.sim.engine.run_schedule` call, so ``θ^t`` is the
+    simulator's own state. With full batches and full participation a round does not depend on
+    its index, and ``θ^t`` is bit-identical to round ``t`` of :func:`~linattn_theory.simulate`;
+    with minibatches or client sampling each round re-draws from the streams of round 0 (the
+    bound's full-batch assumption is then reported as violated).
+    """
+    clients = clients_from_config(config) if clients is None else clients
+    data = config_stacked(config, clients, np.dtype(config.model.dtype))
+    params = initial_params(config, data.q.shape[-1], data.y.shape[-1])
+    one = replace(config.federated, rounds=1, warmup_rounds=1, strategy="fedavg")
+    states, tables, divergence = [params], [], None
+    for t in range(config.federated.rounds):
+        result = run_schedule(params, data, one, 1, config.seed, engine=config.model.engine)
+        table = result.table.iloc[1:].copy()
+        table["round"] = t + 1
+        tables.append(table)
+        if result.diverged:
+            divergence = replace(result.divergence, round=t + 1)
+            break
+        params = result.params
+        states.append(params)
+    table = pd.concat(tables, ignore_index=True)
+    gamma = np.cumsum(table["kernel_drift"].to_numpy())
+    table["cumulative_kernel_drift"] = gamma
+    return WarmupPath(tuple(states), table, divergence)
+
+
+# --------------------------------------------------------------------------------------
+# frozen-stage quantities at one kernel
+# --------------------------------------------------------------------------------------
+def _host(a) -> np.ndarray:
+    return np.asarray(to_numpy(a), dtype=np.float64)
+
+
+def _stacked(clients) -> StackedClients:
+    return clients if isinstance(clients, StackedClients) else stack_clients(clients)
+
+
+def config_stacked(config: RunConfig, clients, dtype=np.float64) -> StackedClients:
+    """``clients`` stacked with the config's attention and temperature (docs/theory.md §9), once."""
+    if isinstance(clients, StackedClients):
+        return clients
+    return stack_clients(clients, dtype=dtype, attention=config.model.attention,
+                         temperature=config.model.temperature)
+
+
+def _moments(K, data, lam):
+    """Per-client ``Ã_c`` ``(m, Hd, Hd)``, ``B_c``, weights ``p_c`` and the global ``Ã`` (host arrays)."""
+    mom = value_moments(K, data)
+    A_c, B_c, w = _host(mom.A), _host(mom.B), _host(mom.weights)
+    A_c = A_c + lam * np.eye(A_c.shape[-1])
+    return A_c, B_c, w, np.sum(w[:, None, None] * A_c, axis=0)
+
+
+def _client_gradients_at_optimum(K, data, lam):
+    """``g_c = ∇_V F_{λ,c}(K, V*_λ) = Ã_c V* − B_c`` (``Σ_c p_c g_c = 0``) and the moments."""
+    A_c, B_c, w, A = _moments(K, data, lam)
+    _, V_star = profile_objective(K, data, lam)
+    return A_c @ V_star - B_c, A_c, w, A
+
+
+def gradient_dissimilarity(K, clients, lam: float = 0.0) -> float:
+    """Client dissimilarity ``ζ²(K) = Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ(K))‖_F²`` at the value optimum (docs/theory.md §6)."""
+    data = _stacked(clients)
+    g, _, w, _ = _client_gradients_at_optimum(K, data, lam)
+    return float(np.sum(w * np.sum(g * g, axis=(-2, -1))))
+
+
+def drift_floor_leading_order(K, clients, eta: float, E: int, lam: float = 0.0) -> dict:
+    """Leading order of the value drift floor in ``η`` (docs/theory.md §6; derivations/tradeoff.py).
+
+    ``V_FA − V*_λ = η(E−1)/2 · Ã⁻¹ Σ_c p_c (Ã_c − Ã) g_c + O(η²)``, hence
+
+        D₂ = η²(E−1)²/8 · ‖Σ_c p_c (Ã_c − Ã) g_c‖²_{Ã⁻¹}  ≤  η²(E−1)² σ_A² ζ² / (8 λ_min(Ã)),
+
+    with ``g_c`` the client gradients at ``V*_λ``, ``ζ² = Σ_c p_c ‖g_c‖²`` and
+    ``σ_A² = Σ_c p_c ‖Ã_c − Ã‖₂²`` (Cauchy–Schwarz). Returns ``leading_order`` (``D₂``),
+    ``upper`` (the right-hand bound), ``zeta2``, ``curvature_spread2`` and ``lambda_min``.
+    """
+    data = _stacked(clients)
+    g, A_c, w, A = _client_gradients_at_optimum(K, data, lam)
+    spread = A_c - A
+    s = np.sum(w[:, None, None] * (spread @ g), axis=0)
+    evals, U = np.linalg.eigh(A)
+    coords = U.T @ s
+    inv_norm = float(np.sum(coords * coords / evals[:, None]))
+    scale = eta ** 2 * (E - 1) ** 2 / 8.0
+    zeta2 = float(np.sum(w * np.sum(g * g, axis=(-2, -1))))
+    sigma2 = float(np.sum(w * np.linalg.norm(spread, ord=2, axis=(-2, -1)) ** 2))
+    return {"leading_order": scale * inv_norm, "upper": scale * sigma2 * zeta2 / evals[0],
+            "zeta2": zeta2, "curvature_spread2": sigma2, "lambda_min": float(evals[0])}
+
+
+def _transient(M, A, k: int) -> tuple[float, float, float]:
+    """``(‖M^k‖_Ã, ‖I − M^k‖_Ã, √κ(Ã))`` with ``‖X‖_Ã = ‖Ã^{½} X Ã^{-½}‖₂``, after ``k`` frozen rounds."""
+    evals, U = np.linalg.eigh(A)
+    root = (U * np.sqrt(evals)) @ U.T
+    inv_root = (U / np.sqrt(evals)) @ U.T
+    power = np.linalg.matrix_power(M, k)
+    norm = float(np.linalg.norm(root @ power @ inv_root, ord=2))
+    rest = float(np.linalg.norm(root @ (np.eye(len(M)) - power) @ inv_root, ord=2))
+    return norm, rest, float(np.sqrt(evals[-1] / evals[0]))
+
+
+def frozen_stage_bound(drift_floor, lag, contraction, gap=None, complement=None):
+    """``D + unfinished ≤ (√D + c √u)²``, and ``≤ (c̄ √D + c √g)²``: the frozen-stage part of ``U``.
+
+    derivations/tradeoff.py §A: with ``k = T − T0``, ``V_T − V* = (V_FA − V*) + M^k (V_{T0} − V_FA)
+    = (I − M^k)(V_FA − V*) + M^k (V_{T0} − V*)``, and the triangle inequality in the ``Ã``-norm.
+    ``drift_floor`` ``D(K_{T0})``, ``lag`` ``u = ½‖V_{T0} − V_FA‖²_Ã``, ``contraction``
+    ``c = ‖M^k‖_Ã = τ ρ^k``; optionally ``gap`` ``g = ½‖V_{T0} − V*‖²_Ã = F_λ(θ_{T0}) − Φ_λ(K_{T0})`` and
+    ``complement`` ``c̄ = ‖I − M^k‖_Ã``, in which case the smaller of the two bounds is returned.
+    """
+    first = (np.sqrt(drift_floor) + np.asarray(contraction) * np.sqrt(lag)) ** 2
+    if gap is None:
+        return first
+    second = (np.asarray(complement) * np.sqrt(drift_floor) + np.asarray(contraction) * np.sqrt(gap)) ** 2
+    return np.minimum(first, second)
+
+
+def tradeoff_bound(T0, T, b_start, b_floor, q, drift_floor, lag, rho, tau, burn_in=0, burn_in_level=None,
+                   gap=None, complement=None):
+    """``U(T0) = b_∞ + (b_s − b_∞) q^{T0 − t_s} + (√D + τ ρ^{T−T0} √u)²`` for ``T0 ≥ t_s`` (docs/theory.md §6).
+
+    The expression derived in derivations/tradeoff.py (which checks this function against its
+    sympy form). ``t_s = burn_in`` is the round from which the inexact-PL recursion holds and
+    ``b_s = b_start = bias(K_{t_s})``; for ``T0 < t_s`` the bias term is ``burn_in_level``
+    (``max_{t ≤ t_s} bias(K_t)``). ``drift_floor``, ``lag``, ``rho`` and ``tau`` may be arrays over ``T0``;
+    with ``gap`` and ``complement`` the frozen-stage term is the smaller of the two bounds of
+    :func:`frozen_stage_bound`.
+    """
+    T0 = np.asarray(T0, dtype=float)
+    tail = b_floor + (b_start - b_floor) * np.power(q, np.maximum(T0 - burn_in, 0.0))
+    bias_bound = tail if burn_in_level is None else np.where(T0 < burn_in, burn_in_level, tail)
+    return bias_bound + frozen_stage_bound(drift_floor, lag, tau * np.power(rho, T - T0), gap, complement)
+
+
+def closed_form_warmup(b_start: float, b_floor: float, q: float, drift_growth: float, burn_in: float = 0) -> float:
+    """``T0* = t_s + ln(γ / ((b_s − b_∞) ln(1/q))) / ln q``: minimiser of the two-term model.
+
+    The model ``b_∞ + (b_s − b_∞) q^{T0 − t_s} + D_0 + γ T0`` (geometric bias from the burn-in
+    round ``t_s`` on, drift floor growing at ``γ`` per warm-up round, frozen-stage transient
+    dropped) is convex; derivations/tradeoff.py derives this stationary point with sympy. It is
+    interior iff ``(b_s − b_∞) q^{T − t_s} ln(1/q) < γ < (b_s − b_∞) ln(1/q)``; returns ``nan``
+    when ``γ ≤ 0`` or ``q ∉ (0, 1)`` (no stationary point: the model says warm up to the end).
+    """
+    if not (0.0 < q < 1.0) or drift_growth <= 0 or b_start <= b_floor:
+        return float("nan")
+    return float(burn_in + np.log(drift_growth / ((b_start - b_floor) * np.log(1.0 / q))) / np.log(q))
+
+
+# --------------------------------------------------------------------------------------
+# constants along the path
+# --------------------------------------------------------------------------------------
+def _factor_gradient(params: Params, data, lam):
+    """``∇_{(W_Q, W_K)} Φ_λ = (G W_K, Gᵀ W_Q)`` with ``G = ∇_K Φ_λ`` (envelope theorem), flattened."""
+    WQ, WK = _host(params.WQ), _host(params.WK)
+    G = profile_gradient(WQ @ np.swapaxes(WK, -1, -2), data, lam)
+    return np.concatenate([(G @ WK).ravel(), (np.swapaxes(G, -1, -2) @ WQ).ravel()])
+
+
+def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> pd.DataFrame:
+    """Per round ``t`` of the warm-up path, every quantity of ``U`` and of its assumptions.
+
+    Columns: ``round``, ``profile_objective`` ``Φ_λ(K_t)``, ``bias``, ``drift_floor`` ``D(K_t)``,
+    ``value_lag`` ``u(t) = ½‖V_t − V_FA‖²_Ã``, ``value_gap`` ``g(t) = ½‖V_t − V*_λ‖²_Ã``,
+    ``contraction_rate`` ``ρ(K_t)``, ``transient`` ``‖Ã^{½}M^{T−t}Ã^{-½}‖``, ``complement``
+    ``‖Ã^{½}(I − M^{T−t})Ã^{-½}‖``,
+    ``tau`` (= transient / ρ^{T−t}), ``sqrt_condition`` ``√κ(Ã)``, ``factor_gradient_sq``
+    ``‖∇_{(W_Q,W_K)}Φ_λ‖²``, ``factor_step`` ``‖θ_{t+1} − θ_t‖`` and ``gradient_change``,
+    ``zeta2``, ``curvature_spread2``, ``lambda_min``, ``drift_leading_order``, ``drift_upper``,
+    ``curvature_max`` (``max_c λ_max(Ã_c)``).
+    """
+    fed = config.federated
+    T, eta, E, lam, s = fed.rounds, fed.learning_rate, fed.local_steps, fed.ridge, fed.server_learning_rate
+    data = config_stacked(config, clients)
+    rows, grads = [], []
+    for t, params in enumerate(path.params):
+        K = _host(kernel(params))
+        phi, V_star = profile_objective(K, data, lam)
+        M, _ = frozen_stage_map(K, data, eta, E, lam, s)
+        V_FA = fedavg_fixed_point(K, data, eta, E, lam)
+        A_c, _, _, A = _moments(K, data, lam)
+        V = _value_matrix(np, _host(params.WV))
+        e, f = V - V_FA, V - V_star
+        k = T - t
+        transient, complement, sqrt_kappa = _transient(M, A, k)
+        rho = contraction_rate(K, data, eta, E, lam, s)
+        lead = drift_floor_leading_order(K, data, eta, E, lam)
+        grads.append(_factor_gradient(params, data, lam))
+        rows.append({"round": t, "profile_objective": phi, "bias": phi - optimum,
+                     "drift_floor": value_drift_floor(K, data, eta, E, lam),
+                     "value_lag": float(0.5 * np.sum(e * (A @ e))),
+                     "value_gap": float(0.5 * np.sum(f * (A @ f))),
+                     "contraction_rate": rho, "transient": transient, "complement": complement,
+                     "tau": transient / rho ** k if rho ** k > 0 else sqrt_kappa, "sqrt_condition": sqrt_kappa,
+                     "factor_gradient_sq": float(grads[-1] @ grads[-1]),
+                     "zeta2": lead["zeta2"], "curvature_spread2": lead["curvature_spread2"],
+                     "lambda_min": lead["lambda_min"], "drift_leading_order": lead["leading_order"],
+                     "drift_upper": lead["upper"],
+                     "curvature_max": float(np.max(np.linalg.eigvalsh(A_c)[:, -1]))})
+    theta = [np.concatenate([_host(p.WQ).ravel(), _host(p.WK).ravel()]) for p in path.params]
+    for t, row in enumerate(rows):
+        if t + 1 < len(rows):
+            row["factor_step"] = float(np.linalg.norm(theta[t + 1] - theta[t]))
+            row["gradient_change"] = float(np.linalg.norm(grads[t + 1] - grads[t]))
+        else:
+            row["factor_step"] = row["gradient_change"] = np.nan
+    return pd.DataFrame(rows)
+
+
+def fit_inexact_pl(bias, frozen_bound=None, grid: int = FLOOR_GRID) -> tuple[int, float, float]:
+    """Constants ``(t_s, b_∞, q)`` of the unrolled inexact-PL bound ``bias_t ≤ b_∞ + (b_s − b_∞) q^{t − t_s}``.
+
+    For every burn-in round ``t_s`` and every floor ``b_∞`` on a grid in ``[0, b_s)``
+    (``b_s = bias_{t_s}``), the smallest admissible rate is
+    ``q = max_{t > t_s} ((bias_t − b_∞)_+ / (b_s − b_∞))^{1/(t − t_s)}``, so every triple is a valid
+    bound along the path (before ``t_s`` the bias is bounded by ``max_{t ≤ t_s} bias_t``). Of
+    these, the triple minimising ``min_{T0} [bias bound + frozen_bound]`` (the smallest certified
+    excess risk) is returned; without ``frozen_bound``, the one minimising
+    ``Σ_t log(bias bound / bias_t)`` (tightest in relative terms).
+    """
+    b = np.asarray(bias, dtype=float)
+    n = len(b)
+    if n < 2:
+        return 0, float(max(b[0], 0.0)), 0.0
+    frozen = None if frozen_bound is None else np.asarray(frozen_bound, dtype=float)
+    best = (np.inf, 0, 0.0, 0.0)
+    for s in range(n - 1):
+        curves, floors, q = _pl_curves(b, s, grid)
+        if frozen is None:
+            score = np.sum(np.log(np.maximum(curves, 1e-300) / np.maximum(b, 1e-300)), axis=1)
+        else:
+            score = np.min(curves + frozen[None, :], axis=1)
+        i = int(np.argmin(score))
+        if score[i] < best[0]:
+            best = (float(score[i]), s, float(floors[i]), float(q[i]))
+    return best[1], best[2], best[3]
+
+
+def _pl_curves(b, s: int, grid: int):
+    """Bias bounds of every floor on the grid for burn-in ``s``: ``(curves (g, n), floors (g,), q (g,))``."""
+    n = len(b)
+    b_s, tail = b[s], b[s + 1:]
+    lags = np.arange(1, n - s, dtype=float)
+    low = min(max(float(np.min(tail)), 0.0), b_s)
+    floors = np.unique(np.concatenate([low * np.linspace(0.0, 1.0, grid // 2, endpoint=False),
+                                       low + (b_s - low) * np.linspace(0.0, 1.0, grid // 2, endpoint=False)]))
+    floors = floors[floors < b_s] if b_s > 0 else np.zeros(1)
+    ratio = np.clip((tail[None, :] - floors[:, None]) / (b_s - floors[:, None]), 0.0, None)
+    q = np.max(ratio ** (1.0 / lags[None, :]), axis=1)
+    ahead = np.arange(n, dtype=float) - s
+    curves = floors[:, None] + (b_s - floors[:, None]) * q[:, None] ** np.maximum(ahead, 0.0)[None, :]
+    curves[:, :s] = np.max(b[:s + 1])
+    return curves, floors, q
+
+
+def _drift_growth(drift_floor, burn_in: int = 0) -> float:
+    """``γ``: least-squares slope of ``D(K_t)`` against ``t`` over the rounds ``t ≥ t_s``."""
+    D = np.asarray(drift_floor, dtype=float)[burn_in:]
+    if len(D) < 2:
+        return 0.0
+    return float(np.polyfit(np.arange(len(D), dtype=float), D, 1)[0])
+
+
+def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int = 8):
+    """``Φ*_λ`` by :func:`~linattn_theory.theory.profile.centralized_optimum`, also started from the path's
+    best and last kernels (so ``Φ*_λ ≤ Φ_λ(K_t)`` on the whole path)."""
+    fed = config.federated
+    data = config_stacked(config, clients)
+    phis = [profile_objective(_host(kernel(p)), data, fed.ridge)[0] for p in path.params]
+    starts = [_host(kernel(path.params[int(np.argmin(phis))])), _host(kernel(path.params[-1]))]
+    return centralized_optimum(data, fed.ridge, rank=config.model.rank, heads=config.model.heads,
+                               restarts=restarts, seed=config.seed, initial_kernels=starts)
+
+
+def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None = None,
+                   optimum=None, restarts: int = 8) -> TradeoffBound:
+    """Estimate the constants of ``U`` on an instance and evaluate ``U(T0)`` for ``T0 = 0..T``.
+
+    One FedAvg run of ``T`` rounds (:func:`warmup_path`) gives every warm-up kernel; ``Φ*_λ`` is
+    :func:`~linattn_theory.theory.profile.centralized_optimum` (also started from the path's best and
+    last kernels, so ``bias ≥ 0`` along the path) unless ``optimum`` (a number or a
+    ``CentralizedOptimum``) is given. Every assumption is checked along the path.
+    """
+    clients = config_stacked(config, clients_from_config(config) if clients is None else clients)
+    path = warmup_path(config, clients) if path is None else path
+    fed = config.federated
+    T = fed.rounds
+    if path.divergence is not None:
+        raise ValueError(f"the FedAvg warm-up path diverged: {path.divergence.message}")
+    if optimum is None:
+        optimum = path_optimum(config, clients, path, restarts=restarts)
+    phi_star = float(getattr(optimum, "objective", optimum))
+    terms = path_terms(path, clients, config, phi_star)
+    frozen = frozen_stage_bound(terms["drift_floor"], terms["value_lag"], terms["transient"],
+                                terms["value_gap"], terms["complement"])
+    bias = terms["bias"].to_numpy()
+    burn_in, b_floor, q = fit_inexact_pl(bias, frozen)
+    level = float(np.max(bias[:burn_in + 1]))
+    t = terms["round"].to_numpy()
+    U = tradeoff_bound(t, T, bias[burn_in], b_floor, q, terms["drift_floor"], terms["value_lag"],
+                       terms["contraction_rate"], terms["tau"], burn_in, level, terms["value_gap"],
+                       terms["complement"])
+    curve = terms.copy()
+    curve.insert(1, "U", U)
+    curve.insert(2, "bias_bound", U - frozen)
+    curve.insert(3, "frozen_bound", frozen)
+    T0_theory = int(np.argmin(U))
+    constants = _constants(curve, config, phi_star, burn_in, b_floor, q, T0_theory)
+    T0_closed = closed_form_warmup(constants.b_start, b_floor, q, constants.drift_growth, burn_in)
+    checks = _assumption_checks(curve, config, constants, T0_closed)
+    return TradeoffBound(T0_theory, T0_closed, curve, constants, tuple(checks))
+
+
+def _constants(curve: pd.DataFrame, config, phi_star, burn_in, b_floor, q, T0) -> BoundConstants:
+    fed = config.federated
+    eta, E = fed.learning_rate, fed.local_steps
+    steps = curve["factor_step"].to_numpy()[burn_in:-1]
+    changes = curve["gradient_change"].to_numpy()[burn_in:-1]
+    moved = steps > 0
+    L = float(np.max(changes[moved] / steps[moved])) if np.any(moved) else float("nan")
+    step = eta * E * fed.server_learning_rate
+    descent = 2.0 * step * (1.0 - L * step / 2.0)
+    mu = (1.0 - q) / descent if descent > 0 else float("nan")
+    row = curve.iloc[T0]
+    return BoundConstants(
+        T=fed.rounds, eta=eta, local_steps=E, lam=fed.ridge, optimum=phi_star,
+        b0=float(curve["bias"].iloc[0]), burn_in=int(burn_in), b_start=float(curve["bias"].iloc[burn_in]),
+        burn_in_level=float(curve["bias"].iloc[:burn_in + 1].max()), b_floor=b_floor, q=q, mu=float(mu), L=L,
+        epsilon=(1.0 - q) * b_floor, zeta2=float(row["zeta2"]),
+        curvature_spread2=float(row["curvature_spread2"]), lambda_min=float(row["lambda_min"]),
+        rho=float(row["contraction_rate"]), tau=float(row["tau"]), drift_floor=float(row["drift_floor"]),
+        rho_max=float(curve["contraction_rate"].max()), tau_max=float(curve["tau"].max()),
+        drift_growth=_drift_growth(curve["drift_floor"], burn_in),
+        drift_floor_initial=float(curve["drift_floor"].iloc[0]))
+
+
+def _assumption_checks(curve: pd.DataFrame, config: RunConfig, c: BoundConstants,
+                       T0_closed: float) -> list[AssumptionCheck]:
+    """Every assumption of derivations/tradeoff.py, measured along the path (warm-up ones from ``t_s`` on)."""
+    fed = config.federated
+    bias = curve["bias"].to_numpy()
+    s = c.burn_in
+    tail, ahead = bias[s:], np.arange(len(bias) - s, dtype=float)
+    tol = 1e-12 * max(1.0, abs(c.optimum))
+    since = f"rounds t ≥ t_s = {s}"
+    checks = [AssumptionCheck(
+        "(F) full-batch, full-participation frozen stage (the affine map of docs/theory.md §5 is exact)",
+        fed.batch_size is None and fed.participation >= 1.0, float(fed.participation),
+        f"batch_size = {fed.batch_size}, participation = {fed.participation}")]
+    checks.append(AssumptionCheck("Φ*_λ lower-bounds Φ_λ on the path (bias(K_t) ≥ 0)",
+                                  bool(np.min(bias) >= -tol), float(np.min(bias)), "min_t bias(K_t)"))
+    rho = curve["contraction_rate"].to_numpy()
+    checks.append(AssumptionCheck("(F) stable frozen stage: ρ(K_t) < 1 on the path", bool(np.max(rho) < 1.0),
+                                  float(np.max(rho)), "max_t ρ(K_t)"))
+    unrolled = c.b_floor + (c.b_start - c.b_floor) * c.q ** ahead - tail
+    checks.append(AssumptionCheck(
+        "(PL+I) unrolled: bias(K_t) ≤ b_∞ + (b_s − b_∞) q^{t − t_s} for t ≥ t_s, with q < 1",
+        bool(np.min(unrolled) >= -tol and c.q < 1.0), float(np.min(unrolled)),
+        f"min slack over {since}; q = {c.q:.4g}, b_∞ = {c.b_floor:.4g}"))
+    stepwise = c.q * tail[:-1] + c.epsilon - tail[1:]
+    share = float(np.mean(stepwise >= -tol)) if len(stepwise) else 1.0
+    checks.append(AssumptionCheck(
+        "(PL+I) stepwise: bias_{t+1} ≤ q bias_t + ε at every round", share == 1.0, share,
+        f"share of {since}; ε = (1 − q) b_∞ = {c.epsilon:.3g}"))
+    LEeta = c.L * c.eta * c.local_steps * fed.server_learning_rate
+    checks.append(AssumptionCheck("(S) smoothness along the path: L E η < 2 (descent lemma)",
+                                  bool(np.isfinite(LEeta) and LEeta < 2.0), float(LEeta),
+                                  f"L = {c.L:.4g}, secant estimate over {since}"))
+    positive = tail > tol
+    name = "(PL) ‖∇_{(W_Q,W_K)} Φ_λ‖² ≥ 2μ bias at every round"
+    if np.isfinite(c.mu) and np.any(positive):
+        ratio = curve["factor_gradient_sq"].to_numpy()[s:][positive] / (2.0 * tail[positive])
+        share = float(np.mean(ratio >= c.mu))
+        checks.append(AssumptionCheck(name, share == 1.0, share,
+                                      f"share of {since}; μ = {c.mu:.4g} implied by q, min ratio = {np.min(ratio):.4g}"))
+    else:
+        checks.append(AssumptionCheck(name, False, float("nan"), "μ undefined (q ≥ 1 or L E η ≥ 2)"))
+    transient_ratio = (curve["tau"] / curve["sqrt_condition"]).to_numpy()
+    checks.append(AssumptionCheck("(F) frozen-stage transient: τ ≤ √κ(Ã) (M symmetric)",
+                                  bool(np.max(transient_ratio) <= 1.0 + 1e-9), float(np.max(transient_ratio)),
+                                  "max_t τ/√κ"))
+    row = curve.iloc[int(np.argmin(curve["U"].to_numpy()))]
+    ratio = row["drift_leading_order"] / row["drift_floor"] if row["drift_floor"] > 0 else float("nan")
+    checks.append(AssumptionCheck(
+        "small-step regime of the drift law: D ≈ D₂ = η²(E−1)²/8 ‖Σ p_c (Ã_c − Ã) g_c‖²_{Ã⁻¹} within 2×",
+        bool(np.isfinite(ratio) and 0.5 <= ratio <= 2.0), float(ratio), "D₂/D at K_{T0_theory}"))
+    span = (c.b_start - c.b_floor) * np.log(1.0 / c.q) if 0 < c.q < 1 else float("nan")
+    interior = bool(np.isfinite(span) and span * c.q ** (c.T - s) < c.drift_growth < span)
+    checks.append(AssumptionCheck(
+        "(G) interior minimiser of the two-term model: (b_s − b_∞) q^{T−t_s} ln(1/q) < γ < (b_s − b_∞) ln(1/q)",
+        interior, float(c.drift_growth), f"γ; closed form T0* = {T0_closed:.4g}"))
+    return checks

@@ -1,0 +1,135 @@
+"""The exact bias–drift decomposition of the excess risk (docs/theory.md §6).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pandas as pd
+
+from ..core._array import to_numpy
+from ..core.model import _value_matrix, kernel
+from .profile import CentralizedOptimum, centralized_optimum
+from ._shared import _attention_of, _check_kernel, _check_ridge, _global_objective, _host_moments, _profile_from_moments, _stacked
+from .frozen_stage import _check_schedule, _drift_floor, _fixed_point, _frozen_map
+
+__all__ = ["decompose_excess_risk", "excess_risk_by_warmup"]
+
+
+# --------------------------------------------------------------------------------------
+# §6 the exact bias–drift decomposition of the excess risk
+# --------------------------------------------------------------------------------------
+def _run_setting(run, name: str, given):
+    """A federated setting given explicitly, else read from the run's recorded configuration."""
+    if given is not None:
+        return given
+    try:
+        return run.metadata["config"]["federated"][name]
+    except (AttributeError, KeyError, TypeError):
+        raise ValueError(f"the run records no configuration; pass {name} explicitly") from None
+
+
+def _run_clients(run, clients):
+    if clients is not None:
+        return clients
+    from ..sim.config import config_from_dict
+    from ..sim.engine import clients_from_config
+    try:
+        recorded = run.metadata["config"]    # drop unset options (None) as RunConfig.with_updates does
+        recorded = {k: ({kk: vv for kk, vv in v.items() if vv is not None} if isinstance(v, dict) else v)
+                    for k, v in recorded.items()}
+        return clients_from_config(config_from_dict(recorded))
+    except (AttributeError, KeyError, TypeError):
+        raise ValueError("the run records no configuration; pass clients explicitly") from None
+
+
+def _optimum_objective(optimum) -> float:
+    return float(optimum.objective if isinstance(optimum, CentralizedOptimum) else optimum)
+
+
+def decompose_excess_risk(run, clients=None, *, optimum=None, lam: float | None = None,
+                          eta: float | None = None, local_steps: int | None = None,
+                          server_learning_rate: float | None = None) -> dict:
+    """Split a run's excess risk exactly (docs/theory.md §6).
+
+    ``R(T0) = F_λ(θ_T) − Φ*_λ = bias(K_{T0}) + D(K_{T0}) + [F_λ(K_{T0}, V_T) − F_λ(K_{T0}, V_FA)]``:
+    kernel-profile bias ``Φ_λ(K_{T0}) − Φ*_λ``, value drift floor ``D(K_{T0})`` and the value
+    stage's unfinished optimisation (which may be negative: ``V_FA`` is not a minimiser).
+    ``R`` is measured from the simulator's last ``loss_regularized``, the three parts from the
+    moments, so ``identity_residual = bias + drift_floor + unfinished − excess_risk`` checks the
+    moments against the simulator.
+
+    ``run`` is a :class:`~linattn_theory.sim.engine.RunResult` (``K_{T0}`` from its
+    ``warmup_params``, ``V_T`` from its final ``params``). ``clients``, ``lam``, ``eta``,
+    ``local_steps`` and ``server_learning_rate`` default to those in the run's recorded
+    configuration; ``optimum`` is ``Φ*_λ`` (a number or a :class:`CentralizedOptimum`;
+    default: :func:`centralized_optimum` started from ``K_{T0}``). Returns a dict.
+    """
+    if getattr(run, "divergence", None) is not None:
+        raise ValueError(f"the run diverged ({run.divergence.message}); its excess risk is undefined")
+    lam = float(_run_setting(run, "ridge", lam))
+    eta = float(_run_setting(run, "learning_rate", eta))
+    E = int(_run_setting(run, "local_steps", local_steps))
+    s = float(_run_setting(run, "server_learning_rate", server_learning_rate))
+    _check_ridge(lam)
+    _check_schedule(eta, E, s)
+    clients = _run_clients(run, clients)
+    data = _stacked(clients, *_attention_of((getattr(run, "metadata", None) or {}).get("config")))
+    K = _check_kernel(kernel(run.warmup_params), data, "kernel(run.warmup_params)")
+    if optimum is None:
+        optimum = centralized_optimum(clients if data.attention == "linear" else data, lam, rank=run.warmup_params.WQ.shape[-1], heads=K.shape[0],
+                                      initial_kernels=[K])
+    phi_star = _optimum_objective(optimum)
+    moments = _host_moments(K, data)
+    phi, V_star = _profile_from_moments(moments, lam)
+    M, b = _frozen_map(moments, eta, E, lam, s)
+    V_FA = _fixed_point(M, b)
+    V_T = _value_matrix(np, np.asarray(to_numpy(run.params.WV), dtype=np.float64))
+    table = run.table
+    F_T = _global_objective(V_T, moments, lam)
+    measured = float(table["loss_regularized"].iloc[-1])
+    T0 = int(run.metadata.get("warmup_rounds", -1)) if getattr(run, "metadata", None) else -1
+    gamma = table.loc[table["round"] <= max(T0, 0), "cumulative_kernel_drift"].iloc[-1]
+    parts = {"bias": phi - phi_star,
+             "drift_floor": _drift_floor(V_FA, V_star, moments, lam),
+             "unfinished": F_T - _global_objective(V_FA, moments, lam)}
+    R = measured - phi_star
+    return {"warmup_rounds": T0, "rounds": int(table["round"].iloc[-1]), "excess_risk": R, **parts,
+            "identity_residual": parts["bias"] + parts["drift_floor"] + parts["unfinished"] - R,
+            "profile_objective": phi, "optimum": phi_star, "loss_regularized": measured,
+            "loss_regularized_moments": F_T, "contraction_rate": float(np.max(np.abs(np.linalg.eigvalsh(M)))),
+            "cumulative_kernel_drift": float(gamma)}
+
+
+def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restarts: int = 8,
+                          progress: bool = False) -> pd.DataFrame:
+    """:func:`decompose_excess_risk` for each warm-up length ``T0`` in ``warmups`` (docs/theory.md §6).
+
+    Runs :func:`~linattn_theory.sim.engine.simulate` with ``federated.strategy = "fedfrozen"`` and
+    ``federated.warmup_rounds = T0``; ``Φ*_λ`` (unless given) is one :func:`centralized_optimum`
+    started from the teacher, ``restarts`` random kernels and every ``K_{T0}`` the runs reached.
+    One row per ``T0``: ``warmup_rounds, excess_risk, bias, drift_floor, unfinished,
+    identity_residual, …``; a diverged run gives a row with ``diverged = True``, its round and
+    message, and no decomposition.
+    """
+    from ..sim.engine import clients_from_config, simulate
+    clients = clients_from_config(config) if clients is None else clients
+    runs = {}
+    for T0 in warmups:
+        cfg = config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": int(T0)})
+        runs[int(T0)] = simulate(cfg, clients, progress=progress)
+    data = _stacked(clients, config.model.attention, config.model.temperature)
+    if optimum is None:
+        kernels = [to_numpy(kernel(r.warmup_params)) for r in runs.values() if not r.diverged]
+        optimum = centralized_optimum(clients if data.attention == "linear" else data, config.federated.ridge, rank=config.model.rank,
+                                      heads=config.model.heads, restarts=restarts, seed=config.seed,
+                                      initial_kernels=kernels)
+    rows = []
+    for T0, run in runs.items():
+        if run.diverged:
+            rows.append({"warmup_rounds": T0, "diverged": True, "diverged_round": run.divergence.round,
+                         "message": run.divergence.message})
+            continue
+        row = decompose_excess_risk(run, data, optimum=optimum)
+        rows.append({**row, "warmup_rounds": T0, "diverged": False, "diverged_round": None, "message": ""})
+    return pd.DataFrame(rows)

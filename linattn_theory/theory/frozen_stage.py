@@ -1,0 +1,86 @@
+"""The frozen stage in closed form: the affine round ``V ← M V + b``, its fixed point ``V_FA``,
+the contraction rate and the value drift floor (docs/theory.md §5).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from ..core.moments import ValueMoments
+from ._shared import _check_kernel, _check_ridge, _host_moments, _profile_from_moments, _ridge, _solve_symmetric, _stacked
+from ..core.frozen_map import frozen_client_map
+
+__all__ = ["frozen_stage_map", "fedavg_fixed_point", "contraction_rate", "value_drift_floor"]
+
+
+# --------------------------------------------------------------------------------------
+# §5 the frozen stage
+# --------------------------------------------------------------------------------------
+def _check_schedule(eta, E, server_learning_rate=1.0):
+    if not np.isfinite(eta) or eta <= 0:
+        raise ValueError(f"eta = {eta!r}; expected a finite step size η > 0")
+    if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
+        raise ValueError(f"E = {E!r}; expected an integer number of local steps >= 1")
+    if not np.isfinite(server_learning_rate) or server_learning_rate <= 0:
+        raise ValueError(f"server_learning_rate = {server_learning_rate!r}; expected a number > 0")
+
+
+def _frozen_map(moments: ValueMoments, eta: float, E: int, lam: float, server_learning_rate: float = 1.0):
+    """``(M, b)``: ``M = Σ_c p_c (I − ηÃ_c)^E``, ``b = Σ_c p_c Σ_{j<E} (I − ηÃ_c)^j η B_c`` (with server step)."""
+    Mc, bc = frozen_client_map(moments, eta, E, lam)
+    w = moments.weights
+    n = Mc.shape[-1]
+    M = np.sum(w[:, None, None] * Mc, axis=0)
+    b = np.sum(w[:, None, None] * bc, axis=0)
+    s = server_learning_rate
+    return (1.0 - s) * np.eye(n) + s * M, s * b
+
+
+def frozen_stage_map(K, clients, eta: float, E: int, lam: float = 0.0, server_learning_rate: float = 1.0):
+    """The affine frozen-stage round ``V^{t+1} = M V^t + b`` on the stacked value block (docs/theory.md §5).
+
+    ``M = Σ_c p_c (I − ηÃ_c)^E`` ``(Hd, Hd)``, ``b = Σ_c p_c Σ_{j<E} (I − ηÃ_c)^j η B_c`` ``(Hd, p)``;
+    with a server step size ``η_s``: ``M ← (1 − η_s) I + η_s M``, ``b ← η_s b``.
+    """
+    _check_ridge(lam)
+    _check_schedule(eta, E, server_learning_rate)
+    data = _stacked(clients)
+    return _frozen_map(_host_moments(_check_kernel(K, data), data), eta, E, lam, server_learning_rate)
+
+
+def _fixed_point(M, b):
+    """``V_FA = (I − M)^{-1} b`` (the ``Σ_j`` form: valid when some ``Ã_c`` is singular)."""
+    return _solve_symmetric(np.eye(M.shape[-1]) - M, b)
+
+
+def fedavg_fixed_point(K, clients, eta: float, E: int, lam: float = 0.0):
+    """``V_FA(K) = (Σ_c p_c P_c)^{-1} Σ_c p_c P_c V*_c``, ``P_c = I − (I − ηÃ_c)^E`` (docs/theory.md §5).
+
+    Computed as ``(I − M)^{-1} b``, which needs no ``Ã_c^{-1}``; ``E = 1`` gives ``V*_λ(K)``.
+    Returns the stacked value block ``(Hd, p)``.
+    """
+    return _fixed_point(*frozen_stage_map(K, clients, eta, E, lam))
+
+
+def contraction_rate(K, clients, eta: float, E: int, lam: float = 0.0, server_learning_rate: float = 1.0) -> float:
+    """``ρ(K)``, the spectral radius of ``M`` (docs/theory.md §5): ``‖V^t − V_FA‖`` shrinks like ``ρ^{t−T0}``."""
+    M, _ = frozen_stage_map(K, clients, eta, E, lam, server_learning_rate)
+    return float(np.max(np.abs(np.linalg.eigvalsh(M))))
+
+
+def _drift_floor(V_FA, V_star, moments: ValueMoments, lam: float) -> float:
+    """``½ tr((V_FA − V*)^T Ã (V_FA − V*))``."""
+    A, _, _ = moments.weighted()
+    delta = V_FA - V_star
+    return float(0.5 * np.sum(delta * (_ridge(A, lam) @ delta)))
+
+
+def value_drift_floor(K, clients, eta: float, E: int, lam: float = 0.0) -> float:
+    """``D(K) = F_λ(K, V_FA) − Φ_λ(K) = ½ tr((V_FA − V*_λ)^T Ã (V_FA − V*_λ))`` (docs/theory.md §5)."""
+    _check_ridge(lam)
+    _check_schedule(eta, E)
+    data = _stacked(clients)
+    moments = _host_moments(_check_kernel(K, data), data)
+    _, V_star = _profile_from_moments(moments, lam)
+    return _drift_floor(_fixed_point(*_frozen_map(moments, eta, E, lam)), V_star, moments, lam)
