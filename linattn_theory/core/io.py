@@ -192,20 +192,19 @@ def _version(distribution: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _provenance() -> tuple:
-    from .. import __version__
-
     revision, modified = _git_state()
     versions = {name: _version(name) for name in LIBRARIES}
-    return (("version", _version("linattn-theory") or __version__), ("git_revision", revision),
+    return (("version", _version("linattn-theory")), ("git_revision", revision),
             ("git_dirty", modified), ("host", socket.gethostname()), ("platform", platform.platform()),
             ("python", platform.python_version()),
             ("libraries", {k: v for k, v in versions.items() if v is not None}))
 
 
 def provenance() -> dict:
-    """What a run was computed with: ``version`` (of linattn-theory), ``git_revision`` and
-    ``git_dirty`` (tracked files modified; ``None`` when unknown), ``host``, ``platform``,
-    ``python`` and ``libraries`` (installed versions). Read once per process."""
+    """What a run was computed with: ``version`` (of the installed linattn-theory; ``None`` when
+    it is not installed), ``git_revision`` and ``git_dirty`` (tracked files modified; ``None``
+    when unknown), ``host``, ``platform``, ``python`` and ``libraries`` (installed versions).
+    Read once per process."""
     return {key: (dict(value) if isinstance(value, dict) else value) for key, value in _provenance()}
 
 

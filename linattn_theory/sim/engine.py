@@ -170,8 +170,11 @@ def run_metadata(config: RunConfig) -> dict:
     """The metadata record of a run of ``config``: full config, seed, version, git revision and
     whether the tree was modified, and ``provenance`` (host, platform, library versions;
     :func:`~linattn_theory.core.io.provenance`)."""
+    from .. import __version__
+
     record = provenance()
     top = {key: record.pop(key) for key in ("version", "git_revision", "git_dirty")}
+    top["version"] = top["version"] or __version__          # a source tree that is not installed
     return {"config": config.to_dict(), "seed": config.seed, **top, "provenance": record}
 
 
