@@ -395,7 +395,8 @@ def test_figures_names_the_files_it_wrote(tmp_path, capsys):
 def test_revision_and_modified_flag_recorded_at_build_time_are_used_outside_a_checkout(tmp_path):
     import shutil
     package = tmp_path / "site" / "linattn_theory"
-    shutil.copytree(ROOT / "linattn_theory", package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "linattn_theory", package,      # the package without a record (an sdist has one)
+                    ignore=shutil.ignore_patterns("__pycache__", "_revision.txt"))
     code = ("from pathlib import Path; from linattn_theory.core.io import _git_state; print(*_git_state()); "
             "p = Path(__import__('linattn_theory').__file__).with_name('_revision.txt'); "
             "p.write_text('0123abcd\\n'); print(*_git_state()); "
