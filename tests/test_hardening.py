@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from linattn_theory import Params, kernel, load_results, loss_and_grad, predict, simulate
@@ -230,6 +231,9 @@ def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path, capsys, monkeypatch):
     assert not out.exists()
     monkeypatch.undo()
 
+    first = write(tmp_path, SWEEP, "sweep.toml")
+    assert main(["sweep", str(first), "--out", str(out), "--executor", "serial", "--quiet"]) == 0
+    assert len(pd.read_csv(out / "summary.csv")) == 2
     stored = []
     store = sweep_module._store
 
@@ -240,15 +244,15 @@ def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path, capsys, monkeypatch):
         return store(run_id, result, folder)
 
     monkeypatch.setattr(sweep_module, "_store", store_once)
-    args = ["sweep", str(write(tmp_path, SWEEP, "sweep.toml")), "--out", str(out), "--executor", "serial",
-            "--quiet"]
+    args = ["sweep", str(write(tmp_path, SWEEP.replace("seed = [0, 1]", "seed = [2, 3]"), "more.toml")),
+            "--out", str(out), "--executor", "serial", "--quiet", "--add"]
     assert main(args) == 130
     err = capsys.readouterr().err
     assert f"interrupted; 1 of 2 runs are finished in {out}; rerun the same command to resume" in err
-    assert not (out / "summary.csv").exists()     # written only when a sweep ends
+    assert not (out / "summary.csv").exists()     # the old one no longer describes the folder
     monkeypatch.undo()
     assert main(args) == 0 and "1 computed" in capsys.readouterr().out
-    assert (out / "summary.csv").is_file()
+    assert len(pd.read_csv(out / "summary.csv")) == 4
 
 
 def test_simulate_refuses_a_sweep_folder_and_an_existing_run_unless_overwrite(tmp_path, capsys):
