@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
