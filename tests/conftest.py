@@ -2,7 +2,6 @@
 
 import os
 
-
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 #: an unmarked test slower than this (call plus setup, seconds) belongs to the ``slow`` marker
