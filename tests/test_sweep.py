@@ -290,7 +290,7 @@ def test_duplicate_grid_values_are_refused_but_grids_may_share_runs():
     with pytest.raises(ConfigError, match=r"--set seed = \[2, 2\]: the value 2 is listed more than once"):
         sweep_from_dict(data, overrides={"seed": [2, 2]})
     data["quick"] = {"seed": [1, 1]}
-    with pytest.raises(ConfigError, match="quick seed = .*listed more than once"):
+    with pytest.raises(ConfigError, match=r"quick.seed = \[1, 1\]: the value 1 is listed more than once"):
         sweep_from_dict(data, quick=True)
 
 

@@ -167,10 +167,10 @@ def _apply_overrides(overrides: dict, base: dict, grids: list[dict], where: str)
         if not holders:
             set_dotted(base, key, value, where)
             continue
+        label = f"{where}.{key}" if where == "quick" else f"{where} {key}"
         if not isinstance(value, list) or not value:
-            raise ConfigError(f"{where} {key} = {value!r}: {key} is a grid key; expected a non-empty "
-                              f"list of values")
-        _check_values(f"{where} {key}", value)
+            raise ConfigError(f"{label} = {value!r}: {key} is a grid key; expected a non-empty list of values")
+        _check_values(label, value)
         for grid in holders:
             grid[key] = value
 
