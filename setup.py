@@ -1,30 +1,74 @@
-"""Build hook: record the git revision of the checkout a wheel is built from.
+"""Build hooks: record the git revision, and ship the example configs, figure scripts and derivations.
 
-Everything else is in pyproject.toml. ``pip install .`` from a git checkout writes
-``linattn_theory/_revision.txt`` into the built package; run metadata reads it
-(``git_revision``) when the package is not itself inside a checkout.
+Everything else is in pyproject.toml.
+
+- ``sdist`` writes ``linattn_theory/_revision.txt`` (the checkout's commit, then ``dirty`` when
+  tracked files were modified) into the tree it packs, so that a wheel built from the sdist
+  records the revision too;
+- ``build_py`` writes the same file into the built package (from git when building in a
+  checkout, else from the sdist's copy), and copies ``simulations/`` (figure scripts and their
+  configs) and ``derivations/`` into ``linattn_theory/_examples/``, where ``linattn figures``,
+  ``linattn derive`` and ``linattn examples`` find them after a wheel install, from any folder.
+
+Run metadata reads the revision (``git_revision``, ``git_dirty``) when the package is not
+itself inside a checkout.
 """
 
+import shutil
 import subprocess
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
+
+HERE = Path(__file__).resolve().parent
+REVISION = Path("linattn_theory") / "_revision.txt"
+EXAMPLES = ("simulations", "derivations")
 
 
-class BuildWithRevision(build_py):
+def _git(*args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def revision_record() -> str:
+    """``"<commit>\\n"`` or ``"<commit>\\ndirty\\n"`` of this checkout; else the sdist's record; else ""."""
+    top = _git("rev-parse", "--show-toplevel")
+    commit = _git("rev-parse", "HEAD")
+    if top and commit and Path(top.strip()).resolve() == HERE:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        return commit.strip() + "\n" + ("dirty\n" if status and status.strip() else "")
+    recorded = HERE / REVISION
+    return recorded.read_text(encoding="utf-8") if recorded.is_file() else ""
+
+
+class BuildWithRevisionAndExamples(build_py):
     def run(self):
         super().run()
-        try:
-            proc = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  cwd=Path(__file__).resolve().parent, timeout=10)
-            revision = proc.stdout.strip() if proc.returncode == 0 else ""
-        except (OSError, subprocess.SubprocessError):
-            revision = ""
-        if revision:
-            target = Path(self.build_lib) / "linattn_theory" / "_revision.txt"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(revision + "\n")
+        package = Path(self.build_lib) / "linattn_theory"
+        record = revision_record()
+        if record:
+            package.mkdir(parents=True, exist_ok=True)
+            (package / REVISION.name).write_text(record, encoding="utf-8")
+        for name in EXAMPLES:
+            if (HERE / name).is_dir():
+                target = package / "_examples" / name
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(HERE / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
-setup(cmdclass={"build_py": BuildWithRevision})
+class SdistWithRevision(sdist):
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        record = revision_record()
+        if record:
+            target = Path(base_dir) / REVISION
+            target.unlink(missing_ok=True)          # never write through a hard link to the checkout
+            target.write_text(record, encoding="utf-8")
+
+
+setup(cmdclass={"build_py": BuildWithRevisionAndExamples, "sdist": SdistWithRevision})

@@ -27,7 +27,7 @@ LAYERS = ("core", "data", "sim", "theory", "recommenders", "report", "cli")
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".core.backend": ["get_namespace"],
-    ".core.errors": ["ConfigError"],
+    ".core.errors": ["ConfigError", "RunIntegrityError"],
     ".core.clients": ["ClientDataset", "FederatedDataset", "stack_clients"],
     ".core.model": ["Params", "context_second_moment", "features", "kernel", "loss_and_grad",
                     "loss_and_grad_from_moments", "predict"],

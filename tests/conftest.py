@@ -1,3 +1,28 @@
+"""Shared test settings; the marker and warning policy is tests/README.md."""
+
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+#: an unmarked test slower than this (call plus setup, seconds) belongs to the ``slow`` marker
+SLOW_SECONDS = 3.0
+_seconds: dict[str, float] = {}
+_slow: set[str] = set()
+
+
+def pytest_collection_modifyitems(items):
+    _slow.update(item.nodeid for item in items if item.get_closest_marker("slow"))
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "call"):
+        _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    unmarked = sorted(((s, n) for n, s in _seconds.items() if s > SLOW_SECONDS and n not in _slow), reverse=True)
+    if unmarked:
+        terminalreporter.write_sep("-", f"unmarked tests slower than {SLOW_SECONDS:g} s (mark them slow: "
+                                        "tests/README.md)")
+        for seconds, nodeid in unmarked:
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")

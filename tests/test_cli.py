@@ -1,7 +1,9 @@
 """Command line: `linattn simulate` writes a run; invalid configs exit 2 and write nothing."""
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +49,32 @@ def test_simulate_writes_table_params_and_metadata(tmp_path):
     assert meta["config"]["federated"]["warmup_rounds"] == 2 and meta["seed"] == 0
     assert meta["version"] and meta["git_revision"] and meta["diverged"] is False
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    for name in ("rounds.csv", "params.npz"):            # content hashes, written last
+        data = (out / name).read_bytes()
+        assert meta["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def test_runs_record_their_provenance(tmp_path):
+    import platform
+    import socket
+    from datetime import datetime, timezone
+
+    import numpy as np
+
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    out = tmp_path / "out"
+    assert main(["simulate", str(write(tmp_path, VALID)), "--out", str(out), "--quiet"]) == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    record = meta["provenance"]
+    started = datetime.fromisoformat(record["started"])
+    assert before <= started <= datetime.now(timezone.utc) and 0 < record["wall_seconds"] < 60
+    assert record["host"] == socket.gethostname() and record["python"] == platform.python_version()
+    assert record["libraries"]["numpy"] == np.__version__ and record["libraries"]["pandas"] == pd.__version__
+    in_checkout = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if in_checkout.returncode == 0:                # a source checkout: its commit and modified flag
+        modified = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                  capture_output=True, text=True).stdout.strip() != ""
+        assert meta["git_revision"] == in_checkout.stdout.strip() and meta["git_dirty"] is modified
 
 
 def test_console_entry_point_runs_as_module(tmp_path):
@@ -112,6 +140,19 @@ def test_diverged_run_exits_3_and_records_round(tmp_path, capsys):
     assert f"diverged at round {meta['divergence']['round']}" in err and "try η <" in err
 
 
+def test_divergence_advice_is_a_step_below_the_one_that_diverged(tmp_path, capsys):
+    # the quick-start config at η = 0.3 diverges in round 1 while the curvature bound says 0.327
+    config = ROOT / "simulations" / "configs" / "quickstart.toml"
+    out = tmp_path / "out"
+    assert main(["simulate", str(config), "--out", str(out), "--quiet",
+                 "--set", "federated.learning_rate=0.3"]) == 3
+    err = capsys.readouterr().err
+    advised = float(re.search(r"try η < ([0-9.e+-]+)", err).group(1))
+    stable = json.loads((out / "metadata.json").read_text())["divergence"]["stable_learning_rate"]
+    assert advised < 0.3 and stable < 0.3 and advised == pytest.approx(stable, rel=1e-2)
+    assert "does not explain this divergence" in err
+
+
 @pytest.mark.parametrize("name", ["quickstart", "fedavg_minibatch", "in_context_regression"])
 def test_example_run_configs_are_valid(name):
     from linattn_theory import load_config
@@ -159,3 +200,22 @@ def test_results_get_the_usual_file_permissions(tmp_path):
         os.umask(old)
     assert path.read_text() == "hello" and (path.stat().st_mode & 0o777) == 0o644
     assert [p.name for p in path.parent.iterdir()] == ["x.txt"]
+
+
+def test_print_config_resolves_set_overrides_and_writes_nothing(tmp_path, capsys):
+    import tomllib
+
+    from linattn_theory import config_from_dict, load_config
+    from linattn_theory.sim.config import config_hash
+
+    path = write(tmp_path, VALID)
+    for command in (["simulate", "--out", str(tmp_path / "out")], ["recommend"]):
+        code = main([command[0], str(path), *command[1:], "--set", "federated.rounds=7", "--set",
+                     'federated.strategy="fedavg"', "--set", "task.noise=0.25", "--print-config"])
+        assert code == 0
+        printed = tomllib.loads(capsys.readouterr().out)
+        (tmp_path / "printed.toml").write_text(VALID.replace("rounds = 4", "rounds = 7")
+                                               .replace("[task]", "[task]\nnoise = 0.25")
+                                               + 'strategy = "fedavg"\n')
+        assert config_hash(config_from_dict(printed)) == config_hash(load_config(tmp_path / "printed.toml"))
+    assert not (tmp_path / "out").exists()

@@ -115,6 +115,7 @@ def field_names(config: dict) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(config=configs, encoding=st.sampled_from(["utf-8", "utf-8", "utf-8", "utf-8-sig", "utf-16",

@@ -9,7 +9,8 @@ import pytest
 
 from linattn_theory import Params, config_from_dict, predict, simulate
 from linattn_theory.core.errors import ConfigError
-from linattn_theory.data.digits import digit_contexts, digits_clients, evaluate, split_clients
+from linattn_theory.data.digits import (DIGITS_CLASS_COUNTS, digit_contexts, digits_clients, evaluate,
+                                        max_clients, split_clients)
 
 
 def pool(N=600, classes=6, n=3, d=2, seed=0):
@@ -106,6 +107,7 @@ def test_digit_contexts_are_rows_plus_position():
     np.testing.assert_array_equal(X[1, :, 8:], np.eye(8))
 
 
+@pytest.mark.slow
 def test_digits_family_trains_and_reports_test_accuracy():
     pytest.importorskip("sklearn")
     data = digits_clients(num_clients=4, label_alpha=0.5, seed=0)
@@ -177,3 +179,19 @@ def test_digits_figure_numbers_match_committed_data():
     assert set(below["attention"]) == {"linear"} and set(below["label_alpha"]) == {0.1}
     best = below.loc[below["mean"].idxmin()]
     assert f"(`T0 = {best['T0']:.0f}`) end below FedAvg's training loss, by {-best['mean']:.4f}" in readme
+
+
+@pytest.mark.parametrize("test_fraction", [0.25, 0.5])
+def test_the_most_digits_clients_a_config_allows_is_what_the_split_can_deal(test_fraction):
+    datasets = pytest.importorskip("sklearn.datasets")
+    assert tuple(np.bincount(datasets.load_digits().target)) == DIGITS_CLASS_COUNTS
+    most = max_clients(test_fraction)
+    assert most == (673 if test_fraction == 0.25 else 449)
+    task = {"family": "digits", "test_fraction": test_fraction}
+    config_from_dict({"task": {**task, "num_clients": most}})
+    clients = digits_clients(most, test_fraction=test_fraction)
+    assert len(clients.clients) == most and min(len(c.y) for c in clients.clients) >= 2
+    with pytest.raises(ConfigError, match=rf"task.num_clients = {most + 1}: expected a value <= {most}"):
+        config_from_dict({"task": {**task, "num_clients": most + 1}})
+    with pytest.raises(ValueError, match="samples cannot give"):
+        digits_clients(most + 1, test_fraction=test_fraction)

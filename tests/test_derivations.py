@@ -14,6 +14,7 @@ def test_there_are_derivations():
     assert {"profile.py", "frozen_stage.py"} <= {p.name for p in SCRIPTS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_derivation_passes(script):
     out = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)

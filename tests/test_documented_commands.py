@@ -40,6 +40,19 @@ def documented_commands():
 
 
 COMMANDS = list(documented_commands())
+#: commands that run figure scripts, test suites, Dask clusters or generators (tests/README.md: slow)
+SLOW = re.compile(r"^(linattn figures(?!.*--list)|python simulations/|python -m pytest|python benchmarks/|"
+                  r"python -m linattn_theory\.cli\.docgen)|--executor dask")
+
+
+def _marked(commands):
+    """``pytest.param`` of each command, slow when it is slow or follows a slow one on its page
+    (it may read what that one wrote)."""
+    slow_pages = set()
+    for page, command, needs in commands:
+        if SLOW.search(command) and not needs:
+            slow_pages.add(page)
+        yield pytest.param(page, command, needs, marks=[pytest.mark.slow] if page in slow_pages else [])
 
 
 def test_pages_show_commands():
@@ -88,7 +101,8 @@ def check_pip_target(command: str):
         assert extra in extras, f"{command}: no extra {extra!r} in pyproject.toml"
 
 
-@pytest.mark.parametrize("page, command, needs", COMMANDS, ids=[f"{p}: {c}" for p, c, _ in COMMANDS])
+@pytest.mark.parametrize("page, command, needs", list(_marked(COMMANDS)),
+                         ids=[f"{p}: {c}" for p, c, _ in COMMANDS])
 def test_documented_command_runs(scratch, page, command, needs):
     if command.startswith("pip install"):
         check_pip_target(command)

@@ -47,6 +47,7 @@ def test_every_issue_figure_has_a_script_and_a_config():
             f"{name}: draw and save with linattn_theory.report.plotting (the shared style)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STYLED))
 def test_quick_figure_is_a_valid_image_drawn_from_data(quick_figures, name):
     png, pdf = (quick_figures / f"{name}.{ext}" for ext in ("png", "pdf"))
@@ -73,6 +74,7 @@ def test_quick_figure_is_a_valid_image_drawn_from_data(quick_figures, name):
     assert (numeric.nunique() > 1).any(), f"{name}: the plotted data is constant"
 
 
+@pytest.mark.slow
 def test_no_temporary_files_are_left(quick_figures):
     assert not [p for p in quick_figures.rglob("*") if p.name.endswith(".tmp")]
 
@@ -87,6 +89,7 @@ def test_figures_cli_lists_and_rejects_unknown_names(tmp_path, capsys):
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.slow
 def test_a_figure_script_runs_on_its_own(tmp_path):
     env = {**os.environ, "PYTHONPATH": "", "MPLBACKEND": "Agg"}
     proc = subprocess.run([sys.executable, str(ROOT / "simulations" / "heatmaps.py"), "--quick", "--out",
@@ -96,6 +99,7 @@ def test_a_figure_script_runs_on_its_own(tmp_path):
     assert (tmp_path / "heatmaps.png").is_file() and (tmp_path / "heatmaps.csv").is_file()
 
 
+@pytest.mark.slow
 def test_figures_are_byte_identical_on_a_rerun(quick_figures, tmp_path):
     """Fixed metadata (no creation date): the same figure written again gives the same bytes."""
     assert main(["figures", "--quick", "--only", "warmup_inexactness", "--out", str(tmp_path), "--root", str(ROOT),

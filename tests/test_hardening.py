@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from linattn_theory import Params, kernel, load_results, loss_and_grad, predict, simulate
@@ -88,6 +90,16 @@ def _cases():
                               "task.noise = inf: expected a finite number"),
         "key of another task family": (simulate_text(replace("[task]", "[task]\nzeta_task = 1.0")),
                                        "task.zeta_task: does not apply"),
+        "more clients than the data allow": (
+            simulate_text('[task]\nfamily = "digits"\nnum_clients = 1000\n[federated]\nrounds = 2\n'
+                          'warmup_rounds = 1\n'),
+            "task.num_clients = 1000: expected a value <= 673 for family 'digits'"),
+        "sweep file given to recommend": (lambda tmp: ["recommend", str(write(tmp, SWEEP))],
+                                          "is a sweep file (it has a [grid] table); give one run's config"),
+        "--quick without [quick]": (sweep_text(SWEEP, "--quick"), "has no [quick] table, so --quick would run"),
+        "value listed twice in a grid": (sweep_text(VALID + "[grid]\nseed = [0, 0, 1]\n"),
+                                         "grid.seed = [0, 0, 1]: the value 0 is listed more than once"),
+        "bad --set": (simulate_text(VALID, "--set", "federated.roundz=3"), "federated.roundz: unknown key"),
         "batch larger than a client": (simulate_text(VALID + "batch_size = 17\n"),
                                        "federated.batch_size = 17: expected a value <= task.samples_per_client = 16"),
         "sweep file given to simulate": (simulate_text(SWEEP), "run it with `linattn sweep"),
@@ -110,7 +122,8 @@ def _cases():
 CASES = _cases()
 #: kinds of the table tested elsewhere in this file (not a plain "exit 2, nothing written")
 OTHER_TESTS = {"UTF-8 BOM", "setting the strategy ignores", "folder of another sweep",
-               "failure inside a run", "Ctrl-C / SIGTERM"}
+               "failure inside a run", "Ctrl-C / SIGTERM", "simulate into a sweep or run folder",
+               "quick figures over the full-size ones", "sweep folder in use", "broken run on disk"}
 
 
 def test_every_documented_bad_input_has_a_case():
@@ -202,16 +215,122 @@ def test_unexpected_failure_exits_1_with_one_line_and_debug_traceback(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-def test_ctrl_c_exits_130(tmp_path, capsys, monkeypatch):
+def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path, capsys, monkeypatch):
     import linattn_theory.sim.engine as federated
+    import linattn_theory.sim.sweep as sweep_module
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(federated, "simulate", interrupted)
-    assert main(["simulate", str(write(tmp_path, VALID)), "--out", str(tmp_path / "out")]) == 130
+    out = tmp_path / "out"
+    assert main(["simulate", str(write(tmp_path, VALID)), "--out", str(out)]) == 130
     err = capsys.readouterr().err
-    assert "interrupted" in err and "Traceback" not in err
+    assert f"interrupted; nothing was written to {out}" in err and "Traceback" not in err
+    assert "resume" not in err                   # simulate cannot resume
+    assert not out.exists()
+    monkeypatch.undo()
+
+    first = write(tmp_path, SWEEP, "sweep.toml")
+    assert main(["sweep", str(first), "--out", str(out), "--executor", "serial", "--quiet"]) == 0
+    assert len(pd.read_csv(out / "summary.csv")) == 2
+    stored = []
+    store = sweep_module._store
+
+    def store_once(run_id, result, folder):       # Ctrl-C after the first run is written
+        if stored:
+            raise KeyboardInterrupt
+        stored.append(run_id)
+        return store(run_id, result, folder)
+
+    monkeypatch.setattr(sweep_module, "_store", store_once)
+    args = ["sweep", str(write(tmp_path, SWEEP.replace("seed = [0, 1]", "seed = [2, 3]"), "more.toml")),
+            "--out", str(out), "--executor", "serial", "--quiet", "--add"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted; 1 of 2 runs are finished in {out}; rerun the same command to resume" in err
+    assert not (out / "summary.csv").exists()     # the old one no longer describes the folder
+    monkeypatch.undo()
+    assert main(args) == 0 and "1 computed" in capsys.readouterr().out
+    assert len(pd.read_csv(out / "summary.csv")) == 4
+
+
+def test_simulate_refuses_a_sweep_folder_and_an_existing_run_unless_overwrite(tmp_path, capsys):
+    sweep_out = tmp_path / "sweep"
+    assert main(["sweep", str(write(tmp_path, SWEEP, "sweep.toml")), "--out", str(sweep_out),
+                 "--executor", "serial", "--quiet"]) == 0
+    run_file = write(tmp_path, VALID)
+    assert main(["simulate", str(run_file), "--out", str(sweep_out), "--overwrite"]) == 2
+    assert "is a sweep folder" in capsys.readouterr().err
+    assert not (sweep_out / "metadata.json").exists() and len(load_results(sweep_out)) == 2
+
+    out = tmp_path / "run"
+    assert main(["simulate", str(run_file), "--out", str(out), "--quiet"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["simulate", str(run_file), "--out", str(out), "--quiet", "--set", "seed=1"]) == 2
+    assert "already holds a run (metadata.json, rounds.csv, params.npz)" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main(["simulate", str(run_file), "--out", str(out), "--quiet", "--set", "seed=1",
+                 "--overwrite"]) == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["seed"] == 1 and meta["overrides"] == ["seed=1"]
+    assert (out / "rounds.csv").read_bytes() != before["rounds.csv"]
+
+
+def test_quick_figures_never_replace_the_full_size_ones(tmp_path, capsys, monkeypatch):
+    (tmp_path / "simulations").mkdir()
+    (tmp_path / "simulations" / "tiny.py").write_text(
+        "from pathlib import Path\n\n\ndef make(out_dir, quick=False):\n"
+        "    path = Path(out_dir) / 'tiny.png'\n    path.parent.mkdir(parents=True, exist_ok=True)\n"
+        "    path.write_text('quick' if quick else 'full')\n    return [path]\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["figures", "--quiet"]) == 0
+    committed = tmp_path / "figures" / "tiny.png"
+    assert committed.read_text() == "full"
+    assert main(["figures", "--quick", "--quiet"]) == 0
+    assert (tmp_path / "results" / "figures-quick" / "tiny.png").read_text() == "quick"
+    assert main(["figures", "--quick", "--quiet", "--out", "figures"]) == 2
+    assert "the full-size figures there would be overwritten" in capsys.readouterr().err
+    assert committed.read_text() == "full"
+    assert main(["figures", "--quick", "--quiet", "--out", "figures", "--overwrite"]) == 0
+    assert committed.read_text() == "quick"
+
+
+def test_a_second_sweep_into_a_busy_folder_refuses_or_waits(tmp_path, capsys):
+    import threading
+
+    from linattn_theory.sim.sweep import sweep_lock
+
+    out = tmp_path / "out"
+    args = ["sweep", str(write(tmp_path, SWEEP, "sweep.toml")), "--out", str(out), "--executor", "serial",
+            "--quiet"]
+    with sweep_lock(out):                         # another writer holds the folder
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"another sweep is writing to it (pid {os.getpid()} on " in err and "--wait" in err
+    assert not (out / "sweep.json").exists()
+
+    held, release = threading.Event(), threading.Event()
+
+    def writer():
+        with sweep_lock(out):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    held.wait(30)
+    threading.Timer(1.0, release.set).start()
+    start = time.perf_counter()
+    try:
+        assert main(args + ["--wait"]) == 0
+    finally:
+        release.set()
+        thread.join(30)
+    assert time.perf_counter() - start >= 0.9     # it waited for the other writer to end
+    captured = capsys.readouterr()
+    assert f"waiting for the sweep writing to {out} to end (pid {os.getpid()}" in captured.err
+    assert "2 computed" in captured.out and len(load_results(out)) == 2
 
 
 def test_second_sweep_with_another_grid_is_refused_or_added(tmp_path, capsys):
@@ -277,16 +396,41 @@ def test_figures_names_the_files_it_wrote(tmp_path, capsys):
     assert f"wrote {out / 'tiny.png'}" in capsys.readouterr().out
 
 
-def test_git_revision_recorded_at_build_time_is_used_outside_a_checkout(tmp_path):
+def test_revision_and_modified_flag_recorded_at_build_time_are_used_outside_a_checkout(tmp_path):
     import shutil
     package = tmp_path / "site" / "linattn_theory"
-    shutil.copytree(ROOT / "linattn_theory", package, ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("from pathlib import Path; from linattn_theory.sim.engine import _git_revision; "
-            "print(_git_revision()); Path(__import__('linattn_theory').__file__).with_name("
-            "'_revision.txt').write_text('0123abcd\\n'); print(_git_revision())")
+    shutil.copytree(ROOT / "linattn_theory", package,      # the package without a record (an sdist has one)
+                    ignore=shutil.ignore_patterns("__pycache__", "_revision.txt"))
+    code = ("from pathlib import Path; from linattn_theory.core.io import _git_state; print(*_git_state()); "
+            "p = Path(__import__('linattn_theory').__file__).with_name('_revision.txt'); "
+            "p.write_text('0123abcd\\n'); print(*_git_state()); "
+            "p.write_text('0123abcd\\ndirty\\n'); print(*_git_state())")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(package.parent)},
-                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["unknown", "0123abcd"]
+                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["unknown None", "0123abcd False", "0123abcd True"]
+
+
+def test_a_checkout_records_whether_tracked_files_were_modified(tmp_path):
+    from linattn_theory.core.io import _git_state
+
+    repo = tmp_path / "repo"
+    package = (repo / "linattn_theory")
+    package.mkdir(parents=True)
+    (package / "model.py").write_text("a = 1\n")
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", *args], cwd=repo,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    revision = git("rev-parse", "HEAD")
+    assert _git_state(package.resolve()) == (revision, False)
+    (repo / "notes.txt").write_text("untracked files do not change the code that ran")
+    assert _git_state(package.resolve()) == (revision, False)
+    (package / "model.py").write_text("a = 2\n")
+    assert _git_state(package.resolve()) == (revision, True)
 
 
 # -- the Python API ---------------------------------------------------------------------------
@@ -330,3 +474,17 @@ def test_load_results_on_a_wrong_path_raises(tmp_path):
         load_results(tmp_path)
     with pytest.raises(ConfigError):
         config_from_dict({"federated": {"batch_size": 200}})
+
+
+def test_float32_steps_below_the_parameters_resolution_are_warned_about():
+    config = config_from_dict({"model": {"dtype": "float32"},
+                               "task": {"num_clients": 4, "samples_per_client": 32, "tokens": 4, "dim": 3},
+                               "federated": {"rounds": 5, "warmup_rounds": 2, "learning_rate": 1e-9}})
+    with pytest.warns(RuntimeWarning, match="model.dtype = 'float32': the first local step with "
+                                            "federated.learning_rate = 1e-09 changes 0% of the entries"):
+        stalled = simulate(config)
+    assert stalled.table["loss"].nunique() == 1           # the claim: nothing moved in 5 rounds
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                    # a usable step: no warning
+        moving = simulate(config.with_updates({"federated.learning_rate": 0.05}))
+    assert moving.table["loss"].iloc[-1] < moving.table["loss"].iloc[0]

@@ -73,6 +73,7 @@ def unanswered(tmp_path_factory):
     return _execute(tmp_path_factory.mktemp("unanswered"))
 
 
+@pytest.mark.slow
 def test_unanswered_notebook_runs_to_the_end(unanswered):
     status, output, _ = unanswered
     assert status == 0, output[-3000:]
@@ -102,6 +103,7 @@ def _outputs(notebook):
     return cells
 
 
+@pytest.mark.slow
 def test_committed_ipynb_has_the_outputs_of_a_fresh_execution(unanswered):
     """Same code, same printed outputs, same figures (pixel sizes) as running the .py now."""
     _, output, fresh = unanswered
@@ -115,6 +117,7 @@ def test_committed_ipynb_has_the_outputs_of_a_fresh_execution(unanswered):
     assert set(committed["metadata"]) == {"jupytext", "kernelspec"}, "no run metadata in the committed notebook"
 
 
+@pytest.mark.slow
 def test_solutions_pass_every_exercise(tmp_path):
     status, output, _ = _execute(tmp_path, "--solutions", str(SOLUTIONS))
     assert status == 0, output[-3000:]
@@ -123,6 +126,7 @@ def test_solutions_pass_every_exercise(tmp_path):
     _assert_theorems_hold(output)
 
 
+@pytest.mark.slow
 def test_wrong_answers_fail_and_the_notebook_still_runs_with_E_5(tmp_path):
     """Each check can fail; an answer that raises is a FAIL; a student's E = 5 aborts nothing."""
     status, output, _ = _execute(tmp_path, "--solutions", str(WRONG), "--replace", "ETA, E = 0.04, 20",

@@ -239,6 +239,7 @@ def test_quoted_worst_case_is_the_committed_one():
     assert "freezes at round 13" in docs and "$E = 20$, $\\eta = 0.01$" in docs
 
 
+@pytest.mark.slow
 def test_regret_benchmark_quick_is_resumable_and_worker_independent(tmp_path):
     """The benchmark's quick mode: cached records are reused, and 1 or 2 workers give the same bytes."""
     import importlib.util

@@ -372,6 +372,7 @@ learning_rate = 0.05
 """
 
 
+@pytest.mark.slow
 def test_strategies_script_writes_table_markdown_and_figure(tmp_path):
     script = load_script()
     names = sorted(STRATEGIES)
@@ -414,6 +415,7 @@ def test_strategies_script_rejects_bad_settings_before_running(tmp_path):
         script.load_settings(config)
 
 
+@pytest.mark.slow
 def test_strategies_script_runs_the_static_arms_in_the_same_federation(tmp_path):
     """docs/theory.md §7: static arms fixed in advance never move the kernel (Γ = 0); those made
     static after the warm-up share FedFrozen's warm-up, hence its Γ(T), bit for bit; with one head,

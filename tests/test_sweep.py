@@ -14,7 +14,7 @@ import pytest
 
 from linattn_theory import load_results, load_run, load_sweep, simulate
 from linattn_theory.cli.commands import main
-from linattn_theory.core.errors import ConfigError
+from linattn_theory.core.errors import ConfigError, RunIntegrityError
 from linattn_theory.core.io import _jsonable
 from linattn_theory.sim.sweep import run_sweep, sweep_from_dict
 
@@ -144,7 +144,12 @@ def test_shared_warmups_equal_separate_simulations(tmp_path):
             np.testing.assert_array_equal(getattr(stored.warmup_params, block),
                                           getattr(direct.warmup_params, block))
         recorded = json.loads(json.dumps(_jsonable(direct.metadata)))
-        assert {k: v for k, v in stored.metadata.items() if k != "run_id"} == recorded
+        when = ("started", "wall_seconds", "computed_with")   # when and how long: per computation
+        assert {k: v for k, v in stored.metadata["provenance"].items() if k not in when} == \
+            {k: v for k, v in recorded["provenance"].items() if k not in when}
+        other = ("run_id", "files", "provenance")
+        assert {k: v for k, v in stored.metadata.items() if k not in other} == \
+            {k: v for k, v in recorded.items() if k not in other}
 
 
 def test_diverged_runs_are_recorded(tmp_path):
@@ -159,6 +164,7 @@ def test_diverged_runs_are_recorded(tmp_path):
     assert run.diverged and "learning_rate" in run.divergence.message
 
 
+@pytest.mark.slow
 def test_sigkill_mid_sweep_then_rerun_equals_uninterrupted(tmp_path):
     text = BASE.format(rounds=150) + """
 [grid]
@@ -190,6 +196,7 @@ seed = [0, 1, 2]
     assert_same_results(killed, clean)
 
 
+@pytest.mark.slow
 def test_serial_processes_and_dask_give_identical_results(tmp_path):
     path = write(tmp_path, SMALL)
     for executor in ("serial", "processes", "dask"):
@@ -216,3 +223,92 @@ def test_dask_missing_is_a_clear_error_before_writing(tmp_path, monkeypatch, cap
     assert main(["sweep", str(write(tmp_path, SMALL)), "--out", str(out), "--executor", "dask"]) == 2
     assert "pip install 'linattn-theory[dask]'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _break_runs(out: Path) -> dict[str, str]:
+    """Damage three finished runs as a copy cut short or a bad disk would; ``{run_id: what}``."""
+    ids = sorted(p.name for p in (out / "runs").iterdir())
+    table = out / "runs" / ids[0] / "rounds.csv"
+    lines = table.read_text().splitlines(keepends=True)
+    table.write_text("".join(lines[:2]))                 # cut short: a header and round 0 remain
+    (out / "runs" / ids[1] / "params.npz").write_bytes(b"garbage")
+    (out / "runs" / ids[2] / "metadata.json").write_text("garbage")
+    return {ids[0]: "rounds.csv does not match", ids[1]: "params.npz does not match",
+            ids[2]: "metadata.json is not a run record"}
+
+
+def test_broken_runs_are_named_never_loaded_as_finished_and_recomputed_on_resume(tmp_path, capsys):
+    path = write(tmp_path, SMALL.replace("[0, 3, 6]", "[0, 6]").replace("[0.5, 2.0]", "[2.0]"))
+    out, clean = tmp_path / "out", tmp_path / "clean"
+    args = ["sweep", str(path), "--out", str(out), "--executor", "serial", "--quiet"]
+    assert main(args) == 0
+    run_sweep(load_sweep(path), clean)
+    broken = _break_runs(out)
+    first = next(run_id for run_id in load_sweep(path).run_ids if run_id in broken)   # in grid order
+    with pytest.raises(RunIntegrityError, match=rf"runs/{first}: broken run: {broken[first]}.*"
+                                                rf"\(2 more broken runs\)"):
+        load_results(out)
+    for run_id, what in broken.items():
+        with pytest.raises(RunIntegrityError, match=rf"{run_id}: broken run: {what}"):
+            load_run(out, run_id)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "3 computed (3 of them recomputed because their files did not match" in capsys.readouterr().out
+    assert_same_results(out, clean)
+
+
+def test_a_broken_run_is_exit_2_on_the_command_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    first = ["sweep", str(write(tmp_path, SMALL, "a.toml")), "--out", str(out), "--executor", "serial", "--quiet"]
+    other = write(tmp_path, SMALL.replace("seed = [0, 1]", "seed = [2]"), "b.toml")
+    second = ["sweep", str(other), "--out", str(out), "--executor", "serial", "--quiet", "--add"]
+    assert main(first) == 0 and main(second) == 0
+    a_run = load_sweep(tmp_path / "a.toml").run_ids[0]            # a run of the first sweep only
+    (out / "runs" / a_run / "rounds.csv").write_text("round,loss\n0,1.0\n")
+    capsys.readouterr()
+    assert main(second) == 2                 # its runs are all there; the folder's summary is not
+    err = capsys.readouterr().err
+    assert f"runs/{a_run}: broken run: rounds.csv does not match" in err and "Traceback" not in err
+
+
+def test_a_sweep_that_ends_writes_its_summary_table(tmp_path):
+    out = tmp_path / "out"
+    sweep = load_sweep(write(tmp_path, SMALL))
+    run_sweep(sweep, out)
+    summary = pd.read_csv(out / "summary.csv")
+    results = load_results(out)
+    assert list(summary["run_id"]) == sweep.run_ids == list(results["run_id"])
+    np.testing.assert_array_equal(summary["final_loss"], results["final_loss"])      # exact round trip
+    assert list(summary.columns) == list(results.columns)
+
+
+def test_duplicate_grid_values_are_refused_but_grids_may_share_runs():
+    data = {"federated": {"rounds": 4, "warmup_rounds": 2}, "grid": {"seed": [0, 1, 0]}}
+    with pytest.raises(ConfigError, match=r"grid.seed = \[0, 1, 0\]: the value 0 is listed more than once"):
+        sweep_from_dict(data)
+    data["grid"] = {"seed": [0, 1]}
+    with pytest.raises(ConfigError, match=r"--set seed = \[2, 2\]: the value 2 is listed more than once"):
+        sweep_from_dict(data, overrides={"seed": [2, 2]})
+    data["quick"] = {"seed": [1, 1]}
+    with pytest.raises(ConfigError, match=r"quick.seed = \[1, 1\]: the value 1 is listed more than once"):
+        sweep_from_dict(data, quick=True)
+
+
+def test_set_overrides_and_print_config_resolve_the_sweep(tmp_path, capsys):
+    import tomllib
+
+    path = write(tmp_path, SMALL + "[quick]\nseed = [5]\n")
+    overrides = ["federated.local_steps=3", "task.zeta_value=[0.25]"]
+    args = ["sweep", str(path), "--quick", "--print-config"] + [a for o in overrides for a in ("--set", o)]
+    assert main(args) == 0
+    printed = tomllib.loads(capsys.readouterr().out)
+    assert printed["federated"]["local_steps"] == 3 and "quick" not in printed
+    assert printed["grid"]["seed"] == [5] and printed["grid"]["task.zeta_value"] == [0.25]
+    expected = load_sweep(path, quick=True, overrides={"federated.local_steps": 3, "task.zeta_value": [0.25]})
+    assert sweep_from_dict(printed).run_ids == expected.run_ids and len(expected) == 3
+    assert all(c.federated.local_steps == 3 and c.task.zeta_value == 0.25 for c in expected.configs)
+    assert not (tmp_path / "out").exists()
+    assert main(["sweep", str(path), "--print-config"]) == 0          # without --quick: [quick] kept
+    assert tomllib.loads(capsys.readouterr().out)["quick"] == {"seed": [5]}
+    assert main(["sweep", str(path), "--set", "task.zeta_value=0.3", "--dry-run"]) == 2
+    assert "task.zeta_value is a grid key; expected a non-empty list" in capsys.readouterr().err

@@ -173,11 +173,11 @@ def test_centralized_optimum_reproduces_the_published_in_context_optimum():
 
 # ---------------------------------------------------------------- §5 frozen stage
 FROZEN_CASES = [  # (kernel seed, heads, E, λ, η as a fraction of the stability limit)
-    (3, 2, 3, 0.0, 0.5),
+    pytest.param(3, 2, 3, 0.0, 0.5, marks=pytest.mark.slow),      # the slow ones: tests/README.md
     (4, 1, 1, 0.1, 0.5),
     (5, 2, 5, 0.3, 0.9),
     (6, 1, 2, 0.0, 0.3),
-    (7, 3, 4, 0.05, 0.7),
+    pytest.param(7, 3, 4, 0.05, 0.7, marks=pytest.mark.slow),
 ]
 
 

@@ -182,6 +182,7 @@ def _slope(x, y):
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("law", ["zeta", "eta", "local_steps_minus_one"])
 def test_drift_floor_slopes_match_the_derived_exponents(drift_runs, derived_exponents, law):
     """log–log slope of the simulated drift floor in ζ, η, E − 1 equals the sympy exponent ± 0.25."""
@@ -193,6 +194,7 @@ def test_drift_floor_slopes_match_the_derived_exponents(drift_runs, derived_expo
     assert abs(_slope(x, D) - derived) <= 0.25, (law, _slope(x, D), derived)
 
 
+@pytest.mark.slow
 def test_the_zeta_law_is_not_an_identity_in_this_regime(drift_runs, derived_exponents):
     """D/ζ² varies with ζ_V at the random kernel; where misspecification dominates the law fails.
 
@@ -209,6 +211,7 @@ def test_the_zeta_law_is_not_an_identity_in_this_regime(drift_runs, derived_expo
     assert abs(slope - derived_exponents["zeta"]) > 0.5, slope
 
 
+@pytest.mark.slow
 def test_leading_order_drift_floor_converges_to_the_simulated_one(drift_runs):
     """``D₂ = η²(E−1)²/8 ‖Σ p_c (Ã_c − Ã) g_c‖²_{Ã⁻¹}`` is the small-η limit: error O(η), shrinking with η."""
     errors = [abs(lead / D - 1) for D, _, lead in drift_runs["eta"]]

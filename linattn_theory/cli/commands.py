@@ -2,9 +2,10 @@
 
 Every command checks all it can before any work (config, output folder, a memory and time
 estimate, grid size) and has one error boundary: exit status 0 success, 2 invalid input
-(nothing is written), 3 a run diverged (its table is written and the message suggests a stable
-step size), 1 any other failure (a one-line message; ``--debug`` shows the traceback),
-130 interrupted by Ctrl-C and 143 stopped by SIGTERM (workers are stopped, finished runs kept).
+(nothing is written), a broken stored run (named) or a sweep folder another sweep is writing
+to, 3 a run diverged (its table is written and the message suggests a stable step size), 1 any
+other failure (a one-line message; ``--debug`` shows the traceback), 130 interrupted by Ctrl-C
+and 143 stopped by SIGTERM (workers are stopped; the message says what was kept).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, RunIntegrityError
 
 __all__ = ["main", "build_parser"]
 
@@ -38,12 +39,25 @@ BAD_INPUTS = (
      "exit 2: the field, the value, the allowed range"),
     ("non-finite number", "`noise = inf`, `learning_rate = nan`", "exit 2: expected a finite number"),
     ("key of another task family", "`zeta_task` with `planted_kernel`", "exit 2: does not apply to family ..."),
+    ("more clients than the data allow", "`num_clients = 1000` with `family = \"digits\"`",
+     "exit 2: task.num_clients = 1000: expected a value <= 673 (two training images per client)"),
     ("batch larger than a client", "`batch_size = 200`, `samples_per_client = 128`",
      "exit 2 (equal sizes); with `dirichlet_alpha` a run-time warning (drawn with replacement)"),
     ("setting the strategy ignores", "`prox_mu = 0.5` with `strategy = \"fedavg\"`",
      "warning: ... is ignored by strategy 'fedavg'"),
     ("sweep file given to simulate", "`simulate simulations/configs/tradeoff.toml`",
      "exit 2: a sweep file ...; run it with `linattn sweep`"),
+    ("sweep file given to recommend", "`recommend simulations/configs/tradeoff.toml`",
+     "exit 2: a sweep file ...; give one run's config"),
+    ("--quick without [quick]", "`sweep --quick` on a file without a [quick] table",
+     "exit 2: quick: ... has no [quick] table, so --quick would run the full grid"),
+    ("value listed twice in a grid", "`seed = [0, 0, 1]`", "exit 2: grid.seed = [0, 0, 1]: the value 0 is listed more than once"),
+    ("bad --set", "`--set federated.roundz=3`, `--set rounds`",
+     "exit 2: federated.roundz: unknown key ... / expected KEY=VALUE"),
+    ("simulate into a sweep or run folder", "`simulate ... --out` a sweep folder, or a folder holding a run",
+     "exit 2: is a sweep folder / already holds a run (`--overwrite` replaces a run)"),
+    ("quick figures over the full-size ones", "`figures --quick --out figures` in the repository",
+     "exit 2 (default --out for --quick: results/figures-quick; `--overwrite` allows it)"),
     ("bad --out", "`--out ''`, `--out a_file`, `--out a_file/sub`, a read-only folder",
      "exit 2 before any run: expected a folder name / is a file / is not writable"),
     ("too much memory", "`dim = 10**6`, `num_clients = 10**7`, `heads = 10**9`, `rounds = 10**12` (its table)",
@@ -54,8 +68,13 @@ BAD_INPUTS = (
     ("unreachable Dask scheduler", "`--scheduler tcp://127.0.0.1:1`", "exit 2 before sweep.json is written"),
     ("folder of another sweep", "a second sweep with another grid into the same --out",
      "exit 2: holds another sweep ...; `--add` adds the runs to it"),
+    ("sweep folder in use", "a second sweep into a folder another sweep is writing to",
+     "exit 2 naming the other sweep (pid, host, start, command); `--wait` waits for it instead"),
+    ("broken run on disk", "a run's `rounds.csv` cut short, `params.npz` or `metadata.json` garbled",
+     "a sweep recomputes it; `load_results` raises RunIntegrityError naming its folder (exit 2)"),
     ("failure inside a run", "an unexpected exception", "exit 1: one line; `--debug` prints the traceback"),
-    ("Ctrl-C / SIGTERM", "during a sweep", "exit 130 / 143, workers stopped, finished runs kept"),
+    ("Ctrl-C / SIGTERM", "during a sweep or a run", "exit 130 / 143, workers stopped; the message says what "
+     "was kept (the finished runs of a sweep; nothing of an unfinished `simulate`)"),
 )
 
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
@@ -77,31 +96,96 @@ def _warn(command: str, notes) -> None:
         print(f"linattn {command}: warning: {note}", file=sys.stderr)
 
 
-def _simulate(args) -> int:
-    from ..sim.config import config_from_dict, ignored_settings, read_toml
-    from ..sim.limits import check_output_folder
+def examples_root() -> Path:
+    """The folder holding ``simulations/`` (figure scripts, ``configs/``) and ``derivations/``: the
+    checkout of a source or editable install, else the copy a wheel ships in ``linattn_theory/_examples``."""
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "_examples"
+    return shipped if shipped.is_dir() else package.parent
 
-    data = read_toml(args.config)
+
+def _root(root: str | None, folder: str) -> Path:
+    """``--root``: as given, else the current folder when it holds ``folder``, else :func:`examples_root`."""
+    if root is not None:
+        return Path(root)
+    return Path(".") if Path(folder).is_dir() else examples_root()
+
+
+def _read_file(path, what: str = "config file") -> dict:
+    """The TOML file ``path``; a path missing here but shipped as an example says where that is."""
+    from ..sim.config import read_toml
+
+    try:
+        return read_toml(path, what)
+    except ConfigError as err:
+        shipped = examples_root() / str(path)
+        if not Path(path).is_absolute() and not Path(path).exists() and shipped.is_file():
+            raise ConfigError(f"{err}; the package ships it as {shipped} (`linattn examples --copy .` "
+                              f"copies the examples here)") from None
+        raise
+
+
+def _run_config(args):
+    """The run config of ``simulate`` and ``recommend``: the file (not a sweep file), ``--set`` applied."""
+    from ..sim.config import apply_overrides, config_from_dict, parse_overrides
+
+    data = _read_file(args.config)
     sweep_keys = sorted({"grid", "quick", "figure"} & set(data))
     if sweep_keys:
+        hint = (f"run it with `linattn sweep {args.config} --out DIR`" if args.command == "simulate" else
+                "give one run's config (a file without [grid], e.g. simulations/configs/quickstart.toml)")
         raise ConfigError(f"{sweep_keys[0]}: {args.config} is a sweep file (it has a [{sweep_keys[0]}] "
-                          f"table); run it with `linattn sweep {args.config} --out DIR`")
-    config = config_from_dict(data)
+                          f"table); {hint}")
+    return config_from_dict(apply_overrides(data, parse_overrides(args.set)))
+
+
+def _print_config(data: dict) -> int:
+    from ..sim.config import to_toml
+
+    print(to_toml(data), end="")
+    return EXIT_OK
+
+
+def _check_run_folder(out: Path, overwrite: bool) -> None:
+    """``simulate --out``: never a sweep folder; a folder holding a run only with ``--overwrite``."""
+    if (out / "sweep.json").is_file() or (out / "runs").is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a sweep folder (sweep.json, runs/); a run written there "
+                          f"would hide the sweep from load_results: choose another folder")
+    held = [name for name in ("metadata.json", "rounds.csv", "params.npz") if (out / name).exists()]
+    if held and not overwrite:
+        raise ConfigError(f"--out {str(out)!r} already holds a run ({', '.join(held)}); choose another "
+                          f"folder, or pass --overwrite to replace it")
+
+
+def _simulate(args) -> int:
+    from ..sim.config import ignored_settings
+    from ..sim.limits import check_output_folder
+
+    config = _run_config(args)
     if args.backend is not None:
         config = config.with_updates({"model.backend": args.backend})
     if args.engine is not None:
         config = config.with_updates({"model.engine": args.engine})
+    if args.print_config:
+        return _print_config(config.to_dict())
+    if args.out is None:
+        raise ConfigError("--out: expected the folder to write the run to (--out DIR)")
     out = check_output_folder(args.out)
+    _check_run_folder(out, args.overwrite)
     _resource_limits(args, [config])
     if config.model.backend != "numpy":
         from ..core.backend import get_namespace
         get_namespace(config.model.backend)          # an unusable backend fails here, before any work
     _warn("simulate", ignored_settings(config))
 
-    from ..sim.engine import simulate
     from ..core.io import write_run
+    from ..sim.engine import simulate
 
+    args.kept = lambda: (f"nothing was written to {out} (a run is written when it ends)"
+                         + ("; the run already there is unchanged" if (out / "metadata.json").exists() else ""))
     result = simulate(config, progress=not args.quiet)
+    if args.set:
+        result.metadata["overrides"] = list(args.set)
     paths = write_run(result, out)
     last = result.table.iloc[-1]
     print(f"wrote {paths['table']} ({len(result.table) - 1} rounds, final loss F = {last['loss']:.6g})")
@@ -111,44 +195,82 @@ def _simulate(args) -> int:
     return EXIT_OK
 
 
+def _sweep_document(sweep, args) -> dict:
+    """The resolved sweep file (``--quick`` and ``--set`` applied) for ``--print-config``."""
+    document = {**sweep.base, "grid": sweep.grid}
+    if sweep.figure:
+        document["figure"] = sweep.figure
+    quick = _read_file(args.config, "sweep file").get("quick")
+    if quick and not args.quick:
+        document["quick"] = quick
+    return document
+
+
 def _sweep(args) -> int:
     import os
 
-    from ..sim.config import ignored_settings
+    from ..sim.config import ignored_settings, parse_overrides
     from ..sim.limits import check_output_folder
-    from ..sim.sweep import _check_executor, is_complete, load_sweep, run_sweep
+    from ..sim.sweep import _check_executor, load_sweep, run_dir, run_sweep
 
-    sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None)
+    _read_file(args.config, "sweep file")                # a missing example: say where it ships
+    sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None,
+                       overrides=parse_overrides(args.set))
+    if args.print_config:
+        return _print_config(_sweep_document(sweep, args))
     if args.dry_run:
         for run_id, point in zip(sweep.run_ids, sweep.points):
             print(run_id, " ".join(f"{k}={v}" for k, v in point.items()))
         print(f"{len(sweep)} runs (nothing written)")
         return EXIT_OK
+    if args.out is None:
+        raise ConfigError("--out: expected the sweep folder (--out DIR)")
     out = check_output_folder(args.out)
     _check_executor(args.executor, args.workers, args.scheduler)
     workers = 1 if args.executor == "serial" else (args.workers or os.cpu_count() or 1)
-    pending = [c for i, c in zip(sweep.run_ids, sweep.configs) if not is_complete(out, i)]
+    pending = [c for i, c in zip(sweep.run_ids, sweep.configs) if not (run_dir(out, i) / "metadata.json").is_file()]
     _resource_limits(args, pending, workers)
     _warn("sweep", (note for c in sweep.configs for note in ignored_settings(c)))
+
+    def kept():
+        from ..core.io import run_status
+        finished = sum(run_status(run_dir(out, i))[0] == "finished" for i in sweep.run_ids)
+        return f"{finished} of {len(sweep)} runs are finished in {out}; rerun the same command to resume"
+
+    args.kept = kept
     summary = run_sweep(sweep, out, executor=args.executor, workers=args.workers,
                         scheduler=args.scheduler, progress=not args.quiet,
-                        existing="add" if args.add else "refuse")
-    print(f"{summary.total} runs in {summary.out}: {summary.computed} computed, {summary.skipped} "
-          f"already finished, {summary.diverged} diverged ({summary.seconds:.1f} s)")
+                        existing="add" if args.add else "refuse", wait=args.wait)
+    broken = (f" ({summary.broken} of them recomputed because their files did not match the hashes "
+              f"recorded for them)" if summary.broken else "")
+    print(f"{summary.total} runs in {summary.out}: {summary.computed} computed{broken}, {summary.skipped} "
+          f"already finished, {summary.diverged} diverged ({summary.seconds:.1f} s); "
+          f"summary: {summary.out / 'summary.csv'}")
     return EXIT_OK
+
+
+#: where ``linattn figures --quick`` writes by default (never over the full-size figures)
+QUICK_FIGURES = "results/figures-quick"
 
 
 def _figures(args) -> int:
     from ..report.figures import discover, make_figures
     from ..sim.limits import check_output_folder
 
-    scripts = discover(args.root, only=args.only)
+    root = _root(args.root, "simulations")
+    scripts = discover(root, only=args.only)
     if args.list:
         for name, path in scripts.items():
             print(f"{name}\t{path}")
         return EXIT_OK
-    check_output_folder(args.out)
-    made = make_figures(scripts, args.out, quick=args.quick, executor=args.executor,
+    out = args.out or (QUICK_FIGURES if args.quick else "figures")
+    check_output_folder(out)
+    if args.quick and not args.overwrite and Path(out).resolve() == (root / "figures").resolve():
+        raise ConfigError(f"--out {out!r}: the full-size figures there would be overwritten by quick ones; "
+                          f"choose another folder (the default for --quick is {QUICK_FIGURES}), or pass "
+                          f"--overwrite")
+    args.kept = lambda: f"the figures written so far and the finished sweep runs are kept in {out}; rerun to resume"
+    made = make_figures(scripts, out, quick=args.quick, executor=args.executor,
                         workers=args.workers, progress=not args.quiet)
     for name, (paths, seconds) in made.items():
         print(f"{name} ({seconds:.1f} s):")
@@ -156,23 +278,47 @@ def _figures(args) -> int:
             print(f"  wrote {path}")
     total = sum(seconds for _, seconds in made.values())
     files = sum(len(paths) for paths, _ in made.values())
-    print(f"{len(made)} figure scripts, {files} files, {total:.1f} s in all, written to {args.out}")
+    print(f"{len(made)} figure scripts, {files} files, {total:.1f} s in all, written to {out}")
     return EXIT_OK
+
 
 def _recommend(args) -> int:
     from .recommend_command import recommend_main
 
-    return recommend_main(args.config, mode=args.mode, measure=not args.no_measure,
+    config = _run_config(args)
+    if args.print_config:
+        return _print_config(config.to_dict())
+    return recommend_main(config, mode=args.mode, measure=not args.no_measure,
                           pilot_rounds=args.pilot_rounds, transfer_seeds=args.transfer_seeds)
+
+
+def _examples(args) -> int:
+    import shutil
+
+    root = examples_root()
+    if args.copy is None:
+        for path in sorted((root / "simulations" / "configs").glob("*.toml")):
+            print(path)
+        print(f"figure scripts: {root / 'simulations'}; derivations: {root / 'derivations'}; "
+              f"`linattn examples --copy DIR` copies them to DIR")
+        return EXIT_OK
+    target = Path(args.copy)
+    taken = [name for name in ("simulations", "derivations") if (target / name).exists()]
+    if taken:
+        raise ConfigError(f"--copy {args.copy!r}: {target / taken[0]} exists; choose another folder")
+    for name in ("simulations", "derivations"):
+        shutil.copytree(root / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+        print(f"copied {root / name} to {target / name}")
+    return EXIT_OK
 
 
 def _derive(args) -> int:
     import subprocess
 
-    folder = Path(args.root) / "derivations"
+    folder = _root(args.root, "derivations") / "derivations"
     scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
     if not scripts:
-        raise ConfigError(f"--root {args.root!r}: no derivation scripts in {folder}")
+        raise ConfigError(f"--root {str(folder.parent)!r}: no derivation scripts in {folder}")
     if args.only:
         scripts = [p for p in scripts if p.stem in args.only]
         missing = set(args.only) - {p.stem for p in scripts}
@@ -222,7 +368,21 @@ boundary: a bad input exits with status **2** and one line naming the field, the
 what is allowed (nothing is written); a diverged run exits **3** (its table is written and the
 message suggests a stable step size); any other failure exits **1** with a one-line message
 (`--debug` prints the traceback); Ctrl-C exits **130** and SIGTERM **143**, after stopping the
-sweep's workers (finished runs are kept; rerun to resume).
+sweep's workers, with a line saying what was kept (a sweep's finished runs: rerun to resume;
+an interrupted `simulate` writes nothing).
+
+Run folders are written as Hydra, Weights & Biases and DVC users expect. Each file is written
+atomically and a run's `metadata.json`, written last, records the SHA-256 of its `rounds.csv`
+and `params.npz`, the config, and its provenance: linattn-theory's version, the git revision
+and whether tracked files were modified (`git_dirty`), the host, platform, Python and library
+versions, when it started and its wall time. A sweep recomputes a run whose files do not match
+(cut short, edited, garbled); `load_results` raises `RunIntegrityError` naming the broken run's
+folder (exit 2), never reading it as finished. One sweep writes to a folder at a time (a second
+refuses, naming the first, or waits with `--wait`); a sweep that ends writes `summary.csv`, one
+row per finished run. `simulate` refuses a sweep folder, and a folder holding a run unless
+`--overwrite`; `figures --quick` writes to `results/figures-quick` unless told otherwise, never
+over the full-size figures. `--set KEY=VALUE` overrides a setting of the config (simulate, sweep,
+recommend) and `--print-config` prints the resolved config as TOML without running it.
 
 Before any work `simulate` and `sweep` estimate each run's peak memory and running time from
 its config (`linattn_theory.sim.limits.estimate_run`: the generated and stacked data, the working
@@ -256,8 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run one federated simulation (the strategy of federated.strategy: FedAvg, "
                                    "FedFrozen or a baseline) and write "
                                    "rounds.csv, params.npz and metadata.json to --out.")
-    p.add_argument("config", help="TOML configuration file (see simulations/configs/)")
-    p.add_argument("--out", required=True, help="output folder (created if missing)")
+    p.add_argument("config", help="TOML configuration file (see simulations/configs/; `linattn examples`)")
+    p.add_argument("--out", default=None, help="output folder (created if missing; required unless --print-config)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (default: refuse); a sweep folder is always refused")
+    _config_arguments(p)
     p.add_argument("--backend", choices=("numpy", "cupy"), default=None,
                    help="array library, overriding model.backend of the config "
                         "(cupy needs a GPU and pip install 'linattn-theory[gpu]')")
@@ -275,8 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "finished runs are skipped, so an interrupted sweep resumes. "
                                    "Load the results with linattn_theory.load_results(DIR).")
     p.add_argument("config", help="sweep TOML: a run config plus a [grid] table")
-    p.add_argument("--out", required=True, help="sweep folder (created if missing)")
-    p.add_argument("--quick", action="store_true", help="apply the file's [quick] overrides")
+    p.add_argument("--out", default=None,
+                   help="sweep folder (created if missing; required unless --dry-run or --print-config)")
+    p.add_argument("--quick", action="store_true",
+                   help="apply the file's [quick] overrides (refused when it has none)")
+    _config_arguments(p, grid=True)
     p.add_argument("--dry-run", action="store_true", help="validate and list the runs; write nothing")
     _executor_arguments(p)
     p.add_argument("--scheduler", default=None,
@@ -284,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--add", action="store_true",
                    help="--out holds a sweep with another grid: add this sweep's runs to it "
                         "(default: refuse)")
+    p.add_argument("--wait", action="store_true",
+                   help="another sweep is writing to --out: wait for it to end, then resume "
+                        "(default: refuse, naming it)")
     p.add_argument("--max-runs", type=_non_negative(int), default=MAX_RUNS_DEFAULT, metavar="N",
                    help=f"refuse grids of more than N runs (default {MAX_RUNS_DEFAULT}; 0: no limit)")
     _limit_arguments(p)
@@ -294,12 +463,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("figures", help="regenerate the figures (simulations/*.py)",
                        description="Run every figure script of ROOT/simulations (or those named by "
                                    "--only) and write PNG, PDF and a CSV of the plotted data per figure.")
-    p.add_argument("--out", default="figures", help="output folder (default: figures)")
-    p.add_argument("--root", default=".", help="repository root holding simulations/ (default: .)")
+    p.add_argument("--out", default=None,
+                   help=f"output folder (default: figures, or {QUICK_FIGURES} with --quick)")
+    p.add_argument("--root", default=None,
+                   help="folder holding simulations/ (default: the current folder if it has one, else "
+                        "the examples shipped with the package)")
     p.add_argument("--only", action="append", metavar="NAME",
                    help="only this figure script (repeatable)")
     p.add_argument("--quick", action="store_true", help="small grids: the whole set in under two minutes")
     p.add_argument("--list", action="store_true", help="list the figure scripts and exit")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --quick, allow --out to be the folder of the full-size figures")
     _executor_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _debug_argument(p)
@@ -314,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "whole path it is judged on: descriptive, not a prediction). Prints "
                                    "what the recommendation used, violated assumptions first, and the "
                                    "measured excess risk against plain FedAvg.")
-    p.add_argument("config", help="TOML configuration file")
+    p.add_argument("config", help="TOML configuration file of one run (not a sweep file)")
+    _config_arguments(p)
     p.add_argument("--mode", choices=("online", "pilot", "transfer", "a_posteriori"), default="online",
                    help="information set of the recommendation (default: online)")
     p.add_argument("--pilot-rounds", type=int, default=None, metavar="T_P",
@@ -333,12 +508,31 @@ def build_parser() -> argparse.ArgumentParser:
                                    "hold by definition are printed as BOOKKEEPING and never counted as "
                                    "PASS; a script fails if a claim fails or if it has no claim that "
                                    "could fail. Exit 1 if any script fails.")
-    p.add_argument("--root", default=".", help="repository root holding derivations/ (default: .)")
+    p.add_argument("--root", default=None,
+                   help="folder holding derivations/ (default: the current folder if it has one, else "
+                        "the copy shipped with the package)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these derivations (file stems)")
     p.add_argument("--quiet", action="store_true", help="print only one line per derivation")
     _debug_argument(p)
     p.set_defaults(func=_derive)
+
+    p = sub.add_parser("examples", help="list the example configs (or copy them and the figure scripts)",
+                       description="Print the path of every example config, and where the figure scripts "
+                                   "(simulations/) and derivations (derivations/) are: the checkout, or "
+                                   "the copy shipped with an installed wheel. --copy DIR copies both "
+                                   "folders to DIR.")
+    p.add_argument("--copy", default=None, metavar="DIR", help="copy simulations/ and derivations/ to DIR")
+    _debug_argument(p)
+    p.set_defaults(func=_examples)
     return parser
+
+
+def _config_arguments(p, grid: bool = False) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting of the config, e.g. --set federated.rounds=20 (a TOML value; "
+                        "repeatable)" + ("; a grid key takes a list, e.g. --set seed=[0,1]" if grid else ""))
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved configuration as TOML and exit (nothing is run or written)")
 
 
 def _executor_arguments(p) -> None:
@@ -396,6 +590,15 @@ def _one_line(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def _kept(args) -> str:
+    """What an interrupted command kept on disk (each command sets ``args.kept`` once it may write)."""
+    kept = getattr(args, "kept", None)
+    try:
+        return kept() if kept else "nothing was written"
+    except Exception:  # noqa: BLE001 - the message must not fail
+        return "see the output folder"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (see the module docstring)."""
     parser = build_parser()
@@ -414,11 +617,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"{name}: invalid configuration: {err}", file=sys.stderr)
         return EXIT_INVALID
+    except RunIntegrityError as err:
+        print(f"{name}: {err}", file=sys.stderr)
+        return EXIT_INVALID
     except KeyboardInterrupt:
-        print(f"{name}: interrupted (finished runs are kept; rerun to resume)", file=sys.stderr)
+        print(f"{name}: interrupted; {_kept(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Terminated:
-        print(f"{name}: stopped by SIGTERM (finished runs are kept; rerun to resume)", file=sys.stderr)
+        print(f"{name}: stopped by SIGTERM; {_kept(args)}", file=sys.stderr)
         return EXIT_TERMINATED
     except MemoryError:
         if args.debug:

@@ -8,7 +8,7 @@ writes and the configuration error. Imports nothing above it.
 from ._lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
-    ".errors": ["ConfigError"],
+    ".errors": ["ConfigError", "RunIntegrityError"],
     ".seeds": ["seed_sequence", "SEED_TEACHER", "SEED_CLIENT", "SEED_INIT", "SEED_MINIBATCH",
         "SEED_PARTICIPATION", "SEED_EVAL"],
     ".clients": ["ClientDataset", "FederatedDataset", "StackedClients", "as_federated", "stack_clients"],
@@ -22,5 +22,6 @@ __getattr__, __dir__, __all__ = attach(__name__, {
         "client_working_bytes", "resolve_max_bytes", "CPU_CHUNK_BYTES"],
     ".fused": ["ENGINES", "MIN_STEP_WORK", "FusedEngine", "numba_available",
         "default_threads", "set_threads"],
-    ".io": ["atomic_write_bytes", "atomic_write_text", "write_json", "write_run"],
+    ".io": ["atomic_write_bytes", "atomic_write_text", "write_json", "write_run", "read_run", "run_status",
+        "provenance", "timed_run", "RUN_FILES"],
 }, submodules=("errors", "seeds", "clients", "model", "moments", "frozen_map", "backend", "fused", "io",))

@@ -1,16 +1,40 @@
-"""Results on disk: every file is written atomically (temporary file in the same folder, then rename)."""
+"""Results on disk: every file is written atomically (temporary file in the same folder, then
+rename), and a run's ``metadata.json``, written last, carries the content hash of each of its
+files and where, when and with what the run was computed (:func:`provenance`).
+
+A run folder is *finished* when its ``metadata.json`` exists and every file it lists has the
+recorded SHA-256 (:func:`read_run`); a folder whose files do not match (cut short, edited,
+overwritten with garbage) is *broken* and raises :class:`~linattn_theory.core.errors.RunIntegrityError`
+naming it, so that it is recomputed (a sweep) or reported (``load_results``), never read as finished.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import json
 import os
+import platform
+import socket
+import subprocess
 import tempfile
+import time
+from datetime import datetime, timezone
+from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "write_json", "write_run"]
+from .errors import RunIntegrityError
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "write_json", "write_run", "read_run",
+           "run_status", "provenance", "timed_run", "RUN_FILES"]
+
+#: the files of a run whose SHA-256 ``metadata.json`` records (``metadata["files"]``)
+RUN_FILES = ("rounds.csv", "params.npz")
+#: libraries whose versions a run records (those installed)
+LIBRARIES = ("numpy", "scipy", "pandas", "numba", "array-api-compat", "cupy")
 
 
 def _umask() -> int:
@@ -59,17 +83,145 @@ def write_json(path, data: dict) -> Path:
     return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
 
 
+def _file_record(data: bytes) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
 def write_run(result, out_dir) -> dict[str, Path]:
     """Write a run's table (``rounds.csv``), parameters (``params.npz``) and ``metadata.json``.
 
-    ``metadata.json`` is written last: its presence marks a complete run.
+    An earlier ``metadata.json`` there is removed first and the new one is written last, with the
+    SHA-256 and size of the other files (``metadata["files"]``): a run killed while it is written
+    is unfinished, and a file changed afterwards no longer matches (:func:`read_run`).
     """
     out = Path(out_dir)
     paths = {"table": out / "rounds.csv", "params": out / "params.npz", "metadata": out / "metadata.json"}
-    atomic_write_text(paths["table"], result.table.to_csv(index=False, float_format="%.17g"))
+    paths["metadata"].unlink(missing_ok=True)
+    table = result.table.to_csv(index=False, float_format="%.17g").encode()
     buf = io.BytesIO()
     np.savez(buf, **{f"final_{b}": getattr(result.params, b) for b in ("WQ", "WK", "WV")},
              **{f"warmup_{b}": getattr(result.warmup_params, b) for b in ("WQ", "WK", "WV")})
-    atomic_write_bytes(paths["params"], buf.getvalue())
-    write_json(paths["metadata"], result.metadata)
+    params = buf.getvalue()
+    atomic_write_bytes(paths["table"], table)
+    atomic_write_bytes(paths["params"], params)
+    files = {"rounds.csv": _file_record(table), "params.npz": _file_record(params)}
+    write_json(paths["metadata"], {**result.metadata, "files": files})
     return paths
+
+
+def read_run(folder) -> tuple[dict, dict[str, bytes]]:
+    """``(metadata, {file name: bytes})`` of the finished run in ``folder``, its files checked.
+
+    Raises :class:`FileNotFoundError` when ``folder`` holds no ``metadata.json`` (an unfinished
+    run) and :class:`~linattn_theory.core.errors.RunIntegrityError`, naming the folder and the
+    file, when ``metadata.json`` is not a run record or a file is missing, or differs from the
+    SHA-256 recorded for it (cut short, edited, replaced).
+    """
+    folder = Path(folder)
+    path = folder / "metadata.json"
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{folder}: no finished run here (metadata.json is missing)") from None
+    try:
+        metadata = json.loads(text)
+        files = metadata["files"]
+        expected = {name: (files[name]["sha256"], files[name]["bytes"]) for name in RUN_FILES}
+    except (ValueError, TypeError, KeyError):
+        raise RunIntegrityError(folder, "metadata.json is not a run record with the hashes of its "
+                                        "files (garbled, or written before they were recorded)") from None
+    contents = {}
+    for name, (sha256, size) in expected.items():
+        try:
+            data = (folder / name).read_bytes()
+        except FileNotFoundError:
+            raise RunIntegrityError(folder, f"{name} is missing") from None
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+            raise RunIntegrityError(folder, f"{name} does not match the hash metadata.json records "
+                                            f"for it ({len(data)} bytes, {size} written)")
+        contents[name] = data
+    return metadata, contents
+
+
+def run_status(folder) -> tuple[str, str]:
+    """``("finished" | "unfinished" | "broken", detail)`` of a run folder (see :func:`read_run`)."""
+    try:
+        read_run(folder)
+    except FileNotFoundError:
+        return "unfinished", ""
+    except RunIntegrityError as err:
+        return "broken", err.reason
+    return "finished", ""
+
+
+def _git_state(package: Path | None = None) -> tuple[str, bool | None]:
+    """``(revision, modified)`` of the code that runs: the git checkout holding this package
+    (source or editable install; ``modified``: a tracked file differs from the commit), else the
+    record written when the package was built (``_revision.txt``: the revision, then ``dirty``
+    when the tree it was built from was modified), else ``("unknown", None)``."""
+    package = Path(__file__).resolve().parents[1] if package is None else package   # linattn_theory/
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                             text=True, cwd=package, timeout=5)
+        lines = out.stdout.split()
+        if out.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() / package.name == package:
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, cwd=lines[0], timeout=10)
+            return lines[1], (bool(status.stdout.strip()) if status.returncode == 0 else None)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    recorded = package / "_revision.txt"
+    if recorded.is_file():
+        words = recorded.read_text(encoding="utf-8").split()
+        if words:
+            return words[0], "dirty" in words[1:]
+    return "unknown", None
+
+
+def _git_revision() -> str:
+    """The git commit of the code that runs (see :func:`_git_state`), or ``"unknown"``."""
+    return _git_state()[0]
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib_metadata.version(distribution)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _provenance() -> tuple:
+    revision, modified = _git_state()
+    versions = {name: _version(name) for name in LIBRARIES}
+    return (("version", _version("linattn-theory")), ("git_revision", revision),
+            ("git_dirty", modified), ("host", socket.gethostname()), ("platform", platform.platform()),
+            ("python", platform.python_version()),
+            ("libraries", {k: v for k, v in versions.items() if v is not None}))
+
+
+def provenance() -> dict:
+    """What a run was computed with: ``version`` (of the installed linattn-theory; ``None`` when
+    it is not installed), ``git_revision`` and ``git_dirty`` (tracked files modified; ``None``
+    when unknown), ``host``, ``platform``, ``python`` and ``libraries`` (installed versions).
+    Read once per process."""
+    return {key: (dict(value) if isinstance(value, dict) else value) for key, value in _provenance()}
+
+
+def timed_run(run):
+    """Decorate a function that returns a run result, or a list of ``(run_id, result)`` computed
+    together: record in each ``metadata["provenance"]`` when the call ``started`` (UTC, ISO 8601),
+    its ``wall_seconds`` and, for several results, how many shared that time (``computed_with``)."""
+    @functools.wraps(run)
+    def timed(*args, **kwargs):
+        started, start = datetime.now(timezone.utc), time.perf_counter()
+        returned = run(*args, **kwargs)
+        results = [result for _, result in returned] if isinstance(returned, list) else [returned]
+        stamp = {"started": started.isoformat(timespec="seconds"),
+                 "wall_seconds": round(time.perf_counter() - start, 6)}
+        if len(results) > 1:
+            stamp["computed_with"] = len(results)
+        for result in results:
+            result.metadata.setdefault("provenance", {}).update(stamp)
+        return returned
+    return timed

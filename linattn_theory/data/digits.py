@@ -31,11 +31,27 @@ from ..core.model import Params, predict_from_contexts
 from ..core.clients import ClientDataset, FederatedDataset
 from ..core.seeds import seed_sequence
 
-__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "SEED_SPLIT"]
+__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "max_clients", "SEED_SPLIT",
+           "DIGITS_CLASS_COUNTS"]
 
 #: SeedSequence purpose of the test split and the client split (apart from the task purposes 0–5)
 SEED_SPLIT = 201
 DIGITS_EXTRA = 'pip install "linattn-theory[digits]"  (or: pip install scikit-learn)'
+#: images of each class 0–9 in scikit-learn's digits (tests/test_datasets.py checks them against
+#: ``load_digits``), so that a configuration is checked without importing scikit-learn
+DIGITS_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
+#: training samples every client receives before the rest is dealt out (so that none is empty)
+FIRST_SAMPLES = 2
+
+
+def _held_out(n: int, test_fraction: float) -> int:
+    """Samples of a class of ``n`` held out for testing: ``round(test_fraction · n)``."""
+    return int(round(test_fraction * n))
+
+
+def max_clients(test_fraction: float = 0.25, class_counts=DIGITS_CLASS_COUNTS) -> int:
+    """The most clients a pool with ``class_counts`` can give :data:`FIRST_SAMPLES` training samples each."""
+    return sum(n - _held_out(n, test_fraction) for n in class_counts) // FIRST_SAMPLES
 
 
 def _check_positive(name, value):
@@ -48,7 +64,7 @@ def _test_split(labels, test_fraction, rng):
     train, test = [], []
     for k in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == k))
-        cut = int(round(test_fraction * len(idx)))
+        cut = _held_out(len(idx), test_fraction)
         test.append(idx[:cut])
         train.append(idx[cut:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
@@ -65,7 +81,7 @@ def _shares(classes, num_clients, label_alpha, dirichlet_alpha, rng):
     return shares / shares.sum(axis=1, keepdims=True)
 
 
-def _deal(indices, labels, classes, shares, rng, first: int = 2):
+def _deal(indices, labels, classes, shares, rng, first: int = FIRST_SAMPLES):
     """Client index lists: ``first`` samples each, then each class's rest in proportion to its shares."""
     m = shares.shape[1]
     pool = rng.permutation(indices)

@@ -10,13 +10,15 @@ from ..core._lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".config": ["TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig", "load_config",
-        "config_from_dict", "config_hash", "ignored_settings", "read_toml"],
+        "config_from_dict", "config_hash", "ignored_settings", "read_toml", "parse_overrides",
+        "apply_overrides", "set_dotted", "to_toml"],
     ".engine": ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
         "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
         "stable_learning_rate", "hessian_curvature", "select_engine"],
     ".warmup_grid": ["warmup_sweep", "frozen_stage_from_moments"],
     ".sweep": ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
-        "is_complete", "grid_size", "EXECUTORS", "MAX_RUNS"],
+        "is_complete", "grid_size", "summary_table", "summary_row", "finished_runs", "read_table",
+        "sweep_lock", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"],
     ".limits": ["check_output_folder", "RunEstimate", "estimate_run", "check_resources",
         "default_memory_limit", "DEFAULT_MAX_HOURS", "FLOP_RATE"],
 }, submodules=("config", "engine", "warmup_grid", "sweep", "limits", "strategies",))

@@ -239,6 +239,13 @@ def config_from_dict(data: dict) -> RunConfig:
         key = sorted(extra)[0]
         raise ConfigError(f"task.{key}: does not apply to family {task.family!r}; "
                           f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
+    if task.family == "digits":
+        from ..data.digits import max_clients
+        most = max_clients(task.test_fraction)
+        if task.num_clients > most:
+            raise ConfigError(f"task.num_clients = {task.num_clients}: expected a value <= {most} for "
+                              f"family 'digits' (its training images at task.test_fraction = "
+                              f"{task.test_fraction:g}, two or more per client)")
     fed = sections["federated"]
     if fed.strategy == "fedadam" and fed.server_learning_rate > FEDADAM_MAX_SERVER_STEP:
         given = "server_learning_rate" in data.get("federated", {})
@@ -323,9 +330,60 @@ def read_toml(path, what: str = "config file") -> dict:
     return data
 
 
-def load_config(path) -> RunConfig:
-    """Read and validate a TOML configuration file."""
-    return config_from_dict(read_toml(path))
+def load_config(path, overrides: dict | None = None) -> RunConfig:
+    """Read and validate a TOML configuration file, with dotted-key ``overrides`` applied
+    (:func:`parse_overrides`)."""
+    return config_from_dict(apply_overrides(read_toml(path), overrides or {}))
+
+
+def set_dotted(data: dict, key: str, value, where: str) -> None:
+    """``data[a][b] = value`` for ``key = "a.b"``, creating tables as needed."""
+    if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"{where}: {key!r} is not a dotted key such as 'federated.local_steps'")
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where} {key}: {part!r} is a value, not a table")
+    node[leaf] = value
+
+
+def parse_overrides(texts) -> dict:
+    """``["federated.rounds=20", "task.family=digits"]`` → ``{"federated.rounds": 20, "task.family": "digits"}``.
+
+    Each value is read as a TOML value (a number, ``true``/``false``, a quoted string, a list
+    such as ``[0, 1]``), and otherwise taken as a bare string; a later setting of a key wins.
+    """
+    overrides = {}
+    for text in texts or ():
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, such as "
+                              f"federated.rounds=20")
+        try:
+            overrides[key] = tomllib.loads(f"value = {value.strip()}")["value"]
+        except tomllib.TOMLDecodeError:
+            overrides[key] = value.strip()
+    return overrides
+
+
+def apply_overrides(data: dict, overrides: dict, where: str = "--set") -> dict:
+    """A copy of the nested ``data`` with the dotted-key ``overrides`` set."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for key, value in overrides.items():
+        set_dotted(data, key, value, where)
+    return data
+
+
+def to_toml(data: dict) -> str:
+    """``data`` (a config or sweep as nested dictionaries) as TOML text; absent options (``None``) left out."""
+    import tomli_w
+
+    return tomli_w.dumps(_drop_none(data))
 
 
 def config_hash(config: RunConfig) -> str:
@@ -345,4 +403,4 @@ def field_docs(cls) -> dict[str, str]:
     return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
 
 
-__all__ += ["field_docs"]
+__all__ += ["field_docs", "parse_overrides", "apply_overrides", "set_dotted", "to_toml"]

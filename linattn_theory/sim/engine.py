@@ -16,10 +16,7 @@ with the fused CPU engine (:mod:`linattn_theory.core.fused`), client by client i
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field
-from importlib import metadata as importlib_metadata
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,6 +27,7 @@ from ..core.backend import client_chunks, client_working_bytes, get_namespace, r
 from .config import FederatedConfig, RunConfig
 from ..core import fused as _fused
 from ..core.errors import ConfigError
+from ..core.io import provenance, timed_run
 from ..core.model import (BLOCKS, Params, _flat, _value_matrix, kernel, loss_and_grad_from_contexts, loss_and_grad_from_moments)
 from .strategies import Round, Strategy, make_strategy
 from .strategies.base import local_sgd, weighted_sum
@@ -153,32 +151,6 @@ def hessian_curvature(params: Params, data: StackedClients, ridge: float = 0.0,
     return to_numpy(estimate)
 
 
-def _git_revision() -> str:
-    """The git commit of the code that runs: the checkout holding this package (source or
-    editable install), else the one recorded at build time (``pip install .``), else "unknown"."""
-    package = Path(__file__).resolve().parents[1]      # linattn_theory/
-    try:
-        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
-                             text=True, cwd=package, timeout=5)
-        lines = out.stdout.split()
-        if out.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() / package.name == package:
-            return lines[1]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    recorded = package / "_revision.txt"
-    if recorded.is_file():
-        return recorded.read_text(encoding="utf-8").strip() or "unknown"
-    return "unknown"
-
-
-def _version() -> str:
-    try:
-        return importlib_metadata.version("linattn-theory")
-    except importlib_metadata.PackageNotFoundError:
-        from .. import __version__
-        return __version__
-
-
 def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
     """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
     xp = get_namespace(config.model.backend)
@@ -195,11 +167,18 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
 
 
 def run_metadata(config: RunConfig) -> dict:
-    """The metadata record of a run of ``config``: full config, seed, version, git revision."""
-    return {"config": config.to_dict(), "seed": config.seed, "version": _version(),
-            "git_revision": _git_revision()}
+    """The metadata record of a run of ``config``: full config, seed, version, git revision and
+    whether the tree was modified, and ``provenance`` (host, platform, library versions;
+    :func:`~linattn_theory.core.io.provenance`)."""
+    from .. import __version__
+
+    record = provenance()
+    top = {key: record.pop(key) for key in ("version", "git_revision", "git_dirty")}
+    top["version"] = top["version"] or __version__          # a source tree that is not installed
+    return {"config": config.to_dict(), "seed": config.seed, **top, "provenance": record}
 
 
+@timed_run
 def simulate(config: RunConfig, clients=None, *, progress: bool = False,
              params: Params | None = None, frozen_features=None,
              max_bytes: int | str | None = "auto", strategy: Strategy | None = None) -> RunResult:
@@ -215,6 +194,12 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     clients = clients_from_config(config) if clients is None else clients
     data, params = prepare_run(config, clients, params)
     _warn_small_clients(config.federated.batch_size, data.sizes)
+    if config.model.dtype == "float32":
+        from .limits import float32_step_note
+        note = float32_step_note(config, data, params)
+        if note:
+            import warnings
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
     max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
     test, on_round = _test_metrics(clients, config)
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
@@ -656,10 +641,15 @@ def _divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergenc
                 safe, where = 2.0 / curvature, "2/λ_max(∇²F_c), the full model's curvature at that round"
     except (np.linalg.LinAlgError, ValueError):
         pass
+    where += ", largest over the clients and the run's finite iterates"
+    if not safe < eta:          # the bound does not explain this divergence (or is unknown): below η
+        bound = f"the curvature bound {safe:.3g} is not below η" if np.isfinite(safe) else \
+            "the curvature could not be computed"
+        safe, where = eta / 2, f"half the step that diverged: {bound}, so it does not explain this divergence"
     stage = _stage(blocks)
     stage = {"warmup": "warm-up", "frozen": "frozen stage"}.get(stage, stage.replace("_", " ") + " stage")
     msg = (f"diverged at round {t} ({stage}): F = {F:.3g} with learning_rate η = {eta:g}; "
-           f"try η < {safe:.3g} = {where}, largest over the clients and the run's finite iterates")
+           f"try η < {safe:.3g} ({where})")
     if kernel_trains:
         msg += ("; below the value-block bound the frozen stage is guaranteed stable, while the "
                 "warm-up's curvature can grow as the kernel is learned: if it still diverges, halve η")

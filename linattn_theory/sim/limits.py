@@ -17,7 +17,7 @@ from ..core.errors import ConfigError
 from .config import RunConfig
 
 __all__ = ["check_output_folder", "RunEstimate", "estimate_run", "check_resources",
-           "default_memory_limit", "DEFAULT_MAX_HOURS", "FLOP_RATE"]
+           "default_memory_limit", "float32_step_note", "DEFAULT_MAX_HOURS", "FLOP_RATE"]
 
 #: default time limit of one command, in hours (``--max-hours``)
 DEFAULT_MAX_HOURS = 24.0
@@ -163,3 +163,43 @@ def check_resources(configs, *, workers: int = 1, max_memory_gb: float | None = 
             f"reduce federated.rounds, federated.local_steps or the task's size, or raise the "
             f"limit with --max-hours")
     return estimates
+
+
+#: share of a block's entries the first float32 step must change for the run to be worth it
+FLOAT32_MIN_CHANGED = 0.5
+
+
+def float32_step_note(config: RunConfig, data, params) -> str | None:
+    """A warning when float32 cannot resolve the steps: fewer than half the entries of a trained
+    block change in the first local step ``θ − η∇F_c(θ^0)`` of some client, rounded to float32
+    (a relative change below ``2⁻²⁴ ≈ 6e-8`` is lost), else ``None``.
+
+    ``data`` and ``params`` are the run's stacked clients and initial parameters
+    (:func:`~linattn_theory.sim.engine.prepare_run`); the blocks are those the first round trains.
+    """
+    import numpy as np
+
+    from ..core._array import array_namespace, to_numpy
+    from ..core.model import BLOCKS, loss_and_grad_from_inputs
+
+    xp = array_namespace(data.S)
+    m = data.S.shape[0]
+    stacked = params.map(lambda a: xp.broadcast_to(a, (m,) + tuple(a.shape)))
+    _, grad = loss_and_grad_from_inputs(stacked, data.inputs, data.q, data.y, data.sample_weight,
+                                        attention=data.attention, temperature=data.temperature)
+    eta = config.federated.learning_rate
+    blocks = BLOCKS if config.warmup_rounds > 0 else ("WV",)
+    worst = None
+    for block in blocks:
+        theta = to_numpy(getattr(stacked, block)).astype(np.float32)
+        step = theta - (eta * to_numpy(getattr(grad, block))).astype(np.float32)
+        moved = (step != theta).reshape(m, -1).mean(axis=1)
+        if worst is None or moved.min() < worst[1]:
+            worst = (block, float(moved.min()))
+    block, share = worst
+    if share >= FLOAT32_MIN_CHANGED:
+        return None
+    return (f"model.dtype = 'float32': the first local step with federated.learning_rate = {eta:g} "
+            f"changes {share:.0%} of the entries of {block} on some client (float32 loses relative "
+            f"changes below 6e-08), so training may stall; use model.dtype = 'float64' or a larger "
+            f"learning rate")

@@ -8,13 +8,18 @@ sections of ``linattn simulate``) plus
   (first key slowest, last key fastest). Several ``[[grid]]`` tables give the union of their
   products (e.g. one-at-a-time variations around the base config);
 - ``[quick]`` (optional): overrides applied with ``quick=True`` (``--quick``): a key of a grid
-  gets a new list, any other dotted key a new base value;
+  gets a new list, any other dotted key a new base value (``overrides``, ``--set KEY=VALUE``,
+  follow the same rule and come last);
 - ``[figure]`` (optional): free-form settings read by the figure script that uses the sweep.
 
-Every expanded configuration is validated before any run starts. Run ``i`` is stored in
-``DIR/runs/<config_hash>/`` by :func:`linattn_theory.core.io.write_run` (each file atomic,
-``metadata.json`` last), so a finished run is one whose ``metadata.json`` exists: rerunning a
-sweep skips those, and a sweep killed at any instant and restarted completes with nothing lost.
+Every expanded configuration is validated before any run starts (a value listed twice in a grid
+is refused). Run ``i`` is stored in ``DIR/runs/<config_hash>/`` by
+:func:`linattn_theory.core.io.write_run` (each file atomic, ``metadata.json`` last, with the
+SHA-256 of the other files), so a finished run is one whose ``metadata.json`` exists and whose
+files match it: rerunning a sweep skips those and recomputes a broken one, and a sweep killed at
+any instant and restarted completes with nothing lost. One sweep writes to a folder at a time
+(``DIR/.sweep.lock``; a second one refuses, or waits with ``wait=True``), and a sweep that ends
+writes ``DIR/summary.csv``, one row per finished run (:func:`summary_table`).
 Workers only compute; the calling process writes every file, so the executor (in-process, local
 worker processes, or Dask) and the number of workers cannot change the results. Local workers
 exit as soon as the calling process is gone (even after SIGKILL), and are stopped on an error,
@@ -26,6 +31,7 @@ the same numbers as separate simulations, bit for bit, at about the cost of the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -40,15 +46,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import ConfigError
-from .config import RunConfig, config_from_dict, config_hash, read_toml
-from ..core.io import write_json, write_run
+from ..core.errors import ConfigError, RunIntegrityError
+from ..core.io import atomic_write_bytes, read_run, run_status, timed_run, write_json, write_run
+from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dotted
 
 __all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
-           "is_complete", "grid_size", "EXECUTORS", "MAX_RUNS"]
+           "is_complete", "grid_size", "summary_table", "summary_row", "finished_runs", "read_table",
+           "sweep_lock", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"]
 
 EXECUTORS = ("serial", "processes", "dask")
 MANIFEST = "sweep.json"
+#: one row per finished run, written when a sweep ends (:func:`summary_table`)
+SUMMARY = "summary.csv"
+#: the writer's lock of a sweep folder (:func:`sweep_lock`)
+LOCK = ".sweep.lock"
 #: largest grid expanded by default (``--max-runs``)
 MAX_RUNS = 10_000
 #: how a sweep treats a folder that holds another sweep (``sweep.json`` with other runs)
@@ -91,7 +102,8 @@ class Sweep:
 
 @dataclass(frozen=True)
 class SweepSummary:
-    """What :func:`run_sweep` did: runs in the sweep, already finished before, computed now, diverged."""
+    """What :func:`run_sweep` did: runs in the sweep, already finished before, computed now
+    (``broken`` of them recomputed because their files did not match their hashes), diverged."""
 
     total: int
     skipped: int
@@ -99,19 +111,7 @@ class SweepSummary:
     diverged: int
     seconds: float
     out: Path
-
-
-def _set_dotted(data: dict, key: str, value, where: str) -> None:
-    """``data[a][b] = value`` for ``key = "a.b"``, creating tables as needed."""
-    if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"{where}: {key!r} is not a dotted key such as 'federated.local_steps'")
-    node = data
-    *parents, leaf = key.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{where}.{key}: {part!r} is a value, not a table")
-    node[leaf] = value
+    broken: int = 0
 
 
 def _table(data: dict, name: str) -> dict:
@@ -144,21 +144,33 @@ def _grids(data: dict) -> list[dict]:
             raise ConfigError(f"{where}: expected a table of dotted keys -> lists, got {table!r}")
         grid = _flatten(table)
         for key, values in grid.items():
-            if not isinstance(values, list) or not values:
-                raise ConfigError(f"{where}.{key} = {values!r}: expected a non-empty list of values")
+            _check_values(f"{where}.{key}", values)
         grids.append(grid)
     return grids
 
 
-def _apply_quick(data: dict, base: dict, grids: list[dict]) -> None:
-    """``[quick]``: a key of a grid gets a new list (in every grid that has it), any other key a new base value."""
-    for key, value in _flatten(_table(data, "quick")).items():
+def _check_values(where: str, values) -> None:
+    """A grid's values of one key: a non-empty list, each value once."""
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"{where} = {values!r}: expected a non-empty list of values")
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            raise ConfigError(f"{where} = {values!r}: the value {value!r} is listed more than once; "
+                              f"expected each value once")
+
+
+def _apply_overrides(overrides: dict, base: dict, grids: list[dict], where: str) -> None:
+    """``[quick]`` or ``--set``: a key of a grid gets a new list (in every grid that has it), any other
+    key a new base value."""
+    for key, value in overrides.items():
         holders = [g for g in grids if key in g]
         if not holders:
-            _set_dotted(base, key, value, "quick")
+            set_dotted(base, key, value, where)
             continue
+        label = f"{where}.{key}" if where == "quick" else f"{where} {key}"
         if not isinstance(value, list) or not value:
-            raise ConfigError(f"quick.{key} = {value!r}: {key} is a grid key; expected a non-empty list of values")
+            raise ConfigError(f"{label} = {value!r}: {key} is a grid key; expected a non-empty list of values")
+        _check_values(label, value)
         for grid in holders:
             grid[key] = value
 
@@ -169,13 +181,16 @@ def grid_size(grids: list[dict]) -> int:
 
 
 def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = None,
-                    max_runs: int | None = MAX_RUNS) -> Sweep:
+                    max_runs: int | None = MAX_RUNS, overrides: dict | None = None) -> Sweep:
     """Validate a sweep (as read from TOML) and expand its grid; raises :class:`ConfigError`.
 
     ``grid`` is a table (one Cartesian product) or an array of tables (the union of their
-    products, e.g. one-at-a-time variations around the base config). Runs with the same full
-    configuration are kept once, in order of first appearance. A grid of more than
-    ``max_runs`` runs is refused from the list lengths alone, before anything is expanded.
+    products, e.g. one-at-a-time variations around the base config); a value listed twice for
+    one key is refused. Runs with the same full configuration are kept once, in order of first
+    appearance. ``quick=True`` applies the ``[quick]`` table (refused when there is none), then
+    ``overrides`` (dotted keys, :func:`~linattn_theory.sim.config.parse_overrides`) apply by the
+    same rule. A grid of more than ``max_runs`` runs is refused from the list lengths alone,
+    before anything is expanded.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"sweep: expected a table, got {type(data).__name__}")
@@ -183,7 +198,11 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
     grids = _grids(data)
     figure = _table(data, "figure")
     if quick:
-        _apply_quick(data, base, grids)
+        if "quick" not in data:
+            raise ConfigError(f"quick: {source or 'the sweep'} has no [quick] table, so --quick would run "
+                              f"the full grid; add one (e.g. [quick] seed = [0]) or leave --quick out")
+        _apply_overrides(_flatten(_table(data, "quick")), base, grids, "quick")
+    _apply_overrides(dict(overrides or {}), base, grids, "--set")
     size = grid_size(grids)
     if max_runs is not None and size > max_runs:
         raise ConfigError(f"grid: {size} runs, above the limit of {max_runs} runs; split the grid "
@@ -194,7 +213,7 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
             point = dict(zip(grid, combo))
             data_i = copy.deepcopy(base)
             for key, value in point.items():
-                _set_dotted(data_i, key, value, "grid")
+                set_dotted(data_i, key, value, "grid")
             try:
                 config = config_from_dict(data_i)
             except ConfigError as err:
@@ -209,10 +228,11 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
     return Sweep(tuple(configs), tuple(points), grid_out, base, figure, source)
 
 
-def load_sweep(path, *, quick: bool = False, max_runs: int | None = MAX_RUNS) -> Sweep:
-    """Read and validate a sweep TOML file (see the module docstring)."""
+def load_sweep(path, *, quick: bool = False, max_runs: int | None = MAX_RUNS,
+               overrides: dict | None = None) -> Sweep:
+    """Read and validate a sweep TOML file (see the module docstring and :func:`sweep_from_dict`)."""
     return sweep_from_dict(read_toml(path, "sweep file"), quick=quick, source=str(path),
-                           max_runs=max_runs)
+                           max_runs=max_runs, overrides=overrides)
 
 
 def run_dir(out, config_or_id) -> Path:
@@ -222,8 +242,9 @@ def run_dir(out, config_or_id) -> Path:
 
 
 def is_complete(out, config_or_id) -> bool:
-    """A run is finished when its ``metadata.json`` (written last, atomically) exists."""
-    return (run_dir(out, config_or_id) / "metadata.json").is_file()
+    """A run is finished when its ``metadata.json`` (written last, atomically) exists and its
+    files match the hashes recorded there (:func:`~linattn_theory.core.io.read_run`)."""
+    return run_status(run_dir(out, config_or_id))[0] == "finished"
 
 
 def _prefix_key(config: RunConfig) -> str | None:
@@ -243,8 +264,10 @@ def _tasks(pending: list[tuple[str, RunConfig]]) -> list[list[tuple[str, dict]]]
     return list(groups.values())
 
 
+@timed_run
 def _compute(task: list[tuple[str, dict]]) -> list:
-    """Worker side: simulate one task (nothing is written here); returns ``[(run_id, RunResult)]``.
+    """Worker side: simulate one task (nothing is written here); returns ``[(run_id, RunResult)]``,
+    each result's provenance recording when the task started and its wall time.
 
     A task of several FedFrozen runs shares one warm-up trajectory
     (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep` with explicit frozen stages, which gives
@@ -480,18 +503,172 @@ def _manifest(sweep: Sweep, out: Path, existing: str) -> dict:
             "added": list(old.get("added", [])) + [sweep.source]}
 
 
+def _lock_holder(path: Path) -> str:
+    """Who holds a sweep folder's lock, as its lock file records it."""
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        return (f"pid {info['pid']} on {info['host']}, since {info['started']}: "
+                f"{info['command']}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+@contextlib.contextmanager
+def sweep_lock(out, *, wait: bool = False):
+    """Hold the writer's lock of the sweep folder ``out`` (created if missing) while the block runs.
+
+    An exclusive ``flock`` on ``out/.sweep.lock``, which records the holder (pid, host, start,
+    command); the system releases it when the holder ends, however it ends. When another
+    process holds it: ``wait=False`` raises :class:`ConfigError` naming the holder, ``wait=True``
+    says on stderr that it waits, and waits. Where ``fcntl`` is missing (Windows) nothing is locked.
+    """
+    import socket
+    import sys
+    from datetime import datetime, timezone
+
+    try:
+        import fcntl
+    except ImportError:                                   # pragma: no cover - not POSIX
+        yield
+        return
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(path)
+            if not wait:
+                raise ConfigError(f"out = {str(out)!r}: another sweep is writing to it ({holder}); "
+                                  f"refusing to write at the same time: wait for it to end, or pass "
+                                  f"--wait to start when it does") from None
+            print(f"waiting for the sweep writing to {out} to end ({holder})", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "command": " ".join(sys.argv) or "python"}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        yield
+    finally:
+        os.close(fd)                                     # releases the lock
+
+
+#: integer columns of a run's table; every other numeric column is a float64 measurement
+_INTEGER_COLUMNS = ("round", "participants")
+SUMMARY_COLUMNS = ("run_id", "T0", "rounds_completed", "final_loss", "final_loss_regularized",
+                   "cumulative_kernel_drift", "diverged", "divergence_round")
+
+
+def read_table(data: bytes):
+    """A run's ``rounds.csv`` (its bytes) with its dtypes restored (a column of zeros reads back as integers)."""
+    import io
+
+    import pandas as pd
+
+    table = pd.read_csv(io.BytesIO(data))
+    cast = {c: "float64" for c in table.select_dtypes(include="number").columns if c not in _INTEGER_COLUMNS}
+    return table.astype(cast)
+
+
+def _run_dirs(out: Path) -> list[Path]:
+    """Run folders of a sweep folder, in the sweep's grid order (or a single run folder)."""
+    sweep = (out / MANIFEST).is_file() or (out / "runs").is_dir()
+    if (out / "metadata.json").is_file():
+        if sweep:
+            raise RunIntegrityError(out, f"it holds a single run (metadata.json) and a sweep ({MANIFEST}, "
+                                         f"runs/); move the single run's files elsewhere")
+        return [out]
+    manifest = out / MANIFEST
+    if manifest.is_file():
+        try:
+            ids = json.loads(manifest.read_text(encoding="utf-8"))["runs"]
+        except (ValueError, KeyError, TypeError):
+            raise RunIntegrityError(out, f"{MANIFEST} is not a sweep manifest") from None
+        return [out / "runs" / i for i in ids]
+    return sorted((out / "runs").glob("*")) if (out / "runs").is_dir() else []
+
+
+def finished_runs(out) -> list[tuple[Path, dict, dict]]:
+    """``(folder, metadata, {file: bytes})`` of every finished run under ``out`` (a sweep or run
+    folder), unfinished ones left out; raises :class:`~linattn_theory.core.errors.RunIntegrityError`
+    naming the first broken run (and how many there are)."""
+    finished, broken = [], []
+    for path in _run_dirs(Path(out)):
+        if not (path / "metadata.json").is_file():
+            continue
+        try:
+            finished.append((path, *read_run(path)))
+        except RunIntegrityError as err:
+            broken.append(err)
+    if broken:
+        more = f" ({len(broken) - 1} more broken runs)" if len(broken) > 1 else ""
+        raise RunIntegrityError(broken[0].folder, f"{broken[0].reason}{more}; rerun the sweep to "
+                                                  f"recompute it, or delete the folder")
+    return finished
+
+
+def summary_row(metadata: dict, table, run_id: str) -> dict:
+    """One row of :func:`summary_table`: the run's last round and its flattened configuration."""
+    last = table.iloc[-1]
+    div = metadata.get("divergence") or {}
+    row = {"run_id": run_id,
+           "T0": int(metadata["warmup_rounds"]),
+           "rounds_completed": int(last["round"]),
+           "final_loss": float(last["loss"]),
+           "final_loss_regularized": float(last["loss_regularized"]),
+           "cumulative_kernel_drift": float(last["cumulative_kernel_drift"]),
+           "diverged": bool(metadata.get("diverged", False)),
+           "divergence_round": int(div["round"]) if div else -1}
+    row.update(_flatten(metadata["config"]))
+    return row
+
+
+def summary_table(out, *, rounds: bool = False):
+    """The finished runs under ``out`` as a DataFrame (see :func:`linattn_theory.report.results.load_results`)."""
+    import pandas as pd
+
+    summaries, tables = [], []
+    for path, metadata, files in finished_runs(out):
+        table = read_table(files["rounds.csv"])
+        run_id = metadata.get("run_id", path.name)
+        summaries.append(summary_row(metadata, table, run_id))
+        if rounds:
+            tables.append(table.assign(run_id=run_id))
+    summary = pd.DataFrame(summaries, columns=None if summaries else list(SUMMARY_COLUMNS))
+    if not rounds:
+        return summary
+    if not tables:
+        return pd.DataFrame(columns=["run_id", "round"])
+    long = pd.concat(tables, ignore_index=True)
+    extra = [c for c in summary.columns if c not in long.columns or c == "run_id"]
+    return summary[extra].merge(long, on="run_id", how="right", validate="one_to_many")
+
+
+def _write_summary(out: Path) -> Path:
+    """``out/summary.csv``: :func:`summary_table` of the sweep folder, written atomically."""
+    table = summary_table(out)
+    return atomic_write_bytes(out / SUMMARY, table.to_csv(index=False).encode())
+
+
 def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | None = None,
               scheduler: str | None = None, progress: bool = False,
-              existing: str = "refuse") -> SweepSummary:
+              existing: str = "refuse", wait: bool = False) -> SweepSummary:
     """Run every unfinished run of ``sweep`` and store it under ``out`` (see the module docstring).
 
     ``executor``: ``"serial"`` (in-process), ``"processes"`` (``workers`` forked processes,
     default one per core, each exiting as soon as the calling process is gone) or ``"dask"``
     (``scheduler`` address, checked first, or a local cluster of ``workers`` processes bound to
-    127.0.0.1 whose scratch folder is removed afterwards). Writes ``out/sweep.json`` (the grid
-    and its run ids) first. ``existing``: when ``out`` holds a sweep with other runs,
+    127.0.0.1 whose scratch folder is removed afterwards). Holds the folder's lock
+    (:func:`sweep_lock`; ``wait``: wait for another sweep writing there instead of refusing),
+    writes ``out/sweep.json`` (the grid and its run ids) first, recomputes runs whose files do not
+    match their hashes, and writes ``out/summary.csv`` when every run is stored (an earlier one is
+    removed at the start). ``existing``: when ``out`` holds a sweep with other runs,
     ``"refuse"`` (a :class:`ConfigError`), ``"add"`` this sweep's runs to it, or ``"replace"``
-    its manifest (runs stay on disk under their hashes).
+    its manifest (runs stay on disk under their hashes). A folder holding a single run
+    (``metadata.json``) is refused.
     """
     from tqdm.auto import tqdm
 
@@ -501,16 +678,23 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
     if existing not in EXISTING:
         raise ConfigError(f"existing = {existing!r}: expected one of {', '.join(EXISTING)}")
     out = check_output_folder(out, "out =")
+    if (out / "metadata.json").is_file():
+        raise ConfigError(f"out = {str(out)!r} holds a single run (metadata.json); choose another folder "
+                          f"for the sweep")
     start = time.perf_counter()
     ids = sweep.run_ids
-    write_json(out / MANIFEST, _manifest(sweep, out, existing))
-    pending = [(run_id, c) for run_id, c in zip(ids, sweep.configs) if not is_complete(out, run_id)]
-    skipped = len(ids) - len(pending)
-    diverged = 0
-    with tqdm(total=len(ids), initial=skipped, disable=not progress, desc="runs", unit="run") as bar:
-        for finished in _results(executor, _tasks(pending), workers, scheduler):
-            for run_id, result in finished:
-                diverged += _store(run_id, result, out)
-                bar.update()
-    return SweepSummary(len(ids), skipped, len(pending), diverged, time.perf_counter() - start, out)
-
+    with sweep_lock(out, wait=wait):
+        write_json(out / MANIFEST, _manifest(sweep, out, existing))
+        (out / SUMMARY).unlink(missing_ok=True)
+        status = {run_id: run_status(run_dir(out, run_id))[0] for run_id in ids}
+        pending = [(run_id, c) for run_id, c in zip(ids, sweep.configs) if status[run_id] != "finished"]
+        broken = sum(state == "broken" for state in status.values())
+        skipped = len(ids) - len(pending)
+        diverged = 0
+        with tqdm(total=len(ids), initial=skipped, disable=not progress, desc="runs", unit="run") as bar:
+            for finished in _results(executor, _tasks(pending), workers, scheduler):
+                for run_id, result in finished:
+                    diverged += _store(run_id, result, out)
+                    bar.update()
+        _write_summary(out)
+    return SweepSummary(len(ids), skipped, len(pending), diverged, time.perf_counter() - start, out, broken)
