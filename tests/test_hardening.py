@@ -283,7 +283,7 @@ def test_git_revision_recorded_at_build_time_is_used_outside_a_checkout(tmp_path
     shutil.copytree(ROOT / "linattn_theory", package, ignore=shutil.ignore_patterns("__pycache__"))
     code = ("from pathlib import Path; from linattn_theory.sim.engine import _git_revision; "
             "print(_git_revision()); Path(__import__('linattn_theory').__file__).with_name("
-            "'_revision.txt').write_text('0123abcd\\n'); print(_git_revision())")
+            "'_revision.txt').write_text('0123abcd\\n'); _git_revision.cache_clear(); print(_git_revision())")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(package.parent)},
                          cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
     assert out == ["unknown", "0123abcd"]

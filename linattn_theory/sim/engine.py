@@ -16,6 +16,7 @@ with the fused CPU engine (:mod:`linattn_theory.core.fused`), client by client i
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
@@ -153,9 +154,11 @@ def hessian_curvature(params: Params, data: StackedClients, ridge: float = 0.0,
     return to_numpy(estimate)
 
 
+@functools.lru_cache(maxsize=1)
 def _git_revision() -> str:
     """The git commit of the code that runs: the checkout holding this package (source or
-    editable install), else the one recorded at build time (``pip install .``), else "unknown"."""
+    editable install), else the one recorded at build time (``pip install .``), else "unknown".
+    Asked once per process (a run's metadata must not cost a subprocess)."""
     package = Path(__file__).resolve().parents[1]      # linattn_theory/
     try:
         out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
@@ -248,8 +251,13 @@ def _why_not(xp, data, fed, strategy) -> str | None:
     return None
 
 
-def select_engine(engine: str, xp, data, fed, strategy) -> "_fused.FusedEngine | None":
-    """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc)."""
+def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False) -> "_fused.FusedEngine | None":
+    """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc).
+
+    ``instances=True``: ``data`` is an ensemble's (leading instance axis,
+    :mod:`linattn_theory.sim.ensemble`), and ``engine="auto"`` takes the fused engine wherever
+    it applies, whatever the size (so that an instance's engine does not depend on its ensemble).
+    """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
     if engine == "array_api":
@@ -259,11 +267,11 @@ def select_engine(engine: str, xp, data, fed, strategy) -> "_fused.FusedEngine |
         if reason is not None:
                 raise ConfigError(f"engine = 'fused' does not apply: {reason}; use engine = 'auto' "
                               f"or 'array_api'")
-        return _fused.FusedEngine(data)
-    m, N, d = data.S.shape[0], data.S.shape[1], data.S.shape[-1]
-    if reason is not None or m * N * d * d < _fused.MIN_STEP_WORK:
+        return _fused.FusedEngine(data, instances)
+    m, N, d = data.S.shape[-4], data.S.shape[-3], data.S.shape[-1]
+    if reason is not None or (not instances and m * N * d * d < _fused.MIN_STEP_WORK):
         return None
-    return _fused.FusedEngine(data)
+    return _fused.FusedEngine(data, instances)
 
 
 def _warn_small_clients(batch_size: int | None, sizes) -> None:

@@ -19,9 +19,12 @@ Workers only compute; the calling process writes every file, so the executor (in
 worker processes, or Dask) and the number of workers cannot change the results. Local workers
 exit as soon as the calling process is gone (even after SIGKILL), and are stopped on an error,
 Ctrl-C or SIGTERM; a local Dask cluster's scratch folder is removed afterwards.
-FedFrozen runs that differ only in the warm-up length ``T0`` form one task and share their
-warm-up trajectory (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep` with explicit frozen stages:
-the same numbers as separate simulations, bit for bit, at about the cost of the longest run).
+Each worker runs its runs as ensembles (:func:`~linattn_theory.sim.ensemble.simulate_many`: runs
+of equal shapes as one array program; FedFrozen runs that differ only in the warm-up length
+``T0`` share their warm-up trajectory, at about the cost of the longest run). A run's numbers do
+not depend on which runs share its task or ensemble, so they are the same whatever the
+executor, the number of workers or the point where an interrupted sweep resumed (and equal to
+``simulate(config)`` to rounding).
 """
 
 from __future__ import annotations
@@ -226,6 +229,12 @@ def is_complete(out, config_or_id) -> bool:
     return (run_dir(out, config_or_id) / "metadata.json").is_file()
 
 
+#: a task (one worker's share of a sweep, stored when it finishes) holds at most this many
+#: instances: runs, or FedFrozen runs of one instance that differ only in ``T0`` (which share
+#: their warm-up and count once)
+TASK_INSTANCES = 16
+
+
 def _prefix_key(config: RunConfig) -> str | None:
     """Runs with the same key differ only in ``T0`` and share their warm-up (FedFrozen only)."""
     if config.federated.strategy != "fedfrozen":
@@ -235,32 +244,55 @@ def _prefix_key(config: RunConfig) -> str | None:
     return json.dumps(data, sort_keys=True)
 
 
+def _shape_key(config: RunConfig) -> str:
+    """Runs that can share an ensemble (:func:`linattn_theory.sim.ensemble.ensemble_key`, from the
+    config alone): everything but the seed and the per-instance numbers."""
+    data = config.to_dict()
+    data.pop("seed", None)
+    task = data.get("task", {})
+    for key in ("zeta_value", "zeta_covariate", "zeta_mean", "zeta_task", "noise", "positional_strength"):
+        task.pop(key, None)
+    for key in ("learning_rate", "ridge", "warmup_rounds", "divergence_factor", "server_learning_rate",
+                "prox_mu", "server_momentum", "server_beta1", "server_beta2", "server_epsilon"):
+        data.get("federated", {}).pop(key, None)
+    return json.dumps(data, sort_keys=True)
+
+
 def _tasks(pending: list[tuple[str, RunConfig]]) -> list[list[tuple[str, dict]]]:
-    """Group the pending runs into tasks: FedFrozen runs that differ only in ``T0`` form one task."""
-    groups: dict[str, list] = {}
+    """Group the pending runs into tasks, each run by one worker as ensembles (:func:`_compute`).
+
+    FedFrozen runs that differ only in ``T0`` stay together (they share a warm-up); runs of one
+    shape (:func:`_shape_key`) fill tasks of at most :data:`TASK_INSTANCES` instances, and at
+    least one task per core is made where there are enough instances. The grouping changes how
+    fast a sweep runs, never its numbers (an ensemble's results do not depend on its members).
+    """
+    families: dict[str, list] = {}
     for run_id, config in pending:
-        groups.setdefault(_prefix_key(config) or run_id, []).append((run_id, config.to_dict()))
-    return list(groups.values())
+        families.setdefault(_prefix_key(config) or run_id, []).append((run_id, config))
+    shapes: dict[str, list] = {}
+    for family in families.values():
+        shapes.setdefault(_shape_key(family[0][1]), []).append(family)
+    total = sum(len(group) for group in shapes.values())
+    size = max(1, min(TASK_INSTANCES, math.ceil(total / (os.cpu_count() or 1))))
+    tasks = []
+    for group in shapes.values():
+        for lo in range(0, len(group), size):
+            tasks.append([(run_id, config.to_dict()) for family in group[lo:lo + size]
+                          for run_id, config in family])
+    return tasks
 
 
 def _compute(task: list[tuple[str, dict]]) -> list:
     """Worker side: simulate one task (nothing is written here); returns ``[(run_id, RunResult)]``.
 
-    A task of several FedFrozen runs shares one warm-up trajectory
-    (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep` with explicit frozen stages, which gives
-    the same numbers as :func:`~linattn_theory.sim.engine.simulate` bit for bit).
+    The runs go through :func:`~linattn_theory.sim.ensemble.simulate_many`: runs of equal shapes
+    as one array program, FedFrozen runs that differ only in ``T0`` sharing their warm-up; each
+    result is bit-identical whatever the task holds (and equals ``simulate(config)`` to rounding).
     """
-    import numpy as np
-
-    from .engine import simulate
+    from .ensemble import simulate_many
     configs = [config_from_dict(data) for _, data in task]
-    with np.errstate(over="ignore", invalid="ignore"):      # divergence is detected and recorded
-        if len(task) == 1:
-            return [(task[0][0], simulate(configs[0]))]
-        from .warmup_grid import warmup_sweep
-        results = warmup_sweep(configs[0], [c.federated.warmup_rounds for c in configs],
-                               frozen_stage="explicit")
-    return [(run_id, results[c.federated.warmup_rounds]) for (run_id, _), c in zip(task, configs)]
+    results = simulate_many(configs)
+    return [(run_id, result) for (run_id, _), result in zip(task, results)]
 
 
 def _store(run_id: str, result, out: Path) -> bool:
