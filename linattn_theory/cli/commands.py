@@ -116,9 +116,12 @@ def _sweep(args) -> int:
 
     from ..sim.config import ignored_settings
     from ..sim.limits import check_output_folder
-    from ..sim.sweep import _check_executor, is_complete, load_sweep, run_sweep
+    from ..sim.sweep import _check_executor, is_complete, load_sweep, run_sweep, with_backend
 
     sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None)
+    if args.backend is not None:
+        sweep = with_backend(sweep, args.backend)
+        args.executor = _backend_executor(args.backend, args.executor)
     if args.dry_run:
         for run_id, point in zip(sweep.run_ids, sweep.points):
             print(run_id, " ".join(f"{k}={v}" for k, v in point.items()))
@@ -138,6 +141,20 @@ def _sweep(args) -> int:
     return EXIT_OK
 
 
+def _backend_executor(backend: str, executor: str) -> str:
+    """The executor of runs on ``backend``: checked first (an unusable backend fails before any
+    work); on a GPU one process drives the device, so local worker processes become ``serial``."""
+    if backend == "numpy":
+        return executor
+    from ..core.backend import get_namespace
+    get_namespace(backend)
+    if executor == "processes":
+        print(f"--backend {backend}: one process drives the GPU; running the runs in this process "
+              f"(executor serial)", file=sys.stderr)
+        return "serial"
+    return executor
+
+
 def _figures(args) -> int:
     from ..report.figures import discover, make_figures
     from ..sim.limits import check_output_folder
@@ -148,8 +165,10 @@ def _figures(args) -> int:
             print(f"{name}\t{path}")
         return EXIT_OK
     check_output_folder(args.out)
+    if args.backend is not None:
+        args.executor = _backend_executor(args.backend, args.executor)
     made = make_figures(scripts, args.out, quick=args.quick, executor=args.executor,
-                        workers=args.workers, progress=not args.quiet)
+                        workers=args.workers, progress=not args.quiet, backend=args.backend)
     for name, (paths, seconds) in made.items():
         print(f"{name} ({seconds:.1f} s):")
         for path in paths:
@@ -286,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: refuse)")
     p.add_argument("--max-runs", type=_non_negative(int), default=MAX_RUNS_DEFAULT, metavar="N",
                    help=f"refuse grids of more than N runs (default {MAX_RUNS_DEFAULT}; 0: no limit)")
+    _backend_argument(p, "of every run of the sweep (other run ids: the numbers differ by rounding)")
     _limit_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _debug_argument(p)
@@ -301,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small grids: the whole set in under two minutes")
     p.add_argument("--list", action="store_true", help="list the figure scripts and exit")
     _executor_arguments(p)
+    _backend_argument(p, "of the figures' sweeps (cached apart from the NumPy runs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _debug_argument(p)
     p.set_defaults(func=_figures)
@@ -339,6 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
     _debug_argument(p)
     p.set_defaults(func=_derive)
     return parser
+
+
+def _backend_argument(p, what: str) -> None:
+    p.add_argument("--backend", choices=("numpy", "cupy"), default=None,
+                   help=f"array library {what}, overriding model.backend (cupy needs a GPU and "
+                        f"pip install 'linattn-theory[gpu]'; its runs go in this process)")
 
 
 def _executor_arguments(p) -> None:

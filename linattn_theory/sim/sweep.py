@@ -47,7 +47,7 @@ from ..core.errors import ConfigError
 from .config import RunConfig, config_from_dict, config_hash, read_toml
 from ..core.io import write_json, write_run
 
-__all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
+__all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "with_backend", "run_sweep", "run_dir",
            "is_complete", "grid_size", "EXECUTORS", "MAX_RUNS"]
 
 EXECUTORS = ("serial", "processes", "dask")
@@ -216,6 +216,23 @@ def load_sweep(path, *, quick: bool = False, max_runs: int | None = MAX_RUNS) ->
     """Read and validate a sweep TOML file (see the module docstring)."""
     return sweep_from_dict(read_toml(path, "sweep file"), quick=quick, source=str(path),
                            max_runs=max_runs)
+
+
+def with_backend(sweep: Sweep, backend: str) -> Sweep:
+    """``sweep`` with ``model.backend = backend`` in its base config (``--backend``).
+
+    Runs on another backend are other runs (their numbers differ by rounding), so they get
+    other run ids; a grid that varies ``model.backend`` itself is refused.
+    """
+    grids = sweep.grid if isinstance(sweep.grid, list) else [sweep.grid]
+    if any("model.backend" in grid for grid in grids):
+        raise ConfigError(f"backend = {backend!r}: the sweep's grid varies model.backend already")
+    data = copy.deepcopy(sweep.base)
+    _set_dotted(data, "model.backend", backend, "backend")
+    data["grid"] = copy.deepcopy(sweep.grid)
+    if sweep.figure:
+        data["figure"] = copy.deepcopy(sweep.figure)
+    return sweep_from_dict(data, source=sweep.source, max_runs=None)
 
 
 def run_dir(out, config_or_id) -> Path:
