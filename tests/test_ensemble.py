@@ -196,3 +196,17 @@ def test_centralized_optima_follow_each_start_s_sequential_path():
                                                                     "gtol": 1e-10, "maxcor": 20})
             assert (row["start"], row["objective"], row["iterations"]) == (label, float(res.fun), int(res.nit))
         assert optimum.objective == min(optimum.starts["objective"].min(), optimum.objective)
+
+
+def test_test_split_metrics_follow_each_run():
+    """Real data with a test split (digits): test loss and accuracy per round, also for the runs
+    whose warm-up a shared trajectory ran, and with softmax attention (the Array-API engine)."""
+    pytest.importorskip("sklearn")
+    base = {"seed": 1, "task": {"family": "digits", "num_clients": 3, "label_alpha": 0.5},
+            "model": {"heads": 1, "rank": 2, "engine": "array_api"},
+            "federated": {"strategy": "fedfrozen", "rounds": 4, "local_steps": 2, "learning_rate": 0.25}}
+    runs = [config_from_dict({**base, "federated": {**base["federated"], "warmup_rounds": T0}}) for T0 in (1, 4)]
+    runs.append(runs[0].with_updates({"model.attention": "softmax"}))
+    for many, one in zip(simulate_many(runs), [simulate(c) for c in runs]):
+        assert "test_accuracy" in one.table
+        assert_identical(many, one)

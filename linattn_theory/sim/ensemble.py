@@ -762,10 +762,8 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
         built = clients_from_config(config) if clients[indices[0]] is None else clients[indices[0]]
         data, theta0 = prepare_run(config, built, params[indices[0]])
         _warn_small_clients(config.federated.batch_size, data.sizes)
-        test, _ = _test_metrics(built, config)
         warmups = sorted({configs[i].warmup_rounds for i in indices})
-        shared = len(warmups) > 1 and not test
-        family = _Family(indices, configs, data, theta0, built, warmups if shared else None)
+        family = _Family(indices, configs, data, theta0, built, warmups if len(warmups) > 1 else None)
         if plan.add(ensemble_key(config, data), family, 2 * _data_bytes(data)):
             _run_wave(plan.drain(), results, progress)
     _run_wave(plan.drain(), results, progress)
@@ -787,6 +785,11 @@ def _per_config(values, count: int, what: str) -> list:
     return values
 
 
+def _has_test_split(clients) -> bool:
+    """Clients with a held-out test split (the digits family): their runs record test metrics."""
+    return "test_X" in (getattr(clients, "truth", None) or {})
+
+
 @dataclasses.dataclass
 class _Family:
     """Runs of one instance: one run, identical copies of it, or FedFrozen runs differing in ``T0``."""
@@ -797,6 +800,8 @@ class _Family:
     theta0: Params
     clients: Any
     warmups: list[int] | None          # shared warm-up: the T0 values (largest first runs)
+    by_T0: dict = dataclasses.field(default_factory=dict)     # the results, by T0
+    history: dict = dataclasses.field(default_factory=dict)   # θ^0, θ^1, … of each run (test metrics)
 
     def lead(self) -> RunConfig:
         """The run of the first ensemble: the largest ``T0`` (the others' warm-up trajectory)."""
@@ -812,30 +817,30 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
         xp = array_namespace(families[0].data.S)
         model, fed = families[0].lead().model, families[0].lead().federated
         chunk = _local_chunk_bytes(xp, families[0].data, model.heads, fed.batch_size, len(members))
-        keep = any(_test_metrics(f.clients, f.lead())[0] for f in families)
+        keep = any(_has_test_split(f.clients) for f in families)
         outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress)
         second, owners = [], []
         for family, (result, states, history) in zip(families, outcomes):
-            lead = family.lead()
-            by_T0 = {lead.warmup_rounds: result}
-            if family.warmups:
-                end = int(result.table["round"].iloc[-1])
-                for T0 in family.warmups[:-1]:
-                    config = next(family.configs[i] for i in family.indices
-                                  if family.configs[i].warmup_rounds == T0)
-                    if result.diverged and T0 >= result.divergence.round:
-                        by_T0[T0] = dataclasses.replace(result, table=result.table.copy(),
-                                                        metadata=dict(result.metadata, warmup_rounds=T0))
-                    else:
-                        state = states[T0]
-                        second.append(Member(config, family.data, state.params, prefix=state))
-                        owners.append((family, T0))
-                del end
-            family.by_T0, family.history = by_T0, history
+            lead = family.lead().warmup_rounds
+            family.by_T0[lead], family.history[lead] = result, history
+            for T0 in (family.warmups or [])[:-1]:
+                config = next(family.configs[i] for i in family.indices
+                              if family.configs[i].warmup_rounds == T0)
+                if result.diverged and T0 >= result.divergence.round:     # diverged in its warm-up
+                    family.by_T0[T0] = dataclasses.replace(result, table=result.table.copy(),
+                                                           metadata=dict(result.metadata, warmup_rounds=T0))
+                    family.history[T0] = history
+                else:
+                    state = states[T0]
+                    second.append(Member(config, family.data, state.params, prefix=state))
+                    owners.append((family, T0))
         if second:
-            for (family, T0), (result, _, _) in zip(owners, run_ensemble(second, max_bytes=chunk,
-                                                                          progress=progress)):
+            for (family, T0), (result, _, history) in zip(owners, run_ensemble(
+                    second, max_bytes=chunk, keep_history=keep, progress=progress)):
                 family.by_T0[T0] = result
+                if keep:                  # the shared warm-up's θ^0..θ^T0, then the run's own
+                    lead = family.lead().warmup_rounds
+                    family.history[T0] = family.history[lead][:T0] + history
         for family in families:
             for i in family.indices:
                 config = family.configs[i]
@@ -844,16 +849,16 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
                     result = dataclasses.replace(result, table=result.table.copy(),
                                                  metadata=dict(result.metadata))
                 result.metadata.update(run_metadata(config))
-                _add_test_metrics(result, family, config)
+                _add_test_metrics(result, family.clients, config, family.history.get(config.warmup_rounds))
                 results[i] = result
 
 
-def _add_test_metrics(result: RunResult, family: _Family, config: RunConfig) -> None:
+def _add_test_metrics(result: RunResult, clients, config: RunConfig, history) -> None:
     """Test loss and accuracy per round (clients with a test split, as :func:`simulate` adds them)."""
-    test, on_round = _test_metrics(family.clients, config)
-    if not test or family.history is None:
+    test, on_round = _test_metrics(clients, config)
+    if on_round is None or history is None:
         return
-    for t, theta in enumerate(family.history):
+    for t, theta in enumerate(history):
         on_round(RunState(t, theta, (), None, None, 0.0, None, None, None))
     for key in ("loss", "accuracy"):
         result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
