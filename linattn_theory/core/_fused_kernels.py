@@ -43,7 +43,7 @@ def samples_last(S, q, y):
     return St, qt, yt
 
 
-@njit(cache=True, nogil=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 def _kernel_transposes(Q, Kf, KT, zero):
     """``KT[h] = K_h^T = W_K^h (W_Q^h)^T`` for every head."""
     H, d, r = Q.shape
@@ -56,48 +56,84 @@ def _kernel_transposes(Q, Kf, KT, zero):
                 KT[h, b, a] = s
 
 
-@njit(cache=True, nogil=True, fastmath=FAST)
-def _features(St, qt, KT, h, kq, phi):
-    """``φ_h = Ŝ K_h^T q`` of every sample into ``phi[h]`` ``(d, N)`` (``kq`` scratch ``(d, N)``)."""
-    d, N = kq.shape
-    for b in range(d):                       # k = K^T q
-        row = kq[b]
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _mix(coef, rows, out):
+    """``out[a] = Σ_t coef[a, t] rows[t]`` for every sample (rows ``(T, N)``, out ``(A, N)``)."""
+    A, T = coef.shape
+    N = rows.shape[1]
+    for a in range(A):
+        row = out[a]
         for i in range(N):
             row[i] = 0
-        for a in range(d):
-            kba = KT[h, b, a]
-            qa = qt[a]
+        for t in range(T):
+            c = coef[a, t]
+            source = rows[t]
             for i in range(N):
-                row[i] += kba * qa[i]
-    for b in range(d):                       # φ = Ŝ k (Ŝ symmetric: row b of Ŝ_i is Ŝ_i[b, :])
-        row = phi[h, b]
+                row[i] += c * source[i]
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _context_product(St, vectors, out):
+    """``out_i = Ŝ_i v_i`` of every sample ``i`` (``St`` ``(d, d, N)``, vectors and out ``(d, N)``;
+    ``Ŝ_i`` is symmetric, so row ``b`` of ``Ŝ_i v_i`` reads ``St[b, :]``)."""
+    d, N = out.shape
+    for b in range(d):
+        row = out[b]
         for i in range(N):
             row[i] = 0
         for a in range(d):
             sr = St[b, a]
-            ka = kq[a]
+            va = vectors[a]
             for i in range(N):
-                row[i] += sr[i] * ka[i]
+                row[i] += sr[i] * va[i]
 
 
-@njit(cache=True, nogil=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _sample_sums(left, right, out, zero):
+    """``out[a, b] = Σ_i left[a, i] right[b, i]``, a sum over the samples."""
+    A, N = left.shape
+    B = right.shape[0]
+    for a in range(A):
+        la = left[a]
+        for b in range(B):
+            rb = right[b]
+            s = zero
+            for i in range(N):
+                s += la[i] * rb[i]
+            out[a, b] = s
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _product(left, right, out, zero, transpose_left=False):
+    """``out = left @ right`` (or ``leftᵀ @ right``) for the small client-level matrices."""
+    A, B = out.shape
+    inner = right.shape[0]
+    for a in range(A):
+        for b in range(B):
+            s = zero
+            for c in range(inner):
+                s += (left[c, a] if transpose_left else left[a, c]) * right[c, b]
+            out[a, b] = s
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _descend(W, grad, step, ridge):
+    """``W ← W − η (grad + λ W)`` in place (``W`` and ``grad`` 2-D, ``λ = 0`` for the kernel's factors)."""
+    for a in range(W.shape[0]):
+        for b in range(W.shape[1]):
+            W[a, b] -= step * (grad[a, b] + ridge * W[a, b])
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 def _residuals(phi, V, yt, w, ew):
     """``e_w = w (Σ_h (W_V^h)^T φ_h − y)`` of every sample into ``ew`` ``(p, N)``; ``phi`` ``(n, N)``
     with ``V`` ``(n, p)`` (the heads stacked)."""
-    n, N = phi.shape
-    p = ew.shape[0]
-    for t in range(p):
+    _mix(V.T, phi, ew)
+    for t in range(ew.shape[0]):
         row = ew[t]
         yr = yt[t]
-        for i in range(N):
-            row[i] = -yr[i]
-        for a in range(n):
-            v = V[a, t]
-            pr = phi[a]
-            for i in range(N):
-                row[i] += v * pr[i]
-        for i in range(N):
-            row[i] *= w[i]
+        for i in range(row.shape[0]):
+            row[i] = (row[i] - yr[i]) * w[i]
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -136,68 +172,26 @@ def local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k,
         for _ in range(steps):
             _kernel_transposes(Q, Kf, KT, zero)
             for h in range(H):
-                _features(Sc, qc, KT, h, kq, phi)
+                _mix(KT[h], qc, kq)              # k_h = K_h^T q
+                _context_product(Sc, kq, phi[h])  # φ_h = Ŝ k_h
             _residuals(phi.reshape(H * d, N), V.reshape(H * d, p), yc, wc, ew)
             for h in range(H):
-                if train_v:                  # ∇W_V = Σ_i φ_i e_w^T
-                    for a in range(d):
-                        pr = phi[h, a]
-                        for t in range(p):
-                            er = ew[t]
-                            s = zero
-                            for i in range(N):
-                                s += pr[i] * er[i]
-                            gV[h, a, t] = s
+                if train_v:                      # ∇W_V = Σ_i φ_i e_w^T
+                    _sample_sums(phi[h], ew, gV[h], zero)
                 if not train_kernel:
                     continue
-                for a in range(d):           # u = W_V^h e_w
-                    row = u[a]
-                    for i in range(N):
-                        row[i] = 0
-                    for t in range(p):
-                        v = V[h, a, t]
-                        er = ew[t]
-                        for i in range(N):
-                            row[i] += v * er[i]
-                for b in range(d):           # g = Ŝ u
-                    row = g[b]
-                    for i in range(N):
-                        row[i] = 0
-                    for a in range(d):
-                        sr = Sc[b, a]
-                        ua = u[a]
-                        for i in range(N):
-                            row[i] += sr[i] * ua[i]
-                for a in range(d):           # ∇K = Σ_i q g^T
-                    qa = qc[a]
-                    for b in range(d):
-                        gb = g[b]
-                        s = zero
-                        for i in range(N):
-                            s += qa[i] * gb[i]
-                        gK[a, b] = s
-                for a in range(d):           # ∇W_Q = ∇K W_K, ∇W_K = ∇K^T W_Q (this step's factors)
-                    for c2 in range(r):
-                        sq = zero
-                        sk = zero
-                        for b in range(d):
-                            sq += gK[a, b] * Kf[h, b, c2]
-                            sk += gK[b, a] * Q[h, b, c2]
-                        gQ[a, c2] = sq
-                        gKf[a, c2] = sk
+                _mix(V[h], ew, u)                # u = W_V^h e_w
+                _context_product(Sc, u, g)       # g = Ŝ u
+                _sample_sums(qc, g, gK, zero)    # ∇K = Σ_i q g^T
+                _product(gK, Kf[h], gQ, zero)    # ∇W_Q = ∇K W_K, ∇W_K = ∇K^T W_Q (this step's factors)
+                _product(gK, Q[h], gKf, zero, True)
                 if train_q:
-                    for a in range(d):
-                        for c2 in range(r):
-                            Q[h, a, c2] -= step * gQ[a, c2]
+                    _descend(Q[h], gQ, step, zero)
                 if train_k:
-                    for a in range(d):
-                        for c2 in range(r):
-                            Kf[h, a, c2] -= step * gKf[a, c2]
-            if train_v:                      # plus the ridge
+                    _descend(Kf[h], gKf, step, zero)
+            if train_v:                          # plus the ridge
                 for h in range(H):
-                    for a in range(d):
-                        for t in range(p):
-                            V[h, a, t] -= step * (gV[h, a, t] + ridge * V[h, a, t])
+                    _descend(V[h], gV[h], step, ridge)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -221,17 +215,8 @@ def frozen_steps(phit, yt, w, inst, part, lo, hi, V0, steps, eta, lam, outV):
         step, ridge = eta[s_], lam[s_]
         for _ in range(steps):
             _residuals(pc, V, yc, wc, ew)
-            for a in range(n):
-                pr = pc[a]
-                for t in range(p):
-                    er = ew[t]
-                    s = zero
-                    for i in range(N):
-                        s += pr[i] * er[i]
-                    gV[a, t] = s
-            for a in range(n):
-                for t in range(p):
-                    V[a, t] -= step * (gV[a, t] + ridge * V[a, t])
+            _sample_sums(pc, ew, gV, zero)
+            _descend(V, gV, step, ridge)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -253,7 +238,8 @@ def client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out):
         Sc, qc, yc, wc = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         for h in range(H):
-            _features(Sc, qc, KT, h, kq, phi)
+            _mix(KT[h], qc, kq)
+            _context_product(Sc, kq, phi[h])
         _residuals(phi.reshape(H * d, N), WV[s_].reshape(H * d, p), yc, ones, e)
         s = zero
         for t in range(p):
