@@ -33,7 +33,6 @@ so and are skipped.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import time

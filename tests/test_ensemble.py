@@ -87,7 +87,7 @@ def test_each_result_is_simulate_bit_for_bit_on_the_array_api_engine():
 
 @needs_numba
 def test_the_fused_ensemble_equals_simulate_to_rounding():
-    runs = cases("auto")
+    runs = cases("fused")
     many = simulate_many(runs)
     for c, a in zip(runs, many):
         b = simulate(c.with_updates({"model.engine": "array_api"}))
@@ -109,7 +109,7 @@ def test_one_divergent_instance_is_reported_alone_and_the_others_go_on():
     assert [len(r.table) for r in results] == [7, alone.divergence.round + 1, 7]
 
 
-@pytest.mark.parametrize("engine", ["array_api", pytest.param("auto", marks=needs_numba)])
+@pytest.mark.parametrize("engine", ["array_api", pytest.param("fused", marks=needs_numba)])
 def test_results_do_not_depend_on_the_grouping_chunking_or_threads(engine):
     runs = cases(engine)
     reference = simulate_many(runs)

@@ -16,8 +16,8 @@ It applies to NumPy arrays of float32 or float64, full batches, and client rules
 gradient correction (FedAvg, FedFrozen, FedAvgM, FedAdam, value-frozen, random kernel).
 The round engine chooses it (:func:`linattn_theory.sim.engine.select_engine`): ``engine="auto"``
 uses it where it applies, numba is installed and a local step is large enough
-(``m·N·d² ≥`` :data:`MIN_STEP_WORK`) to repay loading the compiled kernels — in an ensemble
-wherever it applies;
+(``m·N·d² ≥`` :data:`MIN_STEP_WORK`) to repay loading the compiled kernels — in an ensemble,
+whose instances share that cost, from :data:`MIN_ENSEMBLE_WORK`;
 ``"fused"`` forces it (an error says why when it does not apply); ``"array_api"`` never uses
 it (the reference, and the GPU path).
 """
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["ENGINES", "MIN_STEP_WORK", "FusedEngine", "numba_available",
+__all__ = ["ENGINES", "MIN_STEP_WORK", "MIN_ENSEMBLE_WORK", "FusedEngine", "numba_available",
            "default_threads", "set_threads"]
 
 #: Engine names accepted by ``model.engine``, ``--engine`` and ``run_schedule(engine=...)``.
@@ -41,6 +41,11 @@ ENGINES = ("auto", "fused", "array_api")
 #: product with every ``Ŝ``) is below this: such runs take well under a second either way,
 #: less than importing numba and loading the compiled kernels.
 MIN_STEP_WORK = 2**18
+
+#: In an ensemble (:mod:`linattn_theory.sim.ensemble`) many instances share the cost of loading
+#: the kernels: ``engine="auto"`` takes the fused engine from this much work per instance step
+#: (the figures' instances, ``m·N·d² = 2¹⁶``, are above it; the quick figures' and the tests' below).
+MIN_ENSEMBLE_WORK = 2**14
 
 _threads: int | None = None
 _pools: dict[int, ThreadPoolExecutor] = {}

@@ -12,11 +12,13 @@ Configs of different shapes form different ensembles.
 Each round groups the instances by what they do in it (the blocks their schedule trains: a
 FedFrozen instance past its ``T0`` trains ``W_V`` only, on features computed once at its frozen
 kernel) and runs each group's local steps at once, on the Array-API path (any backend: NumPy,
-CuPy, array-api-strict) or with the fused CPU kernels (:mod:`linattn_theory.core.fused`, one thread
-per (instance, client) work item). Every instance's arithmetic is its own, so a result does not
-depend on which instances share its ensemble, on the chunking (``max_bytes``) or on the number of
-threads or workers (bit for bit on the CPU); it equals :func:`~linattn_theory.sim.engine.simulate`
-of the same config to rounding (the engines sum in other orders).
+CuPy, array-api-strict) or with the fused CPU kernels (:mod:`linattn_theory.core.fused`, one
+thread per (instance, client) work item; wherever it applies and an instance's step is not tiny,
+:data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK`). Every instance's arithmetic is its own, so
+a result does not depend on which instances share its ensemble, on the chunking (``max_bytes``)
+or on the number of threads or workers (bit for bit on the CPU); it equals
+:func:`~linattn_theory.sim.engine.simulate` of the same config to rounding (the engines sum in
+other orders; bit for bit where both run the Array-API engine).
 
 Nothing is synchronised with the host inside a round: the table's numbers stay on the device
 until the run ends, and divergence — ``F_λ`` non-finite or above ``divergence_factor·F_λ(θ^0)``
@@ -40,9 +42,9 @@ import numpy as np
 from ..core._array import array_namespace, to_numpy
 from ..core.backend import client_chunks, client_working_bytes, get_namespace
 from ..core.clients import StackedClients
-from ..core.model import BLOCKS, Params, _flat, _value_matrix, kernel
+from ..core.model import BLOCKS, Params, _flat, kernel
 from .config import RunConfig
-from .engine import (RunResult, RunState, _divergence, _local_gradients, _loss_and_grad,
+from .engine import (RunResult, RunState, _client_losses, _divergence, _local_steps,
                      _minibatch_indices, _participants, _result, _row, _stage, _test_metrics,
                      _warn_small_clients, clients_from_config, prepare_run, run_metadata, select_engine)
 from .strategies import Round, make_strategy
@@ -223,36 +225,16 @@ def _local_training(xp, P: Params, rnd: Round, lo: int, hi: int, client_rule, cl
         rnd = rnd._replace(participants=part[:, lo:hi], client_weights=rnd.client_weights[:, lo:hi],
                            weights=rnd.weights[:, lo:hi])
     I = P.WV.shape[0]
-    blocks = rnd.blocks
-    anchor = {b: getattr(P, b) for b in blocks}
+    anchor = {b: getattr(P, b) for b in rnd.blocks}
     broadcast = {b: xp.broadcast_to(getattr(P, b), (I, k) + tuple(getattr(P, b).shape[2:]))
                  for b in BLOCKS}
-    local = {b: broadcast[b] for b in blocks}
-    kernel_frozen = len(inputs) == 1
     batch = tuple(_select_clients(xp, a, part, lo, hi) for a in inputs + (data.y, data.sample_weight))
-    for e in range(rnd.local_steps):
-        if batches is not None:
-            batch = tuple(_take_samples(xp, a, batches[:, lo:hi, e, :]) for a in inputs + (data.y,))
-            batch += (xp.full(tuple(batch[0].shape[:3]), 1.0 / batch_size, dtype=batch[0].dtype),)
-        grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen,
-                                 data.attention, data.temperature)
-        correction = client_rule.correction(client_state, rnd, anchor, local)
-        for b in blocks:
-            g = grads[b] + lam * local[b] if b == "WV" else grads[b]
-            if b in correction:
-                g = g + correction[b]
-            local[b] = local[b] - eta * g
-    return local
 
-
-def _client_losses(xp, P: Params, data: StackedClients, phi=None):
-    """``F_c(θ_i)`` of every client of every instance, shape ``(I, m)``."""
-    if phi is None:
-        loss, _ = _loss_and_grad(P, data.inputs, data.q, data.y, data.sample_weight, blocks=(),
-                                 attention=data.attention, temperature=data.temperature)
-        return loss
-    e = xp.matmul(phi, _value_matrix(xp, P.WV)) - data.y
-    return 0.5 * xp.sum(e * e * data.sample_weight[..., None], axis=(-2, -1))
+    def minibatch(e):
+        step = tuple(_take_samples(xp, a, batches[:, lo:hi, e, :]) for a in inputs + (data.y,))
+        return step + (xp.full(tuple(step[0].shape[:3]), 1.0 / batch_size, dtype=step[0].dtype),)
+    return _local_steps(xp, rnd, client_rule, client_state, anchor, broadcast, batch,
+                        None if batches is None else minibatch, eta, lam, data)
 
 
 # --------------------------------------------------------------------------------------------
@@ -727,7 +709,8 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
 
     Each result equals ``simulate(config)`` (:func:`~linattn_theory.sim.engine.simulate`) to
     rounding: the same table, parameters, divergence report and metadata (``metadata["engine"]``
-    names the engine that ran it: in an ensemble the fused CPU engine wherever it applies).
+    names the engine that ran it: in an ensemble the fused CPU engine wherever it applies and an
+    instance's step is not tiny, :func:`~linattn_theory.sim.engine.select_engine`).
     ``clients`` and ``params`` are ``None`` or one entry per config (``None`` entries: built from
     the config, as :func:`simulate` does). ``max_bytes`` bounds the data of one ensemble (more
     instances form more ensembles, run one after another; ``"auto"``: 1 GiB on NumPy, half the

@@ -25,7 +25,8 @@ from ..core._array import array_namespace, to_numpy
 from ..core.backend import resolve_max_bytes
 from ..core.errors import ConfigError
 from .config import RunConfig
-from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, _sq_norm, _weighted_sum, prepare_run, run_metadata, run_schedule)
+from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, prepare_run, run_metadata,
+                     run_schedule)
 from ..core.model import Params, _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
 from ..core.frozen_map import frozen_client_map
@@ -280,7 +281,7 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
     program (:func:`frozen_stages_from_moments`) when batches are full, or explicitly as
     ensembles continuing from those states otherwise (``frozen_stage`` as in
     :func:`warmup_sweep`). Each result equals ``warmup_sweep(config)[T0]`` to rounding (the
-    ensemble runs the fused CPU engine wherever it applies). ``clients`` is ``None`` or one entry
+    ensemble runs the fused CPU engine wherever it applies and pays). ``clients`` is ``None`` or one entry
     per config; ``max_bytes`` bounds an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
     """
     from ..core.backend import get_namespace
