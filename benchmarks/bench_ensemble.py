@@ -227,7 +227,7 @@ def goals(args, bandwidth: dict) -> None:
     simulate(distinct[0])
     rows = []
     for name, configs in (("48 instances (seeds), T0 = 0..40", distinct),
-                          ("48 runs of the figures' kind (3 seeds × T0 grid)", grid)):
+                          ("48 runs of the figures' kind (T0 = 0, 2, …, 40 of seeds 0, 1, 2)", grid)):
         cpu: dict = {}
         times = interleaved({"simulate_many": lambda c=configs: simulate_many(c),
                              "48 × simulate": lambda c=configs: [simulate(x) for x in c]},
