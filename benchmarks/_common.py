@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,3 +128,47 @@ def relative_difference(a, b) -> float:
     a, b = np.asarray(a, float), np.asarray(b, float)
     scale = np.maximum(np.abs(b), np.finfo(float).tiny)
     return float(np.max(np.where(a == b, 0.0, np.abs(a - b) / scale), initial=0.0))
+
+
+def copier(threads: int, nbytes: int = 1 << 28):
+    """A function copying ``nbytes`` into a preallocated buffer on ``threads`` threads; and the bytes moved."""
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)                                     # touch every page before timing
+    bounds = np.linspace(0, src.size, threads + 1).astype(int)
+    halves = [(dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+    def copy():
+        if threads == 1:
+            np.copyto(dst, src)
+            return
+        workers = [threading.Thread(target=np.copyto, args=pair) for pair in halves]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    return copy, 2 * src.nbytes
+
+
+def interleaved(fns: dict, repeat: int, cpu: dict | None = None) -> dict:
+    """``{name: [seconds, ...]}``: every function timed once per pass, ``repeat`` passes.
+
+    ``cpu``, when given, receives the process CPU time of each call (all threads): on a shared
+    machine it moves less than the wall time, which includes waiting for a core.
+    """
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            times[name].append(time.perf_counter() - start)
+            if cpu is not None:
+                cpu.setdefault(name, []).append(time.process_time() - start_cpu)
+    return times
+
+
+def stats(seconds, scale: float = 1.0) -> str:
+    """``median (min–max)`` of ``seconds × scale``."""
+    values = [s * scale for s in seconds]
+    return f"{statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})"

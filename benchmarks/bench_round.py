@@ -35,11 +35,10 @@ import argparse
 import dataclasses
 import os
 import statistics
-import threading
-import time
 
 import numpy as np
-from _common import REFERENCE, print_table, relative_difference, size_config, thread_note
+from _common import (REFERENCE, copier, interleaved, print_table, relative_difference, size_config, stats,
+                     thread_note)
 
 from linattn_theory.core import fused
 from linattn_theory.core.backend import resolve_max_bytes
@@ -81,50 +80,6 @@ def torch_round(theta: Params, clients, weights, fed):
                 acc += float(p_c) * a
     new = [s + fed.server_learning_rate * (a - s) for s, a in zip(server, average)]
     return Params(*(a.numpy() for a in new))
-
-
-def copier(threads: int, nbytes: int = 1 << 28):
-    """A function copying ``nbytes`` into a preallocated buffer on ``threads`` threads; and the bytes moved."""
-    src = np.ones(nbytes // 8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)                                     # touch every page before timing
-    bounds = np.linspace(0, src.size, threads + 1).astype(int)
-    halves = [(dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
-
-    def copy():
-        if threads == 1:
-            np.copyto(dst, src)
-            return
-        workers = [threading.Thread(target=np.copyto, args=pair) for pair in halves]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-
-    return copy, 2 * src.nbytes
-
-
-def interleaved(fns: dict, repeat: int, cpu: dict | None = None) -> dict:
-    """``{name: [seconds, ...]}``: every function timed once per pass, ``repeat`` passes.
-
-    ``cpu``, when given, receives the process CPU time of each call (all threads): on a shared
-    machine it moves less than the wall time, which includes waiting for a core.
-    """
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            fn()
-            times[name].append(time.perf_counter() - start)
-            if cpu is not None:
-                cpu.setdefault(name, []).append(time.process_time() - start_cpu)
-    return times
-
-
-def stats(seconds, scale: float = 1.0) -> str:
-    """``median (min–max)`` of ``seconds × scale``."""
-    values = [s * scale for s in seconds]
-    return f"{statistics.median(values):.3g} ({min(values):.3g}–{max(values):.3g})"
 
 
 def with_threads(threads: int, fn):

@@ -1,4 +1,5 @@
-"""The same code on a GPU: CuPy results equal NumPy's (float64, relative 1e-10).
+"""The same code on a GPU: CuPy results equal NumPy's (float64, relative 1e-10), and the
+ensemble engine's equal the one-at-a-time runs on the GPU (relative 1e-12).
 
 Marked ``gpu`` and skipped unless CuPy imports and sees a CUDA device. On a GPU machine::
 
@@ -8,9 +9,11 @@ Marked ``gpu`` and skipped unless CuPy imports and sees a CUDA device. On a GPU 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from linattn_theory import Params, config_from_dict, loss_and_grad, simulate, stack_clients
+from linattn_theory import (Params, config_from_dict, loss_and_grad, simulate, simulate_many, stack_clients,
+                            warmup_sweep_many)
 from linattn_theory.core._array import to_numpy
 from linattn_theory.core.backend import get_namespace, gpu_available
 from linattn_theory.cli.commands import main
@@ -33,11 +36,23 @@ def _config(backend, **federated):
                              "model": {"heads": 2, "backend": backend}, "federated": fed})
 
 
-def _assert_tables_close(a, b):
-    assert list(a["stage"]) == list(b["stage"])
-    numeric = [c for c in a.columns if c != "stage"]
+def _assert_tables_close(a, b, rtol=RTOL):
+    """Equal labels (the ``stage`` and ``strategy`` columns), numbers equal to ``rtol``."""
+    labels = [c for c in a.columns if not pd.api.types.is_numeric_dtype(a[c])]
+    assert list(a.columns) == list(b.columns) and labels == ["stage", "strategy"]
+    for c in labels:
+        assert list(a[c]) == list(b[c])
+    numeric = [c for c in a.columns if c not in labels]
     np.testing.assert_allclose(b[numeric].to_numpy(float), a[numeric].to_numpy(float),
-                               rtol=RTOL, atol=1e-14)
+                               rtol=rtol, atol=1e-14)
+
+
+def _assert_runs_close(a, b, rtol=RTOL):
+    _assert_tables_close(a.table, b.table, rtol)
+    assert a.diverged == b.diverged
+    for x, y in ((a.params, b.params), (a.warmup_params, b.warmup_params)):
+        for block in ("WQ", "WK", "WV"):
+            np.testing.assert_allclose(getattr(x, block), getattr(y, block), rtol=rtol, atol=1e-14)
 
 
 def test_model_and_gradients_match_numpy():
@@ -82,3 +97,43 @@ def test_cli_backend_cupy(tmp_path):
                    "[federated]\nrounds = 3\nwarmup_rounds = 1\n")
     assert main(["simulate", str(cfg), "--out", str(tmp_path / "out"), "--quiet", "--backend", "cupy"]) == 0
     assert '"backend": "cupy"' in (tmp_path / "out" / "metadata.json").read_text()
+
+
+def _ensemble_cases(backend):
+    """Several strategies and per-instance settings, a shared warm-up and one divergent run."""
+    runs = [_config(backend, warmup_rounds=T0) for T0 in (0, 3, 6)]
+    runs += [_config(backend, strategy="fedavgm", server_momentum=0.5),
+             _config(backend, strategy="scaffold", batch_size=8, participation=0.6),
+             _config(backend, strategy="fedprox", learning_rate=0.03, ridge=0.0),
+             _config(backend, learning_rate=4.0)]
+    return [c.with_updates({"seed": 7 + i}) if i >= 3 else c for i, c in enumerate(runs)]
+
+
+def test_simulate_many_on_the_gpu_equals_simulate():
+    gpu = _ensemble_cases("cupy")
+    many = simulate_many(gpu)
+    assert many[-1].diverged and not any(r.diverged for r in many[:-1])
+    for config, run, cpu_config in zip(gpu, many, _ensemble_cases("numpy")):
+        assert run.metadata["engine"] == "array_api"
+        _assert_runs_close(run, simulate(config), rtol=1e-12)     # cuBLAS batched vs one at a time
+        _assert_runs_close(run, simulate(cpu_config.with_updates({"model.engine": "array_api"})))
+
+
+def test_warmup_sweep_many_on_the_gpu_equals_numpy():
+    configs = [_config("cupy").with_updates({"seed": s}) for s in (1, 2)]
+    gpu = warmup_sweep_many(configs)
+    cpu = warmup_sweep_many([c.with_updates({"model.backend": "numpy", "model.engine": "array_api"})
+                             for c in configs])
+    for a, b in zip(gpu, cpu):
+        assert list(a) == list(b)
+        for T0 in a:
+            _assert_runs_close(a[T0], b[T0])
+
+
+def test_cli_sweep_backend_cupy(tmp_path):
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text("seed = 1\n[task]\nnum_clients = 3\nsamples_per_client = 16\n"
+                     "[federated]\nrounds = 3\nwarmup_rounds = 1\n[grid]\nseed = [1, 2]\n")
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--quiet", "--backend", "cupy"]) == 0
+    stored = list((tmp_path / "out" / "runs").glob("*/metadata.json"))
+    assert len(stored) == 2 and all('"backend": "cupy"' in p.read_text() for p in stored)

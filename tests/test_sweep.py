@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from linattn_theory import load_results, load_run, load_sweep, simulate
+from linattn_theory import load_results, load_run, load_sweep, simulate, simulate_many
 from linattn_theory.cli.commands import main
 from linattn_theory.core.errors import ConfigError, RunIntegrityError
 from linattn_theory.core.io import _jsonable
@@ -133,23 +133,34 @@ def test_bad_executor_options_fail_before_writing(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_shared_warmups_equal_separate_simulations(tmp_path):
-    sweep = load_sweep(write(tmp_path, SMALL))      # FedFrozen runs differing in T0 share a warm-up
+def test_shared_warmups_and_ensembles_equal_separate_runs(tmp_path):
+    """A sweep runs its runs as ensembles (FedFrozen runs differing in T0 share a warm-up): each
+    stored run is bit for bit the run alone (``simulate_many([config])``) and ``simulate(config)``
+    to rounding (the ensemble's fused engine sums in another order than the Array-API one)."""
+    sweep = load_sweep(write(tmp_path, SMALL))
     run_sweep(sweep, tmp_path / "out")
     for config, run_id in zip(sweep.configs, sweep.run_ids):
-        stored, direct = load_run(tmp_path / "out", run_id), simulate(config)
-        pd.testing.assert_frame_equal(stored.table, direct.table, check_exact=True)
+        stored, alone = load_run(tmp_path / "out", run_id), simulate_many([config])[0]
+        pd.testing.assert_frame_equal(stored.table, alone.table, check_exact=True)
         for block in ("WQ", "WK", "WV"):
-            np.testing.assert_array_equal(getattr(stored.params, block), getattr(direct.params, block))
+            np.testing.assert_array_equal(getattr(stored.params, block), getattr(alone.params, block))
             np.testing.assert_array_equal(getattr(stored.warmup_params, block),
-                                          getattr(direct.warmup_params, block))
-        recorded = json.loads(json.dumps(_jsonable(direct.metadata)))
+                                          getattr(alone.warmup_params, block))
+        recorded = json.loads(json.dumps(_jsonable(alone.metadata)))
         when = ("started", "wall_seconds", "computed_with")   # when and how long: per computation
         assert {k: v for k, v in stored.metadata["provenance"].items() if k not in when} == \
             {k: v for k, v in recorded["provenance"].items() if k not in when}
         other = ("run_id", "files", "provenance")
         assert {k: v for k, v in stored.metadata.items() if k not in other} == \
             {k: v for k, v in recorded.items() if k not in other}
+        direct = simulate(config)
+        assert list(stored.table["stage"]) == list(direct.table["stage"])
+        numeric = [c for c in direct.table.columns if c not in ("stage", "strategy")]
+        np.testing.assert_allclose(stored.table[numeric].to_numpy(float), direct.table[numeric].to_numpy(float),
+                                   rtol=1e-12, atol=0)
+        for block in ("WQ", "WK", "WV"):
+            np.testing.assert_allclose(getattr(stored.params, block), getattr(direct.params, block),
+                                       rtol=1e-12, atol=0)
 
 
 def test_diverged_runs_are_recorded(tmp_path):

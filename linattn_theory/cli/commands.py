@@ -211,11 +211,14 @@ def _sweep(args) -> int:
 
     from ..sim.config import ignored_settings, parse_overrides
     from ..sim.limits import check_output_folder
-    from ..sim.sweep import _check_executor, load_sweep, run_dir, run_sweep
+    from ..sim.sweep import _check_executor, load_sweep, run_dir, run_sweep, with_backend
 
     _read_file(args.config, "sweep file")                # a missing example: say where it ships
     sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None,
                        overrides=parse_overrides(args.set))
+    if args.backend is not None:
+        sweep = with_backend(sweep, args.backend)
+        args.executor = _backend_executor(args.backend, args.executor)
     if args.print_config:
         return _print_config(_sweep_document(sweep, args))
     if args.dry_run:
@@ -253,6 +256,20 @@ def _sweep(args) -> int:
 QUICK_FIGURES = "results/figures-quick"
 
 
+def _backend_executor(backend: str, executor: str) -> str:
+    """The executor of runs on ``backend``: checked first (an unusable backend fails before any
+    work); on a GPU one process drives the device, so local worker processes become ``serial``."""
+    if backend == "numpy":
+        return executor
+    from ..core.backend import get_namespace
+    get_namespace(backend)
+    if executor == "processes":
+        print(f"--backend {backend}: one process drives the GPU; running the runs in this process "
+              f"(executor serial)", file=sys.stderr)
+        return "serial"
+    return executor
+
+
 def _figures(args) -> int:
     from ..report.figures import discover, make_figures
     from ..sim.limits import check_output_folder
@@ -269,9 +286,11 @@ def _figures(args) -> int:
         raise ConfigError(f"--out {out!r}: the full-size figures there would be overwritten by quick ones; "
                           f"choose another folder (the default for --quick is {QUICK_FIGURES}), or pass "
                           f"--overwrite")
+    if args.backend is not None:
+        args.executor = _backend_executor(args.backend, args.executor)
     args.kept = lambda: f"the figures written so far and the finished sweep runs are kept in {out}; rerun to resume"
     made = make_figures(scripts, out, quick=args.quick, executor=args.executor,
-                        workers=args.workers, progress=not args.quiet)
+                        workers=args.workers, progress=not args.quiet, backend=args.backend)
     for name, (paths, seconds) in made.items():
         print(f"{name} ({seconds:.1f} s):")
         for path in paths:
@@ -455,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: refuse, naming it)")
     p.add_argument("--max-runs", type=_non_negative(int), default=MAX_RUNS_DEFAULT, metavar="N",
                    help=f"refuse grids of more than N runs (default {MAX_RUNS_DEFAULT}; 0: no limit)")
+    _backend_argument(p, "of every run of the sweep (other run ids: the numbers differ by rounding)")
     _limit_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _debug_argument(p)
@@ -475,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="with --quick, allow --out to be the folder of the full-size figures")
     _executor_arguments(p)
+    _backend_argument(p, "of the figures' sweeps (cached apart from the NumPy runs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _debug_argument(p)
     p.set_defaults(func=_figures)
@@ -533,6 +554,12 @@ def _config_arguments(p, grid: bool = False) -> None:
                         "repeatable)" + ("; a grid key takes a list, e.g. --set seed=[0,1]" if grid else ""))
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved configuration as TOML and exit (nothing is run or written)")
+
+
+def _backend_argument(p, what: str) -> None:
+    p.add_argument("--backend", choices=("numpy", "cupy"), default=None,
+                   help=f"array library {what}, overriding model.backend (cupy needs a GPU and "
+                        f"pip install 'linattn-theory[gpu]'; its runs go in this process)")
 
 
 def _executor_arguments(p) -> None:

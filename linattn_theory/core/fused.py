@@ -3,16 +3,21 @@
 The Array-API engine of :func:`~linattn_theory.sim.engine.run_schedule` runs each local step
 as batched products over all clients, streaming every sample's ``Ŝ`` from memory twice per
 step. The fused engine runs a client's ``E`` local steps in one numba kernel
-(:mod:`linattn_theory.core._fused_kernels`) while its ``Ŝ`` sits in cache, with one pass over
-each ``Ŝ_i`` per step, and runs chunks of clients on threads (the kernels release the GIL).
-It computes the same closed forms (docs/theory.md §1, §5) in another order of summation:
-results equal the Array-API engine's to rounding (tests: ≤ 1e-12 relative in float64), and
-are bit-identical whatever the number of threads (each client is one thread's work).
+(:mod:`linattn_theory.core._fused_kernels`) while its data sit in cache, laid out samples last
+so that every inner loop is a long vectorised loop over the samples, and runs chunks of work
+items — one client of one instance of an ensemble (:mod:`linattn_theory.sim.ensemble`; a single
+run is an ensemble of one) — on threads (the kernels release the GIL). It computes the same
+closed forms (docs/theory.md §1, §5) in another order of summation: results equal the
+Array-API engine's to rounding (tests: ≤ 1e-12 relative in float64), and are bit-identical
+whatever the number of threads and whatever else shares the ensemble (each work item is one
+thread's work, on its own data).
 
 It applies to NumPy arrays of float32 or float64, full batches, and client rules without a
 gradient correction (FedAvg, FedFrozen, FedAvgM, FedAdam, value-frozen, random kernel).
-The round engine chooses it (:func:`linattn_theory.sim.engine.select_engine`): ``engine="auto"`` uses it where it applies, numba is installed and a local step is large
-enough (``m·N·d² ≥`` :data:`MIN_STEP_WORK`) to repay loading the compiled kernels;
+The round engine chooses it (:func:`linattn_theory.sim.engine.select_engine`): ``engine="auto"``
+uses it where it applies, numba is installed and a local step is large enough
+(``m·N·d² ≥`` :data:`MIN_STEP_WORK`) to repay loading the compiled kernels — in an ensemble,
+whose instances share that cost, from :data:`MIN_ENSEMBLE_WORK`;
 ``"fused"`` forces it (an error says why when it does not apply); ``"array_api"`` never uses
 it (the reference, and the GPU path).
 """
@@ -26,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["ENGINES", "MIN_STEP_WORK", "FusedEngine", "numba_available",
+__all__ = ["ENGINES", "MIN_STEP_WORK", "MIN_ENSEMBLE_WORK", "FusedEngine", "numba_available",
            "default_threads", "set_threads"]
 
 #: Engine names accepted by ``model.engine``, ``--engine`` and ``run_schedule(engine=...)``.
@@ -36,6 +41,11 @@ ENGINES = ("auto", "fused", "array_api")
 #: product with every ``Ŝ``) is below this: such runs take well under a second either way,
 #: less than importing numba and loading the compiled kernels.
 MIN_STEP_WORK = 2**18
+
+#: In an ensemble (:mod:`linattn_theory.sim.ensemble`) many instances share the cost of loading
+#: the kernels: ``engine="auto"`` takes the fused engine from this much work per instance step
+#: (the figures' instances, ``m·N·d² = 2¹⁶``, are above it; the quick figures' and the tests' below).
+MIN_ENSEMBLE_WORK = 2**14
 
 _threads: int | None = None
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -108,48 +118,91 @@ def _run_chunks(kernel, count: int, head: tuple, tail: tuple) -> None:
 
 
 class FusedEngine:
-    """Fused local training and client losses on one run's :class:`~linattn_theory.core.clients.StackedClients`."""
+    """Fused local training and client losses on stacked clients.
 
-    def __init__(self, data):
+    ``data`` is one run's :class:`~linattn_theory.tasks.StackedClients` or, with
+    ``instances=True``, an ensemble's (every array with a leading instance axis,
+    :mod:`linattn_theory.sim.ensemble`); one run is handled as an ensemble of one.
+    """
+
+    def __init__(self, data, instances: bool = False):
         from . import _fused_kernels
         self.kernels = _fused_kernels
         self.data = data
         self.dtype = np.dtype(data.S.dtype)
-        self.S, self.q, self.y, self.w = (np.ascontiguousarray(a) for a in
-                                          (data.S, data.q, data.y, data.sample_weight))
+        arrays = (data.S, data.q, data.y, data.sample_weight)
+        if not instances:
+            arrays = tuple(a[None] for a in arrays)
+        # the kernels' layout: samples last (_fused_kernels), a copy made once per engine
+        self.S, self.q, self.y = _fused_kernels.samples_last(*(np.asarray(a) for a in arrays[:3]))
+        self.w = np.ascontiguousarray(arrays[3])
+        self._features = (None, None)
 
     def _cast(self, a):
         return np.ascontiguousarray(a, dtype=self.dtype)
 
+    def _samples_last(self, phi):
+        """Frozen features ``(I, m, N, Hd)`` in the kernels' layout ``(I, m, Hd, N)`` (kept for
+        the next call with the same array: a frozen stage passes the same features every round)."""
+        if self._features[0] is not phi:
+            self._features = (phi, self._cast(np.swapaxes(np.asarray(phi), -1, -2)))
+        return self._features[1]
+
+    def _per_instance(self, value, count: int):
+        return self._cast(np.broadcast_to(np.asarray(value, dtype=self.dtype).reshape(-1), (count,)))
+
     def local_training(self, params, blocks, participants, steps: int, learning_rate: float,
                        ridge: float, frozen_features=None) -> dict:
-        """``{b: θ_{c,b}}`` after ``E`` local steps of every participant (leading client axis).
+        """``{b: θ_{c,b}}`` after ``E`` local steps of every participant of one run (leading client axis).
 
         Same result as the Array-API engine's local steps without a correction; with the
         kernel frozen (``blocks == ("WV",)``) ``frozen_features`` ``(m, N, H·d)`` are the features.
         """
-        part = np.ascontiguousarray(participants, dtype=np.int64)
-        k = len(part)
-        eta, lam = self.dtype.type(learning_rate), self.dtype.type(ridge)
-        WQ, WK, WV = (self._cast(getattr(params, b)) for b in ("WQ", "WK", "WV"))
-        if frozen_features is not None:
-            H, d, p = WV.shape
-            phi = self._cast(frozen_features)
-            out = np.empty((k, H * d, p), self.dtype)
-            _run_chunks(self.kernels.frozen_steps, k, (phi, self.y, self.w, part),
-                        (WV.reshape(H * d, p), steps, eta, lam, out))
-            return {"WV": out.reshape((k,) + WV.shape)}
-        outs = {b: np.empty((k,) + a.shape, self.dtype) for b, a in (("WQ", WQ), ("WK", WK), ("WV", WV))}
-        _run_chunks(self.kernels.local_steps, k, (self.S, self.q, self.y, self.w, part),
+        server = params.map(lambda a: np.asarray(a)[None])
+        phi = None if frozen_features is None else np.asarray(frozen_features)[None]
+        out = self.train(server, blocks, np.asarray(participants)[None], steps, learning_rate, ridge, phi)
+        return {b: a[0] for b, a in out.items()}
+
+    def train(self, server, blocks, participants, steps: int, learning_rate, ridge, phi=None,
+              first: int = 0) -> dict:
+        """``{b: θ_{i,c,b}}`` ``(I, k, ...)`` after ``E`` local steps of the participants ``(I, k)``
+        of the instances ``first..first+I-1`` from their server parameters ``server`` (blocks
+        ``(I, H, d, r)``), step sizes ``learning_rate`` and ridges ``ridge`` (numbers or ``(I,)``).
+
+        With the kernel frozen (``blocks == ("WV",)``) ``phi`` ``(I, m, N, H·d)`` are the features.
+        Each (instance, client) is one thread's work, so results do not depend on the threads.
+        """
+        part = np.asarray(participants, dtype=np.int64)
+        I, k = part.shape
+        inst = np.repeat(np.arange(I, dtype=np.int64), k)
+        part = np.ascontiguousarray(part.reshape(-1))
+        eta, lam = self._per_instance(learning_rate, I), self._per_instance(ridge, I)
+        WQ, WK, WV = (self._cast(getattr(server, b)) for b in ("WQ", "WK", "WV"))
+        data = tuple(a[first:first + I] for a in (self.S, self.q, self.y, self.w))
+        if phi is not None:
+            _, H, d, p = WV.shape
+            out = np.empty((I * k, H * d, p), self.dtype)
+            _run_chunks(self.kernels.frozen_steps, I * k, (self._samples_last(phi), data[2], data[3], inst, part),
+                        (WV.reshape(I, H * d, p), steps, eta, lam, out))
+            return {"WV": out.reshape((I, k) + WV.shape[1:])}
+        outs = {b: np.empty((I * k,) + a.shape[1:], self.dtype) for b, a in (("WQ", WQ), ("WK", WK), ("WV", WV))}
+        _run_chunks(self.kernels.local_steps, I * k, data + (inst, part),
                     (WQ, WK, WV, "WQ" in blocks, "WK" in blocks, "WV" in blocks, steps, eta, lam,
                      outs["WQ"], outs["WK"], outs["WV"]))
-        return {b: outs[b] for b in blocks}
+        return {b: outs[b].reshape((I, k) + outs[b].shape[1:]) for b in blocks}
 
     def client_losses(self, params) -> np.ndarray:
-        """``F_c(θ)`` for every client, shape ``(m,)`` (weighted sample means, docs/theory.md §1)."""
-        m = self.S.shape[0]
-        out = np.empty(m, self.dtype)
-        WQ, WK, WV = (self._cast(getattr(params, b)) for b in ("WQ", "WK", "WV"))
-        _run_chunks(self.kernels.client_losses, m,
-                    (self.S, self.q, self.y, self.w, np.arange(m, dtype=np.int64)), (WQ, WK, WV, out))
-        return out
+        """``F_c(θ)`` for every client of one run, shape ``(m,)`` (weighted sample means, docs/theory.md §1)."""
+        return self.losses(params.map(lambda a: np.asarray(a)[None]))[0]
+
+    def losses(self, server, first: int = 0) -> np.ndarray:
+        """``F_c`` of every client of the instances ``first..first+I-1`` at their ``server``
+        parameters (blocks ``(I, H, d, r)``), shape ``(I, m)``."""
+        WQ, WK, WV = (self._cast(getattr(server, b)) for b in ("WQ", "WK", "WV"))
+        I, m = WQ.shape[0], self.S.shape[1]
+        inst = np.repeat(np.arange(I, dtype=np.int64), m)
+        clients = np.tile(np.arange(m, dtype=np.int64), I)
+        out = np.empty(I * m, self.dtype)
+        data = tuple(a[first:first + I] for a in (self.S, self.q, self.y, self.w))
+        _run_chunks(self.kernels.client_losses, I * m, data + (inst, clients), (WQ, WK, WV, out))
+        return out.reshape(I, m)

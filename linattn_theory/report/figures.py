@@ -5,12 +5,15 @@ A figure script ``simulations/NAME.py`` defines
 and reads its sweep from ``simulations/configs/``; it is runnable on its own as
 ``python simulations/NAME.py [--quick] [--out figures]`` through :func:`script_main`.
 Sweep results are cached under ``out_dir/_sweeps/<config>[-quick]/`` (keyed by each run's
-config hash, so a second call only redraws).
+config hash, so a second call only redraws). A sweep runs its runs as ensembles, grouped by
+themselves (:func:`linattn_theory.sim.ensemble.simulate_many`); with a ``backend`` (``linattn
+figures --backend cupy``) every figure sweep runs on that array library.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -20,8 +23,22 @@ from pathlib import Path
 
 from ..core.errors import ConfigError
 
-__all__ = ["discover", "make_figures", "figure_sweep", "script_main", "config_path", "analysis_workers",
-           "excess_risk_sweep"]
+__all__ = ["discover", "make_figures", "figure_sweep", "figure_backend", "script_main", "config_path",
+           "analysis_workers", "excess_risk_sweep"]
+
+#: the array backend of the figures' sweeps (``None``: each sweep's own), set by :func:`figure_backend`
+_BACKEND: str | None = None
+
+
+@contextlib.contextmanager
+def figure_backend(backend: str | None):
+    """Run the figure sweeps started inside the ``with`` block on ``backend`` (``None``: as configured)."""
+    global _BACKEND
+    previous, _BACKEND = _BACKEND, backend
+    try:
+        yield
+    finally:
+        _BACKEND = previous
 
 
 def _defines_make(path: Path) -> bool:
@@ -53,21 +70,23 @@ def _load(name: str, path: Path):
 
 def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
                  executor: str = "processes", workers: int | None = None,
-                 progress: bool = False) -> dict[str, tuple[list[Path], float]]:
+                 progress: bool = False, backend: str | None = None) -> dict[str, tuple[list[Path], float]]:
     """Run each script's ``make``; ``{name: (written paths, seconds)}``.
 
     Options a script's ``make`` does not take (e.g. ``executor`` for a script that runs no sweep)
-    are not passed; ``make`` may return a list of paths or a ``{kind: path}`` dict.
+    are not passed; ``make`` may return a list of paths or a ``{kind: path}`` dict. ``backend``
+    runs every figure sweep on that array library (:func:`figure_backend`).
     """
     made = {}
     options = {"quick": quick, "executor": executor, "workers": workers, "progress": progress}
-    for name, path in scripts.items():
-        start = time.perf_counter()
-        make = _load(name, path).make
-        accepted = inspect.signature(make).parameters
-        paths = make(out_dir, **{k: v for k, v in options.items() if k in accepted})
-        paths = paths.values() if isinstance(paths, dict) else paths
-        made[name] = ([Path(p) for p in paths], time.perf_counter() - start)
+    with figure_backend(backend):
+        for name, path in scripts.items():
+            start = time.perf_counter()
+            make = _load(name, path).make
+            accepted = inspect.signature(make).parameters
+            paths = make(out_dir, **{k: v for k, v in options.items() if k in accepted})
+            paths = paths.values() if isinstance(paths, dict) else paths
+            made[name] = ([Path(p) for p in paths], time.perf_counter() - start)
     return made
 
 
@@ -92,9 +111,11 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
     per-round table, as ``(summary, per_round)``.
     """
     from .results import load_results
-    from ..sim.sweep import Sweep, load_sweep, run_sweep
+    from ..sim.sweep import Sweep, load_sweep, run_sweep, with_backend
 
     sweep = config if isinstance(config, Sweep) else load_sweep(config, quick=quick)
+    if _BACKEND is not None:
+        sweep = with_backend(sweep, _BACKEND)
     stem = Path(sweep.source).stem if sweep.source else "sweep"
     folder = Path(out_dir) / "_sweeps" / (stem + ("-quick" if quick else ""))
     run_sweep(sweep, folder, executor=executor, workers=workers, progress=progress, existing="replace")
@@ -126,7 +147,8 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
 
 
 def script_main(make, doc: str | None = None, argv=None) -> int:
-    """The command line of one figure script: ``[--quick] [--out DIR] [--executor E] [--workers N]``."""
+    """The command line of one figure script: ``[--quick] [--out DIR] [--executor E] [--workers N]
+    [--backend B]``."""
     from ..sim.sweep import EXECUTORS
 
     parser = argparse.ArgumentParser(description=doc)
@@ -135,10 +157,14 @@ def script_main(make, doc: str | None = None, argv=None) -> int:
     parser.add_argument("--executor", choices=EXECUTORS, default="processes")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--backend", choices=("numpy", "cupy"), default=None,
+                        help="array library of the figure's sweeps (cupy: a GPU, runs in this process)")
     args = parser.parse_args(argv)
+    executor = "serial" if args.backend == "cupy" else args.executor
     try:
-        paths = make(args.out, quick=args.quick, executor=args.executor, workers=args.workers,
-                     progress=not args.quiet)
+        with figure_backend(args.backend):
+            paths = make(args.out, quick=args.quick, executor=executor, workers=args.workers,
+                         progress=not args.quiet)
     except ConfigError as err:
         print(f"invalid configuration: {err}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 :mod:`.config` (validated run configurations), :mod:`.strategies` (one module per federated
 strategy, a registry, and the per-round control hook), :mod:`.engine` (``simulate`` and the
-round loop ``run_schedule``), :mod:`.warmup_grid` (every warm-up length sharing one FedAvg
+round loop ``run_schedule``), :mod:`.ensemble` (many runs as one array program with a leading
+instance axis: ``simulate_many``), :mod:`.warmup_grid` (every warm-up length sharing one FedAvg
 prefix), :mod:`.sweep` (grids of runs on disk, resumable) and :mod:`.limits` (resource checks
 before work). Imports :mod:`linattn_theory.data` and :mod:`linattn_theory.core`.
 """
@@ -15,10 +16,12 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     ".engine": ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
         "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
         "stable_learning_rate", "hessian_curvature", "select_engine"],
-    ".warmup_grid": ["warmup_sweep", "frozen_stage_from_moments"],
+    ".ensemble": ["simulate_many", "run_ensemble", "Member", "ensemble_key"],
+    ".warmup_grid": ["warmup_sweep", "warmup_sweep_many", "frozen_stage_from_moments",
+        "frozen_stages_from_moments"],
     ".sweep": ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
         "is_complete", "grid_size", "summary_table", "summary_row", "finished_runs", "read_table",
         "sweep_lock", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"],
     ".limits": ["check_output_folder", "RunEstimate", "estimate_run", "check_resources",
         "default_memory_limit", "DEFAULT_MAX_HOURS", "FLOP_RATE"],
-}, submodules=("config", "engine", "warmup_grid", "sweep", "limits", "strategies",))
+}, submodules=("config", "engine", "ensemble", "warmup_grid", "sweep", "limits", "strategies",))

@@ -233,8 +233,15 @@ def _why_not(xp, data, fed, strategy) -> str | None:
     return None
 
 
-def select_engine(engine: str, xp, data, fed, strategy) -> "_fused.FusedEngine | None":
-    """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc)."""
+def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False) -> "_fused.FusedEngine | None":
+    """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc).
+
+    ``instances=True``: ``data`` is an ensemble's (leading instance axis,
+    :mod:`linattn_theory.sim.ensemble`), and ``engine="auto"`` takes the fused engine where it
+    applies and one instance's step has ``m·N·d² ≥`` :data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK`
+    (the ensemble repays loading the kernels): a rule of the instance alone, so that an
+    instance's engine does not depend on the others in its ensemble.
+    """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
     if engine == "array_api":
@@ -244,11 +251,12 @@ def select_engine(engine: str, xp, data, fed, strategy) -> "_fused.FusedEngine |
         if reason is not None:
                 raise ConfigError(f"engine = 'fused' does not apply: {reason}; use engine = 'auto' "
                               f"or 'array_api'")
-        return _fused.FusedEngine(data)
-    m, N, d = data.S.shape[0], data.S.shape[1], data.S.shape[-1]
-    if reason is not None or m * N * d * d < _fused.MIN_STEP_WORK:
+        return _fused.FusedEngine(data, instances)
+    m, N, d = data.S.shape[-4], data.S.shape[-3], data.S.shape[-1]
+    least = _fused.MIN_ENSEMBLE_WORK if instances else _fused.MIN_STEP_WORK
+    if reason is not None or m * N * d * d < least:
         return None
-    return _fused.FusedEngine(data)
+    return _fused.FusedEngine(data, instances)
 
 
 def _warn_small_clients(batch_size: int | None, sizes) -> None:
@@ -324,7 +332,8 @@ def _sq_norm(xp, a):
 
 
 def _client_losses(xp, params: Params, data: StackedClients, phi=None):
-    """``F_c(θ)`` for every client (weighted sample means), shape ``(m,)``."""
+    """``F_c(θ)`` for every client (weighted sample means), shape ``(m,)``; an ensemble's
+    ``(I, m)`` from parameters ``(I, 1, H, d, r)`` and data ``(I, m, ...)``."""
     if phi is None:
         loss, _ = _loss_and_grad(params, data.inputs, data.q, data.y, data.sample_weight, blocks=(),
                                  attention=data.attention, temperature=data.temperature)
@@ -548,17 +557,33 @@ def _local_training(xp, params: Params, rnd: Round, lo: int, hi: int, client_rul
             return a if k == m else a[lo:hi, ...]
         return xp.take(a, xp.asarray(part[lo:hi]), axis=0)
 
-    blocks, eta, lam = rnd.blocks, rnd.learning_rate, fed.ridge
-    anchor = {b: getattr(params, b) for b in blocks}
+    anchor = {b: getattr(params, b) for b in rnd.blocks}
     broadcast = {b: xp.broadcast_to(getattr(params, b), (k,) + tuple(getattr(params, b).shape))
                  for b in BLOCKS}
-    local = {b: broadcast[b] for b in blocks}
-    kernel_frozen = len(inputs) == 1
     batch = tuple(select(a) for a in inputs + (data.y, data.sample_weight))
+
+    def minibatch(e):
+        step = tuple(_take(xp, a, batches[lo:hi, e, :]) for a in inputs + (data.y,))
+        return step + (xp.full(step[0].shape[:2], 1.0 / fed.batch_size, dtype=step[0].dtype),)
+    return _local_steps(xp, rnd, client_rule, client_state, anchor, broadcast, batch,
+                        None if batches is None else minibatch, rnd.learning_rate, fed.ridge, data)
+
+
+def _local_steps(xp, rnd: Round, client_rule, client_state, anchor: dict, broadcast: dict, batch: tuple,
+                 minibatch, eta, lam, data: StackedClients) -> dict:
+    """``E`` local steps ``θ_c ← θ_c − η (∇F_{λ,c}(θ_c) + correction)`` of a chunk of clients (docs/theory.md §3).
+
+    ``broadcast`` holds ``θ^t`` per client (every block), ``anchor`` the trained blocks of ``θ^t``,
+    ``batch`` the chunk's ``(φ, y, w)`` (kernel frozen) or ``(Ŝ, q, y, w)`` / ``(X, q, y, w)``;
+    ``minibatch(e)``, when given, returns step ``e``'s batch instead. One run's clients (leading
+    client axis) or an ensemble's (instance and client axes, :mod:`linattn_theory.sim.ensemble`).
+    """
+    blocks = rnd.blocks
+    local = {b: broadcast[b] for b in blocks}
+    kernel_frozen = len(batch) == 3
     for e in range(rnd.local_steps):
-        if batches is not None:
-            batch = tuple(_take(xp, a, batches[lo:hi, e, :]) for a in inputs + (data.y,))
-            batch += (xp.full(batch[0].shape[:2], 1.0 / fed.batch_size, dtype=batch[0].dtype),)
+        if minibatch is not None:
+            batch = minibatch(e)
         grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen,
                                  data.attention, data.temperature)
         correction = client_rule.correction(client_state, rnd, anchor, local)

@@ -24,9 +24,12 @@ Workers only compute; the calling process writes every file, so the executor (in
 worker processes, or Dask) and the number of workers cannot change the results. Local workers
 exit as soon as the calling process is gone (even after SIGKILL), and are stopped on an error,
 Ctrl-C or SIGTERM; a local Dask cluster's scratch folder is removed afterwards.
-FedFrozen runs that differ only in the warm-up length ``T0`` form one task and share their
-warm-up trajectory (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep` with explicit frozen stages:
-the same numbers as separate simulations, bit for bit, at about the cost of the longest run).
+Each worker runs its runs as ensembles (:func:`~linattn_theory.sim.ensemble.simulate_many`: runs
+of equal shapes as one array program; FedFrozen runs that differ only in the warm-up length
+``T0`` share their warm-up trajectory, at about the cost of the longest run). A run's numbers do
+not depend on which runs share its task or ensemble, so they are the same whatever the
+executor, the number of workers or the point where an interrupted sweep resumed (and equal to
+``simulate(config)`` to rounding).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from ..core.errors import ConfigError, RunIntegrityError
 from ..core.io import atomic_write_bytes, read_run, run_status, timed_run, write_json, write_run
 from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dotted
 
-__all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",
+__all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "with_backend", "run_sweep", "run_dir",
            "is_complete", "grid_size", "summary_table", "summary_row", "finished_runs", "read_table",
            "sweep_lock", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"]
 
@@ -235,6 +238,23 @@ def load_sweep(path, *, quick: bool = False, max_runs: int | None = MAX_RUNS,
                            max_runs=max_runs, overrides=overrides)
 
 
+def with_backend(sweep: Sweep, backend: str) -> Sweep:
+    """``sweep`` with ``model.backend = backend`` in its base config (``--backend``).
+
+    Runs on another backend are other runs (their numbers differ by rounding), so they get
+    other run ids; a grid that varies ``model.backend`` itself is refused.
+    """
+    grids = sweep.grid if isinstance(sweep.grid, list) else [sweep.grid]
+    if any("model.backend" in grid for grid in grids):
+        raise ConfigError(f"backend = {backend!r}: the sweep's grid varies model.backend already")
+    data = copy.deepcopy(sweep.base)
+    set_dotted(data, "model.backend", backend, "backend")
+    data["grid"] = copy.deepcopy(sweep.grid)
+    if sweep.figure:
+        data["figure"] = copy.deepcopy(sweep.figure)
+    return sweep_from_dict(data, source=sweep.source, max_runs=None)
+
+
 def run_dir(out, config_or_id) -> Path:
     """``DIR/runs/<config_hash>``: where a run of the sweep stored in ``out`` lives."""
     key = config_or_id if isinstance(config_or_id, str) else config_hash(config_or_id)
@@ -247,6 +267,12 @@ def is_complete(out, config_or_id) -> bool:
     return run_status(run_dir(out, config_or_id))[0] == "finished"
 
 
+#: a task (one worker's share of a sweep, stored when it finishes) holds at most this many
+#: instances: runs, or FedFrozen runs of one instance that differ only in ``T0`` (which share
+#: their warm-up and count once)
+TASK_INSTANCES = 16
+
+
 def _prefix_key(config: RunConfig) -> str | None:
     """Runs with the same key differ only in ``T0`` and share their warm-up (FedFrozen only)."""
     if config.federated.strategy != "fedfrozen":
@@ -256,12 +282,42 @@ def _prefix_key(config: RunConfig) -> str | None:
     return json.dumps(data, sort_keys=True)
 
 
+def _shape_key(config: RunConfig) -> str:
+    """Runs that can share an ensemble (:func:`linattn_theory.sim.ensemble.ensemble_key`, from the
+    config alone): everything but the seed and the per-instance numbers."""
+    data = config.to_dict()
+    data.pop("seed", None)
+    task = data.get("task", {})
+    for key in ("zeta_value", "zeta_covariate", "zeta_mean", "zeta_task", "noise", "positional_strength"):
+        task.pop(key, None)
+    for key in ("learning_rate", "ridge", "warmup_rounds", "divergence_factor", "server_learning_rate",
+                "prox_mu", "server_momentum", "server_beta1", "server_beta2", "server_epsilon"):
+        data.get("federated", {}).pop(key, None)
+    return json.dumps(data, sort_keys=True)
+
+
 def _tasks(pending: list[tuple[str, RunConfig]]) -> list[list[tuple[str, dict]]]:
-    """Group the pending runs into tasks: FedFrozen runs that differ only in ``T0`` form one task."""
-    groups: dict[str, list] = {}
+    """Group the pending runs into tasks, each run by one worker as ensembles (:func:`_compute`).
+
+    FedFrozen runs that differ only in ``T0`` stay together (they share a warm-up); runs of one
+    shape (:func:`_shape_key`) fill tasks of at most :data:`TASK_INSTANCES` instances, and at
+    least one task per core is made where there are enough instances. The grouping changes how
+    fast a sweep runs, never its numbers (an ensemble's results do not depend on its members).
+    """
+    families: dict[str, list] = {}
     for run_id, config in pending:
-        groups.setdefault(_prefix_key(config) or run_id, []).append((run_id, config.to_dict()))
-    return list(groups.values())
+        families.setdefault(_prefix_key(config) or run_id, []).append((run_id, config))
+    shapes: dict[str, list] = {}
+    for family in families.values():
+        shapes.setdefault(_shape_key(family[0][1]), []).append(family)
+    total = sum(len(group) for group in shapes.values())
+    size = max(1, min(TASK_INSTANCES, math.ceil(total / (os.cpu_count() or 1))))
+    tasks = []
+    for group in shapes.values():
+        for lo in range(0, len(group), size):
+            tasks.append([(run_id, config.to_dict()) for family in group[lo:lo + size]
+                          for run_id, config in family])
+    return tasks
 
 
 @timed_run
@@ -269,21 +325,14 @@ def _compute(task: list[tuple[str, dict]]) -> list:
     """Worker side: simulate one task (nothing is written here); returns ``[(run_id, RunResult)]``,
     each result's provenance recording when the task started and its wall time.
 
-    A task of several FedFrozen runs shares one warm-up trajectory
-    (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep` with explicit frozen stages, which gives
-    the same numbers as :func:`~linattn_theory.sim.engine.simulate` bit for bit).
+    The runs go through :func:`~linattn_theory.sim.ensemble.simulate_many`: runs of equal shapes
+    as one array program, FedFrozen runs that differ only in ``T0`` sharing their warm-up; each
+    result is bit-identical whatever the task holds (and equals ``simulate(config)`` to rounding).
     """
-    import numpy as np
-
-    from .engine import simulate
+    from .ensemble import simulate_many
     configs = [config_from_dict(data) for _, data in task]
-    with np.errstate(over="ignore", invalid="ignore"):      # divergence is detected and recorded
-        if len(task) == 1:
-            return [(task[0][0], simulate(configs[0]))]
-        from .warmup_grid import warmup_sweep
-        results = warmup_sweep(configs[0], [c.federated.warmup_rounds for c in configs],
-                               frozen_stage="explicit")
-    return [(run_id, results[c.federated.warmup_rounds]) for (run_id, _), c in zip(task, configs)]
+    results = simulate_many(configs)
+    return [(run_id, result) for (run_id, _), result in zip(task, results)]
 
 
 def _store(run_id: str, result, out: Path) -> bool:

@@ -25,12 +25,13 @@ from ..core._array import array_namespace, to_numpy
 from ..core.backend import resolve_max_bytes
 from ..core.errors import ConfigError
 from .config import RunConfig
-from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, _sq_norm, _weighted_sum, prepare_run, run_metadata, run_schedule)
+from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, prepare_run, run_metadata,
+                     run_schedule)
 from ..core.model import Params, _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
 from ..core.frozen_map import frozen_client_map
 
-__all__ = ["warmup_sweep", "frozen_stage_from_moments"]
+__all__ = ["warmup_sweep", "warmup_sweep_many", "frozen_stage_from_moments", "frozen_stages_from_moments"]
 
 FROZEN_STAGES = ("auto", "moments", "explicit")
 
@@ -48,53 +49,145 @@ def frozen_stage_from_moments(prefix: RunState, data, fed, warmup_rounds: int,
     Equals :func:`~linattn_theory.sim.engine.run_schedule` continued from ``prefix`` up to
     rounding (the moment form ``½ tr(VᵀA_cV) − tr(VᵀB_c) + ½ y2_c`` loses about
     ``ε · y2_c / F_c`` in relative precision where the fit is nearly exact).
+    (One stage of :func:`frozen_stages_from_moments`.)
     """
-    if fed.batch_size is not None:
-        raise ValueError(f"batch_size = {fed.batch_size}: the moment-space frozen stage needs "
-                         f"full batches (batch_size = None)")
-    xp = array_namespace(data.S)
-    T, E, eta, lam = fed.rounds, fed.local_steps, fed.learning_rate, fed.ridge
-    if prefix.round != warmup_rounds:
-        raise ValueError(f"prefix ends at round {prefix.round}; expected the round-T0 state, "
-                         f"T0 = {warmup_rounds}")
-    params = prefix.params
-    H, d, _, p = params.shape
-    m = data.S.shape[0]
-    K = kernel(params)
-    moments = value_moments(K, data)
-    M, b = frozen_client_map(moments, eta, E, lam)
-    rows = list(prefix.rows)
-    F0_reg = float(rows[0]["loss_regularized"])
-    gamma = float(rows[-1]["cumulative_kernel_drift"])
-    best, best_loss = prefix.best, prefix.best_loss
-    current = params
-    V = _value_matrix(xp, params.WV)
-    divergence = None
-    for t in range(warmup_rounds, T):
-        part = _participants(t, m, fed.participation, seed)
-        if len(part) == m:
-            pw, Mt, bt = data.weights, M, b
+    return frozen_stages_from_moments([(prefix, data, fed, warmup_rounds, seed)])[0]
+
+
+def frozen_stages_from_moments(stages) -> list[RunResult]:
+    """Many moment-space frozen stages as array programs with a leading stage axis ``P``.
+
+    ``stages`` are ``(prefix, data, fed, warmup_rounds, seed)`` tuples as
+    :func:`frozen_stage_from_moments` takes them. Stages of equal shapes (``m``, ``H·d``, ``p``,
+    dtype), local steps and participation run as one program; their instances' data may differ
+    (the value moments ``A_c, B_c`` of the stages of one ``data`` are computed in one call, at
+    their frozen kernels). Each stage runs its own rounds ``T0..T−1`` and reports its own
+    divergence. Returns the results in the stages' order.
+    """
+    groups: dict = {}
+    for j, (prefix, data, fed, _, _) in enumerate(stages):
+        key = (tuple(data.S.shape[:1]), tuple(prefix.params.WV.shape), str(data.S.dtype), fed.local_steps,
+               fed.participation)
+        groups.setdefault(key, []).append(j)
+    results = [None] * len(stages)
+    for js in groups.values():
+        for j, result in zip(js, _frozen_stages([stages[j] for j in js])):
+            results[j] = result
+    return results
+
+
+@np.errstate(over="ignore", invalid="ignore")
+def _frozen_stages(stages) -> list[RunResult]:
+    """:func:`frozen_stages_from_moments` of compatible stages: one program."""
+    from ..core.moments import ValueMoments
+    from .ensemble import _per_instance, _sq_norms
+    from .strategies.base import _instance_rows, weighted_sum
+
+    if not stages:
+        return []
+    for prefix, data, fed, T0, _ in stages:
+        if fed.batch_size is not None:
+            raise ValueError(f"batch_size = {fed.batch_size}: the moment-space frozen stage needs "
+                             f"full batches (batch_size = None)")
+        if prefix.round != T0:
+            raise ValueError(f"prefix ends at round {prefix.round}; expected the round-T0 state, "
+                             f"T0 = {T0}")
+    first_data = stages[0][1]
+    xp = array_namespace(first_data.S)
+    dtype = first_data.S.dtype
+    count = len(stages)
+    H, d, _, p = stages[0][0].params.shape
+    m = first_data.S.shape[0]
+    E = stages[0][2].local_steps
+    # value moments at the frozen kernels, one call per instance's data (docs/theory.md §4)
+    by_data: dict[int, list[int]] = {}
+    for j, stage in enumerate(stages):
+        by_data.setdefault(id(stage[1]), []).append(j)
+    parts = [None] * count
+    for js in by_data.values():
+        K = xp.stack([xp.reshape(kernel(stages[j][0].params), (1, H, d, d)) for j in js], axis=0)
+        mo = value_moments(K, stages[js[0]][1])                    # A (W, m, n, n), B (W, m, n, p)
+        for w, j in enumerate(js):
+            parts[j] = (mo.A[w, ...], mo.B[w, ...], mo.y2, mo.weights)
+    A, B, y2, weights = (xp.stack([part[q] for part in parts], axis=0) for q in range(4))
+    feds = [stage[2] for stage in stages]
+    eta = _per_instance(xp, [f.learning_rate for f in feds], dtype, 4)
+    lam = _per_instance(xp, [f.ridge for f in feds], dtype, 4)
+    server = _per_instance(xp, [f.server_learning_rate for f in feds], dtype, 4)
+    moments = ValueMoments(A, B, y2, weights)
+    M, b = frozen_client_map(moments, eta, E, lam)                 # (P, m, n, n), (P, m, n, p)
+    T0 = np.array([stage[3] for stage in stages])
+    T = np.array([f.rounds for f in feds])
+    V = xp.stack([xp.reshape(_value_matrix(xp, stage[0].params.WV), (1, H * d, p)) for stage in stages], axis=0)
+    lam_p = xp.asarray(np.array([f.ridge for f in feds]), dtype=dtype)
+    F0_reg = np.array([float(stage[0].rows[0]["loss_regularized"]) for stage in stages])
+    threshold = xp.asarray(np.array([f.divergence_factor for f in feds]) * np.maximum(F0_reg, 1e-12), dtype=dtype)
+    best_loss = xp.asarray(np.array([stage[0].best_loss for stage in stages]), dtype=dtype)
+    improved = xp.zeros((count,), dtype=xp.bool)
+    V_best, V_start = V, V
+    alive = xp.ones((count,), dtype=xp.bool)
+    diverged_at = xp.full((count,), -1, dtype=xp.int64)
+    records, counts = [], []
+
+    def mask(host_or_device, ndim=4):
+        a = xp.asarray(host_or_device) if isinstance(host_or_device, np.ndarray) else host_or_device
+        return xp.reshape(a, (-1,) + (1,) * (ndim - 1))
+
+    first = int(T0.min())
+    for t in range(first, int(T.max())):
+        active = (T0 <= t) & (t < T)
+        part = np.stack([_participants(t, m, f.participation, stage[4]) for f, stage in zip(feds, stages)])
+        k = part.shape[1]
+        if k == m:
+            pw, Mt, bt = weights, M, b
         else:
-            index = xp.asarray(part)
-            pw, Mt, bt = (xp.take(a, index, axis=0) for a in (data.weights, M, b))
-        pw = pw / xp.sum(pw)
-        V_c = xp.matmul(Mt, V) + bt                                   # (k, Hd, p)
-        average = _weighted_sum(xp, pw, V_c)
-        drift = float(to_numpy(xp.sum(pw * _sq_norm(xp, V_c - average))))
-        V = V + fed.server_learning_rate * (average - V)
-        start, current = current, params.replace(WV=xp.reshape(V, (H, d, p)))
-        losses = value_objective(V, moments)
-        F = float(to_numpy(xp.sum(data.weights * losses)))
-        F_reg = F + 0.5 * lam * float(to_numpy(xp.sum(V * V)))
-        if F_reg < best_loss:
-            best, best_loss = current, F_reg
-        rows.append(_row(t + 1, "frozen", F, F_reg, to_numpy(losses), 0.0, gamma,
-                         {"WQ": 0.0, "WK": 0.0, "WV": drift}, len(part), "fedfrozen"))
-        if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
-            divergence = _divergence(t + 1, F_reg, [prefix.initial, best, start], data, lam, eta,
-                                     ("WV",))
-            break
-    return _result(rows, current, params, divergence, warmup_rounds, "fedfrozen")
+            rows = xp.asarray(_instance_rows(count, m, part))
+            take = lambda a: xp.reshape(xp.take(xp.reshape(a, (count * m,) + tuple(a.shape[2:])), rows, axis=0),  # noqa: E731
+                                        (count, k) + tuple(a.shape[2:]))
+            pw, Mt, bt = take(weights), take(M), take(b)
+        pw = pw / xp.sum(pw, axis=1, keepdims=True)
+        V_c = xp.matmul(Mt, V) + bt                                    # (P, k, n, p)
+        average = weighted_sum(pw, V_c)                                # (P, 1, n, p)
+        drift = xp.sum(pw * _sq_norms(xp, V_c - average), axis=-1)
+        running = alive & xp.asarray(active)
+        V_previous = V
+        V = xp.where(mask(running), V + server * (average - V), V)
+        losses = value_objective(V, moments)                           # (P, m)
+        F = xp.sum(weights * losses, axis=-1)
+        F_reg = F + 0.5 * lam_p * xp.sum(xp.reshape(V * V, (count, -1)), axis=-1)
+        records.append((F, F_reg, losses, drift))
+        counts.append(k)
+        better = running & (F_reg < best_loss)
+        improved = improved | better
+        V_best = xp.where(mask(better), V, V_best)
+        best_loss = xp.where(better, F_reg, best_loss)
+        V_start = xp.where(mask(running), V_previous, V_start)
+        bad = running & (~xp.isfinite(F_reg) | (F_reg > threshold))
+        diverged_at = xp.where(bad, xp.asarray(t + 1, dtype=xp.int64), diverged_at)
+        alive = alive & ~bad
+    host = lambda a: np.asarray(to_numpy(a))  # noqa: E731
+    if records:
+        F_h, Freg_h, L_h, D_h = (host(xp.stack([r[q] for r in records], axis=0)) for q in range(4))
+    div, improved = host(diverged_at), host(improved)
+    results = []
+    for j, (prefix, data, fed, T0_j, _) in enumerate(stages):
+        end = int(div[j]) if div[j] >= 0 else fed.rounds
+        rows = list(prefix.rows)
+        gamma = float(rows[-1]["cumulative_kernel_drift"])
+        for t in range(T0_j, end):
+            i = t - first
+            rows.append(_row(t + 1, "frozen", float(F_h[i, j]), float(Freg_h[i, j]), L_h[i, j], 0.0, gamma,
+                             {"WQ": 0.0, "WK": 0.0, "WV": float(D_h[i, j])}, counts[i], "fedfrozen"))
+        with_value = lambda W: prefix.params.replace(WV=xp.reshape(W[j, 0, ...], (H, d, p)))  # noqa: E731
+        current = with_value(V)
+        divergence = None
+        if div[j] >= 0:
+            best = with_value(V_best) if improved[j] else prefix.best
+            divergence = _divergence(end, float(Freg_h[end - 1 - first, j]),
+                                     [prefix.initial, best, with_value(V_start)], data, fed.ridge,
+                                     fed.learning_rate, ("WV",))
+        results.append(_result(rows, current, prefix.params, divergence, T0_j, "fedfrozen"))
+    return results
 
 
 def _check_warmups(warmups, T: int) -> list[int]:
@@ -125,17 +218,8 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     :func:`~linattn_theory.sim.engine.simulate`.
     """
     fed = config.federated
-    if fed.strategy not in ("fedavg", "fedfrozen"):
-        raise ConfigError(f"federated.strategy = {fed.strategy!r}: a warm-up sweep shares "
-                          f"FedAvg prefixes; expected 'fedavg' or 'fedfrozen'")
-    if frozen_stage not in FROZEN_STAGES:
-        raise ValueError(f"frozen_stage = {frozen_stage!r}: expected one of {FROZEN_STAGES}")
-    if frozen_stage == "moments" and fed.batch_size is not None:
-        raise ValueError(f"frozen_stage = 'moments' needs full batches; federated.batch_size = "
-                         f"{fed.batch_size}")
-    use_moments = frozen_stage == "moments" or (frozen_stage == "auto" and fed.batch_size is None)
+    warmups, use_moments = _sweep_configs(config, warmups, frozen_stage)
     T = fed.rounds
-    warmups = _check_warmups(warmups, T)
     data, theta0 = prepare_run(config, clients, params)
     max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, fed.batch_size)
 
@@ -170,3 +254,92 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
         result.metadata.update(metadata, config=run_config.to_dict())
         results[T0] = result
     return results
+
+
+def _sweep_configs(config: RunConfig, warmups, frozen_stage: str):
+    """Checks of :func:`warmup_sweep`: ``(T0 values, use moments)``."""
+    fed = config.federated
+    if fed.strategy not in ("fedavg", "fedfrozen"):
+        raise ConfigError(f"federated.strategy = {fed.strategy!r}: a warm-up sweep shares "
+                          f"FedAvg prefixes; expected 'fedavg' or 'fedfrozen'")
+    if frozen_stage not in FROZEN_STAGES:
+        raise ValueError(f"frozen_stage = {frozen_stage!r}: expected one of {FROZEN_STAGES}")
+    if frozen_stage == "moments" and fed.batch_size is not None:
+        raise ValueError(f"frozen_stage = 'moments' needs full batches; federated.batch_size = "
+                         f"{fed.batch_size}")
+    use_moments = frozen_stage == "moments" or (frozen_stage == "auto" and fed.batch_size is None)
+    return _check_warmups(warmups, fed.rounds), use_moments
+
+
+def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str = "auto",
+                      max_bytes: int | str | None = "auto", progress: bool = False) -> list[dict[int, RunResult]]:
+    """:func:`warmup_sweep` of many instances at once: ``[{T0: RunResult}]`` in the configs' order.
+
+    The instances' FedAvg trajectories (each up to its largest ``T0``) run as ensembles
+    (:mod:`linattn_theory.sim.ensemble`, one leading instance axis) and keep their state at
+    every ``T0``; the frozen stages of all (instance, ``T0``) pairs then run as one moment-space
+    program (:func:`frozen_stages_from_moments`) when batches are full, or explicitly as
+    ensembles continuing from those states otherwise (``frozen_stage`` as in
+    :func:`warmup_sweep`). Each result equals ``warmup_sweep(config)[T0]`` to rounding (the
+    ensemble runs the fused CPU engine wherever it applies and pays). ``clients`` is ``None`` or one entry
+    per config; ``max_bytes`` bounds an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
+    """
+    from ..core.backend import get_namespace
+    from .ensemble import (Member, _data_bytes, _local_chunk_bytes, _per_config, _Plan, ensemble_bytes,
+                           ensemble_key, run_ensemble, simulate_many)
+
+    configs = list(configs)
+    clients = _per_config(clients, len(configs), "clients")
+    checked = [_sweep_configs(c, warmups, frozen_stage) for c in configs]
+    run_configs = [[c.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0})
+                    for T0 in T0s] for c, (T0s, _) in zip(configs, checked)]
+    results: list[dict | None] = [None] * len(configs)
+    explicit = [i for i, (_, moments) in enumerate(checked) if not moments]
+    if explicit:
+        flat = [(i, rc) for i in explicit for rc in run_configs[i]]
+        runs = simulate_many([rc for _, rc in flat], [clients[i] for i, _ in flat], max_bytes=max_bytes,
+                             progress=progress)
+        for (i, rc), run in zip(flat, runs):
+            results[i] = results[i] or {}
+            results[i][rc.federated.warmup_rounds] = run
+    pending = [i for i, (_, moments) in enumerate(checked) if moments]
+    if not pending:
+        return results
+    plan = _Plan(ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
+    waves = []
+    for i in pending:
+        config, (T0s, _) = configs[i], checked[i]
+        data, theta0 = prepare_run(config, clients[i])
+        longest = T0s[-1]
+        trajectory = config.with_updates({"federated.strategy": "fedfrozen", "federated.rounds": longest,
+                                          "federated.warmup_rounds": longest})
+        member = Member(trajectory, data, theta0, checkpoints=tuple(T0s))
+        if plan.add(ensemble_key(trajectory, data), (i, member), 2 * _data_bytes(data)):
+            waves.append(plan.drain())
+    waves.append(plan.drain())
+    for buckets in waves:
+        stages, owners = [], []
+        for bucket in buckets:
+            members = [member for _, member in bucket]
+            first = members[0]
+            xp = array_namespace(first.data.S)
+            chunk = _local_chunk_bytes(xp, first.data, first.config.model.heads, None, len(members))
+            for (i, member), (trajectory, states, _) in zip(bucket, run_ensemble(members, max_bytes=chunk,
+                                                                                  progress=progress)):
+                results[i] = {}
+                metadata = run_metadata(configs[i])
+                for T0, run_config in zip(checked[i][0], run_configs[i]):
+                    T = run_config.federated.rounds
+                    if T0 == T or (trajectory.diverged and T0 >= trajectory.divergence.round):
+                        result = dataclasses.replace(trajectory, table=trajectory.table.copy(),
+                                                     metadata=dict(trajectory.metadata, warmup_rounds=T0))
+                        result.metadata.update(metadata, config=run_config.to_dict())
+                        results[i][T0] = result
+                    else:
+                        stages.append((states[T0], member.data, run_config.federated, T0, run_config.seed))
+                        owners.append((i, T0, run_config, trajectory.metadata["engine"], metadata))
+        for (i, T0, run_config, engine, metadata), result in zip(owners, frozen_stages_from_moments(stages)):
+            result.metadata["engine"] = engine
+            result.metadata.update(metadata, config=run_config.to_dict())
+            results[i][T0] = result
+    return [dict(sorted(r.items())) for r in results]

@@ -21,7 +21,7 @@ from ..core._lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".profile": ["profile_objective", "profile_gradient", "CentralizedOptimum", "centralized_optimum",
-        "population_value_moments"],
+        "centralized_optima", "population_value_moments"],
     ".frozen_stage": ["frozen_stage_map", "fedavg_fixed_point", "contraction_rate", "value_drift_floor"],
     ".decomposition": ["decompose_excess_risk", "excess_risk_by_warmup"],
     ".inexactness": ["local_steps", "replay_round", "warmup_inexactness"],

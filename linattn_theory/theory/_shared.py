@@ -85,17 +85,20 @@ def _kernel_gradient(K, V, data: StackedClients):
     """``∇_K F(K, V) = Σ_c p_c Σ_i w_i q_i g_i^T`` for the stacked value block ``V`` ``(Hd, p)``.
 
     Uses :func:`~linattn_theory.core.model.kernel_gradient_from_inputs` (the data's attention) with ``W_Q = K``,
-    ``W_K = I`` (so that ``W_Q W_K^T = K``).
+    ``W_K = I`` (so that ``W_Q W_K^T = K``). ``K`` ``(H, d, d)`` and ``V``, or stacks of them
+    ``(B, H, d, d)`` and ``(B, Hd, p)`` (then ``(B, H, d, d)``, each the same as alone).
     """
     xp = array_namespace(data.S)
-    H, d = K.shape[0], K.shape[-1]
+    H, d = K.shape[-3], K.shape[-1]
     p = V.shape[-1]
-    eye = xp.broadcast_to(xp.eye(d, dtype=data.S.dtype), (H, d, d))
-    params = Params(xp.asarray(K, dtype=data.S.dtype), eye,
-                    xp.reshape(xp.asarray(V, dtype=data.S.dtype), (H, d, p)))
+    lead = tuple(K.shape[:-3])
+    client = (1,) if lead else ()              # a stack broadcasts against the clients' axis
+    eye = xp.broadcast_to(xp.eye(d, dtype=data.S.dtype), lead + client + (H, d, d))
+    params = Params(xp.reshape(xp.asarray(K, dtype=data.S.dtype), lead + client + (H, d, d)), eye,
+                    xp.reshape(xp.asarray(V, dtype=data.S.dtype), lead + client + (H, d, p)))
     G = kernel_gradient_from_inputs(params, data.inputs, data.q, data.y, data.sample_weight,
                                     attention=data.attention, temperature=data.temperature)
-    G = xp.sum(xp.reshape(data.weights, (-1, 1, 1, 1)) * G, axis=0)
+    G = xp.sum(xp.reshape(data.weights, (-1, 1, 1, 1)) * G, axis=len(lead))
     return np.asarray(to_numpy(G), dtype=np.float64)
 
 

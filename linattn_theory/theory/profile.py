@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,11 +12,15 @@ import pandas as pd
 from scipy import optimize
 from threadpoolctl import threadpool_limits
 
-from ..core.moments import ValueMoments
+from ..core._array import to_numpy
+from ..core.moments import ValueMoments, value_moments
 from ..core.clients import FederatedDataset, stack_clients
-from ._shared import SEED_OPTIMUM, _check_kernel, _check_ridge, _host_moments, _kernel_gradient, _profile_from_moments, _stacked
+from ..core.clients import StackedClients
+from ._shared import (SEED_OPTIMUM, _check_kernel, _check_ridge, _host_moments, _kernel_gradient,
+                      _profile_from_moments, _solve_symmetric, _stacked)
 
-__all__ = ["profile_objective", "profile_gradient", "CentralizedOptimum", "centralized_optimum", "population_value_moments"]
+__all__ = ["profile_objective", "profile_gradient", "CentralizedOptimum", "centralized_optimum",
+           "centralized_optima", "population_value_moments"]
 
 
 
@@ -95,7 +100,37 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
     ``min_K Φ_0(K)`` and is not attained. The solver therefore minimises ``Φ_0`` for every
     ``λ``; ``objective`` is ``inf_K Φ_λ(K) = min_K Φ_0(K)`` and ``value`` is ``V*_0(K*)``.
     ``bias(K) = Φ_λ(K) − objective ≥ 0`` for every kernel ``K``.
+
+    The starts run concurrently, their objectives evaluated together (:func:`centralized_optima`);
+    each follows the path it would follow alone.
     """
+    return centralized_optima([dict(clients=clients, lam=lam, rank=rank, heads=heads, restarts=restarts,
+                                    seed=seed, initial_kernels=initial_kernels,
+                                    max_iterations=max_iterations, tolerance=tolerance)])[0]
+
+
+@dataclass
+class _Problem:
+    """One centralised optimum to find: the data, the starts and the solver's settings."""
+
+    data: StackedClients
+    lam: float
+    rank: int
+    heads: int
+    starts: list          # (label, K) of the given and teacher kernels
+    inits: list           # (label, W_Q, W_K) of every start the solver runs
+    max_iterations: int
+    tolerance: float
+
+    @property
+    def shape(self):
+        return (self.heads, self.data.q.shape[-1], self.rank)
+
+
+def _problem(clients, lam: float = 0.0, rank: int | None = None, heads: int | None = None,
+             restarts: int = 8, seed: int = 0, initial_kernels=(), max_iterations: int = 1000,
+             tolerance: float = 1e-10) -> _Problem:
+    """The arguments of :func:`centralized_optimum`, checked, with the starts drawn."""
     _check_ridge(lam)
     data = _stacked(clients)
     d = data.q.shape[-1]
@@ -114,29 +149,145 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
         starts.insert(0, ("teacher", np.asarray(truth["kernel"], dtype=np.float64)))
     rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(SEED_OPTIMUM,)))
     shape = (heads, d, rank)
-    size = heads * d * rank
-
-    def objective(x):
-        WQ, WK = x[:size].reshape(shape), x[size:].reshape(shape)
-        K = WQ @ np.swapaxes(WK, -1, -2)
-        phi, V = _profile_from_moments(_host_moments(K, data), 0.0)
-        G = _kernel_gradient(K, V, data)
-        return phi, np.concatenate([(G @ WK).ravel(), (np.swapaxes(G, -1, -2) @ WQ).ravel()])
-
-    candidates, rows = [], []
-    for label, K in starts:   # the unoptimised starts themselves
-        candidates.append((profile_objective(K, data, 0.0)[0], label + " (as given)", K, np.nan))
     inits = [(label, *_factors(K, rank)) for label, K in starts]
     for i in range(restarts):
         inits.append((f"random_{i}", rng.normal(0, 1 / np.sqrt(d), shape),
                       rng.normal(0, 1 / np.sqrt(d), shape)))
-    for label, WQ, WK in inits:
+    if not starts and not inits:
+        raise ValueError("centralized_optimum: nothing to optimise (restarts = 0 and no initial kernels)")
+    return _Problem(data, float(lam), rank, heads, starts, inits, max_iterations, tolerance)
+
+
+def _profile_batch(K, data: StackedClients):
+    """``(Φ_0(K_b), V*_0(K_b))`` of a stack of kernels ``K`` ``(B, H, d, d)``: ``(B,)``, ``(B, Hd, p)``.
+
+    The batched form of :func:`_profile_from_moments` (per kernel the same arithmetic).
+    """
+    mom = value_moments(np.asarray(K)[:, None], data)             # A (B, m, n, n), B (B, m, n, p)
+    A, B, y2, w = (np.asarray(to_numpy(a), dtype=np.float64) for a in (mom.A, mom.B, mom.y2, mom.weights))
+    A = np.sum(w[:, None, None] * A, axis=1)
+    B = np.sum(w[:, None, None] * B, axis=1)
+    V = _solve_symmetric(A, B)
+    return 0.5 * np.sum(w * y2) - 0.5 * np.sum(B * V, axis=(-2, -1)), V
+
+
+def _factor_objectives(problem: _Problem, xs: list) -> list:
+    """``(Φ_0, ∇_{(W_Q, W_K)} Φ_0)`` at the factor vectors ``xs`` of one problem, in one batch."""
+    shape, size = problem.shape, int(np.prod(problem.shape))
+    X = np.stack(xs)
+    WQ, WK = X[:, :size].reshape((-1,) + shape), X[:, size:].reshape((-1,) + shape)
+    K = WQ @ np.swapaxes(WK, -1, -2)
+    phi, V = _profile_batch(K, problem.data)
+    G = _kernel_gradient(K, V, problem.data)
+    grads = np.concatenate([(G @ WK).reshape(len(xs), -1), (np.swapaxes(G, -1, -2) @ WQ).reshape(len(xs), -1)],
+                           axis=1)
+    return [(float(f), g) for f, g in zip(phi, grads)]
+
+
+class _Batches:
+    """Objective evaluations of concurrent minimisations (one thread each), made together.
+
+    A thread's call waits until every running minimisation has asked for its next point (or
+    finished); the last to ask evaluates the batch, grouped by problem, and wakes the others.
+    Each minimisation sees exactly the values it would see alone, so its path is unchanged.
+    """
+
+    def __init__(self, problems: list[_Problem], running: int):
+        self.problems = problems
+        self.cond = threading.Condition()
+        self.pending: list = []
+        self.done: dict = {}
+        self.running = running
+
+    def __call__(self, index: int, x):
+        ticket = object()
+        with self.cond:
+            self.pending.append((ticket, index, np.array(x, dtype=np.float64)))
+            self._flush()
+            while ticket not in self.done:
+                self.cond.wait()
+            value = self.done.pop(ticket)
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def finished(self):
+        with self.cond:
+            self.running -= 1
+            self._flush()
+
+    def _flush(self):
+        if not self.pending or len(self.pending) < self.running:
+            return
+        batch, self.pending = self.pending, []
+        by_problem: dict[int, list] = {}
+        for ticket, index, x in batch:
+            by_problem.setdefault(index, []).append((ticket, x))
+        for index, items in by_problem.items():
+            try:
+                values = _factor_objectives(self.problems[index], [x for _, x in items])
+            except BaseException as err:       # noqa: BLE001 - handed to the waiting threads
+                values = [err] * len(items)
+            for (ticket, _), value in zip(items, values):
+                self.done[ticket] = value
+        self.cond.notify_all()
+
+
+#: at most this many minimisations run at once (one thread each) in :func:`centralized_optima`
+MAX_CONCURRENT_STARTS = 256
+
+
+def centralized_optima(problems) -> list[CentralizedOptimum]:
+    """:func:`centralized_optimum` of many problems (dicts of its keyword arguments) at once.
+
+    Every start of every problem runs its own L-BFGS in a thread; their objective and gradient
+    evaluations wait for each other and are computed in batches, one array program per problem
+    (a leading axis of kernels, :func:`_profile_batch`). Each start follows exactly its
+    sequential path, so every optimum equals the one-at-a-time result, bit for bit.
+    """
+    problems = [_problem(**dict(problem)) for problem in problems]
+    jobs = [(i, j) for i, problem in enumerate(problems) for j in range(len(problem.inits))]
+    outcomes: dict = {}
+    with threadpool_limits(1, user_api="blas"):   # tiny BLAS calls: threads only spin (10× slower under load)
+        for lo in range(0, len(jobs), MAX_CONCURRENT_STARTS):
+            wave = jobs[lo:lo + MAX_CONCURRENT_STARTS]
+            batches = _Batches(problems, len(wave))
+            threads = [threading.Thread(target=_minimise, args=(problems[i], i, j, batches, outcomes),
+                                        name="linattn-optimum") for i, j in wave]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    for key, value in outcomes.items():
+        if isinstance(value, BaseException):
+            raise value
+    return [_optimum(problem, [outcomes[(i, j)] for j in range(len(problem.inits))])
+            for i, problem in enumerate(problems)]
+
+
+def _minimise(problem: _Problem, index: int, j: int, batches: _Batches, outcomes: dict) -> None:
+    """One start's L-BFGS (in its own thread); its result or error into ``outcomes[(index, j)]``."""
+    try:
+        label, WQ, WK = problem.inits[j]
         x0 = np.concatenate([WQ.ravel(), WK.ravel()])
-        f0 = objective(x0)[0]
-        with threadpool_limits(1, user_api="blas"):   # tiny BLAS calls: threads only spin (10× slower under load)
-            res = optimize.minimize(objective, x0, jac=True, method="L-BFGS-B",
-                                    options={"maxiter": max_iterations, "ftol": 1e-15, "gtol": tolerance,
-                                             "maxcor": 20})
+        f0 = batches(index, x0)[0]
+        res = optimize.minimize(lambda x: batches(index, x), x0, jac=True, method="L-BFGS-B",
+                                options={"maxiter": problem.max_iterations, "ftol": 1e-15,
+                                         "gtol": problem.tolerance, "maxcor": 20})
+        outcomes[(index, j)] = (f0, res)
+    except BaseException as err:                  # noqa: BLE001 - re-raised by the caller
+        outcomes[(index, j)] = err
+    finally:
+        batches.finished()
+
+
+def _optimum(problem: _Problem, solved: list) -> CentralizedOptimum:
+    """The :class:`CentralizedOptimum` of a problem from its starts' L-BFGS results."""
+    shape, size = problem.shape, int(np.prod(problem.shape))
+    candidates, rows = [], []
+    for label, K in problem.starts:   # the unoptimised starts themselves
+        candidates.append((profile_objective(K, problem.data, 0.0)[0], label + " (as given)", K, np.nan))
+    for (label, _, _), (f0, res) in zip(problem.inits, solved):
         WQ, WK = res.x[:size].reshape(shape), res.x[size:].reshape(shape)
         K = WQ @ np.swapaxes(WK, -1, -2)
         gnorm = float(np.linalg.norm(res.jac))
@@ -144,18 +295,14 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
                      "iterations": int(res.nit), "converged": bool(res.success),
                      "factor_gradient_norm": gnorm, "message": str(res.message)})
         candidates.append((float(res.fun), label, K, gnorm))
-    if not candidates:
-        raise ValueError("centralized_optimum: nothing to optimise (restarts = 0 and no initial kernels)")
     best = min(candidates, key=lambda c: c[0])
     table = pd.DataFrame(rows)
     converged = any(row["converged"] for row in rows if row["start"] == best[1])
-    phi, V = profile_objective(best[2], data, 0.0)
-    return CentralizedOptimum(best[2], V, phi, float(lam), rank, converged, float(best[3]), best[1], table)
+    phi, V = profile_objective(best[2], problem.data, 0.0)
+    return CentralizedOptimum(best[2], V, phi, problem.lam, problem.rank, converged, float(best[3]),
+                              best[1], table)
 
 
-# --------------------------------------------------------------------------------------
-# population moments
-# --------------------------------------------------------------------------------------
 def population_value_moments(K, config, samples: int = 4096) -> ValueMoments:
     """Monte-Carlo estimate of the population moments ``E_{D_c}[φφ^T]``, ``E_{D_c}[φ y^T]``, ``E_{D_c}‖y‖²``.
 

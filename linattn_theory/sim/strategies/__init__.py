@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from ...core._lazy import attach
+
+if TYPE_CHECKING:
+    from .base import Strategy
 
 #: the shared shape of a strategy (:mod:`.base`), imported on first use: registering a strategy
 #: (which the package does at import) stays free of NumPy

@@ -151,43 +151,82 @@ def server_sgd(learning_rate: float = 1.0) -> ServerRule:
 
 
 # -- helpers for stateful rules ---------------------------------------------------------------
+#
+# A rule sees one run (``rnd.participants`` of shape ``(k,)``: ``local`` blocks ``(k, H, d, r)``,
+# ``anchor`` and server-side state ``(H, d, r)``) or an ensemble of runs
+# (:func:`linattn_theory.sim.ensemble.simulate_many`: ``rnd.participants`` of shape ``(I, k)``,
+# ``local`` ``(I, k, H, d, r)``, ``anchor`` and server-side state ``(I, 1, H, d, r)``, per-instance
+# settings as arrays ``(I, 1, 1, 1, 1)``). Elementwise arithmetic broadcasts in both; these
+# helpers do the rest, so a rule written with them runs either way.
 
-def zeros_like_blocks(params: Params, leading: tuple[int, ...] = ()) -> dict:
-    """``{block: 0}`` shaped like each block of ``params``, with extra leading axes ``leading``."""
+def _client_axis(rnd_or_weights) -> int:
+    """The client axis: 0 for one run, 1 for an ensemble (participants or weights of ndim 2)."""
+    a = rnd_or_weights.participants if isinstance(rnd_or_weights, Round) else rnd_or_weights
+    return len(a.shape) - 1
+
+
+def zeros_like_blocks(params: Params, clients: int | None = None) -> dict:
+    """``{block: 0}`` shaped like each block of ``params``; with ``clients``, one per client
+    (``(clients, H, d, r)`` for one run, ``(I, clients, H, d, r)`` for an ensemble's ``(I, 1, H, d, r)``)."""
     xp = array_namespace(params.WV)
-    return {b: xp.zeros(leading + tuple(getattr(params, b).shape), dtype=params.WV.dtype)
-            for b in BLOCKS}
+
+    def shape(a):
+        if clients is None:
+            return tuple(a.shape)
+        return tuple(a.shape[:-4]) + (clients,) + tuple(a.shape[-3:])
+
+    return {b: xp.zeros(shape(getattr(params, b)), dtype=params.WV.dtype) for b in BLOCKS}
+
+
+def _instance_rows(num_instances: int, num_clients: int, index) -> np.ndarray:
+    """Flat row numbers ``i·m + index[i, j]`` of an ensemble's per-instance client indices."""
+    return (np.arange(num_instances)[:, None] * num_clients + index).reshape(-1)
 
 
 def scatter_clients(full, part_values, rnd: Round):
-    """Return ``full`` (leading axis: all clients) with the participants' rows set to ``part_values``.
+    """Return ``full`` (client axis: all clients) with the participants' rows set to ``part_values``.
 
     Array-API clean (no item assignment): a gather through each client's position among the
     participants, then a masked select.
     """
-    if len(rnd.participants) == rnd.num_clients:
+    part = np.asarray(rnd.participants)
+    k, m = part.shape[-1], rnd.num_clients
+    if k == m:
         return part_values
     xp = array_namespace(full, part_values)
-    position = np.zeros(rnd.num_clients, dtype=np.int64)
-    position[rnd.participants] = np.arange(len(rnd.participants))
-    mask = np.zeros(rnd.num_clients, dtype=bool)
-    mask[rnd.participants] = True
-    gathered = xp.take(part_values, xp.asarray(position), axis=0)
-    mask = xp.reshape(xp.asarray(mask), (-1,) + (1,) * (full.ndim - 1))
+    lead = part.shape[:-1]                       # () for one run, (I,) for an ensemble
+    position = np.zeros(lead + (m,), dtype=np.int64)
+    mask = np.zeros(lead + (m,), dtype=bool)
+    np.put_along_axis(position, part, np.broadcast_to(np.arange(k), part.shape), axis=-1)
+    np.put_along_axis(mask, part, True, axis=-1)
+    if lead:
+        rows = _instance_rows(lead[0], k, position)
+        flat = xp.reshape(part_values, (lead[0] * k,) + tuple(part_values.shape[2:]))
+        gathered = xp.reshape(xp.take(flat, xp.asarray(rows), axis=0), tuple(full.shape))
+    else:
+        gathered = xp.take(part_values, xp.asarray(position), axis=0)
+    mask = xp.reshape(xp.asarray(mask), mask.shape + (1,) * (full.ndim - mask.ndim))
     return xp.where(mask, gathered, full)
 
 
 def weighted_sum(weights, a):
-    """``Σ_c w_c a_c`` over the leading (client) axis."""
+    """``Σ_c w_c a_c`` over the client axis: ``weights`` ``(k,)`` and ``a`` ``(k, ...)`` give ``(...)``;
+    an ensemble's ``(I, k)`` and ``(I, k, ...)`` give ``(I, 1, ...)`` (the client axis kept)."""
     xp = array_namespace(weights, a)
-    return xp.sum(xp.reshape(weights, (-1,) + (1,) * (a.ndim - 1)) * a, axis=0)
+    axis = _client_axis(weights)
+    w = xp.reshape(weights, tuple(weights.shape) + (1,) * (a.ndim - weights.ndim))
+    return xp.sum(w * a, axis=axis, keepdims=axis > 0)
 
 
 def take_clients(full, rnd: Round):
-    """The participants' rows of ``full`` (leading axis: all clients)."""
-    if len(rnd.participants) == rnd.num_clients:
+    """The participants' rows of ``full`` (client axis: all clients)."""
+    part = np.asarray(rnd.participants)
+    if part.shape[-1] == rnd.num_clients:
         return full
     xp = array_namespace(full)
-    return xp.take(full, xp.asarray(rnd.participants), axis=0)
-
-
+    if part.ndim == 1:
+        return xp.take(full, xp.asarray(part), axis=0)
+    I, m = full.shape[0], full.shape[1]
+    flat = xp.reshape(full, (I * m,) + tuple(full.shape[2:]))
+    rows = xp.take(flat, xp.asarray(_instance_rows(I, m, part)), axis=0)
+    return xp.reshape(rows, (I, part.shape[-1]) + tuple(full.shape[2:]))

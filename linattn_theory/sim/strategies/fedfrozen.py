@@ -36,13 +36,13 @@ def random_kernel(fed, warmup_rounds: int | None = None) -> Strategy:
 def fedfrozen_fedprox(fed, warmup_rounds: int) -> Strategy:
     """FedFrozen whose frozen stage (``t ≥ T0``) adds FedProx's ``μ(θ_c − θ^t)``, ``μ = fed.prox_mu``."""
     return Strategy("fedfrozen_fedprox", freeze_after(warmup_rounds, FROZEN),
-                    fedprox.proximal(fed.prox_mu, start=warmup_rounds),
+                    fedprox.proximal(fed.prox_mu, stage=FROZEN),
                     server_sgd(fed.server_learning_rate))
 
 
 def fedfrozen_scaffold(fed, warmup_rounds: int) -> Strategy:
     """FedFrozen whose frozen stage (``t ≥ T0``) runs SCAFFOLD on ``W_V``."""
     return Strategy("fedfrozen_scaffold", freeze_after(warmup_rounds, FROZEN),
-                    scaffold.control_variates(start=warmup_rounds),
+                    scaffold.control_variates(stage=FROZEN),
                     server_sgd(fed.server_learning_rate))
 

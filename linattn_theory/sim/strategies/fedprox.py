@@ -27,11 +27,13 @@ __all__ = ["NAME", "proximal", "strategy", "frozen_fixed_point"]
 NAME = "fedprox"
 
 
-def proximal(mu: float, start: int = 0) -> ClientRule:
-    """Add ``μ(θ_c − θ^t)`` to every local gradient of the trained blocks from round ``start`` on."""
+def proximal(mu: float, stage: tuple[str, ...] | None = None) -> ClientRule:
+    """Add ``μ(θ_c − θ^t)`` to every local gradient of the trained blocks: in every round, or
+    (``stage``) only in the rounds that train exactly the blocks ``stage`` (FedFrozen's frozen
+    stage: ``("WV",)``)."""
 
     def correction(state, rnd, anchor, local):
-        if rnd.t < start:
+        if stage is not None and tuple(rnd.blocks) != tuple(stage):
             return {}
         return {b: mu * (local[b] - anchor[b]) for b in rnd.blocks}
 

@@ -22,20 +22,25 @@ __all__ = ["NAME", "control_variates", "strategy"]
 NAME = "scaffold"
 
 
-def control_variates(start: int = 0) -> ClientRule:
-    """SCAFFOLD's client rule from round ``start`` on; state ``(c, c_i)`` as ``{block: array}`` dicts."""
+def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
+    """SCAFFOLD's client rule, in every round or (``stage``) only in the rounds that train exactly
+    the blocks ``stage`` (the control variates stay zero before); state ``(c, c_i)`` as
+    ``{block: array}`` dicts."""
+
+    def active(rnd):
+        return stage is None or tuple(rnd.blocks) == tuple(stage)
 
     def init(params, num_clients):
-        return zeros_like_blocks(params), zeros_like_blocks(params, (num_clients,))
+        return zeros_like_blocks(params), zeros_like_blocks(params, num_clients)
 
     def correction(state, rnd, anchor, local):
-        if rnd.t < start:
+        if not active(rnd):
             return {}
         server, clients = state
         return {b: server[b] - take_clients(clients[b], rnd) for b in rnd.blocks}
 
     def update(state, rnd, anchor, local):
-        if rnd.t < start:
+        if not active(rnd):
             return state
         server, clients = dict(state[0]), dict(state[1])
         inverse_step = 1.0 / (rnd.local_steps * rnd.learning_rate)

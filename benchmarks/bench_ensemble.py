@@ -1,0 +1,312 @@
+"""Benchmark the ensemble engine: many instances as one array program (linattn_theory.sim.ensemble).
+
+One script, measured side by side (interleaved passes, medians and ranges):
+
+1. **Instance-rounds per second** for 1, 8, 64 and 512 instances at the reference size
+   (m = 32, N_c = 256, n = 32, d = r = 16, p = 4, E = 10) and at the figures' size
+   (simulations/configs/tradeoff.toml: m = 8, N_c = 128, n = 16, d = 8, r = 3, p = 2, E = 10),
+   FedAvg rounds (every block trains), float64, on the Array-API engine on NumPy, the fused CPU
+   engine and, when CuPy sees a GPU, the Array-API engine on CuPy; with the share of the memory
+   floor each reaches (the time to read every sample's context once per local step in its
+   smaller form, ``d(d+1)/2`` numbers of ``Ŝ`` plus ``q`` and ``y``, at the copy bandwidth of the
+   device: host ``np.copyto`` on the CPU engines, device-to-device on the GPU). Data are built
+   and stacked before the clock starts; a pass runs ``--rounds`` rounds of
+   :func:`~linattn_theory.sim.ensemble.run_ensemble`.
+2. **Beside them**, when installed, a JAX ``jit`` + ``vmap`` and a PyTorch batched version of
+   the same closed form (context second moments, E local steps, weighted average; optional
+   imports, skipped with a message: never dependencies of the package).
+3. **The goals**: 48 figure-size runs through ``simulate_many`` against 48 calls of
+   ``simulate`` (wall and process CPU time, data generation included on both sides), for 48
+   different instances and for 48 runs of the figures' kind (a few instances × a ``T0`` grid,
+   whose warm-ups ``simulate_many`` shares); and the fused engine's share of the memory floor
+   at the reference size, one instance (``benchmarks/bench_round.py`` explains the floor).
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_ensemble.py [--quick] [--repeat 3] [--instances 1 8 64 512]
+
+The machine may be shared with other jobs: every variant sees the same load (interleaved), CPU
+time is printed next to wall time, and ranges show the spread. Without a GPU the CuPy rows say
+so and are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+from _common import REFERENCE, Size, copier, interleaved, print_table, size_config, stats, thread_note
+
+from linattn_theory.core import fused
+from linattn_theory.core.backend import gpu_available
+from linattn_theory.sim.engine import clients_from_config, prepare_run, simulate
+from linattn_theory.sim.ensemble import Member, run_ensemble, simulate_many
+
+FIGURES = Size("figures", clients=8, samples=128, tokens=16, dim=8, rank=3, outputs=2)
+TEACHER_RANK = 3
+
+
+def figure_config(seed: int, rounds: int, backend: str = "numpy", **federated):
+    """A tradeoff.toml run (the figures' size) as a FedAvg config unless ``federated`` says otherwise."""
+    config = size_config(FIGURES, rounds=rounds, backend=backend, seed=seed, learning_rate=0.02,
+                         **federated)
+    return config.with_updates({"task.zeta_value": 2.0, "task.zeta_covariate": 0.5, "task.noise": 0.1,
+                                "task.rank": TEACHER_RANK})
+
+
+def members(size: Size, count: int, rounds: int, backend: str) -> list[Member]:
+    """``count`` instances (seeds ``0..count−1``) of ``size``, data on ``backend``, ready to run."""
+    out = []
+    for seed in range(count):
+        config = (figure_config(seed, rounds, backend) if size is FIGURES
+                  else size_config(size, rounds=rounds, backend=backend, seed=seed))
+        data, theta0 = prepare_run(config, clients_from_config(config))
+        out.append(Member(config, data, theta0))
+    return out
+
+
+def floor_seconds(size: Size, bandwidth: float) -> float:
+    """The memory floor of one instance-round: ``E`` reads of every sample's context at ``bandwidth``."""
+    return size.local_steps * size.step_bytes() / bandwidth
+
+
+# ----------------------------------------------------------------------------------------------
+# optional peers: the same closed form in JAX (jit + vmap) and PyTorch (batched)
+# ----------------------------------------------------------------------------------------------
+def jax_peer(batch, rounds: int, eta: float, steps: int):
+    """``(run, device)``: FedAvg rounds of every instance with JAX ``jit`` + ``vmap``, or ``None``."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    jax.config.update("jax_enable_x64", True)
+    S, q, y, w, pw = (jnp.asarray(a) for a in batch[:5])
+    WQ, WK, WV = batch[5]
+
+    def loss(params, S, q, y, w):
+        WQ, WK, WV = params
+        K = jnp.einsum("hdr,her->hde", WQ, WK)
+        phi = jnp.einsum("nab,hca,nc->nhb", S, K, q)
+        e = jnp.einsum("nhb,hbp->np", phi, WV) - y
+        return 0.5 * jnp.sum(w[:, None] * e * e)
+
+    grad = jax.grad(loss)
+
+    def client(params, S, q, y, w):
+        def step(_, p):
+            g = grad(p, S, q, y, w)
+            return tuple(a - eta * b for a, b in zip(p, g))
+        return jax.lax.fori_loop(0, steps, step, params)
+
+    def instance(params, S, q, y, w, pw):
+        def one_round(_, p):
+            local = jax.vmap(client, in_axes=(None, 0, 0, 0, 0))(p, S, q, y, w)
+            return tuple(jnp.einsum("c,c...->...", pw, a) for a in local)
+        return jax.lax.fori_loop(0, rounds, one_round, params)
+
+    run = jax.jit(jax.vmap(instance))
+    params = tuple(jnp.asarray(a) for a in (WQ, WK, WV))
+    run(params, S, q, y, w, pw)[0].block_until_ready()
+    return (lambda: run(params, S, q, y, w, pw)[0].block_until_ready()), jax.devices()[0].platform
+
+
+def torch_peer(batch, rounds: int, eta: float, steps: int):
+    """``(run, device)``: FedAvg rounds of every instance with PyTorch batched autograd, or ``None``."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    S, q, y, w, pw = (torch.as_tensor(np.asarray(a), device=device) for a in batch[:5])
+    server = [torch.as_tensor(np.asarray(a), device=device) for a in batch[5]]
+    m = S.shape[1]
+
+    def run():
+        params = [a.clone() for a in server]                      # (I, H, d, r)
+        for _ in range(rounds):
+            local = [a[:, None].expand(-1, m, *a.shape[1:]).clone().requires_grad_(True) for a in params]
+            for _ in range(steps):
+                WQ, WK, WV = local
+                K = torch.einsum("ichdr,icher->ichde", WQ, WK)
+                phi = torch.einsum("icnab,ichca,icnc->icnhb", S, K, q)
+                e = torch.einsum("icnhb,ichbp->icnp", phi, WV) - y
+                loss = 0.5 * (w[..., None] * e * e).sum()
+                grads = torch.autograd.grad(loss, local)
+                with torch.no_grad():
+                    local = [(a - eta * g).requires_grad_(True) for a, g in zip(local, grads)]
+            with torch.no_grad():
+                params = [torch.einsum("ic,ic...->i...", pw, a) for a in local]
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return params
+
+    run()
+    return run, device
+
+
+def peer_batch(batch_members):
+    """The stacked data and server parameters of ``members`` as NumPy arrays (for the peers)."""
+    stack = lambda f: np.stack([np.asarray(getattr(mb.data, f)) for mb in batch_members])  # noqa: E731
+    S, q, y, w, pw = stack("S"), stack("q"), stack("y"), stack("sample_weight"), stack("weights")
+    params = tuple(np.stack([np.asarray(getattr(mb.params, b)) for mb in batch_members]) for b in ("WQ", "WK", "WV"))
+    return S, q, y, w, pw, params
+
+
+# ----------------------------------------------------------------------------------------------
+def throughput(args, bandwidth: dict) -> None:
+    """Section 1 and 2: instance-rounds per second for each size, instance count and engine."""
+    engines = [("NumPy (Array-API)", "numpy", "array_api"), ("fused CPU", "numpy", "fused")]
+    if gpu_available():
+        engines.append(("CuPy (Array-API)", "cupy", "array_api"))
+    else:
+        print("CuPy with a CUDA GPU is not available here: the CuPy rows are skipped.")
+    for size in (REFERENCE, FIGURES):
+        rows = []
+        for count in args.instances:
+            if size is REFERENCE and count > args.max_reference:
+                rows.append([count, "skipped (--max-reference)", "", "", "", ""])
+                continue
+            fns, built = {}, {}
+            for label, backend, engine in engines:
+                batch = built.setdefault(backend, members(size, count, args.rounds, backend))
+                sync = None
+                if backend == "cupy":
+                    import cupy
+                    sync = cupy.cuda.runtime.deviceSynchronize
+
+                def run(batch=batch, engine=engine, sync=sync):
+                    run_ensemble(batch, engine=engine)
+                    if sync is not None:
+                        sync()
+                run()                                    # compile / warm the caches first
+                fns[label] = run
+            peers = {}
+            if not args.no_peers:
+                host = peer_batch(built["numpy"])
+                fed = built["numpy"][0].config.federated
+                for name, make in (("JAX jit+vmap", jax_peer), ("PyTorch batched", torch_peer)):
+                    peer = make(host, args.rounds, fed.learning_rate, fed.local_steps)
+                    if peer is not None:
+                        fns[f"{name} ({peer[1]})"] = peer[0]
+                        peers[f"{name} ({peer[1]})"] = peer[1]
+            cpu: dict = {}
+            times = interleaved(fns, args.repeat, cpu)
+            for label, seconds in times.items():
+                device = "gpu" if ("CuPy" in label or peers.get(label) in ("gpu", "cuda")) else "cpu"
+                per = [s / (count * args.rounds) for s in seconds]
+                share = [floor_seconds(size, bandwidth[device]) / p for p in per] if bandwidth.get(device) else None
+                rows.append([count, label, stats([1 / p for p in per]),
+                             stats([c / (count * args.rounds) for c in cpu[label]], 1e3) if device == "cpu" else "–",
+                             stats(per, 1e3), stats(share) if share else "–"])
+            del built
+        print(f"\n{size.name} size ({size.describe()}), {args.rounds} FedAvg rounds per pass, "
+              f"{args.repeat} interleaved passes, median (min–max):")
+        print_table(["instances", "engine", "instance-rounds/s", "CPU ms per instance-round",
+                     "wall ms per instance-round", "share of the memory floor"], rows)
+    if args.no_peers:
+        return
+    missing = [name for name, module in (("JAX", "jax"), ("PyTorch", "torch"))
+               if __import__("importlib").util.find_spec(module) is None]
+    if missing:
+        print(f"\n{' and '.join(missing)} not installed: {'their peers were' if len(missing) > 1 else 'its peer was'} "
+              f"skipped (optional; never a dependency of the package).")
+
+
+def goals(args, bandwidth: dict) -> None:
+    """Section 3: simulate_many against simulate at the figures' size, fused share at the reference."""
+    rounds = 40
+    distinct = [figure_config(seed, rounds, strategy="fedfrozen", warmup_rounds=2 * (seed % 21))
+                for seed in range(48)]
+    grid = [figure_config(seed, rounds, strategy="fedfrozen", warmup_rounds=T0)
+            for seed in range(3) for T0 in range(0, rounds + 1, 2)][:48]
+    simulate_many(distinct[:2])                                   # compile / load the kernels
+    simulate(distinct[0])
+    rows = []
+    for name, configs in (("48 instances (seeds), T0 = 0..40", distinct),
+                          ("48 runs of the figures' kind (T0 = 0, 2, …, 40 of seeds 0, 1, 2)", grid)):
+        cpu: dict = {}
+        times = interleaved({"simulate_many": lambda c=configs: simulate_many(c),
+                             "48 × simulate": lambda c=configs: [simulate(x) for x in c]},
+                            args.repeat, cpu)
+        ratio_wall = statistics.median(times["48 × simulate"]) / statistics.median(times["simulate_many"])
+        ratio_cpu = statistics.median(cpu["48 × simulate"]) / statistics.median(cpu["simulate_many"])
+        rows.append([name, stats(times["simulate_many"]), stats(times["48 × simulate"]),
+                     stats(cpu["simulate_many"]), stats(cpu["48 × simulate"]),
+                     f"{ratio_wall:.1f}", f"{ratio_cpu:.1f}"])
+    print(f"\nGoal: 48 figure-size runs (T = {rounds}) through simulate_many ≥ 5× faster than 48 "
+          f"simulate calls (data generation included; {args.repeat} interleaved passes, s, median (min–max)):")
+    print_table(["runs", "simulate_many wall", "48 × simulate wall", "simulate_many CPU",
+                 "48 × simulate CPU", "speed-up (wall)", "speed-up (CPU)"], rows)
+
+    config = size_config(REFERENCE, rounds=3)
+    data, theta0 = prepare_run(config)
+    one = [Member(config, data, theta0)]
+    rows = []
+    steps = 3 * REFERENCE.local_steps
+    for threads in (1, 2):
+        fused.set_threads(threads)
+        try:
+            run_ensemble(one, engine="fused")
+            cpu = {}
+            times = interleaved({"fused": lambda: run_ensemble(one, engine="fused")}, args.repeat, cpu)
+        finally:
+            fused.set_threads(None)
+        per_step = [s / steps for s in times["fused"]]
+        floor = REFERENCE.step_bytes() / bandwidth[f"cpu{threads}"]
+        row = [threads, stats(per_step, 1e3), f"{floor * 1e3:.3f}", stats([floor / s for s in per_step])]
+        if threads == 1:      # on a busy machine: the process's own CPU time against the copy's
+            per_cpu = [c / steps for c in cpu["fused"]]
+            floor_cpu = REFERENCE.step_bytes() / bandwidth["cpu1 (CPU time)"]
+            row += [stats(per_cpu, 1e3), f"{floor_cpu * 1e3:.3f}", stats([floor_cpu / c for c in per_cpu])]
+        else:
+            row += ["–", "–", "–"]
+        rows.append(row)
+    print("\nGoal: the fused engine at ≥ 0.5 of the memory floor at the reference size (one instance, "
+          "3 rounds incl. the table's loss evaluations; the floor at the same thread count; with 1 "
+          "thread also in process CPU time, against the copy's CPU-time bandwidth):")
+    print_table(["threads", "wall ms per local step", "floor ms (wall)", "share (wall)",
+                 "CPU ms per local step", "floor ms (CPU)", "share (CPU)"], rows)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved passes (median and range)")
+    parser.add_argument("--rounds", type=int, default=2, help="FedAvg rounds per timed pass")
+    parser.add_argument("--instances", type=int, nargs="*", default=[1, 8, 64, 512])
+    parser.add_argument("--max-reference", type=int, default=64,
+                        help="largest instance count at the reference size (16 MB of data per instance)")
+    parser.add_argument("--quick", action="store_true", help="1 and 8 instances, 2 passes, no goals section")
+    parser.add_argument("--no-peers", action="store_true", help="skip the JAX and PyTorch peers")
+    parser.add_argument("--sections", nargs="*", choices=("throughput", "goals"), default=["throughput", "goals"],
+                        help="which tables to print (default both)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.instances, args.repeat = [1, 8], 2
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (shared with other "
+          f"jobs); fused engine threads: {fused.default_threads()}; BLAS: {thread_note()}; "
+          f"{time.strftime('%Y-%m-%d')}")
+    bandwidth = {}
+    for threads in (1, 2):
+        copy, nbytes = copier(threads)
+        cpu = {}
+        bandwidth[f"cpu{threads}"] = nbytes / statistics.median(interleaved({"copy": copy}, 5, cpu)["copy"])
+        if threads == 1:
+            bandwidth["cpu1 (CPU time)"] = nbytes / statistics.median(cpu["copy"])
+    bandwidth["cpu"] = bandwidth[f"cpu{min(2, fused.default_threads())}"]
+    if gpu_available():
+        import cupy
+        from gpu_check import device_bandwidth
+        bandwidth["gpu"] = device_bandwidth(cupy)
+    print("copy bandwidth (read + written): " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in bandwidth.items()))
+    if "throughput" in args.sections:
+        throughput(args, bandwidth)
+    if "goals" in args.sections and not args.quick:
+        goals(args, bandwidth)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The ensemble engine (linattn_theory.sim.ensemble): many instances as one array program.
+
+Each result must equal the one-at-a-time run (simulate, warmup_sweep, centralized_optimum) — bit
+for bit where the same engine runs both, to rounding across engines — and must not depend on
+which instances share its ensemble, on the chunking or on the number of threads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from linattn_theory import config_from_dict, simulate
+from linattn_theory.core.fused import numba_available, set_threads
+from linattn_theory.sim.ensemble import Member, run_ensemble, simulate_many
+from linattn_theory.sim.engine import clients_from_config, prepare_run
+from linattn_theory.sim.warmup_grid import warmup_sweep, warmup_sweep_many
+
+needs_numba = pytest.mark.skipif(not numba_available(), reason="the fused engine needs numba")
+
+
+def config(seed=3, engine="array_api", **federated):
+    fed = {"strategy": "fedfrozen", "rounds": 6, "warmup_rounds": 3, "local_steps": 3,
+           "learning_rate": 0.05, "ridge": 0.05}
+    fed.update(federated)
+    return config_from_dict({"seed": seed, "task": {"num_clients": 4, "samples_per_client": 24,
+                                                    "tokens": 5, "dim": 4, "rank": 2, "outputs": 2,
+                                                    "zeta_value": 1.0},
+                             "model": {"heads": 2, "rank": 2, "engine": engine}, "federated": fed})
+
+
+def cases(engine):
+    """Runs of several shapes, strategies and per-instance settings, with one divergent run."""
+    runs = [config(engine=engine, warmup_rounds=T0) for T0 in (0, 3, 6)]          # a shared warm-up
+    runs += [config(seed=4, engine=engine, warmup_rounds=2, learning_rate=0.03, ridge=0.0),
+             config(seed=5, engine=engine, strategy="fedavg", server_learning_rate=0.7),
+             config(seed=6, engine=engine, strategy="fedavgm", server_momentum=0.5),
+             config(seed=7, engine=engine, strategy="fedadam", server_learning_rate=0.01),
+             config(seed=8, engine=engine, strategy="value_frozen"),
+             config(seed=9, engine=engine, participation=0.5),
+             config(seed=10, engine=engine, learning_rate=4.0)]                    # diverges
+    if engine == "array_api":                                                     # corrections, minibatches
+        runs += [config(seed=11, engine=engine, strategy="fedprox", prox_mu=0.3),
+                 config(seed=12, engine=engine, strategy="fedfrozen_scaffold", warmup_rounds=2),
+                 config(seed=13, engine=engine, strategy="scaffold", batch_size=8, participation=0.5)]
+    return runs
+
+
+def numeric(table):
+    return table.drop(columns=["stage", "strategy"]).to_numpy(float)
+
+
+def relative_difference(a, b):
+    """Largest relative difference of two runs' tables and parameters (0 where equal)."""
+    assert list(a.table.columns) == list(b.table.columns)
+    assert list(a.table["stage"]) == list(b.table["stage"]) and list(a.table["strategy"]) == list(b.table["strategy"])
+    pairs = [(numeric(a.table), numeric(b.table))]
+    pairs += [(getattr(x, k), getattr(y, k)) for x, y in ((a.params, b.params), (a.warmup_params, b.warmup_params))
+              for k in ("WQ", "WK", "WV")]
+    worst = 0.0
+    for u, v in pairs:
+        u, v = np.asarray(u, float), np.asarray(v, float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            worst = max(worst, float(np.max(np.where(u == v, 0.0, np.abs(u - v) / np.abs(v)), initial=0.0)))
+    return worst
+
+
+def assert_identical(a, b):
+    pd.testing.assert_frame_equal(a.table, b.table, check_exact=True)
+    for x, y in ((a.params, b.params), (a.warmup_params, b.warmup_params)):
+        for k in ("WQ", "WK", "WV"):
+            np.testing.assert_array_equal(getattr(x, k), getattr(y, k))
+    assert a.divergence == b.divergence
+    assert json.dumps(a.metadata, default=str) == json.dumps(b.metadata, default=str)
+
+
+def test_each_result_is_simulate_bit_for_bit_on_the_array_api_engine():
+    runs = cases("array_api")
+    alone = [simulate(c) for c in runs]
+    for c, many, one in zip(runs, simulate_many(runs), alone):
+        assert_identical(many, one)
+    assert alone[9].diverged and sum(r.diverged for r in alone) < len(runs) - 3
+
+
+@needs_numba
+def test_the_fused_ensemble_equals_simulate_to_rounding():
+    runs = cases("fused")
+    many = simulate_many(runs)
+    for c, a in zip(runs, many):
+        b = simulate(c.with_updates({"model.engine": "array_api"}))
+        assert a.metadata["engine"] == "fused"
+        # the same closed forms summed in another order over 6 rounds of 3 steps: rounding only
+        assert relative_difference(a, b) <= 1e-12, c.federated
+        assert a.diverged == b.diverged
+        assert (a.metadata["rounds_completed"], a.metadata["warmup_rounds"], a.metadata["seed"]) == \
+            (b.metadata["rounds_completed"], b.metadata["warmup_rounds"], b.metadata["seed"])
+
+
+def test_one_divergent_instance_is_reported_alone_and_the_others_go_on():
+    runs = [config(seed=s, learning_rate=4.0 if s == 1 else 0.05) for s in range(3)]
+    results = simulate_many(runs)
+    assert [r.diverged for r in results] == [False, True, False]
+    alone = simulate(runs[1])
+    assert results[1].divergence == alone.divergence              # its round, F and stable step
+    assert results[1].divergence.stable_learning_rate < 4.0
+    assert [len(r.table) for r in results] == [7, alone.divergence.round + 1, 7]
+
+
+@pytest.mark.parametrize("engine", ["array_api", pytest.param("fused", marks=needs_numba)])
+def test_results_do_not_depend_on_the_grouping_chunking_or_threads(engine):
+    runs = cases(engine)
+    reference = simulate_many(runs)
+    reordered = simulate_many(runs[::-1])[::-1]
+    alone = [simulate_many([c])[0] for c in runs[::3]]
+    small = simulate_many(runs, max_bytes=1)                      # one instance per ensemble
+    set_threads(1)
+    try:
+        one_thread = simulate_many(runs)
+    finally:
+        set_threads(None)
+    for other in (reordered, small, one_thread):
+        for a, b in zip(reference, other):
+            assert_identical(a, b)
+    for a, b in zip(reference[::3], alone):
+        assert_identical(a, b)
+
+
+@pytest.mark.parametrize("learning_rate, resume", [(0.05, 3), (0.5, 2)])
+def test_members_continue_from_a_prefix_exactly(learning_rate, resume):
+    """run_ensemble's checkpoints: continuing from one gives the uninterrupted run, its
+    divergence report included (which reads the best iterate carried in the state)."""
+    c = config(warmup_rounds=4, learning_rate=learning_rate)
+    data, theta0 = prepare_run(c, clients_from_config(c))
+    [(full, states, _)] = run_ensemble([Member(c, data, theta0, checkpoints=(resume,))])
+    [(rest, _, _)] = run_ensemble([Member(c, data, states[resume].params, prefix=states[resume])])
+    assert_identical(rest, full)
+    assert full.diverged == (learning_rate > 0.1) and (not full.diverged or full.divergence.round > resume)
+
+
+@pytest.mark.parametrize("frozen_stage", ["moments", "explicit"])
+def test_warmup_sweep_many_equals_warmup_sweep(frozen_stage):
+    runs = [config(seed=s, rounds=5, learning_rate=0.05 + 0.01 * s) for s in range(3)]
+    runs.append(config(seed=9, rounds=5, learning_rate=4.0))                        # diverges
+    many = warmup_sweep_many(runs, frozen_stage=frozen_stage)
+    for c, sweep in zip(runs, many):
+        one = warmup_sweep(c, frozen_stage=frozen_stage)
+        assert list(sweep) == list(one) == list(range(6))
+        for T0 in one:
+            assert relative_difference(sweep[T0], one[T0]) <= 1e-12
+            assert sweep[T0].divergence == one[T0].divergence
+            assert sweep[T0].metadata["config"] == one[T0].metadata["config"]
+
+
+def test_the_array_api_ensemble_runs_on_array_api_strict():
+    xs = pytest.importorskip("array_api_strict")
+    from linattn_theory.core.clients import stack_clients
+    runs = [config(seed=s, warmup_rounds=s, participation=0.75 if s else 1.0) for s in range(3)]
+
+    def members(xp):
+        out = []
+        for c in runs:
+            clients = clients_from_config(c)
+            data, theta0 = prepare_run(c, clients)
+            if xp is not None:
+                data = stack_clients(clients, xp=xp)
+                theta0 = theta0.map(xp.asarray)
+            out.append(Member(c, data, theta0))
+        return out
+
+    strict = run_ensemble(members(xs), engine="array_api")
+    plain = run_ensemble(members(None), engine="array_api")
+    for (a, _, _), (b, _, _) in zip(strict, plain):
+        assert relative_difference(a, b) <= 1e-12
+
+
+def test_centralized_optima_follow_each_start_s_sequential_path():
+    """Batched over starts and problems, every L-BFGS start takes exactly its one-at-a-time path
+    (with BLAS on one thread, as the solver runs it)."""
+    from scipy import optimize
+    from threadpoolctl import threadpool_limits
+
+    from linattn_theory.theory.profile import _factor_objectives, _problem, centralized_optima
+    problems = [dict(clients=clients_from_config(config(seed=s)), lam=0.05, rank=2, heads=2,
+                     restarts=2, seed=s) for s in range(3)]
+    optima = centralized_optima(problems)
+    for spec, optimum in zip(problems, optima):
+        problem = _problem(**spec)
+        for (label, WQ, WK), row in zip(problem.inits, optimum.starts.to_dict("records")):
+            with threadpool_limits(1, user_api="blas"):
+                res = optimize.minimize(lambda x: _factor_objectives(problem, [x])[0],
+                                        np.concatenate([WQ.ravel(), WK.ravel()]), jac=True,
+                                        method="L-BFGS-B", options={"maxiter": 1000, "ftol": 1e-15,
+                                                                    "gtol": 1e-10, "maxcor": 20})
+            assert (row["start"], row["objective"], row["iterations"]) == (label, float(res.fun), int(res.nit))
+        assert optimum.objective == min(optimum.starts["objective"].min(), optimum.objective)
+
+
+def test_test_split_metrics_follow_each_run():
+    """Real data with a test split (digits): test loss and accuracy per round, also for the runs
+    whose warm-up a shared trajectory ran, and with softmax attention (the Array-API engine)."""
+    pytest.importorskip("sklearn")
+    base = {"seed": 1, "task": {"family": "digits", "num_clients": 3, "label_alpha": 0.5},
+            "model": {"heads": 1, "rank": 2, "engine": "array_api"},
+            "federated": {"strategy": "fedfrozen", "rounds": 4, "local_steps": 2, "learning_rate": 0.25}}
+    runs = [config_from_dict({**base, "federated": {**base["federated"], "warmup_rounds": T0}}) for T0 in (1, 4)]
+    runs.append(runs[0].with_updates({"model.attention": "softmax"}))
+    for many, one in zip(simulate_many(runs), [simulate(c) for c in runs]):
+        assert "test_accuracy" in one.table
+        assert_identical(many, one)
