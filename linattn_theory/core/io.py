@@ -209,14 +209,16 @@ def provenance() -> dict:
 
 
 def timed_run(run):
-    """Decorate a function that returns a run result, or a list of ``(run_id, result)`` computed
-    together: record in each ``metadata["provenance"]`` when the call ``started`` (UTC, ISO 8601),
-    its ``wall_seconds`` and, for several results, how many shared that time (``computed_with``)."""
+    """Decorate a function that returns a run result, or a list of results or of ``(run_id,
+    result)`` computed together: record in each ``metadata["provenance"]`` when the call
+    ``started`` (UTC, ISO 8601), its ``wall_seconds`` and, for several results, how many shared
+    that time (``computed_with``)."""
     @functools.wraps(run)
     def timed(*args, **kwargs):
         started, start = datetime.now(timezone.utc), time.perf_counter()
         returned = run(*args, **kwargs)
-        results = [result for _, result in returned] if isinstance(returned, list) else [returned]
+        results = ([item[1] if isinstance(item, tuple) else item for item in returned]
+                   if isinstance(returned, list) else [returned])
         stamp = {"started": started.isoformat(timespec="seconds"),
                  "wall_seconds": round(time.perf_counter() - start, 6)}
         if len(results) > 1:

@@ -42,6 +42,7 @@ import numpy as np
 from ..core._array import array_namespace, to_numpy
 from ..core.backend import client_chunks, client_working_bytes, get_namespace
 from ..core.clients import StackedClients
+from ..core.io import timed_run
 from ..core.model import BLOCKS, Params, _flat, kernel
 from .config import RunConfig
 from .engine import (RunResult, RunState, _client_losses, _divergence, _local_steps,
@@ -703,6 +704,7 @@ class _Plan:
         return list(buckets.values())
 
 
+@timed_run
 def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | None = "auto",
                   progress: bool = False) -> list[RunResult]:
     """Run every config, in ensembles of equal shapes; the results in the configs' order.
