@@ -3,6 +3,7 @@ pages mention exist, the index covers every section of the theory, and the files
 the ones docs/cli.md describes. (The site itself is built by tests/test_docs_site.py.)"""
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
@@ -73,12 +74,14 @@ def resolves(name: str) -> bool:
     if _exists(name) or _exists(f"linattn_theory.{name}"):
         return True
     head = name.split(".")[0]
-    for info in pkgutil.walk_packages(linattn_theory.__path__, "linattn_theory."):
-        if info.name.endswith("__main__"):
-            continue
-        if head in vars(importlib.import_module(info.name)) and _exists(f"{info.name}.{name}"):
-            return True
-    return False
+    return any(head in vars(module) and _exists(f"{module.__name__}.{name}") for module in _modules())
+
+
+@functools.cache
+def _modules() -> tuple:
+    return tuple(importlib.import_module(info.name)
+                 for info in pkgutil.walk_packages(linattn_theory.__path__, "linattn_theory.")
+                 if not info.name.endswith("__main__"))
 
 
 def test_names_and_files_the_pages_mention_exist():
