@@ -90,13 +90,16 @@ def commands(blocks: list[Block]):
 
 
 def apply_patch(text: str, diff: str, name: str) -> str:
-    """``text`` with the diff applied: the context and removed lines, found once, become the
-    context and added lines."""
+    """``text`` with the diff applied: the lines of its context and removed lines, found as whole
+    lines exactly once in ``text``, become its context and added lines."""
     lines = [line for line in diff.splitlines() if not line.startswith("@@")]
-    old = "\n".join(line[1:] for line in lines if line[:1] in (" ", "-", ""))
-    new = "\n".join(line[1:] for line in lines if line[:1] in (" ", "+", ""))
-    assert text.count(old) == 1, f"{name}: the patch's context is not found exactly once:\n{old}"
-    return text.replace(old, new)
+    old = [line[1:] for line in lines if line[:1] in (" ", "-", "")]
+    new = [line[1:] for line in lines if line[:1] in (" ", "+", "")]
+    source = text.splitlines()
+    found = [i for i in range(len(source) - len(old) + 1) if source[i:i + len(old)] == old]
+    assert len(found) == 1, f"{name}: the patch's lines are not found exactly once:\n" + "\n".join(old)
+    i = found[0]
+    return "\n".join(source[:i] + new + source[i + len(old):]) + ("\n" if text.endswith("\n") else "")
 
 
 def assert_excerpt(text: str, excerpt: str, name: str):
@@ -259,6 +262,8 @@ def test_patch_and_excerpt_checks_catch_drift():
     assert apply_patch(text, " a = 1\n-b = 2\n+b = 20\n", "t") == "a = 1\nb = 20\nc = 3\n"
     with pytest.raises(AssertionError, match="not found exactly once"):
         apply_patch(text, " a = 1\n-b = 3\n+b = 30\n", "t")
+    with pytest.raises(AssertionError, match="not found exactly once"):     # whole lines only
+        apply_patch("a = 1\nb = 2  # two\n", " a = 1\n-b = 2\n+b = 20\n", "t")
     assert_excerpt(text, "a = 1   # one\nc = 3\n", "t")
     with pytest.raises(AssertionError, match="not in the file"):
         assert_excerpt(text, "c = 3\na = 1\n", "t")
