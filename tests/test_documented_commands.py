@@ -121,8 +121,11 @@ def copy_repository(target: Path) -> Path:
                             capture_output=True, text=True)
     files = listed.stdout.split() if listed.returncode == 0 else []
     if not files:  # not a git checkout: copy the folders that matter
-        for name in ("linattn_theory", "simulations", "derivations", "benchmarks", "docs", "tests"):
-            shutil.copytree(ROOT / name, target / name)
+        skip = shutil.ignore_patterns("__pycache__", "_build", "_sweeps", "generated", "gallery", "_gallery_src")
+        for name in ("linattn_theory", "simulations", "derivations", "benchmarks", "docs", "tests",
+                     "figures", "notebooks", ".ci"):
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, target / name, ignore=skip)
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(ROOT / name, target / name)
         return target
