@@ -7,13 +7,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from linattn_theory.report.figure_numbers import QUOTED_FILES, _BLOCK, blocks, headline_numbers
+from linattn_theory.report.figure_numbers import QUOTED_FILES, _BLOCK, blocks, figure_times, headline_numbers
+from linattn_theory.report.figures import discover
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
 #: where each generated block must appear
-EXPECTED_BLOCKS = {"README.md": {"headline-caption"},
-                   "figures/README.md": {"headline", "heatmaps", "drift-scaling", "static-heads"}}
+EXPECTED_BLOCKS = {"README.md": {"headline-caption", "figure-times"},
+                   "figures/README.md": {"headline", "heatmaps", "drift-scaling", "static-heads",
+                                         "figure-times-table"}}
 
 
 @pytest.mark.parametrize("name", QUOTED_FILES)
@@ -61,3 +63,15 @@ def test_quoted_percentages_parse_back_to_the_csv():
     quoted = [float(x) for x in re.findall(r"\| \*\*([0-9.]+) %\*\* \(", block)]
     numbers = headline_numbers(FIGURES)
     np.testing.assert_allclose(quoted, 100 * numbers["gain_median"].to_numpy(), atol=0.05)
+
+
+@pytest.mark.parametrize("mode", ["full", "quick"])
+def test_the_running_times_cover_every_figure_script(mode):
+    """figures/timings.csv, which the quoted running times come from, has one row per figure script
+    that `linattn figures` runs, in its order: a new, removed or renamed script makes it stale."""
+    times = figure_times(FIGURES)
+    rows = times[times["mode"] == mode]
+    option = " --quick" if mode == "quick" else ""
+    assert list(rows["figure"]) == list(discover(ROOT)), \
+        f"figures/timings.csv ({mode}) is stale: run python benchmarks/figure_times.py{option}"
+    assert (rows["seconds"] > 0).all() and (rows["sweep_runs"] >= 0).all()

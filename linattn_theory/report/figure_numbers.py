@@ -3,7 +3,8 @@
 Each quoted passage is a generated block between ``<!-- BEGIN quoted: NAME -->`` and
 ``<!-- END quoted: NAME -->`` in a Markdown file; :func:`blocks` writes every block from the CSVs
 in ``figures/`` (``best_warmup.csv``: one row per instance of the headline sweep;
-``heatmaps.csv``, ``drift_scaling.csv``, ``frozen_stage.csv``, ``static_heads_summary.csv``),
+``heatmaps.csv``, ``drift_scaling.csv``, ``frozen_stage.csv``, ``static_heads_summary.csv``; the
+running times from ``timings.csv``, which ``benchmarks/figure_times.py`` measures),
 ``tests/test_quoted_numbers.py`` checks that the files hold exactly these blocks, and
 ``python -m linattn_theory.report.figure_numbers`` rewrites them after the figures are regenerated.
 Statistics follow docs/theory.md §6: per instance the best warm-up ``T0_best`` (smallest argmin)
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["headline_numbers", "blocks", "replace_blocks", "QUOTED_FILES", "main"]
+__all__ = ["headline_numbers", "figure_times", "blocks", "replace_blocks", "QUOTED_FILES", "main"]
 
 #: the Markdown files (relative to the repository root) with quoted blocks
 QUOTED_FILES = ("README.md", "figures/README.md")
@@ -119,8 +120,51 @@ def _caption(figures: Path) -> str:
             f"that diverged ({int(numbers['diverged'].sum())} in all) are left out.*\n")
 
 
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+
+
+def _conditions(rows: pd.DataFrame) -> str:
+    """How a mode of ``timings.csv`` was measured: cores, workers, niceness, load, date, revision."""
+    first = rows.iloc[0]
+    load = pd.concat([rows["load_before"], rows["load_after"]])
+    nice = f", at niceness {int(first['nice'])}" if int(first["nice"]) else ""
+    return (f"{int(first['cores'])} cores, {first['executor']} with {int(first['workers'])} workers{nice}, "
+            f"load average {load.min():.1f}–{load.max():.1f}, {first['date']}, revision "
+            f"`{first['revision']}`")
+
+
+def figure_times(figures) -> pd.DataFrame:
+    """``timings.csv`` (written by ``benchmarks/figure_times.py``): one row per figure script and mode
+    (``full``, ``quick``), its seconds from an empty sweep cache and the runs it stored in sweeps."""
+    return pd.read_csv(Path(figures) / "timings.csv")
+
+
+def _times(figures: Path) -> str:
+    times = figure_times(figures)
+    full, quick = (times[times["mode"] == mode] for mode in ("full", "quick"))
+    return (f"Figures, each set from an empty sweep cache: the full set (`linattn figures`, {len(full)} "
+            f"scripts, {int(full['sweep_runs'].sum()):,} runs stored in sweeps) takes "
+            f"**{_duration(full['seconds'].sum())}** ({_conditions(full)}); the quick set "
+            f"(`linattn figures --quick`) takes **{_duration(quick['seconds'].sum())}** ({_conditions(quick)}).\n")
+
+
+def _times_table(figures: Path) -> str:
+    times = figure_times(figures)
+    wide = times.pivot(index="figure", columns="mode", values="seconds")
+    runs = times[times["mode"] == "full"].set_index("figure")["sweep_runs"]
+    lines = ["| figure | seconds (full) | runs stored in sweeps (full) | seconds (`--quick`) |", "|---|---|---|---|"]
+    for name in times.drop_duplicates("figure")["figure"]:
+        lines.append(f"| {name} | {wide.loc[name, 'full']:.1f} | {int(runs[name]):,} | {wide.loc[name, 'quick']:.1f} |")
+    lines.append(f"| **all {len(wide)}** | **{wide['full'].sum():.1f} ({_duration(wide['full'].sum())})** | "
+                 f"**{int(runs.sum()):,}** | **{wide['quick'].sum():.1f}** |")
+    return "\n".join(lines) + "\n"
+
+
 _MAKERS = {"headline-caption": _caption, "headline": _headline, "heatmaps": _heatmaps,
-           "drift-scaling": _drift, "static-heads": _static}
+           "drift-scaling": _drift, "static-heads": _static, "figure-times": _times,
+           "figure-times-table": _times_table}
 
 
 def blocks(figures="figures") -> dict[str, str]:

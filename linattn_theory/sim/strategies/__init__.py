@@ -5,21 +5,21 @@ a schedule (which blocks train in round ``t``), a client rule (gradient correcti
 state) and a server rule (the step on the weighted mean delta); see :mod:`.base`. Strategies
 are chosen by name in configs (``federated.strategy``):
 
-==================== ===================================================================
-``fedavg``           FedAvg (McMahan et al. 2017): every block, every round
-``fedfrozen``        FedFrozen: all blocks for ``t < T0``, then only ``W_V``
-``random_kernel``    FedFrozen with ``T0 = 0``: the random initial kernel stays frozen
-``value_frozen``     all blocks for ``t < T0``, then only ``W_Q, W_K``
-``fedprox``          FedProx (Li et al. 2018), proximal weight ``μ``
-``scaffold``         SCAFFOLD (Karimireddy et al. 2020), control variates
-``fedavgm``          FedAvgM (Hsu et al. 2019): server momentum
-``fedadam``          FedAdam (Reddi et al. 2020): server Adam
-``fedfrozen_fedprox``   FedFrozen with FedProx in the frozen stage
-``fedfrozen_scaffold``  FedFrozen with SCAFFOLD in the frozen stage
-``fedfrozen_adaptive``  FedFrozen whose warm-up length a causal rule chooses during training
-                        (:mod:`linattn_theory.recommenders.online`, docs/theory.md §8; registered
-                        by the package, see :func:`register_strategy`)
-==================== ===================================================================
+====================== ===================================================================
+``fedavg``             FedAvg (McMahan et al. 2017): every block, every round
+``fedfrozen``          FedFrozen: all blocks for ``t < T0``, then only ``W_V``
+``random_kernel``      FedFrozen with ``T0 = 0``: the random initial kernel stays frozen
+``value_frozen``       all blocks for ``t < T0``, then only ``W_Q, W_K``
+``fedprox``            FedProx (Li et al. 2018), proximal weight ``μ``
+``scaffold``           SCAFFOLD (Karimireddy et al. 2020), control variates
+``fedavgm``            FedAvgM (Hsu et al. 2019): server momentum
+``fedadam``            FedAdam (Reddi et al. 2020): server Adam
+``fedfrozen_fedprox``  FedFrozen with FedProx in the frozen stage
+``fedfrozen_scaffold`` FedFrozen with SCAFFOLD in the frozen stage
+``fedfrozen_adaptive`` FedFrozen whose warm-up length a causal rule chooses during training
+                       (:mod:`linattn_theory.recommenders.online`, docs/theory.md §8; registered
+                       by the package, see :func:`register_strategy`)
+====================== ===================================================================
 
 The registry maps names to factories or to ``"module:attribute"`` references imported on first
 use, so that a strategy defined in a higher layer (the online rule lives with the recommenders)
