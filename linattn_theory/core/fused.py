@@ -120,7 +120,7 @@ def _run_chunks(kernel, count: int, head: tuple, tail: tuple) -> None:
 class FusedEngine:
     """Fused local training and client losses on stacked clients.
 
-    ``data`` is one run's :class:`~linattn_theory.tasks.StackedClients` or, with
+    ``data`` is one run's :class:`~linattn_theory.core.clients.StackedClients` or, with
     ``instances=True``, an ensemble's (every array with a leading instance axis,
     :mod:`linattn_theory.sim.ensemble`); one run is handled as an ensemble of one.
     """

@@ -675,7 +675,7 @@ def ensemble_bytes(max_bytes, xp) -> int | None:
 
 
 def _local_chunk_bytes(xp, data: StackedClients, heads: int, batch_size, count: int) -> int | None:
-    """A round's local-step chunk budget (:func:`~linattn_theory.backend.resolve_max_bytes`'s policy
+    """A round's local-step chunk budget (:func:`~linattn_theory.core.backend.resolve_max_bytes`'s policy
     applied to the ensemble's round working set)."""
     from array_api_compat import is_numpy_namespace
     from ..core.backend import CPU_CHUNK_BYTES
