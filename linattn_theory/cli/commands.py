@@ -139,14 +139,16 @@ def _sweep(args) -> int:
 
 
 def _figures(args) -> int:
-    from ..report.figures import discover, make_figures
+    from ..report.figures import discover, find_root, make_figures
     from ..sim.limits import check_output_folder
 
-    scripts = discover(args.root, only=args.only)
+    root = find_root() if args.root is None else args.root
+    scripts = discover(root, only=args.only)
     if args.list:
         for name, path in scripts.items():
             print(f"{name}\t{path}")
         return EXIT_OK
+    args.out = str(Path(root) / "figures") if args.out is None else args.out
     check_output_folder(args.out)
     made = make_figures(scripts, args.out, quick=args.quick, executor=args.executor,
                         workers=args.workers, progress=not args.quiet)
@@ -294,8 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("figures", help="regenerate the figures (simulations/*.py)",
                        description="Run every figure script of ROOT/simulations (or those named by "
                                    "--only) and write PNG, PDF and a CSV of the plotted data per figure.")
-    p.add_argument("--out", default="figures", help="output folder (default: figures)")
-    p.add_argument("--root", default=".", help="repository root holding simulations/ (default: .)")
+    p.add_argument("--out", default=None, help="output folder (default: ROOT/figures)")
+    p.add_argument("--root", default=None, help="repository root holding simulations/ (default: the "
+                                                 "checkout around the working directory)")
     p.add_argument("--only", action="append", metavar="NAME",
                    help="only this figure script (repeatable)")
     p.add_argument("--quick", action="store_true", help="small grids: the whole set in under two minutes")
