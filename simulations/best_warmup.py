@@ -42,39 +42,41 @@ def earlier_at_highest(best):
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the tradeoff sweep, draw best T0 and gain per instance, write best_warmup.*."""
-    _, best, _ = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), quick=quick,
-                                   executor=executor, workers=workers, progress=progress)
-    dropped = int(best["gain"].isna().sum())
-    best = best.dropna(subset=["gain"])           # instances whose FedAvg run diverged have no gain
+    _, best, left_out = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), quick=quick,
+                                          executor=executor, workers=workers, progress=progress)
     fig, (ax_t0, ax_gain) = plotting.figure(2, height=2.5, quick=quick)
     seeds = sorted(best["seed"].unique())
     offsets = dict(zip(seeds, np.linspace(-0.04, 0.04, len(seeds)) if len(seeds) > 1 else [0.0]))
     for seed, sub in best.groupby("seed"):
         sub = sub.sort_values(HUE)
         x = sub[HUE] + offsets[seed]                # a small offset per seed, so that lines do not hide each other
-        ax_t0.plot(x, sub["best_T0"], "-o", color="0.55", linewidth=0.6, markersize=2, alpha=0.7)
-        ax_gain.plot(x, 100 * sub["gain"], "-o", color="0.55", linewidth=0.6, markersize=2, alpha=0.7)
+        for ax, y in ((ax_t0, sub["best_T0"]), (ax_gain, 100 * sub["gain"])):
+            ax.plot(x, y, "-", color=plotting.INSTANCE_COLOR, linewidth=0.6, alpha=0.7)
+            ax.scatter(x, y, c=[plotting.heterogeneity_color(v) for v in sub[HUE]], s=5, zorder=3)
     median = best.groupby(HUE)[["best_T0", "gain"]].median()
-    ax_t0.plot(median.index, median["best_T0"], "-D", color="black", linewidth=2, markersize=4)
-    ax_gain.plot(median.index, 100 * median["gain"], "-D", color="black", linewidth=2, markersize=4)
+    for ax, y in ((ax_t0, median["best_T0"]), (ax_gain, 100 * median["gain"])):
+        ax.plot(median.index, y, "-", color=plotting.STATISTIC_COLOR, linewidth=2)
+        ax.scatter(median.index, y, c=[plotting.heterogeneity_color(v) for v in median.index], marker="D",
+                   s=30, edgecolors=plotting.STATISTIC_COLOR, zorder=4)
     levels = sorted(best[HUE].unique())
     for ax in (ax_t0, ax_gain):
         ax.set_xticks(levels, [f"{v:g}" for v in levels])
         ax.set_xlabel(plotting.label(HUE))
     T = int(best["T"].max())
-    ax_t0.axhline(T, color="0.4", linestyle=":", linewidth=0.8)
+    ax_t0.axhline(T, color=plotting.REFERENCE_COLOR, linestyle=":", linewidth=0.8)
     ax_t0.set_ylabel(r"best warm-up $T_0^{\mathrm{best}}$")
     ax_gain.set_ylabel(r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (%)")
     k, n = earlier_at_highest(best)
     ax_t0.set_title(rf"earlier at $\zeta_V = {levels[-1]:g}$ than at {levels[0]:g} in {k}/{n} instances")
     ax_gain.set_title("gain over FedAvg at the best warm-up")
-    plotting.legend_below(fig, [Line2D([], [], color="0.55", marker="o", markersize=2, linewidth=0.6,
-                                       label="one instance (seed)"),
-                                Line2D([], [], color="black", marker="D", markersize=4, linewidth=2,
-                                       label="median over instances"),
-                                Line2D([], [], color="0.4", linestyle=":", linewidth=0.8,
+    plotting.legend_below(fig, [Line2D([], [], color=plotting.INSTANCE_COLOR, marker="o", markersize=2,
+                                       linewidth=0.6, label="one instance (seed)"),
+                                Line2D([], [], color=plotting.STATISTIC_COLOR, marker="D", markersize=4,
+                                       linewidth=2, label="median over instances"),
+                                Line2D([], [], color=plotting.REFERENCE_COLOR, linestyle=":", linewidth=0.8,
                                        label=rf"$T_0 = T = {T}$: plain FedAvg")], ncols=3)
-    plotting.note_dropped(ax_t0, dropped, "diverged instance")
+    fig.suptitle("; ".join(filter(None, ["points coloured by the heterogeneity level",
+                                         plotting.left_out_text(len(left_out))])))
     data = best.rename(columns={HUE: "zeta_value"})[["zeta_value", "seed", "best_T0", "R_best", "R_fedavg",
                                                      "gain", "T", "diverged_runs"]]
     return plotting.save_figure(fig, NAME, out_dir, data)

@@ -2,13 +2,15 @@
 
 Claim (docs/theory.md §9, §6): on scikit-learn's handwritten digits split over 8 clients by a
 Dirichlet(α) label skew, FedFrozen with a warm-up of T0 rounds is compared with plain FedAvg
-(T0 = T) on the same clients, seeds and budget of T rounds. Top: held-out test accuracy against
-T0 (mean over ten seeds, band from the smallest to the largest seed); bottom: the paired change
-of the final training loss, F_λ(θ_T; T0) − F_λ(θ_T; FedAvg) of the same seed (below zero:
-freezing at T0 beats FedAvg). Left linear, right softmax attention; colours: label skew α; stars:
-the best T0 of the seed mean (chosen after seeing every run); dashed lines: the warm-up the causal
-online rule chose during training (strategy fedfrozen_adaptive, docs/theory.md §8; median over
-seeds).
+(T0 = T) on the same clients, seeds and budget of T rounds. One column per label skew (weak to
+strong), colours: the attention. Top: held-out test accuracy against T0; bottom: the paired
+relative change of the final training loss, F_λ(θ_T; T0) / F_λ(θ_T; FedAvg) − 1 of the same seed
+(below zero: freezing at T0 beats FedAvg; the loss, not R, since no optimum Φ*_λ is known here).
+Lines and bands: median and interquartile range over the instances (seeds), selected by the rule of
+every figure (linattn_theory.report.sweep_analysis.select_instances). At the top of the bottom row:
+diamonds, the per-instance best warm-up (the smallest T0 minimising the final training loss,
+chosen after seeing every run); stars, the warm-up the causal online rule chose during training
+(strategy fedfrozen_adaptive, docs/theory.md §8); each a median with the interquartile range as a bar.
 
 Config: simulations/configs/digits.toml. Run: python simulations/digits.py [--quick] [--out figures]
 """
@@ -24,40 +26,39 @@ except ImportError:  # a checkout without installing: the package is next to sim
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from linattn_theory.report import plotting
 from linattn_theory.data.digits import DIGITS_EXTRA, evaluate
 from linattn_theory.sim.engine import clients_from_config
 from linattn_theory.report.figures import config_path, figure_sweep, script_main
-from linattn_theory.report.sweep_analysis import runs_by_instance
+from linattn_theory.report.sweep_analysis import paired_ratios, quartiles, runs_by_instance, select_instances
 
 NAME = "digits"
 CONFIG = config_path(__file__, "digits")
 HUE = "label_alpha"
+INSTANCE = ("attention", HUE, "seed")
 
 
 def run_table(folder, results) -> pd.DataFrame:
-    """Per run: attention, α, seed, T0, final training loss and the held-out test loss and accuracy."""
+    """Per run: attention, α, seed, T0, T, whether it diverged, the final training loss and the
+    held-out test loss and accuracy (NaN for a diverged run)."""
     rows = []
     for _, runs in runs_by_instance(folder, results):
         config = next(iter(runs.values()))[0]
         truth = clients_from_config(config).truth
         test = (truth["test_X"], truth["test_q"], truth["test_y"])
         for rid, (config, run) in runs.items():
-            if run.diverged:
-                continue
             model = config.model
-            scores = evaluate(run.params, *test, model.attention, model.temperature)
+            scores = ({"loss": np.nan, "accuracy": np.nan} if run.diverged
+                      else evaluate(run.params, *test, model.attention, model.temperature))
             rows.append({"run_id": rid, "attention": model.attention, HUE: config.task.label_alpha,
                          "seed": config.seed, "T0": run.metadata["warmup_rounds"],
-                         "rounds": config.federated.rounds,
-                         "final_loss_regularized": float(run.table["loss_regularized"].iloc[-1]),
+                         "federated.rounds": config.federated.rounds, "diverged": run.diverged,
+                         "final_loss_regularized": (np.nan if run.diverged
+                                                    else float(run.table["loss_regularized"].iloc[-1])),
                          "test_loss": scores["loss"], "test_accuracy": scores["accuracy"]})
-    table = pd.DataFrame(rows)
-    fedavg = table[table["T0"] == table["rounds"]].set_index(["attention", HUE, "seed"])
-    joined = table.join(fedavg["final_loss_regularized"].rename("fedavg_loss"),
-                        on=["attention", HUE, "seed"])
-    return joined.assign(loss_change=joined["final_loss_regularized"] - joined["fedavg_loss"])
+    return pd.DataFrame(rows)
 
 
 def _online_run(config_dict: dict, path: str) -> dict:
@@ -103,7 +104,7 @@ def online_warmups(folder, results, workers=None) -> pd.DataFrame:
 
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
-    """Run (or reuse) the sweep, draw the four panels, write digits.*; returns the paths.
+    """Run (or reuse) the sweep, draw the panels, write digits.*; returns the paths.
 
     Without scikit-learn (the optional extra ``digits``) the figure is skipped with a message.
     """
@@ -112,38 +113,54 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         return []
     _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
-    results, dropped = plotting.drop_diverged(results)
-    table = run_table(folder, results).dropna(subset=["loss_change"])
+    runs, best, left_out = select_instances(run_table(folder, results), INSTANCE, risk="final_loss_regularized")
+    change = paired_ratios(runs, INSTANCE, column="final_loss_regularized")
+    change = change.assign(relative_change=100 * (change["ratio"] - 1))
     online = online_warmups(folder, results, workers)
-    fig, axes = plotting.figure(2, 2, height=3.2, quick=quick)
-    levels = sorted(table[HUE].unique())
+    levels = sorted(runs[HUE].unique(), reverse=True)        # weak to strong label skew
+    attentions = [a for a in plotting.ATTENTION if a in set(runs["attention"])]
+    fig, axes = plotting.figure(len(levels), 2, height=2.5, sharex=True, sharey="row", quick=quick)
+    axes = np.asarray(axes).reshape(2, len(levels))
     rows = []
-    for column, attention in enumerate(("linear", "softmax")):
-        ax_acc, ax_loss = axes[column], axes[2 + column]
-        for level, color in zip(levels, plotting.palette(len(levels))):
-            mine = table[(table["attention"] == attention) & (table[HUE] == level)]
-            if mine.empty:
-                continue
-            name = rf"$\alpha = {level:g}$"
-            acc, best = plotting.seed_band_best(ax_acc, mine, "T0", "test_accuracy", color=color,
-                                                label=name, best="max")
-            loss, best_loss = plotting.seed_band_best(ax_loss, mine, "T0", "loss_change", color=color,
-                                                      label=name)
-            chosen = online[(online["attention"] == attention) & (online[HUE] == level)]["kernel_round"]
-            online_T0 = float(chosen.median()) if len(chosen) else float("nan")
-            if np.isfinite(online_T0):       # the causal rule's choice (median over seeds), dashed
-                for ax in (ax_acc, ax_loss):
-                    ax.axvline(online_T0, color=color, linestyle="--", linewidth=0.9)
-            labels = {"attention": attention, HUE: level, "online_T0_median": online_T0}
-            rows += [acc.assign(quantity="test_accuracy", best_T0=best["T0"], **labels),
-                     loss.assign(quantity="loss_change_vs_fedavg", best_T0=best_loss["T0"], **labels)]
-        ax_acc.set_title(f"{attention} attention")
-        ax_acc.set_ylabel("test accuracy")
-        ax_loss.axhline(0.0, color="0.4", linewidth=1, linestyle=":")
-        ax_loss.set_ylabel(r"$F_\lambda(\theta_T)$ $-$ FedAvg's")
-        ax_loss.set_xlabel(plotting.label("T0") + r"  ($T_0 = T$: FedAvg)")
-    axes[1].legend(loc="lower right", title="dashed: online rule's T$_0$\n(median over seeds)")
-    plotting.note_dropped(axes[0], dropped)
+    for column, level in enumerate(levels):
+        ax_acc, ax_loss = axes[:, column]
+        for row, attention in enumerate(attentions):
+            style = plotting.ATTENTION[attention]
+            line = {"color": style.color, "marker": style.marker, "linestyle": style.linestyle}
+            mine = runs[(runs["attention"] == attention) & (runs[HUE] == level)]
+            acc = plotting.instance_band(ax_acc, mine, "T0", "test_accuracy", label=style.label, **line)
+            mine = change[(change["attention"] == attention) & (change[HUE] == level)]
+            loss = plotting.instance_band(ax_loss, mine, "T0", "relative_change", **line)
+            t0 = quartiles(best[(best["attention"] == attention) & (best[HUE] == level)]["best_T0"])
+            plotting.mark_best_T0(ax_loss, t0, color=style.color, row=row)
+            chosen = quartiles(online[(online["attention"] == attention) & (online[HUE] == level)]["kernel_round"])
+            if chosen["count"]:
+                plotting.mark_best_T0(ax_loss, chosen, color=style.color, row=len(attentions) + row, marker="*")
+            labels = {"attention": attention, HUE: level, "best_T0": t0["median"], "best_T0_q25": t0["q25"],
+                      "best_T0_q75": t0["q75"], "online_T0_median": chosen["median"],
+                      "online_T0_q25": chosen["q25"], "online_T0_q75": chosen["q75"]}
+            rows += [acc.assign(quantity="test_accuracy", **labels),
+                     loss.assign(quantity="relative_loss_change_vs_fedavg_percent", **labels)]
+        ax_acc.set_title(rf"label skew $\alpha = {level:g}$")
+        ax_loss.axhline(0.0, color=plotting.REFERENCE_COLOR, linewidth=0.8)
+        ax_loss.set_xlabel(plotting.label("T0") + r" ($T_0 = T$: FedAvg)")
+    # the row shares its y axis: +100 % at T0 = 0, a few % near T, linear within ±1 %, logarithmic beyond
+    plotting.symlog_scale(axes[1, 0], 1.0)
+    plotting.room_on_top(axes[1, 0], 2 * len(attentions))
+    low, top = axes[1, 0].get_ylim()[0], max(float(change["relative_change"].max()), 1.0)
+    axes[1, 0].set_yticks([v for v in (-10, -1, 0, 1, 10, 100, 1000) if low <= v <= top])   # none beside the marks
+    axes[0, 0].set_ylabel("test accuracy")
+    axes[1, 0].set_ylabel(r"$F_\lambda(\theta_T)$ vs FedAvg's (%)")
+    counts = best.groupby(["attention", HUE]).size()
+    fig.suptitle("; ".join(filter(None, ["bands: " + plotting.band_text(int(counts.min())), 
+                                         plotting.left_out_text(len(left_out))])))
+    handles = [Line2D([], [], marker=plotting.ATTENTION[a].marker, color=plotting.ATTENTION[a].color,
+                      linestyle=plotting.ATTENTION[a].linestyle, markersize=3, label=plotting.ATTENTION[a].label)
+               for a in attentions]
+    handles += [plotting.best_T0_handle(),
+                Line2D([], [], marker="*", color=plotting.REFERENCE_COLOR, markeredgecolor="black", markersize=6,
+                       linewidth=2.5, label=r"online rule's $T_0$ per instance: median, IQR")]
+    plotting.legend_below(fig, handles, ncols=2)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
 

@@ -5,8 +5,9 @@ like η²(E−1)²ζ² (derivations/tradeoff.py), so on log–log axes it has sl
 in the client dissimilarity ζ (ζ² = Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ)‖², varied through the concept
 heterogeneity ζ_V). Markers: D measured
 by simulation (a frozen stage run to convergence from the initial kernel K_0: F_λ(θ_T) −
-Φ_λ(K_0)); thin lines: the closed form D(K_0) of the same seed (colour: the seed, three
-instances); dashed black: the derived slope, anchored at the data; each panel's title gives the
+Φ_λ(K_0)); thin lines: the closed form D(K_0) of the same seed (three instances, told apart by
+the marker, each drawn 4 % to the side of the next on the log x axis, so that seeds with nearly equal
+D do not hide each other); dashed black: the derived slope, anchored at the data; each panel's title gives the
 least-squares slope of the measured points, the figure's title the largest relative difference
 between simulation and closed form (drift_scaling.csv: relative_difference).
 
@@ -31,6 +32,8 @@ from linattn_theory.report.figures import config_path, figure_sweep, script_main
 from linattn_theory.report.sweep_analysis import frozen_stage_table
 
 NAME = "drift_scaling"
+#: the seeds are drawn side by side, this factor apart on the log x axis (the CSV has the true x)
+OFFSET = 1.04
 CONFIG = config_path(__file__, "drift_scaling")
 #: (grid key, x column, axis label key, exponent key of the derived law); ζ is the measured client
 #: dissimilarity ζ(K_0) of docs/theory.md §6, varied through the concept heterogeneity ζ_V
@@ -65,15 +68,16 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
             "federated.local_steps": sweep.base["federated"]["local_steps"]}
     fig, axes = plotting.figure(3, height=2.4, quick=quick)
     seeds = sorted(table["seed"].unique())
-    colors = dict(zip(seeds, plotting.palette(len(seeds))))
+    markers = dict(zip(seeds, plotting.SEED_MARKERS))
+    shift = {seed: OFFSET ** (i - (len(seeds) - 1) / 2) for i, seed in enumerate(seeds)}   # drawn only
     rows = []
     for ax, (key, x, axis, exponent) in zip(axes, PANELS):
         data = panel_rows(table, base, key).sort_values(x)
         data = data[data["measured_drift_floor"] > 0]
         for seed, sub in data.groupby("seed"):
-            ax.plot(sub[x], sub["measured_drift_floor"], "o", color=colors[seed], markersize=4,
-                    markerfacecolor="none")
-            ax.plot(sub[x], sub["drift_floor"], "-", color=colors[seed], linewidth=1)
+            ax.plot(sub[x] * shift[seed], sub["drift_floor"], "-", color=plotting.INSTANCE_COLOR, linewidth=0.9)
+            ax.plot(sub[x] * shift[seed], sub["measured_drift_floor"], markers[seed], color=plotting.STATISTIC_COLOR,
+                    markersize=4, markerfacecolor="none", markeredgewidth=0.9)
         slope = fitted_slope(data[x], data["measured_drift_floor"]) if data[x].nunique() > 1 else np.nan
         derived = drift_exponents()[exponent]          # read off the exact series (sympy), not typed in
         xs = np.array(sorted(data[x].unique()), dtype=float)
@@ -94,11 +98,9 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     relative = (data["measured_drift_floor"] - data["drift_floor"]).abs() / data["drift_floor"]
     fig.suptitle(r"value drift floor $D \propto \eta^2 (E-1)^2 \zeta^2$: simulation vs closed form, "
                  f"largest relative difference {relative.max():.1e}")
-    handles = [Line2D([], [], marker="o", linestyle="-", markerfacecolor="none", color=colors[seed],
-                      label=f"seed {seed}") for seed in seeds]
-    handles += [Line2D([], [], marker="o", linestyle="none", markerfacecolor="none", color="0.4",
-                       label="simulation"),
-                Line2D([], [], color="0.4", label=r"closed form $D(K_0)$ (same seed)"),
+    handles = [Line2D([], [], marker=markers[seed], linestyle="none", markerfacecolor="none",
+                      color=plotting.STATISTIC_COLOR, label=f"seed {seed}: simulation") for seed in seeds]
+    handles += [Line2D([], [], color=plotting.INSTANCE_COLOR, label=r"closed form $D(K_0)$ (same seed)"),
                 Line2D([], [], linestyle="--", color="black", label="derived slope")]
     plotting.legend_below(fig, handles, ncols=len(handles))
     plotting.note_dropped(axes[0], dropped)

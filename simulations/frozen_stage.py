@@ -6,7 +6,8 @@ and ‖V^t − V_FA‖ ≤ ρ^{t−T0} ‖V^{T0} − V_FA‖ (ρ the spectral ra
 loss converges to F_λ(K_{T0}, V_FA) = Φ_λ(K_{T0}) + D(K_{T0}), above the profile objective by
 the value drift floor. Left: the simulated distance to V_FA (markers) and the bound ρ^k (dashed)
 against the frozen rounds k = T − T0; right: F_λ(θ_t) − Φ_λ(K_{T0}) over the rounds of the
-longest run, converging to D(K_{T0}) (dotted).
+longest run, converging to D(K_{T0}) (dotted). Shades of grey, light to dark, and the markers tell
+the local steps E apart.
 
 Config: simulations/configs/frozen_stage.toml. Run: python simulations/frozen_stage.py [--quick] [--out figures]
 """
@@ -32,6 +33,11 @@ from linattn_theory.theory.profile import profile_objective
 
 NAME = "frozen_stage"
 CONFIG = config_path(__file__, "frozen_stage")
+
+
+def local_steps_colors(steps):
+    """Shades of grey, light to dark as E grows (E is neither a method nor a heterogeneity level)."""
+    return [str(round(0.6 - 0.6 * i / max(len(steps) - 1, 1), 2)) for i in range(len(steps))]
 
 
 def distances(folder, results) -> tuple[pd.DataFrame, dict]:
@@ -70,13 +76,13 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     fig, (ax, ax_loss) = plotting.figure(2, height=2.5, quick=quick)
     steps = sorted(longest)
     rows = []
-    for E, color in zip(steps, plotting.palette(len(steps))):
+    for E, color, marker in zip(steps, local_steps_colors(steps), "os^D"):
         sub = table[table["local_steps"] == E]
         info = longest[E]
         start = sub.loc[sub["frozen_rounds"].idxmin()]
         k = np.linspace(0, sub["frozen_rounds"].max(), 200)
         bound = start["distance"] * info["rho"] ** (k - start["frozen_rounds"])
-        ax.plot(sub["frozen_rounds"], sub["distance"], "o", color=color, markersize=3.5,
+        ax.plot(sub["frozen_rounds"], sub["distance"], marker, color=color, markersize=3.5,
                 label=rf"$E = {E}$, $\rho = {info['rho']:.3f}$")
         ax.plot(k, bound, "--", color=color, linewidth=1.1)
         frozen = info["run"].table

@@ -7,8 +7,10 @@ and nothing to gain. Every cell summarises its instances (seeds) one by one, wit
 definitions of the headline (linattn_theory.report.sweep_analysis): left, the median per-instance best
 warm-up T0_best (the smallest T0 of the grid minimising R(T0)); middle, the median per-instance
 gain 1 − R(T0_best)/R(T); right, in how many instances FedFrozen at its best T0 beats FedAvg.
-Cells with diverged runs are marked † (a diverged run counts as R = ∞; an instance whose FedAvg
-run diverged has no gain).
+The warm-up grid is figure 2's (T0 = 0, 2, …, T), and the instances of a cell are selected by the
+rule of every figure (linattn_theory.report.sweep_analysis.select_instances: an instance whose FedAvg
+run diverged is left out), so the E = 10 column repeats figure 2's numbers. Cells with diverged
+runs are marked † (a diverged run of a kept instance counts as R = ∞). Each map has its colour bar.
 
 Config: simulations/configs/heatmaps.toml. Run: python simulations/heatmaps.py [--quick] [--out figures]
 """
@@ -24,6 +26,7 @@ except ImportError:  # a checkout without installing: the package is next to sim
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import PercentFormatter
 
 from linattn_theory.report import plotting
 from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
@@ -34,20 +37,24 @@ CONFIG = config_path(__file__, "heatmaps")
 ROW, COL = "task.zeta_value", "federated.local_steps"
 
 
-def cell_summary(best: pd.DataFrame) -> pd.DataFrame:
-    """Per (ζ_V, E) over its instances: the gain summary of the headline and the diverged runs."""
-    cells = gain_summary(best, [ROW, COL])
-    diverged = best.groupby([ROW, COL])["diverged_runs"].sum().rename("diverged_runs")
-    return cells.join(diverged, on=[ROW, COL])
+def cell_summary(best: pd.DataFrame, left_out: pd.DataFrame) -> pd.DataFrame:
+    """Per (ζ_V, E) over its instances: the gain summary of the headline, the diverged runs (of the
+    kept and the left-out instances) and the marked best warm-up ``best_T0`` (the median)."""
+    cells = gain_summary(best, [ROW, COL], left_out)
+    diverged = pd.concat([best, left_out]).groupby([ROW, COL])["diverged_runs"].sum().rename("diverged_runs")
+    return cells.join(diverged, on=[ROW, COL]).assign(best_T0=lambda c: c["best_T0_median"])
 
 
-def _heatmap(ax, cells, value, title, text, cmap, vmin=None, vmax=None):
+def _heatmap(ax, cells, value, title, text, cmap, vmin=None, vmax=None, bar="", percent=False):
     grid = cells.pivot(index=ROW, columns=COL, values=value).sort_index(ascending=False)
     marks = cells.pivot(index=ROW, columns=COL, values="diverged_runs").sort_index(ascending=False)
     labels = cells.assign(_text=text).pivot(index=ROW, columns=COL, values="_text").sort_index(ascending=False)
     labels = labels + marks.map(lambda k: "†" if k else "")
-    sns.heatmap(grid, ax=ax, annot=labels, fmt="", cmap=cmap, cbar=False, vmin=vmin, vmax=vmax,
-                linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7})
+    sns.heatmap(grid, ax=ax, annot=labels, fmt="", cmap=cmap, cbar=True, vmin=vmin, vmax=vmax,
+                linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7},
+                cbar_kws={"label": bar, "shrink": 0.9, "pad": 0.03})
+    if percent:
+        ax.collections[0].colorbar.ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set_yticklabels([f"{v:g}" for v in grid.index], rotation=0)
     ax.set_xlabel(r"local steps $E$")
     ax.set_ylabel(plotting.label(ROW) if ax.get_subplotspec().is_first_col() else "")
@@ -56,22 +63,26 @@ def _heatmap(ax, cells, value, title, text, cmap, vmin=None, vmax=None):
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the sweep, draw the three heatmaps, write heatmaps.png/.pdf/.csv; returns the paths."""
-    _, best, _ = excess_risk_sweep(CONFIG, out_dir, by=(ROW, COL, "seed"), quick=quick, executor=executor,
-                                   workers=workers, progress=progress)
-    cells = cell_summary(best)
+    table, best, left_out = excess_risk_sweep(CONFIG, out_dir, by=(ROW, COL, "seed"), quick=quick,
+                                          executor=executor, workers=workers, progress=progress)
+    cells = cell_summary(best, left_out)
     fig, (ax_best, ax_gain, ax_share) = plotting.figure(3, height=2.3, quick=quick)
     T = int(best["T"].max())
+    grid = sorted(table["T0"].unique())
     _heatmap(ax_best, cells, "best_T0_median", r"best warm-up $T_0^{\mathrm{best}}$ (median)",
-             [f"{v:.0f}" for v in cells["best_T0_median"]], "mako", 0, T)
+             [f"{v:g}" for v in cells["best_T0_median"]], "cividis", 0, T, bar=r"$T_0$")
     _heatmap(ax_gain, cells, "gain_median", r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (median)",
-             [f"{100 * v:.0f}%" if np.isfinite(v) else "n/a" for v in cells["gain_median"]], "rocket_r", 0)
+             [f"{100 * v:.0f}%" if np.isfinite(v) else "n/a" for v in cells["gain_median"]], "Greens", 0,
+             max(0.05, float(cells["gain_median"].max())), bar="gain", percent=True)
     _heatmap(ax_share, cells, "share_beats", "beats FedAvg in (instances)",
-             [f"{b}/{n}" for b, n in zip(cells["beats"], cells["instances"])], "rocket_r", 0, 1)
-    n = int(cells["instances"].max())
-    note = f"{n} instances (seeds) per cell; T = {T}"
-    dropped = int(cells["diverged_runs"].sum())
-    if dropped:
-        note += f"; † cell with diverged runs ({dropped} in all, counted as R = ∞)"
+             [f"{b}/{n}" for b, n in zip(cells["beats"], cells["instances"])], "Greens", 0, 1,
+             bar="share of instances", percent=True)
+    seeds = int((cells["instances"] + cells["diverged_instances"]).max())
+    note = (f"{seeds} instance{'s' if seeds != 1 else ''} (seeds) per cell; warm-ups "
+            f"$T_0 = {int(grid[0])}, {int(grid[1])}, …, {T}$")
+    if int(cells["diverged_runs"].sum()):
+        note += "; † cell with diverged runs: " + (plotting.left_out_text(len(left_out))
+                                                   or "no instance left out")
     fig.suptitle(note)
     return plotting.save_figure(fig, NAME, out_dir, cells.dropna())   # "n/a" cells are not data
 

@@ -34,15 +34,14 @@ HUE = "task.zeta_value"
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the tradeoff sweep, draw bias and Γ against T0, write kernel_bias_drift.*."""
-    table, best, dropped = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), bound=True, quick=quick,
-                                          executor=executor, workers=workers, progress=progress)
-    n = int(best.groupby(HUE)["seed"].nunique().max())
+    table, best, left_out = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), bound=True, quick=quick,
+                                              executor=executor, workers=workers, progress=progress)
     fig, (ax_bias, ax_drift) = plotting.figure(2, height=2.5, quick=quick)
     levels = sorted(table[HUE].unique())
     rows = []
-    for level, color in zip(levels, plotting.palette(len(levels))):
+    for level in levels:
         sub = table[table[HUE] == level]
-        name = rf"$\zeta_V = {level:g}$"
+        color, name = plotting.heterogeneity_color(level), plotting.heterogeneity_label(level)
         bias = plotting.instance_band(ax_bias, sub, "T0", "bias", color=color, label=name)
         bound = sub.groupby("T0")["bias_bound"].median()
         ax_bias.plot(bound.index, bound.to_numpy(), "--", color=color, linewidth=1.2)
@@ -56,10 +55,11 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     ax_bias.set_ylabel(plotting.label("bias"))
     ax_bias.set_title("the kernel improves with the warm-up")
     handles, _ = ax_bias.get_legend_handles_labels()
-    fit = Line2D([], [], linestyle="--", color="0.4", label="bias term of $U(T_0)$: a posteriori fit (descriptive), median")
+    fit = Line2D([], [], linestyle="--", color=plotting.REFERENCE_COLOR,
+                 label="bias term of $U(T_0)$: a posteriori fit (descriptive), median")
     plotting.legend_below(fig, handles + [fit], ncols=4)
-    fig.suptitle("; ".join(filter(None, [f"median and interquartile range over {n} instances per level",
-                                         plotting.dropped_text(dropped)])))
+    fig.suptitle("; ".join(filter(None, ["bands: " + plotting.band_text(best.groupby(HUE).size()) + " per level",
+                                         plotting.left_out_text(len(left_out))])))
     ax_drift.set_xlabel(plotting.label("T0"))
     ax_drift.set_ylabel(plotting.label("cumulative_kernel_drift"))
     ax_drift.set_title("and accumulates client drift")

@@ -25,13 +25,12 @@ except ImportError:  # a checkout without installing: the package is next to sim
 
 import numpy as np
 import pandas as pd
-from scipy.stats import spearmanr
 
 from linattn_theory.report import plotting
 from linattn_theory.report.figures import config_path, figure_sweep, script_main
 from linattn_theory.core.model import kernel
 from linattn_theory.theory.static_heads import head_static_loss_change
-from linattn_theory.report.sweep_analysis import runs_by_instance
+from linattn_theory.report.sweep_analysis import runs_by_instance, spearman_interval
 
 NAME = "static_heads"
 CONFIG = config_path(__file__, "static_heads")
@@ -51,15 +50,17 @@ def head_table(folder, results) -> pd.DataFrame:
 
 
 def level_summary(heads: pd.DataFrame) -> pd.DataFrame:
-    """Per ζ_V: Spearman's ρ between share and loss change, and how often the largest share is the cheapest head."""
+    """Per ζ_V: Spearman's ρ between share and loss change with its bootstrap interval over instances,
+    and how often the largest share is the cheapest head."""
     rows = []
     for level, sub in heads.groupby("zeta_value"):
         per_run = sub.groupby("run_id")
         picked = per_run.apply(lambda g: g["head"].iloc[int(np.argmax(g["share"].to_numpy()))]
                                == g["head"].iloc[int(np.argmin(g["loss_change"].to_numpy()))])
-        rho = spearmanr(sub["share"], sub["loss_change"]).statistic if sub["share"].nunique() > 1 else np.nan
-        rows.append({"zeta_value": level, "spearman": float(rho), "heads": len(sub),
-                     "instances": int(per_run.ngroups), "largest_share_is_cheapest": int(picked.sum())})
+        rho = spearman_interval(sub["share"], sub["loss_change"], sub["run_id"])
+        rows.append({"zeta_value": level, "spearman": rho["rho"], "spearman_low": rho["low"],
+                     "spearman_high": rho["high"], "heads": len(sub), "instances": int(per_run.ngroups),
+                     "largest_share_is_cheapest": int(picked.sum())})
     return pd.DataFrame(rows)
 
 
@@ -71,31 +72,32 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     heads = head_table(folder, results)
     summary = level_summary(heads)
     levels = sorted(heads["zeta_value"].unique())
-    colors = dict(zip(levels, plotting.palette(len(levels))))
+    colors = {level: plotting.heterogeneity_color(level) for level in levels}
     markers = dict(zip(levels, "osD^v"))
     fig, (ax, ax_sum) = plotting.figure(2, height=2.6, quick=quick)
     for level in levels:
         sub = heads[heads["zeta_value"] == level]
         ax.plot(sub["share"], 100 * sub["relative_loss_change"], markers[level], color=colors[level],
-                markersize=3, alpha=0.8, markerfacecolor="none", label=rf"$\zeta_V = {level:g}$")
+                markersize=3, alpha=0.8, markerfacecolor="none", label=plotting.heterogeneity_label(level))
     ax.set_xlabel(r"input-independent share $\omega_h$ of the head")
     ax.set_ylabel(r"loss change when static (% of $\Phi_\lambda$)")
     ax.set_title("one dot per head and instance")
-    ax.set_yscale("symlog", linthresh=1.0)      # spans decades; a few changes are near or below 0
-    ax.axhline(0, color="0.3", linewidth=0.8)
+    plotting.symlog_scale(ax, 1.0)      # spans decades; a few changes are near or below 0
+    ax.axhline(0, color=plotting.REFERENCE_COLOR, linewidth=0.8)
     x = np.arange(len(levels))
-    ax_sum.bar(x, summary["spearman"], color=[colors[v] for v in levels], width=0.6)
-    top = ax_sum.get_xaxis_transform()
     for i, r in enumerate(summary.itertuples()):
-        ax_sum.text(i, 0.87, f"{r.largest_share_is_cheapest}/{r.instances}", transform=top, ha="center", va="top")
-    ax_sum.text(0.5, 0.97, "largest share = cheapest head in (instances):", transform=ax_sum.transAxes,
-                ha="center", va="top", color="0.3")
-    ax_sum.axhline(0, color="0.3", linewidth=0.8)
-    ax_sum.set_ylim(-1.1, 1.6)
-    ax_sum.set_xticks(x, [f"{v:g}" for v in levels])
-    ax_sum.set_xlabel(plotting.label(HUE))
-    ax_sum.set_ylabel(r"Spearman $\rho$($\omega_h$, loss change)")
-    ax_sum.set_title("does a large share mean a cheap static head?")
+        ax_sum.errorbar([i], [r.spearman], yerr=[[r.spearman - r.spearman_low], [r.spearman_high - r.spearman]],
+                        fmt=markers[r.zeta_value], color=colors[r.zeta_value], markersize=5, capsize=3,
+                        linewidth=1.2)
+        ax_sum.text(i + 0.08, r.spearman, f"{r.spearman:+.2f}", ha="left", va="center")
+    heads_per_model = int(heads.groupby("run_id").size().max())
+    ax_sum.axhline(0, color=plotting.REFERENCE_COLOR, linewidth=0.8)
+    ax_sum.set_ylim(-1.05, 1.05)
+    ax_sum.set_xlim(-0.5, len(levels) - 0.5)
+    ax_sum.set_xticks(x, [f"{r.zeta_value:g}\n{r.largest_share_is_cheapest}/{r.instances}" for r in summary.itertuples()])
+    ax_sum.set_xlabel(plotting.label(HUE) + "\n" + rf"$k/n$: largest share = cheapest head (chance 1/{heads_per_model})")
+    ax_sum.set_ylabel(r"Spearman $\rho$, 95 % interval")
+    ax_sum.set_title(r"large share, cheap static head? $\rho(\omega_h$, loss change$)$")
     plotting.legend_below(fig, ncols=len(levels))
     n = int(summary["instances"].max())
     fig.suptitle("; ".join(filter(None, [f"{n} instances per level, {heads['head'].nunique()} heads each, "

@@ -10,12 +10,15 @@ the most static head) on the planted-kernel family at three heterogeneity levels
   seeds of the final excess risk, the cumulative kernel drift ``Γ(T)``, the final value drift
   and the rounds to reach the target loss (``strategies_runs.csv``: one row per run);
 - ``figures/strategies.md``: the same as a Markdown table (mean ± standard deviation);
-- ``figures/strategies.png`` / ``.pdf``: per strategy and level, the final excess risk, the value
-  drift in the last round and the cumulative kernel drift ``Γ(T)`` (median over seeds, bars from
-  the smallest to the largest), and the excess risk against round at the highest level, in the
-  shared figure style (linattn_theory.report.plotting); an instance (level, seed) in which any run
-  diverged is left out for every strategy (a paired comparison) and named on the figure;
-- ``figures/strategies_plot.csv``: the plotted numbers (median, min, max and count over seeds, runs
+- ``figures/strategies.png`` / ``.pdf``: one column per family of methods (the federated
+  baselines, FedFrozen and its combinations, fixed or frozen blocks; linattn_theory.report.plotting's
+  METHOD_PANELS, so that no two methods of a column share a colour, FedAvg and FedFrozen drawn in
+  every column as references), and per method and level the final excess risk, the value drift in
+  the last round and the cumulative kernel drift ``Γ(T)`` (median over seeds, bars over the
+  interquartile range), and the excess risk against round at the highest level (median), in the
+  shared figure style; an instance (level, seed) in which any run diverged is left out for every
+  strategy (a paired comparison) and named on the figure;
+- ``figures/strategies_plot.csv``: the plotted numbers (median, quartiles and count over seeds, runs
   that diverged), like every figure's ``NAME.csv`` (``strategies.csv`` is the summary).
 
 Definitions. For each (level, seed) the reference loss ``F_ref`` is the lower of (a) a
@@ -45,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -62,8 +66,6 @@ from linattn_theory.sim.strategies import STRATEGIES  # noqa: E402
 CONFIG = Path(__file__).with_name("configs") / "strategies.toml"
 CENTRALISED_STEPS = 400
 NAME, PLOT_DATA = "strategies", "strategies_plot"
-#: one marker per strategy, so that the ten colours of the colour-blind palette are not the only cue
-MARKERS = "osD^v<>pXP*hH8d"
 TOP_LEVEL = {"seeds", "strategies", "static", "target_fraction", "centralised_steps", "base", "levels",
              "overrides", "quick"}
 #: static-attention arms (docs/theory.md §7), run in the same federation as the strategies:
@@ -280,9 +282,13 @@ def markdown_table(summary: pd.DataFrame, settings: dict) -> str:
 
 #: the panels of the figure: run-table column -> (panel title, y label)
 PANELS = {"excess_risk": ("final excess risk", r"$F_\lambda(\theta_T) - F_{\mathrm{ref}}$"),
-          "value_drift": (r"last-round value drift (SCAFFOLD removes it)",
-                          r"$\sum_c p_c \|W_{V,c} - \bar W_V\|^2$"),
-          "kernel_drift": (r"cumulative kernel drift (freezing stops it)", r"$\Gamma(T)$")}
+          "value_drift": ("last-round value drift", r"$\sum_c p_c \|W_{V,c} - \bar W_V\|^2$"),
+          "kernel_drift": ("cumulative kernel drift", r"$\Gamma(T)$")}
+
+
+#: the statistics of every plotted cell: median and interquartile range over seeds
+QUARTILES = {"median": "median", "q25": lambda v: v.quantile(0.25), "q75": lambda v: v.quantile(0.75),
+             "count": "count"}
 
 
 def paired_instances(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -297,20 +303,21 @@ def comparison_data(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict) ->
     """The plotted numbers, over the complete instances (:func:`paired_instances`): per (level,
     strategy) the final excess risk, value drift and kernel drift (``panel`` = the column, at the
     final round), and per (strategy, round) at the last level the excess risk (``panel = "curve"``);
-    columns median, min, max, count (seeds) and diverged (runs of that cell that diverged)."""
+    columns median, q25, q75 (the interquartile range), count (seeds) and diverged (runs of that
+    cell that diverged)."""
     ok, _ = paired_instances(runs)
     diverged = runs.groupby(["level", "strategy"])["diverged"].sum()
     last_round = curves.groupby(["level", "strategy"])["round"].max()      # the round of F_λ(θ_T)
     tables = []
     for column in PANELS:
-        final = (ok.groupby(["level", "strategy"])[column].agg(["median", "min", "max", "count"]).reset_index())
+        final = ok.groupby(["level", "strategy"])[column].agg(**QUARTILES).reset_index()
         keys = list(zip(final["level"], final["strategy"]))
         tables.append(final.assign(panel=column, round=[last_round[key] for key in keys],
                                    diverged=[int(diverged[key]) for key in keys]))
     last = settings["levels"][-1]
     kept = ok[ok["level"] == last]["seed"].unique()
     chosen = curves[(curves["level"] == last) & curves["seed"].isin(kept)]
-    curve = chosen.groupby(["strategy", "round"])["excess_risk"].agg(["median", "min", "max", "count"]).reset_index()
+    curve = chosen.groupby(["strategy", "round"])["excess_risk"].agg(**QUARTILES).reset_index()
     curve = curve.assign(panel="curve", level=last,
                          diverged=[int(diverged.get((last, name), 0)) for name in curve["strategy"]])
     order = {name: i for i, name in enumerate(settings["strategies"])}
@@ -319,75 +326,91 @@ def comparison_data(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict) ->
     table = table.assign(_panel=table["panel"].map({**{c: i for i, c in enumerate(PANELS)}, "curve": len(PANELS)}),
                          _level=table["level"].map(levels), _strategy=table["strategy"].map(order))
     table = table.sort_values(["_panel", "_level", "_strategy", "round"])
-    columns = ["panel", "level", "strategy", "round", "median", "min", "max", "count", "diverged"]
+    columns = ["panel", "level", "strategy", "round", *QUARTILES, "diverged"]
     return table[columns].reset_index(drop=True)
 
 
-def _dots(ax, data, names, levels, colours, markers):
-    """Per level, one marker per strategy (median over instances; bars: smallest to largest)."""
+def _dots(ax, data, names, levels, floor):
+    """Per level, one marker per method (median over instances; bars: interquartile range)."""
     width = 0.8 / len(names)
-    floor = 0.3 * data.loc[data["min"] > 0, "min"].min()
-    zero = False
     for j, name in enumerate(names):
         rows = data[data["strategy"] == name]
+        if rows.empty:
+            continue
+        style = plotting.method_style(name)
         x = rows["level"].map(levels.index).to_numpy() - 0.4 + (j + 0.5) * width
-        median, low, high = (np.maximum(rows[c].to_numpy(), floor) for c in ("median", "min", "max"))
-        zero |= bool((rows["min"] <= 0).any())
-        ax.errorbar(x, median, yerr=[median - low, high - median], fmt=markers[name], color=colours[name],
-                    markersize=3.5, capsize=1.5, linewidth=0.9, label=plotting.STRATEGY_NAMES.get(name, name))
+        median, low, high = (np.maximum(rows[c].to_numpy(), floor) for c in ("median", "q25", "q75"))
+        ax.errorbar(x, median, yerr=[median - low, high - median], fmt=style.marker, color=style.color,
+                    markersize=3.5, capsize=1.5, linewidth=0.9, label=style.label)
     for boundary in np.arange(0.5, len(levels) - 1):
         ax.axvline(boundary, color="0.8", linewidth=0.8)
     plotting.log_scale(ax)
     ax.set_xticks(range(len(levels)), levels)
     ax.tick_params(axis="x", which="both", length=0)
     ax.grid(False, axis="x")
-    if zero:
-        ax.axhline(floor, color="0.6", linewidth=0.6, linestyle=":")
-    return zero
+    ax.axhline(floor, color="0.6", linewidth=0.6, linestyle=":")
 
 
 def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict, quick: bool = False):
-    """``(figure, plotted data)``: per heterogeneity level, the final excess risk, value drift and
-    kernel drift of every strategy (median over instances, bars from the smallest to the largest),
-    and the excess risk against round at the last level (median). Instances with a diverged run are
-    left out for every strategy and counted in a note."""
-    names, levels = settings["strategies"], settings["levels"]
+    """``(figure, plotted data)``: one column per family of methods (plotting.METHOD_PANELS: no colour
+    twice in a column; FedAvg and FedFrozen are every column's references), and per method and
+    heterogeneity level the final excess risk, value drift and kernel drift (median over instances,
+    bars over the interquartile range), and the excess risk against round at the last level (median).
+    Instances with a diverged run are left out for every strategy and counted in a note."""
+    levels = settings["levels"]
     data = comparison_data(runs, curves, settings)
-    colours = dict(zip(names, plotting.palette(len(names))))
-    markers = dict(zip(names, MARKERS * (len(names) // len(MARKERS) + 1)))
-    fig, axes = plotting.figure(2, 2, height=2.4, quick=quick)
-    for ax, (column, (title, ylabel)) in zip(axes[[0, 2, 3]], PANELS.items()):
-        zero = _dots(ax, data[data["panel"] == column], names, levels, colours, markers)
-        ax.set_title(title + ("\n(dotted: exactly 0)" if zero else ""))
-        ax.set_ylabel(ylabel)
-        ax.set_xlabel("heterogeneity level")
-    right = axes[1]
-    curve = data[data["panel"] == "curve"]
-    for name in names:
-        rows = curve[curve["strategy"] == name]
-        if rows.empty:
-            continue
-        # the reference is the best loss reached, so a median of exactly 0 is floored for the log axis
-        right.plot(rows["round"], np.maximum(rows["median"].to_numpy(), 1e-12), color=colours[name],
-                   marker=markers[name], markevery=max(1, len(rows) // 8), markersize=3, linewidth=1.0)
+    families = {title: [m for m in members if m in settings["strategies"]]
+                for title, members in plotting.METHOD_PANELS.items()}
+    families = {title: members for title, members in families.items() if members}
+    rows = list(PANELS) + ["curve"]
+    fig, axes = plotting.figure(len(families), len(rows), height=1.75, sharey="row", quick=quick)
+    axes = np.asarray(axes).reshape(len(rows), len(families))
+    floors = {c: 0.3 * data.loc[(data["panel"] == c) & (data["q25"] > 0), "q25"].min() for c in PANELS}
+    floors["curve"] = 1e-12           # the reference is the best loss reached: a median of 0 is floored
     warmup = runs.loc[runs["strategy"] == "fedfrozen", "warmup_rounds"]
-    if not warmup.empty:
-        right.axvline(float(warmup.iloc[0]), color="0.4", linestyle=":", linewidth=1.0)
-        right.text(float(warmup.iloc[0]), 1.0, r" warm-up $T_0$", transform=right.get_xaxis_transform(),
-                   ha="left", va="top", color="0.3")
-    plotting.log_scale(right)
-    right.set_xlabel(plotting.label("round"))
-    right.set_ylabel(r"$F_\lambda(\theta_t) - F_{\mathrm{ref}}$")
-    right.set_title(f"excess risk per round, level {levels[-1]}")
+    for column, (title, names) in enumerate(families.items()):
+        for row, panel in enumerate(rows):
+            ax = axes[row, column]
+            if panel != "curve":
+                _dots(ax, data[data["panel"] == panel], names, levels, floors[panel])
+            else:
+                curve = data[data["panel"] == "curve"]
+                for name in names:
+                    points = curve[curve["strategy"] == name]
+                    if points.empty:
+                        continue
+                    style = plotting.method_style(name)
+                    ax.plot(points["round"], np.maximum(points["median"].to_numpy(), floors["curve"]),
+                            color=style.color, marker=style.marker, markevery=max(1, len(points) // 8),
+                            markersize=3, linewidth=1.0)
+                if not warmup.empty:
+                    ax.axvline(float(warmup.iloc[0]), color=plotting.REFERENCE_COLOR, linestyle=":", linewidth=1.0)
+                plotting.log_scale(ax)
+                ax.set_xlabel(plotting.label("round"))
+            if column == 0:
+                ax.set_ylabel("\n".join(PANELS[panel]) if panel in PANELS else
+                              f"excess risk, level {levels[-1]}\n" + r"$F_\lambda(\theta_t) - F_{\mathrm{ref}}$")
+            if row == 0:
+                ax.set_title(title)
+    axes[len(PANELS) - 1, len(families) // 2].set_xlabel("heterogeneity level")
+    handles, seen = [], set()
+    for names in families.values():
+        for name in names:
+            if name not in seen:
+                seen.add(name)
+                style = plotting.method_style(name)
+                handles.append(Line2D([], [], linestyle="none", marker=style.marker, color=style.color,
+                                      markersize=3.5, label=style.label))
+    plotting.legend_below(fig, handles, ncols=4)
     _, bad = paired_instances(runs)
     n = len(settings["seeds"])
-    note = f"median over {n} instances (seeds) per level; bars: smallest to largest"
+    note = (f"{plotting.band_text(n, 'instances (seeds)')} per level\ndotted: exactly 0 (at the "
+            "bottom of a panel), FedFrozen's warm-up (bottom row)")
     if len(bad):
-        note += "\nleft out for every strategy: " + ", ".join(
-            f"{r.level} seed {r.seed} ({plotting.STRATEGY_NAMES.get(r.strategy, r.strategy)} diverged)"
+        note += "\nleft out for every strategy (a run diverged): " + ", ".join(
+            f"{r.level} seed {r.seed} ({plotting.STRATEGY_NAMES.get(r.strategy, r.strategy)})"
             for r in bad.itertuples())
     fig.suptitle(note)
-    plotting.legend_below(fig, *axes[0].get_legend_handles_labels(), ncols=4)
     return fig, data
 
 

@@ -27,7 +27,6 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.transforms import blended_transform_factory
@@ -42,46 +41,34 @@ HUE = "task.zeta_value"
 INSTANCE = (HUE, "seed")
 
 
-def strip(values, width=0.5):
-    """Deterministic horizontal offsets in ``[−width/2, width/2]`` for ``len(values)`` dots, by rank."""
-    n = len(values)
-    if n < 2:
-        return np.zeros(n)
-    ranks = np.argsort(np.argsort(np.asarray(values), kind="stable"), kind="stable")
-    return (ranks / (n - 1) - 0.5) * width
-
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the sweep, draw the figure, write tradeoff.png/.pdf/.csv; returns the paths."""
-    table, best, dropped = excess_risk_sweep(CONFIG, out_dir, by=INSTANCE, bound=True, quick=quick,
-                                             executor=executor, workers=workers, progress=progress)
+    table, best, left_out = excess_risk_sweep(CONFIG, out_dir, by=INSTANCE, bound=True, quick=quick,
+                                              executor=executor, workers=workers, progress=progress)
     ratios = paired_ratios(table, INSTANCE)
-    summary = gain_summary(best, HUE)
+    summary = gain_summary(best, HUE, left_out)
     fig, (ax, ax_rel, ax_gain) = plotting.figure(3, height=2.5, quick=quick)
     levels = sorted(table[HUE].unique())
-    colors = dict(zip(levels, plotting.palette(len(levels))))
-    top = blended_transform_factory(ax_rel.transData, ax_rel.transAxes)
     rows = []
     for i, level in enumerate(levels):
-        color, name = colors[level], rf"$\zeta_V = {level:g}$"
+        style = plotting.heterogeneity_style(level)
         sub = table[table[HUE] == level]
-        stats = plotting.instance_band(ax, sub, "T0", "excess_risk", color=color, label=name)
+        stats = plotting.instance_band(ax, sub, "T0", "excess_risk", color=style.color, label=style.label)
         fit = sub.groupby("T0")["U"].median()
-        ax.plot(fit.index, fit.to_numpy(), ":", color=color, linewidth=1.1)
-        rel = plotting.instance_band(ax_rel, ratios[ratios[HUE] == level], "T0", "ratio", color=color)
+        ax.plot(fit.index, fit.to_numpy(), ":", color=style.color, linewidth=1.1)
+        rel = plotting.instance_band(ax_rel, ratios[ratios[HUE] == level], "T0", "ratio", color=style.color)
         s = summary[summary[HUE] == level].iloc[0]
-        y = 0.97 - 0.06 * i
-        ax_rel.plot([s["best_T0_q25"], s["best_T0_q75"]], [y, y], color=color, linewidth=2.5,
-                    transform=top, solid_capstyle="butt")
-        ax_rel.plot([s["best_T0_median"]], [y], marker="D", color=color, markeredgecolor="black",
-                    markersize=4, transform=top)
+        marked = {"median": s["best_T0_median"], "q25": s["best_T0_q25"], "q75": s["best_T0_q75"]}
+        plotting.mark_best_T0(ax_rel, marked, color=style.color, row=i)
         inst = best[best[HUE] == level]
-        gains = 100 * inst["gain"].dropna().to_numpy()
-        ax_gain.plot(i + strip(gains), gains, "o", color=color, markersize=2.5, alpha=0.8)
-        ax_gain.plot([i - 0.3, i + 0.3], [100 * s["gain_median"]] * 2, color="black", linewidth=1.2)
+        gains = 100 * inst["gain"].to_numpy()
+        ax_gain.plot(i + plotting.strip_offsets(gains), gains, "o", color=style.color, markersize=2.5, alpha=0.8)
+        ax_gain.plot([i - 0.3, i + 0.3], [100 * s["gain_median"]] * 2, color=plotting.STATISTIC_COLOR, linewidth=1.2)
         ax_gain.text(i, 1.0, f"{int(s['beats'])}/{int(s['instances'])}", transform=blended_transform_factory(
             ax_gain.transData, ax_gain.transAxes), ha="center", va="bottom")
-        labels = {"zeta_value": level}
+        labels = {"zeta_value": level, "best_T0": marked["median"], "best_T0_q25": marked["q25"],
+                  "best_T0_q75": marked["q75"]}
         rows += [stats.assign(quantity="excess_risk", **labels),
                  plotting.curve_rows("T0", fit, int(stats["count"].max()), quantity="fitted_bound_U", **labels),
                  rel.assign(quantity="ratio_to_fedavg", **labels)]
@@ -90,10 +77,9 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     plotting.log_scale(ax_rel)
     ax.set_xlabel(plotting.label("T0"))
     ax.set_ylabel(r"excess risk $R(T_0)$")
-    ax.set_title(r"$R(T_0)$: median, IQR")
-    ax_rel.axhline(1.0, color="0.4", linewidth=0.8, linestyle="-")
-    low, high = ax_rel.get_ylim()
-    ax_rel.set_ylim(low, low * (high / low) ** (1 / 0.78))  # room above the data for the best-T0 bars
+    ax.set_title(r"$R(T_0)$ per level")
+    ax_rel.axhline(1.0, color=plotting.REFERENCE_COLOR, linewidth=0.8, linestyle="-")
+    plotting.room_on_top(ax_rel, len(levels))
     ax_rel.set_xlabel(plotting.label("T0"))
     ax_rel.set_ylabel(r"$R(T_0)\,/\,R(T)$ per instance")
     ax_rel.set_title("paired, relative to FedAvg")
@@ -102,16 +88,16 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     ax_gain.set_xlabel(plotting.label(HUE))
     ax_gain.set_ylabel(r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (%)")
     ax_gain.set_title("beats FedAvg in", pad=10)
-    n = int(best.groupby(HUE)["seed"].nunique().max())
-    extra = [Line2D([], [], linestyle=":", color="0.3", label=r"$U(T_0)$: a posteriori fit (descriptive), median"),
-             Line2D([], [], marker="D", color="0.3", markeredgecolor="black", markersize=4, linewidth=2.5,
-                    label=r"best $T_0$ per instance: median, IQR"),
-             Line2D([], [], marker="o", linestyle="none", color="0.3", markersize=2.5, label="one instance"),
-             Line2D([], [], color="black", label="median")]
+    extra = [Line2D([], [], linestyle=":", color=plotting.REFERENCE_COLOR,
+                    label=r"$U(T_0)$: a posteriori fit (descriptive), median"),
+             plotting.best_T0_handle(),
+             Line2D([], [], marker="o", linestyle="none", color=plotting.REFERENCE_COLOR, markersize=2.5,
+                    label="gain of one instance"),
+             Line2D([], [], color=plotting.STATISTIC_COLOR, label="median gain")]
     handles, labels = ax.get_legend_handles_labels()
     plotting.legend_below(fig, handles + extra, labels + [h.get_label() for h in extra], ncols=4)
-    fig.suptitle("; ".join(filter(None, [f"{n} instances (seeds) per level, bands: interquartile range",
-                                         plotting.dropped_text(dropped)])))
+    fig.suptitle("; ".join(filter(None, ["bands: " + plotting.band_text(summary["instances"]) + " per level",
+                                         plotting.left_out_text(len(left_out))])))
     gains = plotting.save_figure(fig, f"{NAME}_gain", out_dir, summary_rows, formats=())   # the right panel's summary
     return gains + plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 

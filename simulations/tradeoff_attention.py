@@ -2,11 +2,14 @@
 
 Claim (docs/theory.md §9, §6): for linear attention R(T0) = F_λ(θ_T) − Φ*_λ is U-shaped in the
 warm-up length under heterogeneity (figure 2); whether the softmax layer shows the same trade-off
-is an empirical question. The paired statistic needs no optimum: R(T0) − R(T) = F_λ(θ_T; T0) −
-F_λ(θ_T; FedAvg) of the same seed (Φ*_λ cancels; below zero: freezing at T0 beats FedAvg). Left
-linear, right softmax attention, on the same planted-kernel clients and schedule; colours: ζ_V;
-mean over five seeds with a band from the smallest to the largest seed; stars: the best T0 of
-the seed mean.
+is an empirical question. The statistics are figure 2's, for each attention: per instance (seed) the
+paired ratio R(T0)/R(T) against the FedAvg run of the same instance (Φ*_λ computed for each
+attention by linattn_theory.theory.profile.centralized_optimum on the softmax features where the layer is
+softmax), its median and interquartile range over instances, the per-instance best warm-up
+(diamond: median, bar: IQR) and the gain 1 − R(T0_best)/R(T) (right: one dot per instance, the line
+the median). One panel per heterogeneity level, colours: the attention. The instances are selected
+by the rule of every figure (linattn_theory.report.sweep_analysis.select_instances), and the linear runs
+are figure 2's runs of the same seeds.
 
 Config: simulations/configs/tradeoff_attention.toml. Run: python simulations/tradeoff_attention.py [--quick] [--out figures]
 """
@@ -20,45 +23,74 @@ except ImportError:  # a checkout without installing: the package is next to sim
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from linattn_theory.report import plotting
-from linattn_theory.report.figures import config_path, figure_sweep, script_main
+from linattn_theory.report.figures import analysis_workers, config_path, figure_sweep, script_main
+from linattn_theory.report.sweep_analysis import excess_risk_table, gain_summary, paired_ratios, select_instances
 
 NAME = "tradeoff_attention"
 CONFIG = config_path(__file__, "tradeoff_attention")
 HUE = "task.zeta_value"
 ATTENTION = "model.attention"
+INSTANCE = (ATTENTION, HUE, "seed")
 
-
-def paired_change(results: pd.DataFrame, keys) -> pd.DataFrame:
-    """``R(T0) − R(T) = F_λ(θ_T; T0) − F_λ(θ_T; T)`` per run, against the FedAvg run (``T0 = T``) of the same ``keys``."""
-    fedavg = results[results["T0"] == results["federated.rounds"]].set_index(keys)
-    joined = results.join(fedavg["final_loss_regularized"].rename("fedavg_loss"), on=keys)
-    return joined.assign(excess_risk_change=joined["final_loss_regularized"] - joined["fedavg_loss"])
 
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
-    """Run (or reuse) the sweep, draw both panels, write tradeoff_attention.*; returns the paths."""
+    """Run (or reuse) the sweep, draw the panels, write tradeoff_attention.*; returns the paths."""
     _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
-    results, dropped = plotting.drop_diverged(results)
-    results = results.assign(**{ATTENTION: results[ATTENTION].fillna("linear")})   # linear records none
-    table = paired_change(results, [ATTENTION, HUE, "seed"]).dropna(subset=["excess_risk_change"])
-    fig, axes = plotting.figure(2, quick=quick)
+    table = excess_risk_table(folder, results, workers=analysis_workers(executor, workers))
+    table = table.assign(**{ATTENTION: table[ATTENTION].fillna("linear")})      # linear records none
+    runs, best, left_out = select_instances(table, INSTANCE)
+    ratios = paired_ratios(runs, INSTANCE)
+    summary = gain_summary(best, [ATTENTION, HUE], left_out)
     levels = sorted(table[HUE].unique())
-    rows = []
-    for ax, attention in zip(axes, ("linear", "softmax")):
-        for level, color in zip(levels, plotting.palette(len(levels))):
-            mine = table[(table[ATTENTION] == attention) & (table[HUE] == level)]
-            stats, best = plotting.seed_band_best(ax, mine, "T0", "excess_risk_change", color=color,
-                                                  label=rf"$\zeta_V = {level:g}$")
-            rows.append(stats.assign(attention=attention, zeta_value=level, best_T0=best["T0"]))
-        ax.axhline(0.0, color="0.4", linewidth=1, linestyle=":")
-        ax.set_title(f"{attention} attention")
-        ax.set_xlabel(plotting.label("T0") + r"  ($T_0 = T$: FedAvg)")
-        ax.set_ylabel(r"$R(T_0) - R(T)$, paired by seed")
-    axes[0].legend(loc="upper right")
-    plotting.note_dropped(axes[0], dropped)
+    attentions = [a for a in plotting.ATTENTION if a in set(table[ATTENTION])]
+    fig, axes = plotting.figure(len(levels) + 1, height=2.6, quick=quick)
+    ax_gain, rows = axes[-1], []
+    for ax, level in zip(axes, levels):
+        for row, attention in enumerate(attentions):
+            style = plotting.ATTENTION[attention]
+            mine = ratios[(ratios[ATTENTION] == attention) & (ratios[HUE] == level)]
+            stats = plotting.instance_band(ax, mine, "T0", "ratio", color=style.color, label=style.label,
+                                           marker=style.marker, linestyle=style.linestyle)
+            s = summary[(summary[ATTENTION] == attention) & (summary[HUE] == level)].iloc[0]
+            marked = {"median": s["best_T0_median"], "q25": s["best_T0_q25"], "q75": s["best_T0_q75"]}
+            plotting.mark_best_T0(ax, marked, color=style.color, row=row)
+            rows.append(stats.assign(attention=attention, zeta_value=level, best_T0=marked["median"],
+                                     best_T0_q25=marked["q25"], best_T0_q75=marked["q75"],
+                                     gain_median=s["gain_median"], beats=s["beats"], instances=s["instances"]))
+        ax.axhline(1.0, color=plotting.REFERENCE_COLOR, linewidth=0.8)
+        plotting.log_scale(ax)
+        plotting.room_on_top(ax, len(attentions))
+        ax.set_title(plotting.heterogeneity_label(level), color=plotting.heterogeneity_color(level))
+        ax.set_xlabel(plotting.label("T0"))
+    axes[0].set_ylabel(r"$R(T_0)\,/\,R(T)$ per instance")
+    width = 0.35
+    for i, level in enumerate(levels):
+        for j, attention in enumerate(attentions):
+            style, x = plotting.ATTENTION[attention], i + (j - (len(attentions) - 1) / 2) * width
+            gains = 100 * best[(best[ATTENTION] == attention) & (best[HUE] == level)]["gain"].to_numpy()
+            s = summary[(summary[ATTENTION] == attention) & (summary[HUE] == level)].iloc[0]
+            ax_gain.plot(x + plotting.strip_offsets(gains, 0.25), gains, style.marker, color=style.color, markersize=2.5, alpha=0.8)
+            ax_gain.plot([x - 0.15, x + 0.15], [100 * s["gain_median"]] * 2, color=plotting.STATISTIC_COLOR,
+                         linewidth=1.2)
+    ax_gain.set_xticks(range(len(levels)), [f"{v:g}" for v in levels])
+    ax_gain.set_xlim(-0.6, len(levels) - 0.4)
+    ax_gain.set_xlabel(plotting.label(HUE))
+    ax_gain.set_ylabel(r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (%)")
+    ax_gain.set_title("gain at the best warm-up")
+    counts = summary.groupby(ATTENTION)["instances"].min()
+    fig.suptitle("; ".join(filter(None, ["bands: " + plotting.band_text(int(counts.min())) + " per level",
+                                         plotting.left_out_text(len(left_out))])))
+    handles = [Line2D([], [], marker=plotting.ATTENTION[a].marker, color=plotting.ATTENTION[a].color,
+                      linestyle=plotting.ATTENTION[a].linestyle, markersize=3, label=plotting.ATTENTION[a].label)
+               for a in attentions]
+    handles += [plotting.best_T0_handle(),
+                Line2D([], [], color=plotting.STATISTIC_COLOR, label="median gain (dots: one instance each)")]
+    plotting.legend_below(fig, handles, ncols=4)
     return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
 
 

@@ -1,7 +1,8 @@
 """Wrong answers to the notebook's exercises: each check must report FAIL (tests/test_notebook.py).
 
-Typical slips: a factor or a transpose wrong, the weights ignored, an off-by-one, a wrong
-prediction; ``rescale`` raises, to show that an answer that crashes is a FAIL, not an abort.
+Typical slips: a factor or a transpose wrong, the weights ignored (the clients weighed equally,
+which is right only when they hold as many samples), an off-by-one, a wrong prediction; ``rescale``
+raises, to show that an answer that crashes is a FAIL, not an abort.
 """
 
 import numpy as np
@@ -9,8 +10,8 @@ import numpy as np
 from linattn_theory import context_second_moment
 
 __all__ = ["rescale", "value_gradient", "server_average", "profile_by_least_squares",
-           "better_kernel_after_T_rounds", "drift_floor", "drift_floor_factor_when_zeta_doubles",
-           "final_value_block", "best_warmup_moves"]
+           "bias_ratio_after_T_rounds", "drift_floor", "drift_floor_factor_when_zeta_doubles",
+           "final_value_block", "best_warmup_shift"]
 
 
 def rescale(params, c):
@@ -32,16 +33,21 @@ def server_average(client_models, weights):
 
 
 def profile_by_least_squares(K, clients):
-    """Least squares without the weights √(p_c / N_c)."""
-    phi = np.vstack([(context_second_moment(X) @ (q @ K)[..., None])[..., 0] for X, q, _ in clients])
-    Y = np.vstack([y for _, _, y in clients])
-    V = np.linalg.lstsq(phi, Y, rcond=None)[0]
-    return 0.5 * np.sum((phi @ V - Y) ** 2)
+    """The weights dropped: every client's mean loss counts the same (rows scaled by √(1/(m N_c)),
+    not √(p_c/N_c)); right only for clients of equal size."""
+    rows, targets = [], []
+    for X, q, y in clients:
+        scale = np.sqrt(1.0 / (len(clients) * len(y)))
+        rows.append(scale * (context_second_moment(X) @ (q @ K)[..., None])[..., 0])
+        targets.append(scale * y)
+    Phi, Y = np.vstack(rows), np.vstack(targets)
+    V = np.linalg.lstsq(Phi, Y, rcond=None)[0]
+    return 0.5 * np.sum((Phi @ V - Y) ** 2)
 
 
-def better_kernel_after_T_rounds():
-    """Not one of the two answers."""
-    return "both"
+def bias_ratio_after_T_rounds():
+    """Client drift must make FedAvg's kernel worse: twice the bias."""
+    return 2.0
 
 
 def drift_floor(V_FA, V_star, A_tilde):
@@ -60,6 +66,6 @@ def final_value_block(V_T0, M, V_FA, k):
     return V_FA + np.linalg.matrix_power(M, k - 1) @ (V_T0 - V_FA)
 
 
-def best_warmup_moves():
-    """Not one of the two answers."""
-    return "sideways"
+def best_warmup_shift():
+    """More heterogeneity, a longer warm-up (the wrong sign)."""
+    return 10.0

@@ -137,3 +137,107 @@ def test_best_warmup_is_the_smallest_argmin_and_divergence_counts_as_infinite():
     ratios = paired_ratios(table, ["seed"])
     assert ratios.loc[ratios["seed"] == 0, "ratio"].tolist() == [1.5, 0.5, 0.5, 1.0]
     assert len(ratios[ratios["seed"] == 1]) == 3                                         # the diverged run is left out
+
+
+# --- one visual language (issue 21) ---------------------------------------------------------------------
+def _load_script(name):
+    from linattn_theory.report.figures import _load
+    return _load(name, ROOT / "simulations" / f"{name}.py")
+
+
+def _rgb(color):
+    from matplotlib.colors import to_rgb
+    return np.array(to_rgb(color))
+
+
+def test_every_method_has_one_style_and_no_panel_repeats_a_colour():
+    """Colour by meaning: each strategy and static arm has its own entry (name, colour, marker); within a
+    panel of the strategies figure no two methods share a colour; markers tell every method apart."""
+    from linattn_theory.sim.strategies import STRATEGIES
+    arms = _load_script("strategies").STATIC_ARMS
+    methods = set(STRATEGIES) | set(arms)
+    assert methods <= set(plotting.METHODS), methods - set(plotting.METHODS)
+    paneled = {name for members in plotting.METHOD_PANELS.values() for name in members}
+    assert methods == paneled, "every method is drawn in a panel of the strategies figure, and only methods"
+    for title, members in plotting.METHOD_PANELS.items():
+        colours = [plotting.METHODS[name].color for name in members]
+        assert len(set(colours)) == len(colours), f"{title}: two methods share a colour"
+    markers = [plotting.METHODS[name].marker for name in methods]
+    assert len(set(markers)) == len(markers), "two methods share a marker"
+    assert plotting.STRATEGY_NAMES == {name: style.label for name, style in plotting.METHODS.items()}
+
+
+def test_heterogeneity_levels_have_fixed_colours_apart_from_the_methods():
+    """ζ_V maps to one colour whatever the figure, darker as the clients grow more heterogeneous, and
+    no level looks like a method or an attention type (the smallest RGB distance is a third of the cube's
+    side)."""
+    levels = [0.0, 0.25, 0.5, 1.0, 2.0, 3.0]
+    colours = [plotting.heterogeneity_color(z) for z in levels]
+    assert colours == [plotting.heterogeneity_color(z) for z in levels]
+    lightness = [float(_rgb(c) @ [0.299, 0.587, 0.114]) for c in colours]
+    assert all(np.diff(lightness) < 0), lightness
+    others = [s.color for s in plotting.METHODS.values()] + [s.color for s in plotting.ATTENTION.values()]
+    nearest = min(np.linalg.norm(_rgb(a) - _rgb(b)) for a in colours for b in others)
+    assert nearest > 0.3, nearest
+    attention = [_rgb(s.color) for s in plotting.ATTENTION.values()]
+    assert np.linalg.norm(attention[0] - attention[1]) > 0.3
+    assert plotting.heterogeneity_label(3.0) == r"$\zeta_V = 3$"
+
+
+def test_no_figure_colours_by_position():
+    """The figure scripts and the notebook take every colour from a meaning (plotting's tables), never
+    the n-th colour of a palette or matplotlib's colour cycle ('C0')."""
+    import re
+    sources = [*sorted((ROOT / "simulations").glob("*.py")), ROOT / "notebooks" / "bias_drift_tradeoff.py"]
+    for path in sources:
+        text = path.read_text()
+        assert "palette(" not in text and not re.search(r"""color=f?["']C\{?\d?""", text), path.name
+
+
+def test_figures_command_finds_the_checkout_from_any_folder(tmp_path, monkeypatch, capsys):
+    """`linattn figures` without --root works from a subfolder of the checkout and, through the installed
+    package, from outside it; the default output folder is the checkout's figures/."""
+    from linattn_theory.report.figures import find_root
+    monkeypatch.chdir(ROOT / "docs")
+    assert find_root() == ROOT
+    assert main(["figures", "--list"]) == 0
+    assert "tradeoff\t" in capsys.readouterr().out
+    assert main(["figures", "--quick", "--only", "warmup_inexactness", "--out", str(tmp_path / "f"),
+                 "--executor", "serial", "--quiet"]) == 0
+    assert (tmp_path / "f" / "warmup_inexactness.png").is_file()
+    monkeypatch.chdir(tmp_path)
+    assert find_root() == ROOT          # the editable install's checkout
+    assert main(["figures", "--list"]) == 0
+
+
+def test_select_instances_leaves_out_the_instances_whose_fedavg_diverged():
+    """The one rule of every figure set: instance 1's FedAvg run (T0 = T = 4) diverged, so none of its
+    runs, best warm-up or gain is used; instance 2 keeps its runs, and its diverged T0 = 2 counts as ∞."""
+    from linattn_theory.report.sweep_analysis import gain_summary, select_instances
+    table = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 1, 2, 2, 2], "T0": [0, 2, 4] * 3, "federated.rounds": 4,
+                          "level": 1, "excess_risk": [3.0, 1.0, 2.0, 0.5, 0.7, np.nan, 2.0, np.nan, 1.5],
+                          "diverged": [False] * 5 + [True, False, True, False]})
+    runs, best, left_out = select_instances(table, ["level", "seed"])
+    assert sorted(set(runs["seed"])) == [0, 2] and not runs["diverged"].any() and len(runs) == 5
+    assert best["seed"].tolist() == [0, 2] and best["best_T0"].tolist() == [2, 4]
+    assert best.loc[1, "diverged_runs"] == 1 and best.loc[1, "gain"] == 0.0
+    assert left_out["seed"].tolist() == [1]
+    summary = gain_summary(best, "level", left_out).iloc[0]
+    assert (summary["instances"], summary["diverged_instances"], summary["beats"]) == (2, 1, 1)
+
+
+def test_spearman_interval_resamples_instances_not_pairs():
+    """ρ is scipy's Spearman; the interval contains it and is the same on a rerun; resampling whole
+    instances (not pairs) makes the interval collapse when every instance holds the same pairs."""
+    from scipy.stats import spearmanr
+
+    from linattn_theory.report.sweep_analysis import spearman_interval
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=60)
+    y = x + rng.normal(size=60)
+    many = spearman_interval(x, y, np.arange(60))
+    assert many["rho"] == pytest.approx(spearmanr(x, y).statistic, rel=1e-12)
+    assert many["low"] < many["rho"] < many["high"] and (many["instances"], many["pairs"]) == (60, 60)
+    assert spearman_interval(x, y, np.arange(60)) == many                  # a fixed seed: the same interval
+    same = spearman_interval(np.tile(x[:6], 5), np.tile(y[:6], 5), np.repeat(np.arange(5), 6))
+    assert same["low"] == pytest.approx(same["rho"]) and same["high"] == pytest.approx(same["rho"])

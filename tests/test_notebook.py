@@ -32,15 +32,17 @@ SOLUTIONS = ROOT / "notebooks" / "solutions.py"
 WRONG = ROOT / "tests" / "notebook_wrong_answers.py"
 
 EXERCISES = ["1 scale symmetry", "2 value gradient", "3 server average", "4a profile by least squares",
-             "4b better kernel", "5a drift floor", "5b drift floor factor", "6 final value block",
-             "7 best warm-up vs heterogeneity"]
+             "4b bias ratio", "5a drift floor", "5b drift floor factor", "6 final value block",
+             "7 best warm-up shift"]
+#: the predictions asked as numbers: no figure may show the answer before their check
+PREDICTIONS = ["4b bias ratio", "7 best warm-up shift"]
 THEOREMS = ["FedAvg with E = 1 is gradient descent on F", "Φ_0 does not see the kernel's scale",
             "V_FA is the fixed point of the simulator's frozen round", "no drift floor with one local step",
             "no drift floor when the clients share their inputs", "R = bias + drift floor + unfinished, at every T0"]
 TENDENCIES = ["drift grows with heterogeneity", "D ∝ η² at small η",
               "the best warm-up moves earlier as heterogeneity grows"]
-STUBS = ["rescale", "value_gradient", "server_average", "profile_by_least_squares", "better_kernel_after_T_rounds",
-         "drift_floor", "drift_floor_factor_when_zeta_doubles", "final_value_block", "best_warmup_moves"]
+STUBS = ["rescale", "value_gradient", "server_average", "profile_by_least_squares", "bias_ratio_after_T_rounds",
+         "drift_floor", "drift_floor_factor_when_zeta_doubles", "final_value_block", "best_warmup_shift"]
 
 
 def _execute(tmp_path, *args):
@@ -117,6 +119,72 @@ def test_committed_ipynb_has_the_outputs_of_a_fresh_execution(unanswered):
     assert set(committed["metadata"]) == {"jupytext", "kernelspec"}, "no run metadata in the committed notebook"
 
 
+def _figure_dpi(output) -> float:
+    from PIL import Image
+
+    with Image.open(BytesIO(base64.b64decode(output["data"]["image/png"]))) as image:
+        return float(image.info.get("dpi", (0, 0))[0])
+
+
+@pytest.mark.slow
+def test_figures_are_sharp_and_answers_come_after_the_predictions(unanswered):
+    """Every figure is a PNG of at least 120 dpi (its text at least 8 pt: teaching.show checks it before
+    display), and no figure appears between one exercise's check and a prediction's check: the figure
+    that answers a prediction is shown by the check itself, after the student committed to a number."""
+    _, _, fresh = unanswered
+    figures = [(i, _figure_dpi(o)) for i, c in enumerate(fresh["cells"]) for o in c.get("outputs", [])
+               if "image/png" in o.get("data", {})]
+    assert len(figures) == 6 and min(dpi for _, dpi in figures) >= 120, figures
+    checks = {}
+    for i, cell in enumerate(fresh["cells"]):
+        for output in cell.get("outputs", []):
+            for name in EXERCISES:
+                if f"EXERCISE {name}:" in "".join(output.get("text", "")):
+                    checks[name] = i
+    assert list(checks) == EXERCISES
+    shown = [i for i, _ in figures]
+    for name in PREDICTIONS:
+        previous = max(i for other, i in checks.items() if i < checks[name])
+        assert not [i for i in shown if previous < i < checks[name]], f"{name}: a figure answers it before its check"
+        assert checks[name] in shown, f"{name}: its check shows the figure that answers it"
+
+
+def test_the_notebook_links_the_headline_figure_and_reads_its_numbers():
+    """The trade-off is described as the figures measure it: a link to the headline figure, and the
+    per-level numbers printed from the committed per-instance table, not typed into the text."""
+    text = NOTEBOOK.read_text()
+    assert "](../figures/tradeoff.png)" in text and (ROOT / "figures" / "tradeoff.png").is_file()
+    assert 'pd.read_csv("../figures/best_warmup.csv")' in text
+
+
+def test_exercise_4a_fails_without_the_weights_because_the_clients_differ_in_size():
+    """Dropping the weights (every client's mean loss weighed 1/m) gives the right Φ_0 only when the
+    clients hold as many samples: on the notebook's sizes (128, 64) the wrong answer is off, on equal
+    sizes it would pass."""
+    import importlib.util
+
+    from linattn_theory import ClientDataset, FederatedDataset, planted_kernel_clients, profile_objective
+
+    def load(path):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    right, wrong = load(SOLUTIONS).profile_by_least_squares, load(WRONG).profile_by_least_squares
+    drawn = planted_kernel_clients(num_clients=2, samples_per_client=128, tokens=8, dim=6, rank=2, outputs=2,
+                                   zeta_value=2.0, zeta_covariate=0.2, noise=0.1, seed=0)
+    K = drawn.truth["kernel"][0] + 0.3 * np.eye(6)
+    for sizes, weights_matter in (((128, 64), True), ((128, 128), False)):
+        kept = tuple(ClientDataset(*(a[:N] for a in client)) for client, N in zip(drawn, sizes))
+        clients = FederatedDataset(kept, np.array(sizes) / sum(sizes))
+        truth = profile_objective(K, clients, 0.0)[0]
+        assert right(K, clients) == pytest.approx(truth, rel=1e-10)
+        assert (abs(wrong(K, clients) - truth) > 1e-6 * truth) == weights_matter, sizes
+    assert re.search(r"SAMPLES = .*\(128, 64\)", NOTEBOOK.read_text()), "the notebook's clients differ in size"
+
+
+
+
 @pytest.mark.slow
 def test_solutions_pass_every_exercise(tmp_path):
     status, output, _ = _execute(tmp_path, "--solutions", str(SOLUTIONS))
@@ -181,11 +249,11 @@ def test_displayed_formulas_are_those_of_docs_theory():
 
 
 def test_the_reading_time_estimate_holds():
-    """The header's estimate: ≈ 2,000 words of text (12 minutes) and 7 exercises with 9 answers."""
+    """The header's estimate: ≈ 2,300 words of text (14 minutes) and 7 exercises with 9 answers."""
     cells = _cells(NOTEBOOK)
     words = sum(len(c.source.split()) for c in cells if c.cell_type == "markdown")
-    assert words <= 2100, f"{words} words: update the reading-time estimate in the header"
-    assert "≈ 2,000 words" in cells[0].source and "7 exercises (9 answers)" in cells[0].source
+    assert 2200 <= words <= 2400, f"{words} words: update the reading-time estimate in the header"
+    assert "≈ 2,300 words" in cells[0].source and "7 exercises (9 answers)" in cells[0].source
     assert len({name.split()[0].rstrip("ab") for name in EXERCISES}) == 7 and len(EXERCISES) == 9
 
 
@@ -219,3 +287,24 @@ def test_best_warmup_is_the_earliest_argmin():
     assert best_warmup(np.array([2.0, 2.0, 1.5])) == 2
     with pytest.raises(ValueError, match="diverged"):
         best_warmup([1.0, np.nan])
+
+
+def test_show_refuses_figures_too_small_to_read():
+    """teaching.show checks every notebook figure before display: at least 120 dpi, no text under 8 pt."""
+    import matplotlib.pyplot as plt
+
+    from linattn_theory.report.teaching import check_legible, notebook_style
+
+    notebook_style()
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [0, 1], label="a line")
+    ax.legend()
+    check_legible(fig)                              # the notebook's style: accepted
+    ax.legend(fontsize=6)
+    with pytest.raises(ValueError, match="below 8 pt"):
+        check_legible(fig)
+    ax.legend()
+    fig.set_dpi(80)
+    with pytest.raises(ValueError, match="80 dpi"):
+        check_legible(fig)
+    plt.close(fig)

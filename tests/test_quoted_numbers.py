@@ -15,6 +15,7 @@ FIGURES = ROOT / "figures"
 #: where each generated block must appear
 EXPECTED_BLOCKS = {"README.md": {"headline-caption", "figure-times"},
                    "figures/README.md": {"headline", "heatmaps", "drift-scaling", "static-heads",
+                                         "softmax-static-heads", "tradeoff-attention", "digits",
                                          "figure-times-table"}}
 
 
@@ -75,3 +76,50 @@ def test_the_running_times_cover_every_figure_script(mode):
     assert list(rows["figure"]) == list(discover(ROOT)), \
         f"figures/timings.csv ({mode}) is stale: run python benchmarks/figure_times.py{option}"
     assert (rows["seconds"] > 0).all() and (rows["sweep_runs"] >= 0).all()
+
+
+# --- the same instances behind every best T0 (issue 21) ---------------------------------------------------
+def _marked(name: str, group) -> pd.DataFrame:
+    """The best warm-up a figure marks, one row per value of ``group`` (its CSV repeats it per plotted row)."""
+    data = pd.read_csv(FIGURES / f"{name}.csv")
+    marked = data.groupby(group)[["best_T0"]].nunique()
+    assert (marked["best_T0"] == 1).all(), f"{name}.csv: one marked best T0 per {group}"
+    return data.groupby(group).first()
+
+
+def _quartiles_of(values):
+    return tuple(np.quantile(np.asarray(values, dtype=float), [0.5, 0.25, 0.75]))
+
+
+def test_every_marked_best_warmup_agrees_with_best_warmup_csv():
+    """Every figure that marks a best T0 writes it in its CSV (its grouping column and ``best_T0``), and
+    where its instances are figure 2's, the value is what best_warmup.csv (one row per instance) gives:
+    figures 2 and 3 per ζ_V (median and quartiles), the heatmaps' E = 10 column, the loss curves per
+    seed (ζ_V = 3) and the linear rows of tradeoff_attention (seeds 0–4)."""
+    best = pd.read_csv(FIGURES / "best_warmup.csv")
+    marking = {path.stem for path in FIGURES.glob("*.csv") if "best_T0" in pd.read_csv(path, nrows=1)
+               and not path.stem.startswith("predictive_regret")}   # the benchmark's truth per instance
+    assert marking == {"best_warmup", "tradeoff", "excess_risk_decomposition", "heatmaps", "loss_curves",
+                       "tradeoff_attention", "digits"}, "a figure marks a best T0 that no test checks"
+    for name in ("tradeoff", "excess_risk_decomposition"):
+        marked = _marked(name, "zeta_value")
+        for level, sub in best.groupby("zeta_value"):
+            row = marked.loc[level]
+            assert (row["best_T0"], row["best_T0_q25"], row["best_T0_q75"]) == _quartiles_of(sub["best_T0"]), name
+    cells = pd.read_csv(FIGURES / "heatmaps.csv")
+    column = cells[cells["federated.local_steps"] == 10].set_index("task.zeta_value")
+    for level, sub in best.groupby("zeta_value"):
+        assert column.loc[level, "best_T0"] == np.median(sub["best_T0"])
+        assert (column.loc[level, "instances"], column.loc[level, "beats"]) == (len(sub), int((sub["gain"] > 0).sum()))
+        assert column.loc[level, "gain_median"] == pytest.approx(np.median(sub["gain"]), rel=1e-9)
+    curves = _marked("loss_curves", "seed")
+    top = best[best["zeta_value"] == best["zeta_value"].max()].set_index("seed")
+    for seed, row in curves.iterrows():
+        assert row["best_T0"] == top.loc[seed, "best_T0"], f"loss_curves, seed {seed}"
+    attention = _marked("tradeoff_attention", ["attention", "zeta_value"]).loc["linear"]
+    for level, row in attention.iterrows():
+        sub = best[(best["zeta_value"] == level) & (best["seed"] < 5)]
+        assert (row["best_T0"], row["best_T0_q25"], row["best_T0_q75"]) == _quartiles_of(sub["best_T0"])
+        assert row["gain_median"] == pytest.approx(np.median(sub["gain"]), rel=1e-9)
+    digits = _marked("digits", ["attention", "label_alpha"])
+    assert digits["best_T0"].between(0, 120).all()

@@ -111,6 +111,20 @@ def _root(root: str | None, folder: str) -> Path:
     return Path(".") if Path(folder).is_dir() else examples_root()
 
 
+def _figures_root(root: str | None) -> tuple[Path, bool]:
+    """``(root, checkout)`` of the figure scripts: ``--root`` as given, else the checkout around the
+    working directory (:func:`~linattn_theory.report.figures.find_root`), else the examples shipped
+    with the package (then ``checkout`` is false: figures are not written into the package)."""
+    from ..report.figures import find_root
+
+    if root is not None:
+        return Path(root), True
+    try:
+        return find_root(), True
+    except ConfigError:
+        return examples_root(), False
+
+
 def _read_file(path, what: str = "config file") -> dict:
     """The TOML file ``path``; a path missing here but shipped as an example says where that is."""
     from ..sim.config import read_toml
@@ -274,13 +288,13 @@ def _figures(args) -> int:
     from ..report.figures import discover, make_figures
     from ..sim.limits import check_output_folder
 
-    root = _root(args.root, "simulations")
+    root, checkout = _figures_root(args.root)
     scripts = discover(root, only=args.only)
     if args.list:
         for name, path in scripts.items():
             print(f"{name}\t{path}")
         return EXIT_OK
-    out = args.out or (QUICK_FIGURES if args.quick else "figures")
+    out = args.out or (QUICK_FIGURES if args.quick else str(root / "figures") if checkout else "figures")
     check_output_folder(out)
     if args.quick and not args.overwrite and Path(out).resolve() == (root / "figures").resolve():
         raise ConfigError(f"--out {out!r}: the full-size figures there would be overwritten by quick ones; "
@@ -484,10 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run every figure script of ROOT/simulations (or those named by "
                                    "--only) and write PNG, PDF and a CSV of the plotted data per figure.")
     p.add_argument("--out", default=None,
-                   help=f"output folder (default: figures, or {QUICK_FIGURES} with --quick)")
+                   help=f"output folder (default: ROOT/figures, or {QUICK_FIGURES} with --quick)")
     p.add_argument("--root", default=None,
-                   help="folder holding simulations/ (default: the current folder if it has one, else "
-                        "the examples shipped with the package)")
+                   help="repository root holding simulations/ (default: the checkout around the working "
+                        "directory, else the examples shipped with the package)")
     p.add_argument("--only", action="append", metavar="NAME",
                    help="only this figure script (repeatable)")
     p.add_argument("--quick", action="store_true", help="small grids: the whole set in under two minutes")

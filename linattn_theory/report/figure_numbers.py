@@ -3,8 +3,9 @@
 Each quoted passage is a generated block between ``<!-- BEGIN quoted: NAME -->`` and
 ``<!-- END quoted: NAME -->`` in a Markdown file; :func:`blocks` writes every block from the CSVs
 in ``figures/`` (``best_warmup.csv``: one row per instance of the headline sweep;
-``heatmaps.csv``, ``drift_scaling.csv``, ``frozen_stage.csv``, ``static_heads_summary.csv``; the
-running times from ``timings.csv``, which ``benchmarks/figure_times.py`` measures),
+``heatmaps.csv``, ``drift_scaling.csv``, ``frozen_stage.csv``, ``static_heads_summary.csv``,
+``softmax_static_heads_summary.csv``, ``tradeoff_attention.csv``, ``digits.csv``; the running
+times from ``timings.csv``, which ``benchmarks/figure_times.py`` measures),
 ``tests/test_quoted_numbers.py`` checks that the files hold exactly these blocks, and
 ``python -m linattn_theory.report.figure_numbers`` rewrites them after the figures are regenerated.
 Statistics follow docs/theory.md §6: per instance the best warm-up ``T0_best`` (smallest argmin)
@@ -96,12 +97,65 @@ def _drift(figures: Path) -> str:
             f"{frozen['distance'].min():.0e} (float64 precision).\n")
 
 
+def _interval(rho: float, low: float, high: float) -> str:
+    return f"{rho:+.2f} (95 % interval {low:+.2f} to {high:+.2f})"
+
+
 def _static(figures: Path) -> str:
     summary = pd.read_csv(figures / "static_heads_summary.csv")
-    parts = [f"`ζ_V = {r.zeta_value:g}`: Spearman {r.spearman:+.2f}, cheapest head picked in "
-             f"{r.largest_share_is_cheapest} of {r.instances}" for r in summary.itertuples()]
+    parts = [f"`ζ_V = {r.zeta_value:g}`: Spearman {_interval(r.spearman, r.spearman_low, r.spearman_high)}, "
+             f"cheapest head picked in {r.largest_share_is_cheapest} of {r.instances}" for r in summary.itertuples()]
     return ("Input-independent share against the loss change of making that head static: "
             + "; ".join(parts) + ".\n")
+
+
+def _softmax_static(figures: Path) -> str:
+    summary = pd.read_csv(figures / "softmax_static_heads_summary.csv")
+    names = {"mean_kl": "mean KL", "pattern_variance": "pattern variance"}
+    parts = []
+    for level, sub in summary.groupby("zeta_value", sort=True):
+        rhos = [f"{names[r.criterion]} {_interval(r.spearman, r.spearman_low, r.spearman_high)}"
+                for r in sub.itertuples()]
+        parts.append(f"`ζ_V = {level:g}`: " + ", ".join(rhos))
+    n = int(summary["instances"].max())
+    return (f"Spearman's ρ of each criterion with the relative loss change, per level over {n} instances: "
+            + "; ".join(parts) + ".\n")
+
+
+def _per_instance_summary(data: pd.DataFrame, group) -> pd.DataFrame:
+    """One row per value of ``group``: the marked best warm-up and what else the figure repeats per row."""
+    return data.groupby(group, sort=True).first().reset_index()
+
+
+def _tradeoff_attention(figures: Path) -> str:
+    data = _per_instance_summary(pd.read_csv(figures / "tradeoff_attention.csv"), ["zeta_value", "attention"])
+    parts = []
+    for level, sub in data.groupby("zeta_value", sort=True):
+        said = [f"{r.attention} best `T0` {r.best_T0:g} ({r.best_T0_q25:g} to {r.best_T0_q75:g}), median gain "
+                f"{_pct(r.gain_median)}, beats FedAvg in {int(r.beats)} of {int(r.instances)}" for r in sub.itertuples()]
+        parts.append(f"`ζ_V = {level:g}`: " + "; ".join(said))
+    return "Per instance, median (IQR) over the instances: " + ". ".join(parts) + ".\n"
+
+
+def _digits(figures: Path) -> str:
+    data = pd.read_csv(figures / "digits.csv")
+    accuracy = data[data["quantity"] == "test_accuracy"]
+    T = int(accuracy["T0"].max())
+    late = accuracy[accuracy["T0"] >= T // 2]
+    fedavg = accuracy[accuracy["T0"] == T].set_index(["attention", "label_alpha"])["median"]
+    cost = (late.join(fedavg.rename("fedavg"), on=["attention", "label_alpha"])
+            .eval("fedavg - median").max())
+    best = _per_instance_summary(data, ["attention", "label_alpha"])
+    at_T = int((best["best_T0"] == T).sum())
+    loss = data[data["quantity"] == "relative_loss_change_vs_fedavg_percent"]
+    below = loss[loss["median"] < 0]
+    lowest = loss.loc[loss["median"].idxmin()]
+    return (f"From `T0 = {T // 2}` on, freezing costs at most {100 * cost:.1f} accuracy points against FedAvg "
+            f"(medians over instances); the median best warm-up is `T = {T}` (plain FedAvg) in {at_T} of "
+            f"{len(best)} settings of attention and label skew; the median final training loss ends below "
+            f"FedAvg's in {len(below)} of {len(loss[loss['T0'] < T])} (setting, `T0`) points, at most by "
+            f"{-min(lowest['median'], 0):.2f} % ({lowest['attention']} attention, `α = {lowest['label_alpha']:g}`, "
+            f"`T0 = {int(lowest['T0'])}`).\n")
 
 
 def _caption(figures: Path) -> str:
@@ -163,7 +217,8 @@ def _times_table(figures: Path) -> str:
 
 
 _MAKERS = {"headline-caption": _caption, "headline": _headline, "heatmaps": _heatmaps,
-           "drift-scaling": _drift, "static-heads": _static, "figure-times": _times,
+           "drift-scaling": _drift, "static-heads": _static, "softmax-static-heads": _softmax_static,
+           "tradeoff-attention": _tradeoff_attention, "digits": _digits, "figure-times": _times,
            "figure-times-table": _times_table}
 
 
@@ -179,8 +234,12 @@ def replace_blocks(text: str, generated: dict[str, str]) -> str:
 
 
 def main(argv=None) -> int:
-    """Rewrite the quoted blocks of :data:`QUOTED_FILES` under the root (default ``.``)."""
-    root = Path((argv or sys.argv[1:] or ["."])[0])
+    """Rewrite the quoted blocks of :data:`QUOTED_FILES` under the root (default: the checkout around
+    the working directory, :func:`~linattn_theory.report.figures.find_root`)."""
+    from .figures import find_root
+
+    args = argv if argv is not None else sys.argv[1:]
+    root = Path(args[0]) if args else find_root()
     generated = blocks(root / "figures")
     from ..core.io import atomic_write_text
     for name in QUOTED_FILES:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..core.errors import ConfigError
 
-__all__ = ["discover", "make_figures", "figure_sweep", "figure_backend", "script_main", "config_path",
+__all__ = ["find_root", "discover", "make_figures", "figure_sweep", "figure_backend", "script_main", "config_path",
            "analysis_workers", "excess_risk_sweep"]
 
 #: the array backend of the figures' sweeps (``None``: each sweep's own), set by :func:`figure_backend`
@@ -45,9 +45,25 @@ def _defines_make(path: Path) -> bool:
     return "\ndef make(" in path.read_text()
 
 
-def discover(root=".", only=None) -> dict[str, Path]:
-    """``{name: path}`` of the figure scripts in ``root/simulations`` (files defining ``make``)."""
-    folder = Path(root) / "simulations"
+def find_root(start=None) -> Path:
+    """The checkout holding ``simulations/``: ``start`` (default the working directory) or the nearest
+    folder above it that has one, else the folder above the installed package (an editable install).
+
+    Raises :class:`ConfigError` when neither has a ``simulations/`` folder.
+    """
+    here = Path.cwd() if start is None else Path(start)
+    package = Path(sys.modules[__name__.split(".")[0]].__file__).resolve().parent
+    for folder in (here.resolve(), *here.resolve().parents, package.parent):
+        if (folder / "simulations").is_dir() and (folder / "figures").is_dir():
+            return folder
+    raise ConfigError(f"no simulations/ folder in {str(here)!r} or above it: run from a checkout of "
+                      "linattn-theory or pass --root")
+
+
+def discover(root=None, only=None) -> dict[str, Path]:
+    """``{name: path}`` of the figure scripts in ``root/simulations`` (files defining ``make``; ``root``
+    defaults to :func:`find_root`)."""
+    folder = Path(find_root() if root is None else root) / "simulations"
     if not folder.is_dir():
         raise ConfigError(f"--root {str(root)!r}: no simulations/ folder there")
     scripts = {p.stem: p for p in sorted(folder.glob("*.py"))
@@ -127,23 +143,21 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
 
 def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor="processes",
                       workers=None, progress=False):
-    """Run (or reuse) a FedFrozen sweep over ``T0`` and analyse it: ``(table, best, dropped)``.
+    """Run (or reuse) a FedFrozen sweep over ``T0`` and analyse it: ``(table, best, left_out)``.
 
-    ``table``: the non-diverged runs with the excess-risk decomposition (and, with ``bound``, the
-    fitted bound) of :func:`~linattn_theory.report.sweep_analysis.excess_risk_table`; ``best``: per
-    instance (the columns ``by``), the best warm-up and the gain over FedAvg
-    (:func:`~linattn_theory.report.sweep_analysis.best_warmup`, diverged runs counted as ``R = ∞``);
-    ``dropped``: how many runs diverged.
+    The instances are those of :func:`~linattn_theory.report.sweep_analysis.select_instances` (the one rule
+    of every figure: an instance whose FedAvg run diverged is left out). ``table``: their
+    non-diverged runs with the excess-risk decomposition (and, with ``bound``, the fitted bound) of
+    :func:`~linattn_theory.report.sweep_analysis.excess_risk_table`; ``best``: per instance (the columns
+    ``by``), the best warm-up and the gain over FedAvg (a diverged run counts as ``R = ∞``);
+    ``left_out``: the instances left out.
     """
-    from .plotting import drop_diverged
-    from .sweep_analysis import best_warmup, excess_risk_table
+    from .sweep_analysis import excess_risk_table, select_instances
 
     _, results, folder = figure_sweep(config, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
     table = excess_risk_table(folder, results, bound=bound, workers=analysis_workers(executor, workers))
-    best = best_warmup(table, by)
-    table, dropped = drop_diverged(table)
-    return table, best, dropped
+    return select_instances(table, by)
 
 
 def script_main(make, doc: str | None = None, argv=None) -> int:

@@ -1,9 +1,14 @@
-"""One style for every figure: print sizes, colour-blind-safe palette, the theory's symbols, atomic PNG+PDF+CSV output.
+"""One visual language for every figure: print sizes, colours by meaning, the theory's symbols, atomic PNG+PDF+CSV output.
 
 Every figure script in ``simulations/`` draws with :func:`figure` (3.5 in or 7 in wide, text of at
-least 7 pt; ``quick=True`` marks a smoke-test figure), labels axes with :data:`LABELS`, puts its
+least 7 pt; ``quick=True`` marks a smoke-test figure), labels axes with :data:`LABELS`, takes every
+colour from a meaning, defined once here: a method from :data:`METHODS` (name, colour, marker; no
+two methods of a panel of :data:`METHOD_PANELS` share a colour), a heterogeneity level from
+:func:`heterogeneity_color` (one sequential map, the same shade for a ``ζ_V`` in every figure), an
+attention type from :data:`ATTENTION`, instances and statistics from the neutral colours; puts its
 legend under the axes (:func:`legend_below`), draws medians with interquartile bands over
-instances (:func:`instance_band`) and saves with :func:`save_figure`, which checks the print size
+instances (:func:`instance_band`; :func:`band_text` says so on the figure), marks the per-instance
+best warm-up the same way everywhere (:func:`mark_best_T0`) and saves with :func:`save_figure`, which checks the print size
 (:func:`check_print_ready`), writes fixed metadata (no date: a rerun gives the same bytes) and the
 plotted numbers as a CSV next to the image (the tests check it is non-empty and finite). Diverged
 runs are never plotted as NaN: :func:`drop_diverged` removes them and :func:`note_dropped` says so.
@@ -12,12 +17,15 @@ runs are never plotted as NaN: :func:`drop_diverged` removes them and :func:`not
 from __future__ import annotations
 
 import io as _io
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 import matplotlib.ticker
 
-matplotlib.use("Agg")
+if "matplotlib.pyplot" not in sys.modules:    # a script draws off-screen; a notebook keeps its backend
+    matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -27,9 +35,12 @@ import seaborn as sns  # noqa: E402
 from ..core.io import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 __all__ = ["LABELS", "STRATEGY_NAMES", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
-           "note_dropped", "dropped_text", "mark_x", "instance_band", "data_ticks", "stacked_bars", "log_scale", "curve_rows",
-           "legend_below", "check_print_ready", "PALETTE_NAME", "COLUMN_WIDTH", "FULL_WIDTH", "MIN_FONT_SIZE",
-           "QUICK_MARK"]
+           "note_dropped", "dropped_text", "mark_x", "instance_band", "data_ticks", "stacked_bars", "log_scale",
+           "symlog_scale", "curve_rows", "legend_below", "check_print_ready", "PALETTE_NAME", "COLUMN_WIDTH",
+           "FULL_WIDTH", "MIN_FONT_SIZE", "QUICK_MARK", "Style", "METHODS", "METHOD_PANELS", "ATTENTION",
+           "method_style", "heterogeneity_color", "heterogeneity_label", "heterogeneity_style", "SEED_MARKERS",
+           "INSTANCE_COLOR", "REFERENCE_COLOR", "STATISTIC_COLOR", "mark_best_T0", "best_T0_handle",
+           "BEST_T0_LABEL", "room_on_top", "strip_offsets", "band_text", "left_out_text"]
 
 PALETTE_NAME = "colorblind"
 #: figure widths in inches: one column and two columns of a paper (text at 7 pt or more at that size)
@@ -70,15 +81,100 @@ LABELS = {
 }
 
 
-#: Display names of the strategies (linattn_theory.sim.strategies), for legends.
-STRATEGY_NAMES = {
-    "fedavg": "FedAvg", "fedfrozen": "FedFrozen", "random_kernel": "random kernel (T$_0$ = 0)",
-    "value_frozen": "value frozen", "fedprox": "FedProx", "scaffold": "SCAFFOLD",
-    "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedfrozen_fedprox": "FedFrozen + FedProx",
-    "fedfrozen_scaffold": "FedFrozen + SCAFFOLD", "fedfrozen_adaptive": "FedFrozen, online T$_0$",
-    "static_uniform": "static: uniform", "static_decay": "static: decay",
-    "static_calibrated": r"static: calibrated at $T_0$", "static_saf": r"SAF: most static head at $T_0$",
+@dataclass(frozen=True)
+class Style:
+    """How one meaning is drawn in every figure: its legend name, colour, marker and line style."""
+
+    label: str
+    color: str
+    marker: str = "o"
+    linestyle: str = "-"
+
+
+#: the colour-blind-safe qualitative colours of the methods (seaborn's "colorblind", Okabe–Ito, and
+#: Paul Tol's olive) and of the attention types (Tol's dark cyan and teal); the
+#: purples and pinks of the colour map RdPu are left to the heterogeneity levels
+BLUE, ORANGE, GREEN, VERMILLION, BROWN = "#0173b2", "#de8f05", "#029e73", "#d55e00", "#ca9161"
+LIGHT_BLUE, TEAL, OLIVE, GREY = "#56b4e9", "#44aa99", "#999933", "#949494"
+DARK_CYAN = "#225555"
+#: neutral colours: single instances (seeds) and reference lines, and statistics over instances
+INSTANCE_COLOR, REFERENCE_COLOR, STATISTIC_COLOR = "0.55", "0.35", "black"
+
+#: Every method (a strategy of linattn_theory.sim.strategies, or a static arm of simulations/strategies.py)
+#: has one name, colour and marker in every figure and the notebook. A colour is shared only by
+#: methods that never share a panel (:data:`METHOD_PANELS`): FedFrozen's combinations take the colour
+#: of what they add (FedProx, SCAFFOLD), the static arms those of other methods. The
+#: FedFrozen variants of one figure (``fedfrozen_best``, ``fedfrozen_theory``) are FedFrozen with
+#: another warm-up: FedFrozen's colour and marker, another line style.
+METHODS = {
+    "fedavg": Style("FedAvg", BLUE, "o"),
+    "fedfrozen": Style("FedFrozen", ORANGE, "s"),
+    "fedfrozen_best": Style(r"FedFrozen at its best $T_0$", ORANGE, "s"),
+    "fedfrozen_theory": Style(r"FedFrozen at $T_0^{\mathrm{theory}}$ (a posteriori fit)", ORANGE, "s", "--"),
+    "fedfrozen_adaptive": Style(r"FedFrozen, online $T_0$", OLIVE, "*", ":"),
+    "fedprox": Style("FedProx", LIGHT_BLUE, "^"),
+    "scaffold": Style("SCAFFOLD", GREEN, "D"),
+    "fedavgm": Style("FedAvgM", VERMILLION, "v"),
+    "fedadam": Style("FedAdam", BROWN, "P"),
+    "fedfrozen_fedprox": Style("FedFrozen + FedProx", LIGHT_BLUE, "<"),
+    "fedfrozen_scaffold": Style("FedFrozen + SCAFFOLD", GREEN, ">"),
+    "random_kernel": Style(r"random kernel ($T_0$ = 0)", GREY, "X"),
+    "value_frozen": Style("value frozen", LIGHT_BLUE, "H"),
+    "static_uniform": Style("static: uniform", VERMILLION, "p"),
+    "static_decay": Style("static: decay", BROWN, "h"),
+    "static_calibrated": Style(r"static: calibrated at $T_0$", GREEN, "d"),
+    "static_saf": Style(r"SAF: most static head at $T_0$", OLIVE, "8"),
+    "centralised": Style("centralised gradient descent", STATISTIC_COLOR, "", "--"),
 }
+#: the panels of the strategies figure: within one, no two methods share a colour
+METHOD_PANELS = {
+    "FedAvg and federated baselines": ("fedavg", "fedprox", "scaffold", "fedavgm", "fedadam", "fedfrozen"),
+    "FedFrozen and its combinations": ("fedfrozen", "fedfrozen_fedprox", "fedfrozen_scaffold",
+                                       "fedfrozen_adaptive", "fedavg"),
+    "fixed or frozen blocks": ("random_kernel", "value_frozen", "static_uniform", "static_decay",
+                               "static_calibrated", "static_saf", "fedavg", "fedfrozen"),
+}
+#: Display names of the strategies, for legends and tables (the labels of :data:`METHODS`).
+STRATEGY_NAMES = {name: style.label for name, style in METHODS.items()}
+
+#: Attention types (docs/theory.md §9): one colour, marker and line style each.
+ATTENTION = {"linear": Style("linear attention", DARK_CYAN, "o", "-"),
+             "softmax": Style("softmax attention", TEAL, "^", "--")}
+
+#: Heterogeneity levels: a sequential colour map, light for homogeneous clients, dark for the most
+#: heterogeneous level of the figures (ζ_V = 3); a level has the same colour in every figure.
+HETEROGENEITY_CMAP = "RdPu"
+HETEROGENEITY_RANGE = (0.0, 3.0)           # ζ_V mapped to the colour map's positions 0.4 .. 0.95
+_CMAP_SPAN = (0.4, 0.95)
+
+
+def heterogeneity_color(zeta_value: float):
+    """The colour of the concept-heterogeneity level ``ζ_V`` (the same in every figure; clipped to 0..3)."""
+    low, high = HETEROGENEITY_RANGE
+    share = (min(max(float(zeta_value), low), high) - low) / (high - low)
+    position = _CMAP_SPAN[0] + share * (_CMAP_SPAN[1] - _CMAP_SPAN[0])
+    return matplotlib.colors.to_hex(matplotlib.colormaps[HETEROGENEITY_CMAP](position))
+
+
+def heterogeneity_label(zeta_value: float) -> str:
+    """The legend name of a heterogeneity level: ``$\\zeta_V = 3$``."""
+    return rf"$\zeta_V = {float(zeta_value):g}$"
+
+
+def heterogeneity_style(zeta_value: float) -> Style:
+    """:class:`Style` of a heterogeneity level (its colour, name, circles and solid lines)."""
+    return Style(heterogeneity_label(zeta_value), heterogeneity_color(zeta_value))
+
+
+def method_style(name: str) -> Style:
+    """:class:`Style` of a method (strategy or static arm); raises ``KeyError`` naming the known ones."""
+    if name not in METHODS:
+        raise KeyError(f"method {name!r} has no style; expected one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+#: markers of single instances (seeds) drawn in a neutral colour, told apart by shape
+SEED_MARKERS = "osD^v<>ph"
 
 
 def label(key: str) -> str:
@@ -99,7 +195,9 @@ def apply_style() -> None:
 
 
 def palette(n: int):
-    """``n`` colours of the colour-blind palette (cycled when ``n`` > 10)."""
+    """``n`` colours of the colour-blind palette (cycled when ``n`` > 10), for categories that have no
+    entry of their own; methods, heterogeneity levels and attention types take theirs from
+    :data:`METHODS`, :func:`heterogeneity_color` and :data:`ATTENTION`."""
     base = sns.color_palette(PALETTE_NAME)
     return [base[i % len(base)] for i in range(n)]
 
@@ -250,6 +348,13 @@ def log_scale(ax, axis: str = "y") -> None:
     target.set_minor_formatter(FuncFormatter(minor))
 
 
+def symlog_scale(ax, linthresh: float, axis: str = "y") -> None:
+    """A symmetric log axis (linear within ``±linthresh``) labelled in plain numbers (``-0.1``, ``0``, ``10``)."""
+    getattr(ax, f"set_{axis}scale")("symlog", linthresh=linthresh)
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_formatter(matplotlib.ticker.FuncFormatter(_plain))
+
+
 def data_ticks(ax, values, axis: str = "x") -> None:
     """Ticks of a log axis at the data values, labelled as plain numbers (``0.005``, not ``5×10⁻³``)."""
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
@@ -297,29 +402,64 @@ def instance_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str |
     return stats
 
 
-def seed_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,
-              marker: str = "o") -> pd.DataFrame:
-    """Mean of ``y`` over seeds against ``x`` with a band from the smallest to the largest seed.
-
-    Used by the softmax and real-data figures (docs/theory.md §9), whose captions say so; the
-    headline figures use :func:`instance_band` (median, interquartile range). Returns the plotted
-    summary (``x``, mean, min, max, count) for the figure's CSV.
-    """
-    stats = data.groupby(x)[y].agg(["mean", "min", "max", "count"]).reset_index()
-    ax.plot(stats[x], stats["mean"], marker=marker, markersize=2.5, color=color, label=label)
-    if (stats["count"] > 1).any():
-        ax.fill_between(stats[x], stats["min"], stats["max"], color=color, alpha=0.2, linewidth=0)
-    return stats
+def strip_offsets(values, width: float = 0.5) -> np.ndarray:
+    """Deterministic horizontal offsets in ``[−width/2, width/2]`` for ``len(values)`` dots, by rank
+    (a strip plot of one dot per instance that hides none)."""
+    n = len(values)
+    if n < 2:
+        return np.zeros(n)
+    ranks = np.argsort(np.argsort(np.asarray(values), kind="stable"), kind="stable")
+    return (ranks / (n - 1) - 0.5) * width
 
 
-def seed_band_best(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,
-                   best: str = "min") -> tuple[pd.DataFrame, pd.Series]:
-    """:func:`seed_band` plus a star at the best point of the seed mean (``best``: ``"min"`` or ``"max"``).
+#: the legend name of :func:`mark_best_T0`, the same in every figure
+BEST_T0_LABEL = r"best $T_0$ per instance: median, IQR"
 
-    Returns ``(stats, best row)``.
-    """
-    stats = seed_band(ax, data, x, y, color=color, label=label)
-    row = stats.loc[stats["mean"].idxmin() if best == "min" else stats["mean"].idxmax()]
-    ax.plot(row[x], row["mean"], marker="*", markersize=12, color=color, markeredgecolor="black",
-            linestyle="none")
-    return stats, row
+
+def mark_best_T0(ax, quartiles: dict, *, color, row: int = 0, marker: str = "D") -> None:
+    """The per-instance best warm-up over instances, at the top of ``ax``: a diamond at the median and a
+    bar over the interquartile range (``quartiles``: ``median``, ``q25``, ``q75``, as
+    :func:`~linattn_theory.report.sweep_analysis.quartiles` gives them); ``row`` stacks several levels.
+    Another ``marker`` marks another per-instance warm-up the same way (e.g. the online rule's)."""
+    from matplotlib.transforms import blended_transform_factory
+
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    y = 0.96 - 0.065 * row
+    ax.plot([quartiles["q25"], quartiles["q75"]], [y, y], color=color, linewidth=2.5, transform=top,
+            solid_capstyle="butt")
+    ax.plot([quartiles["median"]], [y], marker=marker, color=color, markeredgecolor="black",
+            markersize=6 if marker == "*" else 4, transform=top)
+
+
+def best_T0_handle(color=REFERENCE_COLOR):
+    """The legend entry of :func:`mark_best_T0`."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], marker="D", color=color, markeredgecolor="black", markersize=4, linewidth=2.5,
+                  label=BEST_T0_LABEL)
+
+
+def room_on_top(ax, rows: int) -> None:
+    """Raise the top of ``ax``'s y range so that ``rows`` rows of :func:`mark_best_T0` sit above the data
+    (on a linear, log or symmetric-log axis alike: the room is made in the axis's own scale)."""
+    fraction = 0.92 - 0.065 * rows
+    scale = ax.yaxis.get_transform()
+    low, high = scale.transform(np.array([ax.get_ylim()]).T)[:, 0]
+    top = scale.inverted().transform(np.array([[low + (high - low) / fraction]]))[0, 0]
+    ax.set_ylim(ax.get_ylim()[0], top)
+
+
+def band_text(count, what: str = "instances") -> str:
+    """How every band of the figures reads: ``"median and interquartile range over 20 instances"``
+    (``count`` a number, or one per level: ``"over 19, 18, 18 instances"``)."""
+    counts = [int(c) for c in np.atleast_1d(count)]
+    said = str(counts[0]) if len(set(counts)) == 1 else ", ".join(map(str, counts))
+    return f"median and interquartile range over {said} {what}"
+
+
+def left_out_text(left_out: int) -> str:
+    """``"N instances left out (their FedAvg run diverged)"`` (``""`` when 0): the rule of
+    :func:`~linattn_theory.report.sweep_analysis.select_instances`, said on the figure."""
+    if not left_out:
+        return ""
+    return f"{left_out} instance{'s' if left_out != 1 else ''} left out (FedAvg diverged)"

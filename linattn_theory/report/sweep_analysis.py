@@ -11,9 +11,11 @@ and the starting kernels), so that redrawing a figure does not solve for it agai
 
 The statistics every figure uses are here too, so that one definition serves all of them
 (docs/theory.md §6): :func:`best_warmup` (per instance, the best warm-up ``T0_best`` = the
-smallest ``T0`` of the grid at which ``R(T0)`` is smallest), :func:`paired_ratios` (``R(T0)/R(T)``
-of the same instance) and :func:`gain_summary` (per level: how often and by how much FedFrozen at
-its best ``T0`` beats FedAvg).
+smallest ``T0`` of the grid at which ``R(T0)`` is smallest), :func:`select_instances` (the one rule
+that picks the instances of a figure set: an instance whose FedAvg run diverged is left out of all
+of them), :func:`paired_ratios` (``R(T0)/R(T)`` of the same instance), :func:`gain_summary` (per
+level: how often and by how much FedFrozen at its best ``T0`` beats FedAvg) and
+:func:`spearman_interval` (a rank correlation with a bootstrap interval over instances).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from ..core.model import kernel
 from .results import load_run
 from ..core.clients import stack_clients
 
-__all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table", "best_warmup", "paired_ratios",
-           "gain_summary", "quartiles"]
+__all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table", "best_warmup", "select_instances",
+           "paired_ratios", "gain_summary", "quartiles", "spearman_interval"]
 
 _MEMO: dict = {}
 
@@ -242,14 +244,16 @@ def quartiles(values) -> dict:
     return {"median": float(median), "q25": float(q25), "q75": float(q75), "count": int(values.size)}
 
 
-def best_warmup(table: pd.DataFrame, by) -> pd.DataFrame:
+def best_warmup(table: pd.DataFrame, by, risk: str = "excess_risk") -> pd.DataFrame:
     """Per instance (one row per value of the columns ``by``), the best warm-up and FedFrozen's gain.
 
     ``T0_best = min argmin_{T0} R(T0)`` over the instance's grid of ``T0`` (ties go to the smallest
     ``T0``; a diverged run counts as ``R = ∞``): the one definition of the best warm-up
     (docs/theory.md §6). Columns: ``by``, ``best_T0``, ``R_best = R(T0_best)``, ``R_fedavg = R(T)``
     (``T = federated.rounds``; NaN when that run diverged or is missing), ``gain = 1 − R_best/R_fedavg``
-    (≥ 0; NaN without ``R_fedavg``), ``T`` and ``diverged_runs``.
+    (≥ 0; NaN without ``R_fedavg``), ``T`` and ``diverged_runs``. ``risk`` names the column of ``R``
+    (the argmin is the same for any column that differs from ``R`` by a constant per instance, such
+    as the final loss ``F_λ(θ_T) = R + Φ*_λ``; the gain is then relative to that column).
     """
     from ..recommenders.scoring import best_warmup as argmin_smallest
 
@@ -258,44 +262,100 @@ def best_warmup(table: pd.DataFrame, by) -> pd.DataFrame:
     for key, group in table.groupby(by, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         group = group.sort_values("T0", kind="stable")
-        risk = group["excess_risk"].where(~group["diverged"].astype(bool), np.inf).fillna(np.inf)
-        first = argmin_smallest(risk.to_numpy())          # the smallest T0 among the minimisers
+        values = group[risk].where(~group["diverged"].astype(bool), np.inf).fillna(np.inf)
+        first = argmin_smallest(values.to_numpy())          # the smallest T0 among the minimisers
         best = group.iloc[first]
         T = int(group["federated.rounds"].max())
-        fedavg = risk[group["T0"].to_numpy() == T]
+        fedavg = values[group["T0"].to_numpy() == T]
         R_fedavg = float(fedavg.iloc[0]) if len(fedavg) and np.isfinite(fedavg.iloc[0]) else np.nan
-        R_best = float(risk.iloc[first])
+        R_best = float(values.iloc[first])
         rows.append({**dict(zip(by, key)), "best_T0": int(best["T0"]), "R_best": R_best,
                      "R_fedavg": R_fedavg, "gain": 1.0 - R_best / R_fedavg if np.isfinite(R_fedavg) else np.nan,
                      "T": T, "diverged_runs": int(group["diverged"].astype(bool).sum())})
     return pd.DataFrame(rows)
 
 
-def paired_ratios(table: pd.DataFrame, by) -> pd.DataFrame:
+def select_instances(table: pd.DataFrame, by, risk: str = "excess_risk"):
+    """The one rule that selects the instances of a figure set: ``(runs, best, left_out)``.
+
+    An instance (a value of the columns ``by``) whose plain FedAvg run (``T0 = T``) diverged or is
+    missing has no ``R(T)`` to compare with, so it is left out of every figure of the set: its runs,
+    its best warm-up, its gain. In the instances kept, a run that diverged at another ``T0`` counts
+    as ``R = ∞`` for the best warm-up (:func:`best_warmup`) and is not drawn. ``runs``: the
+    non-diverged runs of the kept instances; ``best``: :func:`best_warmup` of the kept instances;
+    ``left_out``: the best-warm-up rows of the instances left out (``diverged_runs`` says how many of
+    their runs diverged).
+    """
+    by = list(by)
+    best = best_warmup(table, by, risk)
+    kept = best["R_fedavg"].notna().to_numpy()
+    keys = pd.MultiIndex.from_frame(best.loc[kept, by])
+    inside = pd.MultiIndex.from_frame(table[by]).isin(keys)
+    runs = table[inside & ~table["diverged"].astype(bool).to_numpy()]
+    return runs, best[kept].reset_index(drop=True), best[~kept].reset_index(drop=True)
+
+
+def paired_ratios(table: pd.DataFrame, by, column: str = "excess_risk") -> pd.DataFrame:
     """The non-diverged runs with ``ratio = R(T0) / R(T)``, ``R(T)`` plain FedAvg's excess risk on the
-    same instance (the columns ``by``); instances whose FedAvg run diverged are left out."""
+    same instance (the columns ``by``); instances whose FedAvg run diverged are left out. ``column``
+    names ``R`` (e.g. the final loss, for data without a known optimum)."""
     by = list(by)
     ok = table[~table["diverged"].astype(bool)]
-    fedavg = (ok[ok["T0"] == ok["federated.rounds"]].set_index(by)["excess_risk"].rename("R_fedavg"))
+    fedavg = (ok[ok["T0"] == ok["federated.rounds"]].set_index(by)[column].rename("R_fedavg"))
     joined = ok.join(fedavg, on=by, how="inner")
-    return joined.assign(ratio=joined["excess_risk"] / joined["R_fedavg"])
+    return joined.assign(ratio=joined[column] / joined["R_fedavg"])
 
 
-def gain_summary(best: pd.DataFrame, level) -> pd.DataFrame:
+def gain_summary(best: pd.DataFrame, level, left_out: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per value of ``level`` (a column, or a list of columns), over the instances of :func:`best_warmup`: ``instances``, ``beats``
     (how many have ``R(T0_best) < R(T)``, i.e. FedFrozen at its best warm-up beats FedAvg),
     ``share_beats``, the gain's median and quartiles (``gain_median``, ``gain_q25``, ``gain_q75``)
     and the best warm-up's (``best_T0_median``, ``best_T0_q25``, ``best_T0_q75``); instances whose
-    FedAvg run diverged are left out of both and counted in ``diverged_instances``."""
+    FedAvg run diverged (a NaN gain in ``best``, or a row of ``left_out``, :func:`select_instances`)
+    are left out of both and counted in ``diverged_instances``."""
     columns = [level] if isinstance(level, str) else list(level)
+    lost = (left_out.groupby(columns).size() if left_out is not None and len(left_out)
+            else pd.Series(dtype=int))
     rows = []
     for value, group in best.groupby(columns, sort=True):
         gain = group["gain"].to_numpy(dtype=float)
         valid = np.isfinite(gain)
         g, t = quartiles(gain), quartiles(group["best_T0"].to_numpy(dtype=float)[valid])
+        extra = int(lost.get(value if len(columns) > 1 else value[0], 0)) if len(lost) else 0
         rows.append({**dict(zip(columns, value)), "instances": int(valid.sum()),
-                     "diverged_instances": int((~valid).sum()), "beats": int((gain[valid] > 0).sum()),
+                     "diverged_instances": int((~valid).sum()) + extra, "beats": int((gain[valid] > 0).sum()),
                      "share_beats": float((gain[valid] > 0).mean()) if valid.any() else np.nan,
                      "gain_median": g["median"], "gain_q25": g["q25"], "gain_q75": g["q75"],
                      "best_T0_median": t["median"], "best_T0_q25": t["q25"], "best_T0_q75": t["q75"]})
     return pd.DataFrame(rows)
+
+
+def spearman_interval(x, y, instances, *, level: float = 0.95, resamples: int = 2000,
+                      seed: int = 0) -> dict:
+    """Spearman's rank correlation of ``x`` and ``y`` with a bootstrap interval over instances.
+
+    The pairs of one instance (e.g. the heads of one trained model) are not independent, so the
+    bootstrap resamples whole instances (the values of ``instances``) with replacement and takes the
+    percentile interval of ``level`` (2000 resamples, a fixed ``seed``: the same interval on a
+    rerun). Returns ``{"rho", "low", "high", "instances", "pairs"}`` (NaN where ``x`` or ``y`` is
+    constant).
+    """
+    from scipy.stats import rankdata
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    groups = pd.factorize(np.asarray(instances))[0]
+    members = [np.flatnonzero(groups == g) for g in range(groups.max() + 1)]
+
+    def rho(index):          # Spearman's ρ: Pearson's correlation of the (average) ranks
+        a, b = rankdata(x[index]), rankdata(y[index])
+        if np.ptp(a) == 0 or np.ptp(b) == 0:
+            return np.nan
+        a, b = a - a.mean(), b - b.mean()
+        return float(a @ b / np.sqrt((a @ a) * (b @ b)))
+    rng = np.random.default_rng(seed)
+    draws = [rho(np.concatenate([members[g] for g in rng.integers(len(members), size=len(members))]))
+             for _ in range(resamples)]
+    tail = (1 - level) / 2
+    low, high = np.nanquantile(draws, [tail, 1 - tail]) if np.isfinite(draws).any() else (np.nan, np.nan)
+    return {"rho": rho(np.arange(len(x))), "low": float(low), "high": float(high),
+            "instances": len(members), "pairs": len(x)}

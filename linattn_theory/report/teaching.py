@@ -21,7 +21,11 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
-           "excess_risk_curve", "best_warmup"]
+           "excess_risk_curve", "best_warmup", "notebook_style", "show", "check_legible", "NOTEBOOK_DPI",
+           "NOTEBOOK_MIN_FONT_SIZE"]
+
+#: the notebook's figures: pixels per inch and the smallest text (legends included), in points
+NOTEBOOK_DPI, NOTEBOOK_MIN_FONT_SIZE = 150, 8.0
 
 PASS, FAIL, UNANSWERED = "PASS", "FAIL", "UNANSWERED"
 
@@ -66,6 +70,44 @@ def tendency(name: str, holds: bool, detail: str = "") -> None:
     """Print whether a tendency of the theory holds on these numbers (never raises)."""
     verdict = "holds" if holds else "does NOT hold"
     print(f"TENDENCY {name}: {verdict} on these numbers  {detail}")
+
+
+def notebook_style() -> None:
+    """The figures' style (:func:`~linattn_theory.report.plotting.apply_style`: the same colours for the
+    same methods and heterogeneity levels) at screen size: :data:`NOTEBOOK_DPI` dpi, 8–9 pt text."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import apply_style
+
+    apply_style()
+    plt.rcParams.update({"figure.dpi": NOTEBOOK_DPI, "font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9,
+                         "xtick.labelsize": 8, "ytick.labelsize": 8, "legend.fontsize": 8,
+                         "legend.title_fontsize": 8, "legend.frameon": True, "legend.framealpha": 0.85})
+
+
+def check_legible(fig) -> None:
+    """Raise ``ValueError`` unless ``fig`` is drawn at :data:`NOTEBOOK_DPI` or more and all its visible
+    text (legends included) is at least :data:`NOTEBOOK_MIN_FONT_SIZE` points."""
+    import matplotlib.text
+
+    if fig.dpi < 120:
+        raise ValueError(f"figure at {fig.dpi:g} dpi: the notebook's figures need at least 120 dpi")
+    fig.canvas.draw()
+    small = sorted({(t.get_text(), t.get_fontsize()) for t in fig.findobj(matplotlib.text.Text)
+                    if t.get_visible() and t.get_text().strip() and t.get_fontsize() < NOTEBOOK_MIN_FONT_SIZE})
+    if small:
+        raise ValueError(f"text below {NOTEBOOK_MIN_FONT_SIZE:g} pt: {small[:3]}")
+
+
+def show(fig) -> None:
+    """Check that ``fig`` is legible (:func:`check_legible`), display it in Jupyter (a plain script just
+    closes it)."""
+    import matplotlib.pyplot as plt
+
+    check_legible(fig)
+    if plt.get_backend().lower() != "agg":
+        plt.show()
+    plt.close(fig)
 
 
 def excess_risk_curve(config, clients, optimum=None, *, restarts: int = 2) -> pd.DataFrame:
