@@ -46,16 +46,21 @@ def _defines_make(path: Path) -> bool:
 
 
 def find_root(start=None) -> Path:
-    """The checkout holding ``simulations/``: ``start`` (default the working directory) or the nearest
-    folder above it that has one, else the folder above the installed package (an editable install).
+    """The folder holding ``simulations/``: ``start`` (default the working directory) or the nearest
+    folder above it that has one, else the checkout above the installed package (an editable install,
+    recognised by its ``simulations/`` and ``figures/`` folders).
 
-    Raises :class:`ConfigError` when neither has a ``simulations/`` folder.
+    The working directory comes first, so figure scripts of one's own are never mistaken for the
+    package's checkout (whose committed figures would then be overwritten). Raises
+    :class:`ConfigError` when none is found.
     """
     here = Path.cwd() if start is None else Path(start)
-    package = Path(sys.modules[__name__.split(".")[0]].__file__).resolve().parent
-    for folder in (here.resolve(), *here.resolve().parents, package.parent):
-        if (folder / "simulations").is_dir() and (folder / "figures").is_dir():
+    for folder in (here.resolve(), *here.resolve().parents):
+        if (folder / "simulations").is_dir():
             return folder
+    package = Path(sys.modules[__name__.split(".")[0]].__file__).resolve().parent
+    if (package.parent / "simulations").is_dir() and (package.parent / "figures").is_dir():
+        return package.parent
     raise ConfigError(f"no simulations/ folder in {str(here)!r} or above it: run from a checkout of "
                       "linattn-theory or pass --root")
 
