@@ -13,21 +13,33 @@ from linattn_theory.cli.recommend_command import recommend_main
 from linattn_theory.sim.config import config_from_dict
 from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule, simulate
 from linattn_theory.recommenders.recommendation import MODES, recommend
-from linattn_theory.recommenders.online import OnlineRule, freeze_forecast, online_decision, run_online
-from linattn_theory.recommenders.scoring import best_warmup, is_u_shaped, regret
+from linattn_theory.recommenders.online import (CHECKS, OnlineRule, fedavg_forecast, freeze_forecast,
+                                                online_decision, run_online)
+from linattn_theory.recommenders.scoring import (ScriptedRule, best_warmup, realised_risk, regret,
+                                                 replay_online, score_instance)
 
+#: Clients of unequal size (Dirichlet α = 2: 12, 9 and 39 samples), so that the weights p_c matter.
 SMALL = {"seed": 3,
          "task": {"family": "planted_kernel", "num_clients": 3, "samples_per_client": 20, "tokens": 5,
-                  "dim": 3, "rank": 2, "outputs": 2, "zeta_value": 2.0, "zeta_covariate": 0.5},
+                  "dim": 3, "rank": 2, "outputs": 2, "zeta_value": 2.0, "zeta_covariate": 0.5,
+                  "dirichlet_alpha": 2.0},
          "model": {"rank": 2},
          "federated": {"strategy": "fedfrozen", "rounds": 8, "warmup_rounds": 2, "local_steps": 4,
                        "learning_rate": 0.01, "ridge": 0.01}}
 
 
+#: The same instance with a faster, more heterogeneous warm-up: R(T0) turns within 24 rounds, and
+#: the rule freezes there (at round 16 with w = 2, h = 1, z = 0).
+TURNING = {"federated.rounds": 24, "federated.learning_rate": 0.05, "federated.local_steps": 4,
+           "task.zeta_value": 4.0, "model.init_scale": 1.5}
+
+
 @pytest.fixture(scope="module")
 def small():
     config = config_from_dict(SMALL)
-    return config, clients_from_config(config)
+    clients = clients_from_config(config)
+    assert sorted(len(X) for X, _, _ in clients) == [9, 12, 39]      # the weights p_c are unequal
+    return config, clients
 
 
 # ----------------------------------------------------------------- the forecast vs the simulator
@@ -66,28 +78,53 @@ def test_freeze_forecast_equals_simulated_frozen_stage(small, server_learning_ra
 def test_adaptive_run_realises_its_forecast_and_equals_fedfrozen(small):
     """The adaptive strategy's final loss is the rule's forecast; without roll-back it is the
     FedFrozen run of the same T0 bit for bit; ``simulate`` dispatches to it."""
-    config, clients = small
-    config = config.with_updates({"federated.rounds": 24, "federated.strategy": "fedfrozen_adaptive",
-                                  "federated.adaptive_window": 2, "federated.adaptive_horizon": 1})
+    config, _ = small
+    config = config.with_updates({**TURNING, "federated.strategy": "fedfrozen_adaptive",
+                                  "federated.adaptive_window": 2, "federated.adaptive_horizon": 1,
+                                  "federated.adaptive_confidence": 0.0})
+    clients = clients_from_config(config)
     online = run_online(config, clients)
     final = float(online.result.table["loss_regularized"].iloc[-1])
+    assert online.stop_round == online.kernel_round == 16          # the rule froze, without roll-back
     assert final == pytest.approx(online.predicted_objective, rel=1e-10)
     assert len(online.result.table) == 25 and online.result.metadata["stop_round"] == online.stop_round
     assert online.decisions["stop"].tolist() == [False] * online.stop_round + [True]
     again = simulate(config, clients)
     assert again.table["loss_regularized"].iloc[-1] == final
-    if online.kernel_round == online.stop_round:
-        fixed = simulate(config.with_updates({"federated.strategy": "fedfrozen",
-                                              "federated.warmup_rounds": online.kernel_round}), clients)
-        assert fixed.table["loss_regularized"].iloc[-1] == final
+    fixed = simulate(config.with_updates({"federated.strategy": "fedfrozen",
+                                          "federated.warmup_rounds": online.kernel_round}), clients)
+    assert fixed.table["loss_regularized"].iloc[-1] == final
+
+
+@pytest.mark.parametrize("stop_round, kernel_round", [(9, 4), (15, 2)])
+def test_a_roll_back_realises_its_forecast(small, stop_round, kernel_round):
+    """The roll-back branch: freezing the stored kernel of round ``s`` at round ``t > s`` runs the
+    frozen stage from ``θ^s`` for ``T − t`` rounds; its final loss is the forecast ``J(s, T − t)``
+    (and not ``J(s, T − s)``, the run that never spent the rounds ``s..t``)."""
+    config, clients = small
+    config = config.with_updates({"federated.rounds": 24})
+    online = run_online(config, clients, ScriptedRule(stop_round, kernel_round))
+    assert (online.stop_round, online.kernel_round) == (stop_round, kernel_round)
+    final = float(online.result.table["loss_regularized"].iloc[-1])
+    data, theta = prepare_run(config, clients)
+    states = []
+    run_schedule(theta, data, dataclasses.replace(config.federated, warmup_rounds=24), 24, config.seed,
+                 on_round=states.append)
+    forecast = freeze_forecast(states[kernel_round].params, data, config.federated, kernel_round)
+    assert final == pytest.approx(forecast.final_objective(24 - stop_round), rel=1e-10)
+    assert online.predicted_objective == pytest.approx(final, rel=1e-10)
+    assert abs(forecast.final_objective(24 - kernel_round) - final) > 1e-6 * abs(final)
+    assert len(online.result.table) == 25       # the spent rounds keep their rows
 
 
 def test_run_online_decides_from_the_past_only(small):
     """Each recorded decision is what the rule says on the forecasts of rounds ≤ t of the path."""
-    config, clients = small
-    config = config.with_updates({"federated.rounds": 24})
-    rule = OnlineRule(window=2, horizon=1)
+    config, _ = small
+    config = config.with_updates(TURNING)
+    clients = clients_from_config(config)
+    rule = OnlineRule(window=2, horizon=1, confidence=0.0)
     online = run_online(config, clients, rule)
+    assert online.stop_round < 24
     data, theta = prepare_run(config, clients)
     states = []
     fed = config.federated
@@ -95,47 +132,129 @@ def test_run_online_decides_from_the_past_only(small):
                  config.seed, on_round=states.append)
     forecasts = [freeze_forecast(st.params, data, fed, st.round) for st in states]
     for t, row in online.decisions.iterrows():
-        decision = online_decision(forecasts[:t + 1], 24, 2, 1)
-        assert (decision.stop, decision.kernel_round) == (row["stop"], row["kernel_round"])
+        decision = online_decision(forecasts[:t + 1], 24, 2, 1, 0.0)
+        assert (decision.stop, decision.kernel_round, decision.test) == (row["stop"], row["kernel_round"], row["test"])
 
 
-# ----------------------------------------------------------------- the rule on designed histories
-class _Fake:
-    """A forecast whose final objective is ``level + penalty(k)`` (a stand-in for FreezeForecast)."""
+# ----------------------------------------------------------------- the rule's arithmetic, by hand
+class Hand:
+    """A hand-made forecast of round ``s``: ``J(s, k) = A_s − c_s k`` (``c_s = 0.03 + 0.001 s``),
+    profile ``Φ_λ(K_s)`` and drift floor ``D(K_s)`` given."""
 
-    def __init__(self, round_, level, slope=0.0):
-        self.round, self.level, self.slope = round_, level, slope
+    def __init__(self, s, A, profile, drift_floor):
+        self.round, self.A, self.c = s, A, 0.03 + 0.001 * s
+        self.profile, self.drift_floor = profile, drift_floor
 
     def final_objective(self, k):
-        return self.level + self.slope / (1.0 + np.asarray(k, dtype=float))
+        return self.A - self.c * np.asarray(k, dtype=float)
 
 
-def _decide(levels, T, **kw):
-    return online_decision([_Fake(t, v, 0.01) for t, v in enumerate(levels)], T, **kw)
+#: T = 20, w = 3, h = 2; rounds 0..8 of a warm-up that escaped (R_freeze(2) < R_freeze(0)) and flattens.
+A = [5.0, 5.2, 4.9, 4.6, 4.3, 4.06, 4.04, 4.03, 4.02]
+PROFILE = [3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.40]
+FLOOR = [0.1, 0.1, 0.1, 0.1, 0.1, 0.10, 0.11, 0.12, 0.13]
 
 
-def test_rule_waits_out_the_saddle_plateau():
-    """R_freeze flat then rising (the saddle, §8): a rule without the escape guard would stop."""
-    plateau = [1.0, 1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06]
-    decision = _decide(plateau, 40, window=3, horizon=2)
-    assert not decision.stop and "saddle" in decision.reason
+def hand(A=A, profile=PROFILE, floor=FLOOR, upto=8):
+    return [Hand(s, A[s], profile[s], floor[s]) for s in range(upto + 1)]
 
 
-def test_rule_continues_in_descent_and_stops_when_it_turns():
-    descent = [1.0 - 0.05 * t for t in range(12)]
-    assert not _decide(descent, 40, window=3, horizon=2).stop
-    turned = descent + [descent[-1] + 0.02 * i for i in range(1, 5)]
-    decision = _decide(turned, 40, window=3, horizon=2)
-    assert decision.stop and decision.kernel_round == 11          # rolled back to the best kernel
+def test_rule_arithmetic_on_a_hand_made_history():
+    """Every number of the decision at round 8, computed by hand (exact fractions):
+
+    R_freeze(u) = J(u, 20 − u) = A_u − c_u (20 − u): 4.4, 4.611, 4.324, ..., 3.535, 3.536, 3.549, 3.564
+    (rounds 0..8); it first falls below R_freeze(0) at round 2, so the escape ends at round 2 + w = 5.
+    gain = −h × slope(R_freeze(5..8)) = −2 × 0.01 = −0.02. cost = min_s J(s, 10) − min_s J(s, 12)
+    = (4.02 − 0.038·10) − (4.02 − 0.038·12) = 0.076 (both minima at s = 8). FedAvg's forecast:
+    slope(A_5..8) = −0.013, F̂ = 4.02 + 12 × (−0.013) = 3.864; residuals of that fit 0.003, −0.004,
+    −0.001, 0.002, σ = √(3e-5/2) = 0.0038730. Freeze: 3.564 < 3.864 − σ.
+    """
+    d = online_decision(hand(), 20, window=3, horizon=2, confidence=1.0)
+    assert d.stop and d.kernel_round == 8 and d.test == "no_harm"
+    assert d.gain == pytest.approx(-0.02, abs=1e-12)
+    assert d.cost == pytest.approx(0.076, abs=1e-12)
+    assert d.freeze_objective == pytest.approx(3.564, abs=1e-12)
+    assert d.fedavg_forecast == pytest.approx(3.864, abs=1e-12)
+    assert d.forecast_error == pytest.approx(np.sqrt(3e-5 / 2), rel=1e-9)
+    # the same forecast from the pure function, and z scales the error
+    assert fedavg_forecast(A, 20, 3, 2.5) == pytest.approx((3.864, 2.5 * np.sqrt(3e-5 / 2)), rel=1e-9)
+
+
+def test_rule_escape_ends_exactly_w_rounds_after_the_first_fall():
+    """R_freeze first falls below R_freeze(0) at round 2; with w = 3 rounds 3 and 4 still escape and
+    round 5 does not (at round 5 the gain, 0.53 by hand, beats the cost 0.07: it continues there)."""
+    for t in (3, 4):
+        assert online_decision(hand(upto=t), 20, 3, 2, 1.0).test == "escape"
+    d = online_decision(hand(upto=5), 20, 3, 2, 1.0)
+    assert not d.stop and d.test == "gain"
+    assert d.gain == pytest.approx(0.53, abs=1e-12) and d.cost == pytest.approx(0.07, abs=1e-12)
+
+
+def test_rule_drift_test_keeps_training_when_the_profile_rises():
+    """Over rounds 5..8 the drift floor rose by 0.03: a profile that rose by 0.05 (2.40 → 2.45) is a
+    transient of the kernel, and the rule continues; one that did not rise lets it freeze."""
+    rising = PROFILE[:8] + [2.45]
+    d = online_decision(hand(profile=rising), 20, 3, 2, 1.0)
+    assert not d.stop and d.test == "drift"
+    assert online_decision(hand(profile=rising), 20, 3, 2, 1.0, checks=("gain", "no_harm")).stop
+
+
+def test_rule_no_harm_threshold_is_z_sigma():
+    """Freezing wins by F̂ − best = 3.864 − 3.564 = 0.3 = 77.46 σ: z = 75 freezes, z = 80 does not."""
+    assert online_decision(hand(), 20, 3, 2, 75.0).stop
+    d = online_decision(hand(), 20, 3, 2, 80.0)
+    assert not d.stop and d.test == "no_harm" and d.forecast_error == pytest.approx(80 * np.sqrt(1.5e-5), rel=1e-9)
+
+
+def test_rule_rolls_back_to_the_best_stored_kernel():
+    """A_6 = 3.90 is the lowest: J(s, 12) = 3.64, 3.468, 3.506, 3.544 for s = 5..8, so the rule
+    freezes K_6 at round 8 (F̂ = 4.00 − 12 × 0.013 = 3.844 and σ = 0.0813 leave the margin)."""
+    rolled = A[:6] + [3.90, 3.95, 4.00]
+    d = online_decision(hand(A=rolled), 20, 3, 2, 1.0)
+    assert d.stop and d.kernel_round == 6 and d.freeze_objective == pytest.approx(3.468, abs=1e-12)
+    assert d.fedavg_forecast == pytest.approx(3.844, abs=1e-12)
+    assert d.cost == pytest.approx(0.072, abs=1e-12)
 
 
 def test_rule_at_the_budget_is_fedavg_and_rejects_bad_settings():
-    decision = _decide([1.0, 0.9, 0.8], 2)
-    assert decision.stop and decision.kernel_round == 2
+    d = online_decision(hand(upto=2), 2)
+    assert d.stop and d.kernel_round == 2 and d.test == "budget"
     with pytest.raises(ValueError, match="window"):
         OnlineRule(window=0)
+    with pytest.raises(ValueError, match="confidence"):
+        OnlineRule(confidence=-1.0)
     with pytest.raises(ValueError, match="forecasts"):
-        _decide([1.0] * 5, 3)
+        online_decision(hand(upto=5), 3)
+    with pytest.raises(ValueError, match="checks"):
+        online_decision(hand(), 20, checks=("gain", "patience"))
+    assert CHECKS == ("gain", "drift", "no_harm")
+
+
+def test_rule_defaults_are_the_configs():
+    """``fedfrozen_adaptive`` runs the rule's defaults unless the config says otherwise."""
+    fed = config_from_dict({}).federated
+    rule = OnlineRule()
+    assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence) == (
+        rule.window, rule.horizon, rule.confidence)
+
+
+# ----------------------------------------------------------------- replayed on a record = run in training
+@pytest.mark.parametrize("federated", [{}, {"batch_size": 6, "participation": 0.5}])
+def test_replayed_rule_is_the_run_and_its_realised_risk(small, federated):
+    """On a stored record the rule takes the decisions it takes in training (full batch, and with
+    minibatches and half the clients per round), and ``realised_risk`` is the run's final excess risk
+    (a simulation for a roll-back under noise)."""
+    config, clients = small
+    config = config.with_updates({"federated.rounds": 24, **{f"federated.{k}": v for k, v in federated.items()}})
+    record = score_instance(config, clients, restarts=1)
+    assert record["noisy"] == bool(federated)
+    for rule in (OnlineRule(2, 1, 0.0), OnlineRule(3, 1, 1.0), ScriptedRule(10, 5)):
+        t, s, decision = replay_online(record, rule)
+        run = run_online(config, clients, rule)
+        assert (t, s) == (run.stop_round, run.kernel_round)
+        final = float(run.result.table["loss_regularized"].iloc[-1]) - record["optimum"]
+        assert realised_risk(record, t, s, config, clients) == pytest.approx(final, rel=1e-9)
+        assert decision.freeze_objective == pytest.approx(run.predicted_objective - record["optimum"], rel=1e-9)
 
 
 # ----------------------------------------------------------------- the recommenders
@@ -198,8 +317,6 @@ def test_regret_helpers():
     assert best_warmup(R) == 1
     assert regret(2.0, R) == pytest.approx(1.0)
     assert regret(np.inf, R) == np.inf
-    assert is_u_shaped([2.0, 1.0, 2.0]) and not is_u_shaped([2.0, 1.5, 1.0])
-    assert not is_u_shaped([1.04, 1.0, 1.2])        # an end within 5 % of the best is not a clear U
 
 
 def test_quoted_regret_table_is_the_committed_one():
