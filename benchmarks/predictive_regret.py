@@ -116,6 +116,8 @@ HARM_MARGIN = 0.02
 DESIGN_HARM_LIMIT = 0.01
 #: Paired comparisons call regrets within this of each other a tie (0.1 point).
 TIE = 1e-3
+#: The goal on every evaluation set (issue 18): median regret, worst regret, share of instances harmed.
+GOAL = {"median": 0.005, "max": 0.10, "harm_share": 0.02}
 #: The rule before this design (gain against cost only), scored next to the chosen one.
 PREVIOUS = {"window": 5, "horizon": 3, "confidence": 0.0, "checks": ("gain",)}
 
@@ -155,7 +157,7 @@ def choose_rule(design: pd.DataFrame) -> dict:
 
 
 #: --quick: small instances, one setting per family, for the tests (a smoke test, not a score).
-QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds": 12},
+QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds": 12}, "families": ("planted_kernel",),
          "local_steps": (10,), "sets": {"design": (1000,), "design_minibatch": (1000,),
                                         "evaluation": (3000, 3001), "evaluation_minibatch": (3000,)},
          "candidates": {"window": (2, 3), "horizon": (1,), "confidence": (0.0, 2.0)}}
@@ -176,7 +178,7 @@ def settings(variant: str, quick: bool = False):
     """Every setting of ``variant`` as ``(family, heterogeneity, E, η, config dict without seed)``."""
     spec_v = VARIANTS[variant]
     for family, spec in FAMILIES.items():
-        if family not in spec_v.get("families", FAMILIES):
+        if family not in spec_v.get("families", FAMILIES) or (quick and family not in QUICK["families"]):
             continue
         key, levels = spec["heterogeneity"]
         levels = spec_v.get("levels", levels)
@@ -448,6 +450,16 @@ def markdown(summ: pd.DataFrame, scores: pd.DataFrame, name: str) -> str:
                      f"{_pct(r['mean'])} | {_pct(r['p90'])} | {_pct(r['max'])} | "
                      f"{100 * r['share_within_5pct']:.0f} % | {int(r['diverged'])} | "
                      f"{'–' if r['recommender'] == 'fedavg' else int(r['harm'])} |")
+    online_rows = scored[(scored["recommender"] == "online") & np.isfinite(scored["regret"])]
+    if len(online_rows):
+        w = online_rows.loc[online_rows["regret"].idxmax()]
+        fedavg_worst = scored[(scored["recommender"] == "fedavg") & (scored["setting"] == w["setting"])
+                              & (scored["seed"] == w["seed"])]["regret"].iloc[0]
+        lines += ["", f"The online rule's worst instance (the figure's top panel): {w['family']}, heterogeneity "
+                      f"{w['heterogeneity']:g}, E = {int(w['local_steps'])}, η = {w['learning_rate']:.3g}, seed "
+                      f"{int(w['seed'])}: it decided at round {int(w['stop_round'])} and froze the kernel of round "
+                      f"{int(w['T0'])} (best T0 = {int(w['best_T0'])}), regret {_pct(w['regret'])} % against "
+                      f"FedAvg's {_pct(fedavg_worst)} %."]
     lines += ["", f"Paired per instance (ties: regrets within {100 * TIE:g} point):", "",
               "| arm | against | instances | better | tied | worse | harm (> 2 points worse) |",
               "|---|---|---|---|---|---|---|"]
@@ -526,7 +538,28 @@ def report(scores: pd.DataFrame, design: pd.DataFrame) -> str:
     for _, r in errors.iterrows():
         lines.append(f"| `{r['set']}` | {r['instances']} | {100 * r['median']:.2g} | {100 * r['p90_abs']:.2g} | "
                      f"{100 * r['max_abs']:.2g} |")
-    return "\n".join(parts) + "\n" + "\n".join(lines) + "\n\n" + design_markdown(design)
+    return (goal_markdown(summ) + "\n" + "\n".join(parts) + "\n" + "\n".join(lines) + "\n\n"
+            + design_markdown(design))
+
+
+def goal_markdown(summ: pd.DataFrame) -> str:
+    """The goal of issue 18 on every evaluation set: median and worst regret of the online rule and
+    the share of instances it harms (regret above FedAvg's by more than 2 points), met or not."""
+    online = summ[summ["recommender"] == "online"]
+    lines = [f"The online rule against the goal on every evaluation set: median regret ≤ {100 * GOAL['median']:g} %, "
+             f"worst ≤ {100 * GOAL['max']:g} %, harm (regret above FedAvg's by more than {100 * HARM_MARGIN:g} "
+             f"points) on ≤ {100 * GOAL['harm_share']:g} % of the instances; FedAvg's median and worst beside it:", "",
+             "| set | n | median | worst | harmed | FedAvg median | FedAvg worst | goal met |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in online.iterrows():
+        fedavg = summ[(summ["set"] == r["set"]) & (summ["recommender"] == "fedavg")].iloc[0]
+        met = {"median": r["median"] <= GOAL["median"], "worst": r["max"] <= GOAL["max"],
+               "no harm": r["harm"] <= GOAL["harm_share"] * r["instances"]}
+        verdict = "yes" if all(met.values()) else "no: " + ", ".join(k for k, v in met.items() if not v)
+        lines.append(f"| `{r['set']}` | {r['instances']} | {_pct(r['median'])} % | {_pct(r['max'])} % | "
+                     f"{int(r['harm'])} ({100 * r['harm'] / r['instances']:.1f} %) | {_pct(fedavg['median'])} % | "
+                     f"{_pct(fedavg['max'])} % | {verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 #: Regrets below this (in percent, 0 included) are drawn at it on the log regret axes.
