@@ -391,7 +391,8 @@ def score_table(table: pd.DataFrame, records: dict, outcomes: dict, chosen: str)
 
 
 def _pct(v) -> str:
-    return "∞" if not np.isfinite(v) else f"{100 * v:.1f}"
+    """``v`` in percent with one decimal (``∞`` for a diverged run; never ``-0.0``)."""
+    return "∞" if not np.isfinite(v) else f"{round(100 * v, 1) + 0.0:.1f}"
 
 
 def paired(scores: pd.DataFrame, name: str, arm: str, other: str) -> dict:
