@@ -363,6 +363,22 @@ def test_the_rule_is_the_criterions_choice_on_the_committed_design_table():
     assert set(design["variant"]) == {spec[0] for spec in bench.SETS.values() if spec[1] == "design"}
 
 
+def test_each_test_of_the_rule_prevents_harm_on_the_design_sets():
+    """docs/theory.md §8: leaving out any one of the three tests (gain, drift, no harm) harms more
+    design instances of some variant than the chosen rule does, and the previous rule (gain only)
+    harms more on every variant where the chosen rule harms fewer than all."""
+    bench, root = _benchmark()
+    design = pd.read_csv(root / "figures" / "predictive_regret_design.csv")
+    chosen = bench.choose_rule(design)
+    w, h, z = chosen["window"], chosen["horizon"], chosen["confidence"]
+    harm = design.pivot_table(index="rule", columns="variant", values="harm")
+    full = harm.loc[bench.rule_name(w, h, z)]
+    for left in CHECKS:
+        ablated = harm.loc[bench.rule_name(w, h, z, tuple(c for c in CHECKS if c != left))]
+        assert (ablated > full).any(), left
+    assert (harm.loc[bench.rule_name(**bench.PREVIOUS)] > full).all()
+
+
 def test_choose_rule_applies_the_declared_criterion():
     """On a hand-made design table: an inadmissible rule with the lowest mean loses to admissible
     ones; among those the lower mean of means wins; ties go to the smaller window."""
