@@ -158,6 +158,7 @@ def choose_rule(design: pd.DataFrame) -> dict:
 
 #: --quick: small instances, one setting per family, for the tests (a smoke test, not a score).
 QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds": 12}, "families": ("planted_kernel",),
+         "restarts": 2,
          "local_steps": (10,), "sets": {"design": (1000,), "design_minibatch": (1000,),
                                         "evaluation": (3000, 3001), "evaluation_minibatch": (3000,)},
          "candidates": {"window": (2, 3), "horizon": (1,), "confidence": (0.0, 2.0)}}
@@ -226,7 +227,7 @@ def _cached(path: Path) -> bool:
     return path.exists() and json.loads(path.read_text()).get("format") == RECORD_FORMAT
 
 
-def _score(config_dict: dict, path: str) -> str:
+def _score(config_dict: dict, path: str, restarts: int = 8) -> str:
     """Worker: score one instance and write its record atomically (skipped when cached)."""
     import warnings
 
@@ -234,7 +235,7 @@ def _score(config_dict: dict, path: str) -> str:
     if not _cached(Path(path)):
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            record = score_instance(config_from_dict(config_dict))
+            record = score_instance(config_from_dict(config_dict), restarts=restarts)
         write_json(Path(path), {**record, "format": RECORD_FORMAT})
     return path
 
@@ -250,11 +251,12 @@ def _parallel(jobs: list, workers: int, desc: str) -> list:
                      unit="instance"))
 
 
-def compute(table: pd.DataFrame, cache: Path, workers: int) -> dict:
-    """Records of every instance (cached); returns ``{key: record}``."""
+def compute(table: pd.DataFrame, cache: Path, workers: int, restarts: int = 8) -> dict:
+    """Records of every instance (cached); returns ``{key: record}``. ``restarts``: of the centralised
+    optimum (:func:`~linattn_theory.recommenders.scoring.instance_truth`)."""
     cache.mkdir(parents=True, exist_ok=True)
     paths = {key: cache / f"{key}.json" for key in table["key"]}
-    todo = [(_score, cfg, str(paths[key])) for key, cfg in zip(table["key"], table["config"])
+    todo = [(_score, cfg, str(paths[key]), restarts) for key, cfg in zip(table["key"], table["config"])
             if not _cached(paths[key])]
     _parallel(todo, workers, "instances")
     return {key: json.loads(path.read_text()) for key, path in paths.items()}
@@ -684,6 +686,7 @@ def main(argv=None) -> int:
     parser.add_argument("--design-only", action="store_true",
                         help="compute the design table and the criterion's choice only (no evaluation score)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--no-figure", action="store_true", help="write the tables only")
     parser.add_argument("--out", default=None, help="output folder (default figures/, or results/ with --quick)")
     parser.add_argument("--cache", default=None, help="instance cache (default benchmarks/_cache/predictive_regret[_quick])")
     args = parser.parse_args(argv)
@@ -694,7 +697,8 @@ def main(argv=None) -> int:
     table = instances(args.quick)
     out.mkdir(parents=True, exist_ok=True)
     design_part = table[table["role"] == "design"]
-    records = compute(design_part, cache, args.workers)
+    restarts = QUICK["restarts"] if args.quick else 8
+    records = compute(design_part, cache, args.workers, restarts)
     rules = design_rules(args.quick)
     outcomes = rule_outcomes(design_part, records, cache, rules, args.workers)
     chosen = choose_rule(design_table(table, records, outcomes, rules))
@@ -711,7 +715,7 @@ def main(argv=None) -> int:
         print(f"wrote {out / 'predictive_regret_design.csv'} ({time.perf_counter() - start:.0f} s)")
         return 0
     evaluation = table[table["role"] == "evaluation"]
-    records.update(compute(evaluation, cache, args.workers))
+    records.update(compute(evaluation, cache, args.workers, restarts))
     name = rule_name(chosen["window"], chosen["horizon"], chosen["confidence"])
     wanted = {name: (chosen["window"], chosen["horizon"], chosen["confidence"], CHECKS),
               rule_name(**PREVIOUS): tuple(PREVIOUS.values())}
@@ -722,7 +726,8 @@ def main(argv=None) -> int:
     summ = summary(scores)
     atomic_write_text(out / "predictive_regret_summary.csv", summ.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(out / "predictive_regret.md", report(scores, design))
-    plot(scores, records, table, out, args.quick)
+    if not args.no_figure:
+        plot(scores, records, table, out, args.quick)
     print(report(scores, design))
     print(f"wrote {out / 'predictive_regret_scores.csv'}, predictive_regret_summary.csv, predictive_regret_design.csv, "
           f"predictive_regret.md, predictive_regret.png/.pdf ({time.perf_counter() - start:.0f} s)")

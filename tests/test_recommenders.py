@@ -402,7 +402,7 @@ def test_regret_benchmark_quick_is_resumable_and_worker_independent(tmp_path):
     out = {}
     for workers, cache in ((1, "a"), (2, "b")):
         target = tmp_path / f"out{workers}"
-        assert bench.main(["--quick", "--workers", str(workers), "--out", str(target),
+        assert bench.main(["--quick", "--no-figure", "--workers", str(workers), "--out", str(target),
                            "--cache", str(tmp_path / cache)]) == 0
         out[workers] = [(target / f"predictive_regret_{n}.csv").read_bytes() for n in ("scores", "design")]
     assert out[1] == out[2]
