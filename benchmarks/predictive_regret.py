@@ -1,32 +1,34 @@
-"""Do the warm-up recommenders predict? Regret on held-out instances (docs/theory.md §6, §8).
+"""Do the warm-up recommenders predict, and does the causal rule do no harm? (docs/theory.md §6, §8).
 
-Two declared, disjoint sets of instances, fixed in this file:
+Everything that decides the score is declared in this file and was committed before any
+evaluation score of the rule existed (docs/theory.md §8, "Pre-registration"):
 
-* the **design** set (seeds ``DESIGN_SEEDS``): the online rule's window and horizon were chosen on
-  it (docs/theory.md §8), and the transfer recommender reads it;
-* the **evaluation** set (seeds ``EVALUATION_SEEDS``, same grid): played no part in designing or
-  tuning anything; the scores quoted in the docs are computed on it.
+* the **sets** (``SETS``): disjoint *design* and *evaluation* instances on the grids of
+  ``FAMILIES`` and their ``VARIANTS`` — full batches (linear attention; softmax attention, evaluation
+  only), minibatches of 16 with half the clients per round, Dirichlet(0.5) client sizes, and the
+  in-context family at stronger task heterogeneity — with their seeds;
+* the **candidate rules** (``CANDIDATES``: window, horizon and confidence of
+  :class:`~linattn_theory.recommenders.online.OnlineRule`) and the **criterion**
+  (:func:`choose_rule`) that picks one from the design table, which is computed on the design
+  instances only. The evaluation instances played no part in designing or tuning anything.
 
-The grid (``FAMILIES``): both task families, three heterogeneity levels, three values of ``E``,
-two step sizes, ``T = 40`` rounds. Per instance the truth is ``R(T0)`` for every ``T0`` from one
-warm-up sweep against one centralised optimum (:func:`linattn_theory.recommenders.scoring.instance_truth`);
-each recommender is scored by its regret ``R(T0_rec)/R(T0_best) − 1``:
+Per instance the truth is ``R(T0)`` for every ``T0`` from one warm-up sweep against one centralised
+optimum, and every recommender is scored by its regret ``R(T0_rec)/R(T0_best) − 1``:
 
-* ``online`` (causal): :func:`linattn_theory.recommenders.online.run_online`, realised ``R`` of its own
-  run (roll-backs included);
-* ``pilot``: the bound fitted on the first ``T/4`` rounds, extrapolated;
-* ``transfer``: the median a-posteriori ``T0`` of the design seeds of the same setting;
-* ``a_posteriori`` (descriptive, in-sample): the bound fitted on the whole path it is judged on;
-* baselines: plain FedAvg (``T0 = T``), fixed ``T0 = T/2`` and the cross-seed oracle (the best
-  ``T0`` of the next evaluation seed of the same setting).
+* ``online`` (causal): the chosen rule, replayed on the stored FedAvg path exactly as it runs in
+  training (:func:`~linattn_theory.recommenders.scoring.replay_online`), with the realised ``R`` of
+  its decision (roll-backs under noise simulated);
+* ``previous``: the rule before this design (gain against cost only, ``w = 5``, ``h = 3``);
+* ``pilot``, ``transfer`` (design seeds of the same setting), ``a_posteriori`` (descriptive);
+* baselines: FedAvg (``T0 = T``), fixed ``T0 = T/2``, the cross-seed oracle.
 
-Per-instance records are cached as JSON (atomic writes) under ``--cache``: an interrupted run
-resumes, and a second run only re-tabulates. Results in ``<out>``: ``predictive_regret_scores.csv``
-(a row per instance and recommender), ``predictive_regret_summary.csv``, ``predictive_regret_design.csv``
-(candidate online rules on the design set), ``predictive_regret.md`` (the tables) and the figure
-``predictive_regret.png`` (+ PDF, and ``predictive_regret.csv`` with its plotted numbers).
+Records are cached as JSON (atomic writes) under ``--cache``: an interrupted run resumes, and a
+second run only re-tabulates. Results in ``<out>``: ``predictive_regret_scores.csv`` (a row per
+instance and recommender), ``predictive_regret_design.csv`` (every candidate on every design
+set), ``predictive_regret_summary.csv``, ``predictive_regret.md`` (the tables) and the figure
+``predictive_regret.png`` (+ PDF and the plotted numbers).
 
-Run:  python benchmarks/predictive_regret.py [--quick] [--workers 2] [--out figures]
+Run:  python benchmarks/predictive_regret.py [--quick] [--design-only] [--workers 2] [--out figures]
 """
 
 from __future__ import annotations
@@ -44,20 +46,15 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from linattn_theory.sim.config import config_from_dict, config_hash  # noqa: E402
 from linattn_theory.core.io import atomic_write_text, write_json  # noqa: E402
+from linattn_theory.recommenders.online import CHECKS, OnlineRule, online_decision  # noqa: E402
 from linattn_theory.recommenders.scoring import regret  # noqa: E402
+from linattn_theory.sim.config import config_from_dict, config_hash  # noqa: E402
 
-DESIGN_SEEDS = (1000, 1001, 1002)
-EVALUATION_SEEDS = (2000, 2001, 2002, 2003, 2004)
-#: The same grid with softmax attention (docs/theory.md §9), evaluation only: does the rule,
-#: designed on linear attention, transfer? (Its transfer recommender reads the linear design seeds.)
-SOFTMAX_SEEDS = (2000, 2001, 2002)
-SETS = {"evaluation": "Evaluation set (linear attention)",
-        "evaluation_softmax": "Softmax evaluation set (the same grid with softmax attention, τ = 1)"}
-
-#: Base settings (the figures' instances: simulations/configs/tradeoff.toml and
-#: in_context_regression.toml) and the grid over heterogeneity, E and η per family.
+# ======================================================================================
+# pre-registered: the sets, their seeds, the candidates and the criterion
+# ======================================================================================
+#: Base settings (the figures' instances) and the grid over heterogeneity, E and η per family.
 FAMILIES = {
     "planted_kernel": {
         "task": {"family": "planted_kernel", "num_clients": 8, "samples_per_client": 128, "tokens": 16,
@@ -79,30 +76,126 @@ FAMILIES = {
     },
 }
 
+#: The grid's variants. ``strong``: the in-context family at ζ_task ∈ {1.5, 2, 3}; the step sizes
+#: keep the base grid's stability margin — the kernel's curvature grows like (1 + ζ_task²)², so
+#: η = c/(1 + ζ_task²)² with c ∈ {0.02, 0.04}, which is the base grid's η ∈ {0.005, 0.01} at ζ_task = 1.
+VARIANTS = {
+    "linear": {"title": "full batches, linear attention"},
+    "softmax": {"title": "full batches, softmax attention (τ = 1)", "model": {"attention": "softmax"}},
+    "minibatch": {"title": "minibatches of b = 16, participation 0.5",
+                  "federated": {"batch_size": 16, "participation": 0.5}},
+    "skewed": {"title": "client sizes Dirichlet(α = 0.5)", "task": {"dirichlet_alpha": 0.5}},
+    "strong": {"title": "in-context family, ζ_task ∈ {1.5, 2, 3}", "families": ("in_context_regression",),
+               "levels": (1.5, 2.0, 3.0), "step_scale": (0.02, 0.04)},
+}
+
+#: name -> (variant, role, seeds). Seeds 2000–2004 were the evaluation seeds of the previous rule:
+#: its failures that motivated this design were found on them, so they are design instances now.
+SETS = {
+    "design": ("linear", "design", (1000, 1001, 1002)),
+    "design_seen": ("linear", "design", (2000, 2001, 2002, 2003, 2004)),
+    "design_minibatch": ("minibatch", "design", (1000, 1001)),
+    "design_skewed": ("skewed", "design", (1000, 1001)),
+    "design_strong": ("strong", "design", (1000, 1001, 1002)),
+    "evaluation": ("linear", "evaluation", (3000, 3001, 3002, 3003, 3004)),
+    "evaluation_softmax": ("softmax", "evaluation", (3000, 3001, 3002)),
+    "evaluation_minibatch": ("minibatch", "evaluation", (3000, 3001, 3002)),
+    "evaluation_skewed": ("skewed", "evaluation", (3000, 3001, 3002)),
+    "evaluation_strong": ("strong", "evaluation", (3000, 3001, 3002, 3003, 3004, 3005)),
+}
+#: The transfer recommender reads the a-posteriori T0 of these design sets (same setting).
+TRANSFER_FROM = {"linear": "design", "softmax": "design", "minibatch": "design_minibatch",
+                 "skewed": "design_skewed", "strong": "design_strong"}
+
+#: Candidate rules: OnlineRule(window, horizon, confidence) over this grid.
+CANDIDATES = {"window": (4, 5, 6, 8, 10), "horizon": (1, 2, 3), "confidence": (0.0, 1.0, 2.0, 3.0, 4.0, 6.0)}
+#: A rule harms an instance when its regret exceeds FedAvg's by more than this (2 points).
+HARM_MARGIN = 0.02
+#: Admissible on the design sets: harm on at most this share of every design variant's instances
+#: (half the evaluation goal of 2 %, a margin for sampling).
+DESIGN_HARM_LIMIT = 0.01
+#: Paired comparisons call regrets within this of each other a tie (0.1 point).
+TIE = 1e-3
+#: The goal on every evaluation set (issue 18): median regret, worst regret, share of instances harmed.
+GOAL = {"median": 0.005, "max": 0.10, "harm_share": 0.02}
+#: The rule before this design (gain against cost only), scored next to the chosen one.
+PREVIOUS = {"window": 5, "horizon": 3, "confidence": 0.0, "checks": ("gain",)}
+
+
+def candidate_rules() -> dict:
+    """``{name: (window, horizon, confidence, checks)}``: the candidates of :data:`CANDIDATES`."""
+    rules = {}
+    for w, h, z in itertools.product(*CANDIDATES.values()):
+        rules[rule_name(w, h, z)] = (w, h, z, CHECKS)
+    return rules
+
+
+def rule_name(window, horizon, confidence, checks=CHECKS) -> str:
+    name = f"w={window} h={horizon} z={confidence:g}"
+    return name if tuple(checks) == CHECKS else f"{name} [{'+'.join(checks)}]"
+
+
+def choose_rule(design: pd.DataFrame) -> dict:
+    """The criterion that picks the rule from the design table (pre-registered).
+
+    Over the candidates (rows with ``checks`` = all tests): admissible are those whose harm share
+    (``harm / instances``) is at most :data:`DESIGN_HARM_LIMIT` on every design variant; among
+    them the smallest mean over variants of the mean regret wins, ties broken by the smaller
+    window, horizon and confidence. If none is admissible, the smallest largest harm share wins
+    (then the same order). Returns ``{"window", "horizon", "confidence", "admissible"}``.
+    """
+    full = design[design["checks"] == "+".join(CHECKS)]
+    per = full.assign(share=full["harm"] / full["instances"]).groupby(["window", "horizon", "confidence"])
+    table = pd.DataFrame({"worst_share": per["share"].max(), "mean_of_means": per["mean"].mean()}).reset_index()
+    table["admissible"] = table["worst_share"] <= DESIGN_HARM_LIMIT
+    pool = table[table["admissible"]] if table["admissible"].any() else table
+    key = ["mean_of_means", "window", "horizon", "confidence"] if table["admissible"].any() else \
+        ["worst_share", "mean_of_means", "window", "horizon", "confidence"]
+    best = pool.sort_values(key, kind="stable").iloc[0]
+    return {"window": int(best["window"]), "horizon": int(best["horizon"]),
+            "confidence": float(best["confidence"]), "admissible": int(table["admissible"].sum())}
+
+
 #: --quick: small instances, one setting per family, for the tests (a smoke test, not a score).
-QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds": 12},
-         "heterogeneity": -1, "local_steps": (10,), "learning_rate": 0, "design": (1000,),
-         "evaluation": (2000, 2001), "softmax": (2000,)}
+QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds": 12}, "families": ("planted_kernel",),
+         "restarts": 2,
+         "local_steps": (10,), "sets": {"design": (1000,), "design_minibatch": (1000,),
+                                        "evaluation": (3000, 3001), "evaluation_minibatch": (3000,)},
+         "candidates": {"window": (2, 3), "horizon": (1,), "confidence": (0.0, 2.0)}}
 
-RECOMMENDERS = ("online", "pilot", "transfer", "a_posteriori")
+RECOMMENDERS = ("online", "previous", "pilot", "transfer", "a_posteriori")
 BASELINES = ("fedavg", "half", "cross_seed_oracle")
-LABELS = {"online": "online (causal)", "pilot": "pilot (T/4 rounds)", "transfer": "transfer (design seeds)",
-          "a_posteriori": "a posteriori fit (descriptive)", "fedavg": "FedAvg (T0 = T)",
-          "half": "fixed T0 = T/2", "cross_seed_oracle": "cross-seed oracle"}
+LABELS = {"online": "online (causal)", "previous": "previous online rule", "pilot": "pilot (T/4 rounds)",
+          "transfer": "transfer (design seeds)", "a_posteriori": "a posteriori fit (descriptive)",
+          "fedavg": "FedAvg (T0 = T)", "half": "fixed T0 = T/2", "cross_seed_oracle": "cross-seed oracle"}
+#: One colour per method (the figure's legend names them all).
+COLORS = {"online": 0, "previous": 7, "fedavg": 3, "half": 2, "best": 1}
 
 
-def settings(quick: bool = False):
-    """Every setting of the grid as ``(family, heterogeneity, E, η, config dict without seed)``."""
+# ======================================================================================
+# the instances and their records
+# ======================================================================================
+def settings(variant: str, quick: bool = False):
+    """Every setting of ``variant`` as ``(family, heterogeneity, E, η, config dict without seed)``."""
+    spec_v = VARIANTS[variant]
     for family, spec in FAMILIES.items():
+        if family not in spec_v.get("families", FAMILIES) or (quick and family not in QUICK["families"]):
+            continue
         key, levels = spec["heterogeneity"]
-        steps, rates = spec["local_steps"], spec["learning_rate"]
-        task, fed = dict(spec["task"]), dict(spec["federated"])
+        levels = spec_v.get("levels", levels)
+        steps = spec["local_steps"]
+        rates = range(2) if "step_scale" in spec_v else spec["learning_rate"]
+        task = dict(spec["task"], **spec_v.get("task", {}))
+        fed = dict(spec["federated"], **spec_v.get("federated", {}))
+        model = dict(spec["model"], **spec_v.get("model", {}))
         if quick:
-            levels, steps, rates = (levels[QUICK["heterogeneity"]],), QUICK["local_steps"], (rates[QUICK["learning_rate"]],)
+            levels, steps, rates = levels[-1:], QUICK["local_steps"], list(rates)[:1]
             task.update(QUICK["task"])
             fed.update(QUICK["federated"])
         for level, E, eta in itertools.product(levels, steps, rates):
-            data = {"task": dict(task, **{key.split(".")[1]: level}), "model": dict(spec["model"]),
+            if "step_scale" in spec_v:
+                eta = float(spec_v["step_scale"][eta] / (1.0 + level ** 2) ** 2)
+            data = {"task": dict(task, **{key.split(".")[1]: level}), "model": model,
                     "federated": dict(fed, strategy="fedfrozen", warmup_rounds=0, local_steps=E,
                                       learning_rate=eta)}
             yield family, level, E, eta, data
@@ -110,324 +203,490 @@ def settings(quick: bool = False):
 
 def instances(quick: bool = False) -> pd.DataFrame:
     """The declared instances: one row per (set, setting, seed) with its config dict."""
-    design = QUICK["design"] if quick else DESIGN_SEEDS
-    evaluation = QUICK["evaluation"] if quick else EVALUATION_SEEDS
-    softmax = QUICK["softmax"] if quick else SOFTMAX_SEEDS
-    assert not set(design) & (set(evaluation) | set(softmax)), "design and evaluation seeds must be disjoint"
+    seeds = {name: (QUICK["sets"].get(name, ()) if quick else spec[2]) for name, spec in SETS.items()}
+    design = {s for name, spec in SETS.items() if spec[1] == "design" for s in seeds[name]}
+    evaluation = {s for name, spec in SETS.items() if spec[1] == "evaluation" for s in seeds[name]}
+    assert not design & evaluation, "design and evaluation seeds must be disjoint"
     rows = []
-    for setting, (family, level, E, eta, data) in enumerate(settings(quick)):
-        for name, seeds in (("design", design), ("evaluation", evaluation), ("evaluation_softmax", softmax)):
-            for seed in seeds:
-                model = dict(data["model"], attention="softmax") if name == "evaluation_softmax" else data["model"]
-                config = config_from_dict({**data, "model": model, "seed": seed})
-                rows.append({"set": name, "setting": setting, "family": family, "heterogeneity": level,
-                             "local_steps": E, "learning_rate": eta, "seed": seed,
-                             "key": config_hash(config), "config": config.to_dict()})
+    for name, (variant, role, _) in SETS.items():
+        for setting, (family, level, E, eta, data) in enumerate(settings(variant, quick)):
+            for seed in seeds[name]:
+                config = config_from_dict({**data, "seed": seed})
+                rows.append({"set": name, "variant": variant, "role": role, "setting": setting,
+                             "family": family, "heterogeneity": level, "local_steps": E,
+                             "learning_rate": eta, "seed": seed, "key": config_hash(config),
+                             "config": config.to_dict()})
     return pd.DataFrame(rows)
 
 
-def _cached(path: str, keep_forecasts: bool) -> bool:
-    target = Path(path)
-    return target.exists() and (not keep_forecasts or "freeze_objective" in json.loads(target.read_text()))
+#: Version of the records below (records of another version are recomputed).
+RECORD_FORMAT = 2
 
 
-def _score(config_dict: dict, path: str, keep_forecasts: bool) -> str:
+def _cached(path: Path) -> bool:
+    return path.exists() and json.loads(path.read_text()).get("format") == RECORD_FORMAT
+
+
+def _score(config_dict: dict, path: str, restarts: int = 8) -> str:
     """Worker: score one instance and write its record atomically (skipped when cached)."""
     import warnings
 
     from linattn_theory.recommenders.scoring import score_instance
-    if not _cached(path, keep_forecasts):
+    if not _cached(Path(path)):
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            record = score_instance(config_from_dict(config_dict), keep_forecasts=keep_forecasts)
-        write_json(Path(path), record)
+            record = score_instance(config_from_dict(config_dict), restarts=restarts)
+        write_json(Path(path), {**record, "format": RECORD_FORMAT})
     return path
 
 
-def compute(table: pd.DataFrame, cache: Path, workers: int) -> dict:
-    """Records of every instance (cached); returns ``{key: record}``."""
+def _parallel(jobs: list, workers: int, desc: str) -> list:
     from joblib import Parallel, delayed
     from tqdm.auto import tqdm
 
+    if not jobs:
+        return []
+    calls = (delayed(function)(*args) for function, *args in jobs)
+    return list(tqdm(Parallel(n_jobs=workers, return_as="generator")(calls), total=len(jobs), desc=desc,
+                     unit="instance"))
+
+
+def compute(table: pd.DataFrame, cache: Path, workers: int, restarts: int = 8) -> dict:
+    """Records of every instance (cached); returns ``{key: record}``. ``restarts``: of the centralised
+    optimum (:func:`~linattn_theory.recommenders.scoring.instance_truth`)."""
     cache.mkdir(parents=True, exist_ok=True)
-    paths = {key: str(cache / f"{key}.json") for key in table["key"]}
-    todo = [(cfg, paths[key], name == "design")
-            for key, cfg, name in zip(table["key"], table["config"], table["set"])
-            if not _cached(paths[key], name == "design")]
-    if todo:
-        jobs = (delayed(_score)(cfg, path, keep) for cfg, path, keep in todo)
-        for _ in tqdm(Parallel(n_jobs=workers, return_as="generator")(jobs), total=len(todo),
-                      desc="instances", unit="instance"):
-            pass
-    return {key: json.loads(Path(path).read_text()) for key, path in paths.items()}
+    paths = {key: cache / f"{key}.json" for key in table["key"]}
+    todo = [(_score, cfg, str(paths[key]), restarts) for key, cfg in zip(table["key"], table["config"])
+            if not _cached(paths[key])]
+    _parallel(todo, workers, "instances")
+    return {key: json.loads(path.read_text()) for key, path in paths.items()}
 
 
-def score_table(table: pd.DataFrame, records: dict) -> pd.DataFrame:
-    """One row per instance and recommender/baseline: recommended and best ``T0``, regret."""
+# ======================================================================================
+# rules on the records: decisions and their realised risk (cached per instance)
+# ======================================================================================
+class _Rule:
+    """:func:`~linattn_theory.recommenders.online.online_decision` with some of its tests (the design
+    table's ablations; with all tests it is :class:`OnlineRule`)."""
+
+    def __init__(self, window, horizon, confidence, checks=CHECKS):
+        self.args, self.checks = (int(window), int(horizon), float(confidence)), tuple(checks)
+
+    def decide(self, forecasts, T):
+        return online_decision(forecasts, T, *self.args, checks=self.checks)
+
+
+def _outcomes(record_path: str, config_dict: dict, rules: dict, path: str) -> str:
+    """Worker: decision and realised risk of every rule in ``rules`` on one instance (cached):
+    ``{name: {"stop", "kernel", "risk", "predicted"}}`` (``predicted``: the forecast ``R`` of the
+    decision, ``J(s*, T − t) − Φ*_λ``)."""
+    import warnings
+
+    from linattn_theory.recommenders.scoring import realised_risk, replay_online
+    target = Path(path)
+    done = json.loads(target.read_text()) if target.exists() else {}
+    todo = {name: spec for name, spec in rules.items() if name not in done}
+    if not todo:
+        return path
+    record = json.loads(Path(record_path).read_text())
+    config = config_from_dict(config_dict)
+    realised = {}
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        for name, spec in todo.items():
+            t, s, decision = replay_online(record, _Rule(*spec))
+            if (t, s) not in realised:
+                realised[(t, s)] = realised_risk(record, t, s, config)
+            done[name] = {"stop": int(t), "kernel": int(s), "risk": realised[(t, s)],
+                          "predicted": float(decision.freeze_objective)}
+    write_json(target, done)
+    return path
+
+
+def rule_outcomes(table: pd.DataFrame, records: dict, cache: Path, rules: dict, workers: int) -> dict:
+    """``{key: {rule name: outcome}}`` for the instances of ``table`` whose FedAvg path is scored."""
+    rows = [(k, c) for k, c in zip(table["key"], table["config"]) if not records[k]["fedavg_diverged"]]
+    paths = {k: cache / f"{k}.rules.json" for k, _ in rows}
+    todo = []
+    for key, cfg in rows:
+        done = json.loads(paths[key].read_text()) if paths[key].exists() else {}
+        if any(name not in done for name in rules):
+            todo.append((_outcomes, str(cache / f"{key}.json"), cfg, rules, str(paths[key])))
+    _parallel(todo, workers, "rules")
+    return {k: json.loads(paths[k].read_text()) for k, _ in rows}
+
+
+def design_rules(quick: bool = False) -> dict:
+    """``{name: (window, horizon, confidence, checks)}``: the candidates of :data:`CANDIDATES` and the
+    previous rule."""
+    grid = QUICK["candidates"] if quick else CANDIDATES
+    rules = {rule_name(w, h, z): (w, h, z, CHECKS) for w, h, z in itertools.product(*grid.values())}
+    rules[rule_name(**PREVIOUS)] = tuple(PREVIOUS.values())
+    return rules
+
+
+def ablations(chosen: dict) -> dict:
+    """The chosen rule with each of its tests left out (what each test does, on the design sets)."""
+    w, h, z = chosen["window"], chosen["horizon"], chosen["confidence"]
+    return {rule_name(w, h, z, checks): (w, h, z, checks)
+            for checks in (tuple(c for c in CHECKS if c != left) for left in CHECKS)}
+
+
+def design_table(table: pd.DataFrame, records: dict, outcomes: dict, rules: dict) -> pd.DataFrame:
+    """Per design variant and rule: instances, median, mean, 90th percentile and max regret, and
+    harm (regret above FedAvg's by more than :data:`HARM_MARGIN`)."""
+    design = table[(table["role"] == "design") & table["key"].isin(list(outcomes))]
     rows = []
-    design = table[table["set"] == "design"]
-    for _, inst in table.iterrows():
+    for name, (w, h, z, checks) in rules.items():
+        for variant, part in design.groupby("variant", sort=False):
+            r, harm = [], 0
+            for key in part["key"]:
+                R = np.asarray(records[key]["excess_risk"], dtype=float)
+                value = regret(float(outcomes[key][name]["risk"]), R)
+                r.append(value)
+                harm += value - regret(R[-1], R) > HARM_MARGIN
+            r = np.asarray(r)
+            rows.append({"rule": name, "window": w, "horizon": h, "confidence": z, "checks": "+".join(checks),
+                         "variant": variant, "instances": len(r), "median": np.percentile(r, 50, method="higher"),
+                         "mean": np.mean(r), "p90": np.percentile(r, 90, method="higher"), "max": np.max(r),
+                         "harm": int(harm)})
+    return pd.DataFrame(rows)
+
+
+# ======================================================================================
+# the scores
+# ======================================================================================
+def score_table(table: pd.DataFrame, records: dict, outcomes: dict, chosen: str) -> pd.DataFrame:
+    """One row per evaluation instance and recommender/baseline: recommended and best ``T0``, regret;
+    for the online rules also the round it decided, and the forecast and realised ``R``."""
+    rows = []
+    previous = rule_name(**PREVIOUS)
+    for _, inst in table[table["role"] == "evaluation"].iterrows():
         rec = records[inst["key"]]
         R = np.asarray(rec["excess_risk"], dtype=float)
         T = len(R) - 1
-        base = {k: inst[k] for k in ("set", "setting", "family", "heterogeneity", "local_steps",
+        base = {k: inst[k] for k in ("set", "variant", "setting", "family", "heterogeneity", "local_steps",
                                      "learning_rate", "seed")}
-        base.update(best_T0=rec["best_T0"], u_shaped=rec["u_shaped"], fedavg_diverged=rec["fedavg_diverged"])
+        base.update(best_T0=rec["best_T0"], fedavg_diverged=rec["fedavg_diverged"])
         if rec["fedavg_diverged"]:
             rows.append({**base, "recommender": "none", "T0": np.nan, "stop_round": np.nan, "regret": np.nan})
             continue
-        same = design[(design["setting"] == inst["setting"]) & (design["seed"] != inst["seed"])]
-        fitted = [records[k].get("a_posteriori_T0") for k in same["key"]]
+        source = table[(table["set"] == TRANSFER_FROM[inst["variant"]]) & (table["setting"] == inst["setting"])]
+        fitted = [records[k].get("a_posteriori_T0") for k in source["key"]]
         fitted = [t for t in fitted if t is not None]
         peers = table[(table["setting"] == inst["setting"]) & (table["set"] == inst["set"])]
         seeds = sorted(peers["seed"])
         other = seeds[(seeds.index(inst["seed"]) + 1) % len(seeds)]
         oracle = records[peers.loc[peers["seed"] == other, "key"].iloc[0]]["best_T0"]
-        choices = {"online": (rec["online_T0"], rec["online_risk"]),
-                   "pilot": (rec["pilot_T0"], R[rec["pilot_T0"]]),
-                   "a_posteriori": (rec["a_posteriori_T0"], R[rec["a_posteriori_T0"]]),
-                   "fedavg": (T, R[T]), "half": (T // 2, R[T // 2]),
-                   "cross_seed_oracle": (oracle, R[oracle])}
+        choices = {name: (out["kernel"], float(out["risk"]), out["stop"], float(out["predicted"]))
+                   for name, out in (("online", outcomes[inst["key"]][chosen]),
+                                     ("previous", outcomes[inst["key"]][previous]))}
+        choices.update({"pilot": rec["pilot_T0"], "a_posteriori": rec["a_posteriori_T0"], "fedavg": T,
+                        "half": T // 2, "cross_seed_oracle": oracle})
         if fitted:
-            t0 = int(np.round(np.median(fitted)))
-            choices["transfer"] = (t0, R[t0])
-        for name, (T0, risk) in choices.items():
-            rows.append({**base, "recommender": name, "T0": int(T0),
-                         "stop_round": rec["online_stop_round"] if name == "online" else int(T0),
-                         "regret": regret(risk, R)})
+            choices["transfer"] = int(np.round(np.median(fitted)))
+        for name, choice in choices.items():
+            T0, risk, stop, predicted = choice if isinstance(choice, tuple) else (choice, R[choice], choice, np.nan)
+            rows.append({**base, "recommender": name, "T0": int(T0), "stop_round": int(stop),
+                         "regret": regret(risk, R), "risk": float(risk), "predicted": float(predicted)})
     return pd.DataFrame(rows)
 
 
-class _StoredForecast:
-    """A :class:`~linattn_theory.recommenders.online.FreezeForecast` replayed from a stored record:
-    ``rows[s][t − s] = J(s, T − t) − Φ*_λ`` for ``t ≥ s``."""
-
-    def __init__(self, rows, s: int):
-        self.round, self._row, self._T = s, np.asarray(rows[s], dtype=float), len(rows) - 1
-
-    def final_objective(self, k):
-        return self._row[self._T - np.asarray(k) - self.round]
+def _pct(v) -> str:
+    """``v`` in percent with one decimal (``∞`` for a diverged run; never ``-0.0``)."""
+    return "∞" if not np.isfinite(v) else f"{round(100 * v, 1) + 0.0:.1f}"
 
 
-def _patience_rule(forecasts, T: int, patience: int):
-    """Stop after ``patience`` rounds without a new lowest ``R_freeze``; roll back to the best option."""
-    t = len(forecasts) - 1
-    risk = [f.final_objective(T - f.round) for f in forecasts]
-    now = [f.final_objective(T - t) for f in forecasts]
-    s = int(np.argmin(now)) if t < T else T
-    return t == T or t - int(np.argmin(risk)) >= patience, s
-
-
-def _trend_rule(forecasts, T: int, window: int):
-    """Escape guard, then stop as soon as the ``window``-round trend of ``R_freeze`` is not falling."""
-    from linattn_theory.recommenders.online import _trend
-    t = len(forecasts) - 1
-    risk = np.array([f.final_objective(T - f.round) for f in forecasts])
-    now = [f.final_objective(T - t) for f in forecasts]
-    s = int(np.argmin(now)) if t < T else T
-    below = np.flatnonzero(risk < risk[0])
-    if t == T:
-        return True, s
-    if len(below) == 0 or t < below[0] + window:
-        return False, s
-    return _trend(risk[t - window:]) >= 0, s
-
-
-#: Candidate online rules compared on the design set (docs/theory.md §8, "How the rule was designed").
-def design_candidates():
-    from linattn_theory.recommenders.online import online_decision
-
-    def gain_cost(w, h):
-        return lambda fc, T: (lambda d: (d.stop, d.kernel_round))(online_decision(fc, T, w, h))
-    candidates = {f"patience {p}": (lambda p: lambda fc, T: _patience_rule(fc, T, p))(p) for p in (1, 3, 5, 8)}
-    candidates.update({f"trend w={w}": (lambda w: lambda fc, T: _trend_rule(fc, T, w))(w) for w in (3, 4, 5, 6)})
-    candidates.update({f"gain vs cost w={w} h={h}": gain_cost(w, h) for w in (3, 4, 5, 6, 8) for h in (1, 2, 3)})
-    return candidates
-
-
-def design_table(table: pd.DataFrame, records: dict) -> pd.DataFrame:
-    """Regret of every candidate rule on the design instances, replayed from the stored forecasts."""
-    rows = []
-    design = table[table["set"] == "design"]
-    for name, rule in design_candidates().items():
-        regrets = []
-        for key in design["key"]:
-            rec = records[key]
-            if rec["fedavg_diverged"]:
-                continue
-            stored = rec["freeze_objective"]
-            T = len(stored) - 1
-            forecasts = []
-            for t in range(T + 1):
-                forecasts.append(_StoredForecast(stored, t))
-                stop, s = rule(forecasts, T)
-                if stop:
-                    break
-            regrets.append(regret(stored[s][t - s], rec["excess_risk"]))
-        r = np.asarray(regrets)
-        rows.append({"rule": name, "instances": len(r), "median": np.median(r), "mean": np.mean(r),
-                     "p90": np.percentile(r, 90), "max": np.max(r)})
-    return pd.DataFrame(rows)
-
-
-def design_markdown(design: pd.DataFrame) -> str:
-    lines = [f"Design set ({int(design['instances'].iloc[0])} instances): candidate online rules, regret in "
-             f"percent (the chosen rule: gain vs cost, w = 5, h = 3).", "",
-             "| rule | median | mean | 90th pct | max |", "|---|---|---|---|---|"]
-    for _, r in design.iterrows():
-        lines.append(f"| {r['rule']} | {100 * r['median']:.1f} | {100 * r['mean']:.1f} | {100 * r['p90']:.1f} | "
-                     f"{100 * r['max']:.1f} |")
-    return "\n".join(lines) + "\n"
+def paired(scores: pd.DataFrame, name: str, arm: str, other: str) -> dict:
+    """Paired per instance of set ``name``: ``arm`` better / tied (within :data:`TIE`) / worse than
+    ``other``, and harm (``arm`` worse by more than :data:`HARM_MARGIN`)."""
+    part = scores[(scores["set"] == name) & (scores["recommender"].isin([arm, other]))]
+    wide = part.pivot_table(index=["setting", "seed"], columns="recommender", values="regret").dropna()
+    d = wide[arm].to_numpy() - wide[other].to_numpy()
+    d = np.where(np.isnan(d), 0.0, d)      # both ∞ (both diverged) counts as tied
+    return {"instances": len(d), "better": int(np.sum(d < -TIE)), "tied": int(np.sum(np.abs(d) <= TIE)),
+            "worse": int(np.sum(d > TIE)), "harm": int(np.sum(d > HARM_MARGIN))}
 
 
 def summary(scores: pd.DataFrame) -> pd.DataFrame:
-    """Per set, recommender and subset (all / U-shaped): count, median, mean, 90th percentile and
-    max regret, the share with regret ≤ 5 %, and a bootstrap 95 % interval of the median."""
+    """Per set and recommender, all scored instances: count, median with a bootstrap 95 % interval,
+    mean, 90th percentile and max regret, share within 5 %, diverged recommendations, and harm
+    against FedAvg (regret above FedAvg's by more than :data:`HARM_MARGIN`)."""
     rng = np.random.default_rng(0)
     rows = []
     valid = scores[scores["recommender"] != "none"]
+    order = dict(method="higher")     # order statistics: a diverged run (regret ∞) stays ∞
     for (name, rec), group in valid.groupby(["set", "recommender"], sort=False):
-        for subset, part in (("all", group), ("u_shaped", group[group["u_shaped"]])):
-            r = part["regret"].to_numpy()
-            if len(r) == 0:
-                continue
-            boot = np.median(rng.choice(r, size=(2000, len(r))), axis=1)
-            order = dict(method="higher")     # order statistics: a diverged run (regret ∞) stays ∞
-            rows.append({"set": name, "recommender": rec, "subset": subset, "instances": len(r),
-                         "median": np.percentile(r, 50, **order), "median_low": np.percentile(boot, 2.5, **order),
-                         "median_high": np.percentile(boot, 97.5, **order), "mean": np.mean(r),
-                         "p90": np.percentile(r, 90, **order), "max": np.max(r),
-                         "share_within_5pct": np.mean(r <= 0.05), "diverged": int(np.sum(~np.isfinite(r)))})
+        r = group["regret"].to_numpy()
+        boot = np.median(rng.choice(r, size=(2000, len(r))), axis=1)
+        rows.append({"set": name, "recommender": rec, "instances": len(r),
+                     "median": np.percentile(r, 50, **order), "median_low": np.percentile(boot, 2.5, **order),
+                     "median_high": np.percentile(boot, 97.5, **order), "mean": np.mean(r),
+                     "p90": np.percentile(r, 90, **order), "max": np.max(r),
+                     "share_within_5pct": np.mean(r <= 0.05), "diverged": int(np.sum(~np.isfinite(r))),
+                     "harm": paired(scores, name, rec, "fedavg")["harm"] if rec != "fedavg" else 0})
     table = pd.DataFrame(rows)
     order = {name: i for i, name in enumerate(RECOMMENDERS + BASELINES)}
-    return table.sort_values(["set", "recommender", "subset"], key=lambda c: c.map(order) if c.name == "recommender"
+    return table.sort_values(["set", "recommender"], key=lambda c: c.map(order) if c.name == "recommender"
                              else c, kind="stable").reset_index(drop=True)
 
 
-def markdown(summ: pd.DataFrame, scores: pd.DataFrame, name: str = "evaluation") -> str:
-    """The table of evaluation set ``name`` as Markdown (regrets in percent)."""
+def set_title(name: str) -> str:
+    variant, _, seeds = SETS[name]
+    return f"Evaluation set `{name}` ({VARIANTS[variant]['title']}; seeds {seeds[0]}–{seeds[-1]})"
+
+
+def markdown(summ: pd.DataFrame, scores: pd.DataFrame, name: str) -> str:
+    """The tables of evaluation set ``name`` (regrets in percent)."""
     ev = summ[summ["set"] == name]
-    inst = scores[(scores["set"] == name)].drop_duplicates(["setting", "seed"])
-    lines = [f"{SETS[name]}: {len(inst)} instances ({int(inst['fedavg_diverged'].sum())} with a diverging "
-             f"FedAvg path, not scored), {int(inst['u_shaped'].sum())} with a U-shaped R(T0) "
-             f"(both ends ≥ 5 % above the best T0). Regret R(T0_rec)/R(T0_best) − 1 in percent; "
-             f"median with a bootstrap 95 % interval; a recommended T0 whose run diverges has regret ∞ "
-             f"(counted under 'diverged').", "",
-             "| recommender | subset | n | median [95 % CI] | mean | 90th pct | max | ≤ 5 % | diverged |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    pct = lambda v: "∞" if not np.isfinite(v) else f"{100 * v:.1f}"  # noqa: E731
-    for _, r in ev.iterrows():
-        lines.append(f"| {LABELS[r['recommender']]} | {r['subset'].replace('_', '-')} | {r['instances']} | "
-                     f"{pct(r['median'])} [{pct(r['median_low'])}, {pct(r['median_high'])}] | "
-                     f"{pct(r['mean'])} | {pct(r['p90'])} | {pct(r['max'])} | "
-                     f"{100 * r['share_within_5pct']:.0f} % | {int(r['diverged'])} |")
+    inst = scores[scores["set"] == name].drop_duplicates(["setting", "seed"])
     scored = scores[(scores["set"] == name) & (scores["recommender"] != "none")]
-    paired = scored.pivot_table(index=["setting", "seed"], columns="recommender", values="regret")
-    lines += ["", "Paired, per instance of this set: the online rule against each other choice "
-              "(better / tied within 1e-9 / worse regret):", "",
-              "| against | instances | online better | tied | online worse | better on U-shaped |",
-              "|---|---|---|---|---|---|"]
-    shaped = scored.drop_duplicates(["setting", "seed"]).set_index(["setting", "seed"])["u_shaped"]
-    for other in [r for r in RECOMMENDERS + BASELINES if r != "online" and r in paired]:
-        both = paired[["online", other]].dropna()
-        d = both["online"].to_numpy() - both[other].to_numpy()
-        d = np.where(np.isnan(d), 0.0, d)      # both ∞ (both diverged) counts as tied
-        u = shaped.loc[both.index].to_numpy()
-        lines.append(f"| {LABELS[other]} | {len(both)} | {int(np.sum(d < -1e-9))} | {int(np.sum(np.abs(d) <= 1e-9))} | "
-                     f"{int(np.sum(d > 1e-9))} | {int(np.sum((d < -1e-9) & u))} of {int(u.sum())} |")
-    lines += ["", "U-shaped R(T0) in this set (instances with both ends ≥ 5 % above the best T0, "
-              "of all scored instances; both step sizes):", "",
-              "| family | heterogeneity | " + " | ".join(f"E = {E}" for E in sorted(inst["local_steps"].unique())) + " |",
-              "|---|---|" + "---|" * inst["local_steps"].nunique()]
-    for (family, level), part in inst.groupby(["family", "heterogeneity"]):
+    lines = [f"{set_title(name)}: {len(inst)} instances ({int(inst['fedavg_diverged'].sum())} with a diverging "
+             f"FedAvg path, not scored). Regret R(T0_rec)/R(T0_best) − 1 in percent, every scored instance; "
+             f"median with a bootstrap 95 % interval; harm: regret above FedAvg's by more than "
+             f"{100 * HARM_MARGIN:g} points; a recommendation whose run diverges has regret ∞.", "",
+             "| recommender | n | median [95 % CI] | mean | 90th pct | max | ≤ 5 % | diverged | harm |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in ev.iterrows():
+        lines.append(f"| {LABELS[r['recommender']]} | {r['instances']} | "
+                     f"{_pct(r['median'])} [{_pct(r['median_low'])}, {_pct(r['median_high'])}] | "
+                     f"{_pct(r['mean'])} | {_pct(r['p90'])} | {_pct(r['max'])} | "
+                     f"{100 * r['share_within_5pct']:.0f} % | {int(r['diverged'])} | "
+                     f"{'–' if r['recommender'] == 'fedavg' else int(r['harm'])} |")
+    online_rows = scored[(scored["recommender"] == "online") & np.isfinite(scored["regret"])]
+    if len(online_rows):
+        w = online_rows.loc[online_rows["regret"].idxmax()]
+        fedavg_worst = scored[(scored["recommender"] == "fedavg") & (scored["setting"] == w["setting"])
+                              & (scored["seed"] == w["seed"])]["regret"].iloc[0]
+        lines += ["", f"The online rule's worst instance (the figure's top panel): {w['family']}, heterogeneity "
+                      f"{w['heterogeneity']:g}, E = {int(w['local_steps'])}, η = {w['learning_rate']:.3g}, seed "
+                      f"{int(w['seed'])}: it decided at round {int(w['stop_round'])} and froze the kernel of round "
+                      f"{int(w['T0'])} (best T0 = {int(w['best_T0'])}), regret {_pct(w['regret'])} % against "
+                      f"FedAvg's {_pct(fedavg_worst)} %."]
+    lines += ["", f"Paired per instance (ties: regrets within {100 * TIE:g} point):", "",
+              "| arm | against | instances | better | tied | worse | harm (> 2 points worse) |",
+              "|---|---|---|---|---|---|---|"]
+    for arm, other in (("online", "fedavg"), ("online", "half"), ("online", "previous"), ("previous", "fedavg")):
+        p = paired(scores, name, arm, other)
+        lines.append(f"| {LABELS[arm]} | {LABELS[other]} | {p['instances']} | {p['better']} | {p['tied']} | "
+                     f"{p['worse']} | {p['harm']} |")
+    lines += ["", "By setting (online rule; FedAvg's mean beside it):", "",
+              "| setting | n | median | mean | max | harm | FedAvg mean |", "|---|---|---|---|---|---|---|"]
+    online, fedavg = (scored[scored["recommender"] == r] for r in ("online", "fedavg"))
+    for column, text in (("heterogeneity", "heterogeneity"), ("local_steps", "E"), ("learning_rate", "η")):
+        for (family, value), part in online.groupby(["family", column]):
+            base = fedavg[(fedavg["family"] == family) & (fedavg[column] == value)]
+            d = part.set_index(["setting", "seed"])["regret"] - base.set_index(["setting", "seed"])["regret"]
+            lines.append(f"| {family}, {text} = {value:g} | {len(part)} | {_pct(part['regret'].median())} | "
+                         f"{_pct(part['regret'].mean())} | {_pct(part['regret'].max())} | "
+                         f"{int((d > HARM_MARGIN).sum())} | {_pct(base['regret'].mean())} |")
+    return "\n".join(lines) + "\n"
+
+
+def forecast_errors(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per evaluation set: the online rule's forecast ``R`` of its decision against the realised one,
+    ``(R_realised − R_forecast)/R_forecast``: median, 90th percentile of its size, max size."""
+    rows = []
+    online = scores[scores["recommender"] == "online"]
+    for name, part in online.groupby("set", sort=False):
+        e = ((part["risk"] - part["predicted"]) / part["predicted"]).to_numpy()
+        e = e[np.isfinite(e)]
+        rows.append({"set": name, "instances": len(e), "median": np.median(e),
+                     "p90_abs": np.percentile(np.abs(e), 90), "max_abs": np.max(np.abs(e))})
+    return pd.DataFrame(rows)
+
+
+def design_markdown(design: pd.DataFrame, top: int = 8) -> str:
+    """The criterion's verdict and the best ``top`` candidates, the previous rule and the chosen
+    rule's ablations, per design variant (regret in percent; harm counts)."""
+    chosen = choose_rule(design)
+    name = rule_name(chosen["window"], chosen["horizon"], chosen["confidence"])
+    variants = list(dict.fromkeys(design["variant"]))
+    n = {v: int(design.loc[design["variant"] == v, "instances"].iloc[0]) for v in variants}
+    full = design[design["checks"] == "+".join(CHECKS)]
+    per = full.groupby("rule", sort=False)
+    ranking = pd.DataFrame({"share": (full["harm"] / full["instances"]).groupby(full["rule"]).max(),
+                            "mean": per["mean"].mean()})
+    ranking = ranking.sort_values(["share", "mean"], kind="stable")
+    shown = list(ranking.index[:top])
+    shown += [r for r in [name, rule_name(**PREVIOUS)] +
+              [rule_name(chosen["window"], chosen["horizon"], chosen["confidence"],
+                         tuple(c for c in CHECKS if c != left)) for left in CHECKS] if r not in shown]
+    lines = [f"Design sets ({', '.join(f'{v}: {n[v]}' for v in variants)} scored instances): "
+             f"{len(ranking)} candidate rules (window w, horizon h, confidence z), the previous rule and "
+             f"the chosen rule without each of its tests. Criterion (`choose_rule`, fixed before any "
+             f"evaluation score): harm on at most {100 * DESIGN_HARM_LIMIT:g} % of every design variant's "
+             f"instances, then the smallest mean over variants of the mean regret. Admissible: "
+             f"{chosen['admissible']} of {len(ranking)}; chosen: **{name}**. Mean regret in percent / harm count "
+             f"per variant; the {top} best candidates by largest harm share, then mean:", "",
+             "| rule | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for rule in shown:
         cells = []
-        for E in sorted(inst["local_steps"].unique()):
-            sub = part[(part["local_steps"] == E) & ~part["fedavg_diverged"]]
-            cells.append(f"{int(sub['u_shaped'].sum())}/{len(sub)}" if len(sub) else "–")
-        lines.append(f"| {family} | {level:g} | " + " | ".join(cells) + " |")
+        for v in variants:
+            row = design[(design["rule"] == rule) & (design["variant"] == v)].iloc[0]
+            cells.append(f"{_pct(row['mean'])} / {int(row['harm'])}")
+        lines.append(f"| {'**' + rule + '**' if rule == name else rule} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def report(scores: pd.DataFrame, design: pd.DataFrame) -> str:
-    """``predictive_regret.md``: the evaluation table, the U-shape counts and the design table."""
+    """``predictive_regret.md``: the tables of every evaluation set, the forecast errors, the design table."""
     summ = summary(scores)
-    parts = [markdown(summ, scores, name) for name in SETS if name in set(scores["set"])]
-    return "\n".join(parts) + "\n" + design_markdown(design)
+    names = [name for name in SETS if name in set(scores["set"])]
+    parts = [markdown(summ, scores, name) for name in names]
+    errors = forecast_errors(scores)
+    lines = ["The online rule's forecast against its realised outcome, (R_realised − R_forecast)/R_forecast "
+             "in percent (exact with full batches and full participation; the forecast of the mean "
+             "dynamics otherwise):", "", "| set | n | median | 90th pct of size | max size |", "|---|---|---|---|---|"]
+    for _, r in errors.iterrows():
+        lines.append(f"| `{r['set']}` | {r['instances']} | {100 * r['median']:.2g} | {100 * r['p90_abs']:.2g} | "
+                     f"{100 * r['max_abs']:.2g} |")
+    return (goal_markdown(summ) + "\n" + "\n".join(parts) + "\n" + "\n".join(lines) + "\n\n"
+            + design_markdown(design))
+
+
+def goal_markdown(summ: pd.DataFrame) -> str:
+    """The goal of issue 18 on every evaluation set: median and worst regret of the online rule and
+    the share of instances it harms (regret above FedAvg's by more than 2 points), met or not."""
+    online = summ[summ["recommender"] == "online"]
+    lines = [f"The online rule against the goal on every evaluation set: median regret ≤ {100 * GOAL['median']:g} %, "
+             f"worst ≤ {100 * GOAL['max']:g} %, harm (regret above FedAvg's by more than {100 * HARM_MARGIN:g} "
+             f"points) on ≤ {100 * GOAL['harm_share']:g} % of the instances; FedAvg's median and worst beside it:", "",
+             "| set | n | median | worst | harmed | FedAvg median | FedAvg worst | goal met |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in online.iterrows():
+        fedavg = summ[(summ["set"] == r["set"]) & (summ["recommender"] == "fedavg")].iloc[0]
+        met = {"median": r["median"] <= GOAL["median"], "worst": r["max"] <= GOAL["max"],
+               "no harm": r["harm"] <= GOAL["harm_share"] * r["instances"]}
+        verdict = "yes" if all(met.values()) else "no: " + ", ".join(k for k, v in met.items() if not v)
+        lines.append(f"| `{r['set']}` | {r['instances']} | {_pct(r['median'])} % | {_pct(r['max'])} % | "
+                     f"{int(r['harm'])} ({100 * r['harm'] / r['instances']:.1f} %) | {_pct(fedavg['median'])} % | "
+                     f"{_pct(fedavg['max'])} % | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+#: Regrets below this (in percent, 0 included) are drawn at it on the log regret axes.
+REGRET_FLOOR = 0.01
+#: Candidate ticks of a log axis of ``R(T0)/R(T0_best)``.
+RATIO_TICKS = (1.0, 1.01, 1.02, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+
+def _plain(value: float) -> str:
+    return f"{value:g}"
+
+
+def ratio_axis(ax, top: float) -> None:
+    """A log axis of ``R(T0)/R(T0_best)`` from 1 to ``top``, labelled in plain numbers at ticks of
+    :data:`RATIO_TICKS` at least a sixth of the axis apart."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    top = max(float(top), 1.02)
+    ax.set_yscale("log")
+    ax.set_ylim(1.0 / top ** 0.04, top ** 1.04)
+    ticks, gap = [], np.log10(top) / 6
+    for t in (t for t in RATIO_TICKS if t <= top ** 1.04):
+        if not ticks or np.log10(t / ticks[-1]) >= gap:
+            ticks.append(t)
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _plain(v)))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def regret_axis(ax, top: float) -> None:
+    """A log axis of the regret in percent from :data:`REGRET_FLOOR` to ``top``, ticked at the decades
+    in plain numbers; the floor's tick reads ``≤ 0.01`` (zero regrets are drawn there)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    top = max(float(top), 10 * REGRET_FLOOR)
+    ax.set_yscale("log")
+    ax.set_ylim(REGRET_FLOOR / 1.5, top * 1.5)
+    ticks = [REGRET_FLOOR * 10 ** k for k in range(int(np.ceil(np.log10(top * 1.5 / REGRET_FLOOR))))]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(
+        lambda v, _: f"≤ {_plain(REGRET_FLOOR)}" if np.isclose(v, REGRET_FLOOR) else _plain(float(f"{v:.6g}"))))
+    ax.yaxis.set_minor_locator(NullLocator())
 
 
 def plot(scores: pd.DataFrame, records: dict, table: pd.DataFrame, out: Path, quick: bool) -> None:
-    """Recommended vs best ``T0`` (y = x) per recommender, the regret distributions, and the
-    online rule's worst evaluation instance (``R(T0)`` with its stop and the best ``T0``)."""
+    """Per evaluation set: the online rule's worst instance (``R(T0)/R(T0_best)`` with its stop, its
+    frozen kernel, FedAvg and the best ``T0``), and the distribution of ``R_rec/R_best`` of the online
+    rule, the previous rule, FedAvg and ``T0 = T/2``."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     from linattn_theory.report import plotting
 
-    ev = scores[(scores["set"] == "evaluation") & (scores["recommender"] != "none")]
-    diverged = ev[~np.isfinite(ev["regret"])]
-    ev = ev[np.isfinite(ev["regret"])]
-    plotting.apply_style()
-    with plt.rc_context({"font.size": 7, "axes.titlesize": 7, "axes.labelsize": 7, "xtick.labelsize": 7,
-                         "ytick.labelsize": 7, "legend.fontsize": 7}):
-        fig, axes = plt.subplots(2, 3, figsize=(7.0, 4.8), layout="constrained")
-        axes = axes.ravel()
-        colors = plotting.palette(3)
-        T = int(ev["T0"].max()) if len(ev) else 1
-        for ax, rec in zip(axes[:4], RECOMMENDERS):
-            part = ev[ev["recommender"] == rec]
-            for u, color, text in ((False, colors[1], "not U-shaped"), (True, colors[0], "U-shaped")):
-                sub = part[part["u_shaped"] == u]
-                jitter = np.random.default_rng(1).uniform(-0.3, 0.3, len(sub))
-                ax.scatter(sub["best_T0"] + jitter, sub["T0"], s=6, color=color, alpha=0.7, label=text,
-                           linewidths=0)
-            ax.plot([0, T], [0, T], color="0.5", lw=0.8, ls="--")
-            ax.set(xlabel="best $T_0$ (truth)", ylabel="recommended $T_0$", title=LABELS[rec],
-                   xlim=(-1, T + 1), ylim=(-1, T + 1))
-        axes[0].legend(loc="upper left", frameon=False, handletextpad=0.1)
-        ax = axes[4]
-        order = list(RECOMMENDERS) + list(BASELINES)
-        data = [100 * ev.loc[ev["recommender"] == r, "regret"].to_numpy() for r in order]
-        ax.boxplot(data, orientation="horizontal", whis=(0, 100), widths=0.6, flierprops={"markersize": 2})
-        ax.set_yticks(range(1, len(order) + 1), [LABELS[r].replace(" (", "\n(") for r in order])
-        ax.invert_yaxis()
-        ax.set_xscale("symlog", linthresh=1.0)
-        top = max(1.0, float(np.nanmax(np.concatenate([d for d in data if len(d)] or [np.ones(1)]))))
-        ticks = [0.0] + [10.0 ** k for k in range(0, int(np.ceil(np.log10(top))) + 1, 2)]
-        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-        ax.set_xlim(0, ticks[-1])
-        ax.axvline(5, color="0.5", lw=0.8, ls=":")
-        title = "regret, evaluation set\n(box: IQR; whiskers: min–max)"
-        if len(diverged):
-            title += f"\n{len(diverged)} diverged recommendations not drawn"
-        ax.set(xlabel="regret (%)", title=title)
-        ax = axes[5]
-        online = ev[ev["recommender"] == "online"]
-        worst = online.loc[online["regret"].idxmax()] if len(online) else None
-        if worst is not None:
-            key = table.loc[(table["setting"] == worst["setting"]) & (table["seed"] == worst["seed"]), "key"].iloc[0]
+    names = [name for name in SETS if name in set(scores["set"])]
+    colors = plotting.palette(10)
+    color = {k: colors[i] for k, i in COLORS.items()}
+    fig, axes = plotting.figure(len(names), 2, height=2.3, quick=quick, layout="constrained")
+    axes = np.reshape(axes, (2, len(names)))
+    plotted = []
+    arms = ("online", "previous", "fedavg", "half")
+    for j, name in enumerate(names):
+        ev = scores[(scores["set"] == name) & (scores["recommender"] != "none")]
+        online = ev[(ev["recommender"] == "online") & np.isfinite(ev["regret"])]
+        ax = axes[0, j]
+        if len(online):
+            worst = online.loc[online["regret"].idxmax()]
+            key = table.loc[(table["set"] == name) & (table["setting"] == worst["setting"])
+                            & (table["seed"] == worst["seed"]), "key"].iloc[0]
             R = np.asarray(records[key]["excess_risk"], dtype=float)
-            ax.plot(np.arange(len(R)), R / R.min(), color=colors[2], lw=1.2, label="truth")
-            ax.axvline(worst["best_T0"], color="0.3", ls=":", lw=0.9, label=f"best $T_0$ = {int(worst['best_T0'])}")
-            ax.axvline(worst["stop_round"], color=colors[0], ls="--", lw=0.9,
-                       label=f"online stop = {int(worst['stop_round'])}, froze $K_{{{int(worst['T0'])}}}$")
-            ax.set_yscale("log")
-            ax.set(xlabel="warm-up length $T_0$", ylabel="$R(T_0)/R(T_0^{best})$",
-                   title=f"online's worst case, regret {100 * worst['regret']:.0f} %\n"
-                         f"{worst['family'].replace('_', ' ')}, het. {worst['heterogeneity']:g},\n"
-                         f"E = {int(worst['local_steps'])}, η = {worst['learning_rate']:g}, seed {int(worst['seed'])}")
-            ax.legend(loc="lower left", frameon=False)
-        if quick:
-            fig.text(0.5, 0.5, "QUICK (smoke test)", fontsize=24, color="red", alpha=0.25, ha="center",
-                     va="center", rotation=20)
-    plot_data = ev[["recommender", "family", "heterogeneity", "local_steps", "learning_rate", "seed",
-                    "best_T0", "T0", "stop_round", "regret", "u_shaped"]]
-    plotting.save_figure(fig, "predictive_regret", out, plot_data.reset_index(drop=True))
+            ratio = R / np.min(R[np.isfinite(R)])
+            T = len(R) - 1
+            ax.plot(np.arange(T + 1), ratio, color="0.3", lw=1.0, zorder=1)
+            ax.axvline(worst["stop_round"], color=color["online"], ls="--", lw=0.9, zorder=1)
+            # markers that may coincide (best T0 = T, the online T0 = T) stay distinguishable: a large
+            # star under an open square under a small dot
+            ax.plot([worst["best_T0"]], [1.0], marker="*", color=color["best"], ms=10, ls="none", zorder=2)
+            ax.plot([T], [ratio[T]], marker="s", mfc="none", mec=color["fedavg"], mew=1.2, ms=7, ls="none",
+                    zorder=3)
+            ax.plot([worst["T0"]], [1 + worst["regret"]], marker="o", color=color["online"], ms=3.5, ls="none",
+                    zorder=4)
+            ratio_axis(ax, np.max(ratio[np.isfinite(ratio)]))
+            fam = "planted" if worst["family"] == "planted_kernel" else "in-context"
+            ax.set_title(f"{name.replace('evaluation', 'eval.').replace('_', ' ')}\nworst: {fam}, het. "
+                         f"{worst['heterogeneity']:g},\nE = {int(worst['local_steps'])}, η = {worst['learning_rate']:.2g}, "
+                         f"seed {int(worst['seed'])}\nregret {_pct(worst['regret'])} %, FedAvg "
+                         f"{_pct(ratio[T] - 1)} %", fontsize=7)
+            ax.set_xlabel("warm-up $T_0$")
+            plotted.append(pd.DataFrame({"set": name, "panel": "worst", "x": np.arange(T + 1), "y": ratio}))
+        if j == 0:
+            ax.set_ylabel("$R(T_0)/R(T_0^{best})$")
+        ax = axes[1, j]
+        for i, arm in enumerate(arms):
+            r = 100 * ev.loc[ev["recommender"] == arm, "regret"].to_numpy()
+            r = np.maximum(r[np.isfinite(r)], REGRET_FLOOR)
+            x = i + np.random.default_rng(i).uniform(-0.25, 0.25, len(r))
+            ax.scatter(x, r, s=3, color=color[arm], alpha=0.5, linewidths=0)
+            if len(r):
+                ax.plot([i - 0.35, i + 0.35], [np.median(r)] * 2, color="black", lw=1.0)
+            plotted.append(pd.DataFrame({"set": name, "panel": arm, "x": x, "y": r}))
+        ax.set_xticks(range(len(arms)), ["online", "prev.", "FedAvg", "T/2"], rotation=90)
+        ax.set_xlim(-0.6, len(arms) - 0.4)
+        finite = ev["regret"].to_numpy()[np.isfinite(ev["regret"].to_numpy())]
+        regret_axis(ax, 100 * (finite.max() if len(finite) else 0.0))
+        if j == 0:
+            ax.set_ylabel("regret (%) per instance")
+    handles = [Line2D([], [], color="0.3", lw=1.0, label="$R(T_0)/R(T_0^{best})$ of the worst instance"),
+               Line2D([], [], color=color["best"], marker="*", ms=8, ls="none", label="best $T_0$"),
+               Line2D([], [], color=color["online"], ls="--", lw=0.9, label="round the online rule decided"),
+               Line2D([], [], color=color["online"], marker="o", ls="none", label="online: frozen kernel's round, its $R$"),
+               Line2D([], [], marker="s", mfc="none", mec=color["fedavg"], ls="none", label="FedAvg ($T_0 = T$)"),
+               Line2D([], [], color=color["previous"], marker="o", ls="none", label="previous online rule"),
+               Line2D([], [], color=color["half"], marker="o", ls="none", label="$T_0 = T/2$"),
+               Line2D([], [], color="black", lw=1.0, label="median over the set's instances")]
+    plotting.legend_below(fig, handles, [h.get_label() for h in handles], ncols=3)
+    plotting.save_figure(fig, "predictive_regret", out, pd.concat(plotted, ignore_index=True) if plotted else None)
 
 
+# ======================================================================================
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small instances (smoke test; not a score)")
+    parser.add_argument("--design-only", action="store_true",
+                        help="compute the design table and the criterion's choice only (no evaluation score)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--no-figure", action="store_true", help="write the tables only")
     parser.add_argument("--out", default=None, help="output folder (default figures/, or results/ with --quick)")
     parser.add_argument("--cache", default=None, help="instance cache (default benchmarks/_cache/predictive_regret[_quick])")
     args = parser.parse_args(argv)
@@ -436,23 +695,42 @@ def main(argv=None) -> int:
         "predictive_regret_quick" if args.quick else "predictive_regret")
     start = time.perf_counter()
     table = instances(args.quick)
-    records = compute(table, cache, args.workers)
     out.mkdir(parents=True, exist_ok=True)
+    design_part = table[table["role"] == "design"]
+    restarts = QUICK["restarts"] if args.quick else 8
+    records = compute(design_part, cache, args.workers, restarts)
+    rules = design_rules(args.quick)
+    outcomes = rule_outcomes(design_part, records, cache, rules, args.workers)
+    chosen = choose_rule(design_table(table, records, outcomes, rules))
+    rules.update(ablations(chosen))
+    outcomes = rule_outcomes(design_part, records, cache, rules, args.workers)
     # everything downstream is computed from the CSVs as written, so the committed tables can be
     # regenerated from the committed CSVs exactly (tests/test_recommenders.py)
-    atomic_write_text(out / "predictive_regret_scores.csv",
-                      score_table(table, records).to_csv(index=False, float_format="%.6g"))
     atomic_write_text(out / "predictive_regret_design.csv",
-                      design_table(table, records).to_csv(index=False, float_format="%.6g"))
-    scores = pd.read_csv(out / "predictive_regret_scores.csv")
+                      design_table(table, records, outcomes, rules).to_csv(index=False, float_format="%.6g"))
     design = pd.read_csv(out / "predictive_regret_design.csv")
+    assert choose_rule(design) == chosen, "the criterion must choose the same rule from the written table"
+    print(design_markdown(design))
+    if args.design_only:
+        print(f"wrote {out / 'predictive_regret_design.csv'} ({time.perf_counter() - start:.0f} s)")
+        return 0
+    evaluation = table[table["role"] == "evaluation"]
+    records.update(compute(evaluation, cache, args.workers, restarts))
+    name = rule_name(chosen["window"], chosen["horizon"], chosen["confidence"])
+    wanted = {name: (chosen["window"], chosen["horizon"], chosen["confidence"], CHECKS),
+              rule_name(**PREVIOUS): tuple(PREVIOUS.values())}
+    outcomes.update(rule_outcomes(evaluation, records, cache, wanted, args.workers))
+    atomic_write_text(out / "predictive_regret_scores.csv",
+                      score_table(table, records, outcomes, name).to_csv(index=False, float_format="%.6g"))
+    scores = pd.read_csv(out / "predictive_regret_scores.csv")
     summ = summary(scores)
     atomic_write_text(out / "predictive_regret_summary.csv", summ.to_csv(index=False, float_format="%.6g"))
     atomic_write_text(out / "predictive_regret.md", report(scores, design))
-    plot(scores, records, table, out, args.quick)
+    if not args.no_figure:
+        plot(scores, records, table, out, args.quick)
     print(report(scores, design))
-    print(f"wrote {out / 'predictive_regret_scores.csv'}, predictive_regret_summary.csv, predictive_regret_design.csv, predictive_regret.md, "
-          f"predictive_regret.png/.pdf ({time.perf_counter() - start:.0f} s)")
+    print(f"wrote {out / 'predictive_regret_scores.csv'}, predictive_regret_summary.csv, predictive_regret_design.csv, "
+          f"predictive_regret.md, predictive_regret.png/.pdf ({time.perf_counter() - start:.0f} s)")
     return 0
 
 

@@ -2,6 +2,8 @@
 
 import os
 
+from hypothesis import settings
+
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 #: an unmarked test slower than this (call plus setup, seconds) belongs to the ``slow`` marker
@@ -26,3 +28,11 @@ def pytest_terminal_summary(terminalreporter):
                                         "tests/README.md)")
         for seconds, nodeid in unmarked:
             terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+
+
+# Property tests draw the same examples on every run ("ci", the default): a test that fails for
+# one random draw in a hundred is a failing test, and CI must say so every time or never. Run
+# HYPOTHESIS_PROFILE=explore python -m pytest ... to draw fresh examples when looking for bugs.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -12,7 +12,7 @@ import math
 from dataclasses import fields
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from linattn_theory.cli.commands import main
@@ -106,12 +106,24 @@ def encode(text: str, encoding: str) -> bytes:
     return text.encode(encoding, errors="replace")
 
 
-def field_names(config: dict) -> set[str]:
-    """Every name an error about ``config`` may start with: top-level keys and ``section.key``."""
-    found = set(config)
+def as_read(name: str, encoding: str) -> str:
+    """``name`` as the program reads it from a file written in ``encoding``.
+
+    ``encode`` replaces what the encoding cannot hold by ``?`` (a non-Latin key in a Latin-1
+    file); the program sees the decoded text, so its errors name ``?``, not the original key.
+    """
+    if encoding == "garbage":
+        return name
+    return name.encode(encoding, errors="replace").decode(encoding)
+
+
+def field_names(config: dict, encoding: str = "utf-8") -> set[str]:
+    """Every name an error about ``config`` (written in ``encoding``) may start with: top-level
+    keys and ``section.key``, as the program decodes them."""
+    found = {as_read(str(name), encoding) for name in config}
     for name, table in config.items():
         if isinstance(table, dict):
-            found |= {f"{name}.{key}" for key in table}
+            found |= {as_read(f"{name}.{key}", encoding) for key in table}
     return found
 
 
@@ -120,6 +132,7 @@ def field_names(config: dict) -> set[str]:
                                                                  HealthCheck.function_scoped_fixture])
 @given(config=configs, encoding=st.sampled_from(["utf-8", "utf-8", "utf-8", "utf-8-sig", "utf-16",
                                                  "latin-1", "garbage"]))
+@example(config={"task": {"ключ": 1}}, encoding="latin-1")   # read as "task.????": the error names that
 def test_generated_configs_run_or_exit_2_naming_the_field(tmp_path_factory, capsys, config, encoding):
     folder = tmp_path_factory.mktemp("fuzz")
     path = folder / "config.toml"
@@ -138,7 +151,7 @@ def test_generated_configs_run_or_exit_2_naming_the_field(tmp_path_factory, caps
     assert len(lines) == 1 and lines[0].startswith("linattn simulate: invalid configuration: "), err
     detail = lines[0].removeprefix("linattn simulate: invalid configuration: ")
     starts = [f"config file {str(path)!r}", f"{path}: not valid TOML", "estimated "]
-    starts += [f"{name}{sep}" for name in field_names(config) for sep in (" =", ":", " ")]
+    starts += [f"{name}{sep}" for name in field_names(config, encoding) for sep in (" =", ":", " ")]
     assert any(detail.startswith(s) for s in starts), f"{detail!r} names no field of {config!r}"
 
 

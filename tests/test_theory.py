@@ -12,10 +12,15 @@ from linattn_theory.data.tasks import planted_kernel_clients
 from linattn_theory.core.clients import stack_clients
 
 
+#: Client sizes drawn from Dirichlet(α = 2) (25, 30 and 65 samples for three clients of mean 40), so
+#: that every weighted sum Σ_c p_c of the theory is exercised with unequal weights.
+SIZES_ALPHA = 2.0
+
+
 def small_clients(num_clients=3, heads=1, seed=1, zeta=1.0, samples=40, noise=0.1):
     return planted_kernel_clients(num_clients=num_clients, samples_per_client=samples, tokens=4, dim=3,
                                   heads=heads, rank=2, outputs=2, zeta_value=zeta, zeta_covariate=zeta,
-                                  noise=noise, seed=seed)
+                                  noise=noise, seed=seed, dirichlet_alpha=SIZES_ALPHA)
 
 
 def small_config(**federated):
@@ -24,7 +29,7 @@ def small_config(**federated):
     return config_from_dict({
         "seed": 1,
         "task": {"num_clients": 3, "samples_per_client": 32, "tokens": 4, "dim": 3, "rank": 2, "outputs": 2,
-                 "zeta_value": 1.0, "zeta_covariate": 1.0},
+                 "zeta_value": 1.0, "zeta_covariate": 1.0, "dirichlet_alpha": SIZES_ALPHA},
         "model": {"rank": 2, "heads": 2},
         "federated": fed})
 
@@ -77,7 +82,9 @@ def test_plain_list_of_tuples_is_weighted_by_size():
     assert th.profile_objective(K, tuples, 0.1)[0] == pytest.approx(th.profile_objective(K, clients, 0.1)[0], rel=1e-14)
     skewed = [tuples[0], (tuples[1][0][:10], tuples[1][1][:10], tuples[1][2][:10])]
     moments = _host_moments(K, stack_clients(skewed))
-    np.testing.assert_allclose(moments.weights, [40 / 50, 10 / 50])
+    n0 = len(tuples[0][0])
+    assert n0 == 25
+    np.testing.assert_allclose(moments.weights, [n0 / (n0 + 10), 10 / (n0 + 10)])
 
 
 def test_ridge_profile_decreases_with_kernel_scale_to_the_unregularised_profile():
@@ -91,8 +98,7 @@ def test_ridge_profile_decreases_with_kernel_scale_to_the_unregularised_profile(
 
 def test_centralized_optimum_is_not_worse_than_simulated_kernels():
     config = small_config()
-    clients = planted_kernel_clients(num_clients=3, samples_per_client=32, tokens=4, dim=3, rank=2, outputs=2,
-                                     zeta_value=1.0, zeta_covariate=1.0, seed=1)
+    clients = clients_from_config(config)
     kernels = [kernel(simulate(config.with_updates({"federated.warmup_rounds": T0}), clients).warmup_params)
                for T0 in (4, 12)]
     opt = th.centralized_optimum(clients, 0.05, rank=2, heads=2, restarts=2, initial_kernels=kernels)
@@ -130,8 +136,66 @@ def _effective_preconditioner(K, V, d):
     return gamma
 
 
+def _gauss_hermite(points):
+    """Nodes and weights of the expectation over ``N(0, 1)``, exact for polynomials of degree ≤ 2·points − 1."""
+    x, w = np.polynomial.hermite_e.hermegauss(points)
+    return x, w / w.sum()
+
+
+def _population_in_context_clients(Lam, n):
+    """One client whose weighted samples have the population moments of noiseless in-context
+    regression (``x_i, x_q ~ N(0, Λ)``, ``w ~ N(0, I)``, ``y_i = w^T x_i``, query target ``y_q = w^T x_q``).
+
+    The profile objective needs ``E[φφ^T]`` and ``E[φ y_q]`` with ``φ = Ŝ K^T z_q``: polynomials of
+    degree ≤ 4 in each ``x_i`` and in ``w`` and ≤ 2 in ``x_q``. A product Gauss–Hermite rule of 3 nodes
+    per coordinate of ``x_i`` and ``w`` (exact to degree 5) and 2 per coordinate of ``x_q`` (degree 3)
+    integrates them exactly: ``2^d 3^{(n+1)d}`` weighted samples instead of Monte-Carlo ones.
+    """
+    import itertools
+
+    from linattn_theory.core.clients import StackedClients
+    d = len(Lam)
+    axes = [_gauss_hermite(2)] * d + [_gauss_hermite(3)] * ((n + 1) * d)
+    nodes = np.array(list(itertools.product(*[a[0] for a in axes])))
+    weights = np.prod(np.array(list(itertools.product(*[a[1] for a in axes]))), axis=1)
+    N = len(weights)
+    xq = nodes[:, :d] * np.sqrt(Lam)
+    xs = nodes[:, d:d + n * d].reshape(N, n, d) * np.sqrt(Lam)
+    w = nodes[:, d + n * d:]
+    ys = np.einsum("bid,bd->bi", xs, w)
+    S = context_second_moment(np.concatenate([xs, ys[..., None]], axis=-1))
+    q = np.concatenate([xq, np.zeros((N, 1))], axis=-1)
+    y = np.einsum("bd,bd->b", xq, w)[:, None]
+    return StackedClients(S[None], q[None], y[None], weights[None], np.ones(1), np.array([N]), None, "linear", 1.0)
+
+
+def test_centralized_optimum_is_the_published_in_context_optimum_on_population_moments():
+    """Exact population moments (a Gauss–Hermite product rule, :func:`_population_in_context_clients`):
+    the solver's ``Γ`` is ZFB (2024)'s ``Γ*`` and its objective ``Φ*_0``, to the solver's tolerance.
+
+    With ``n = 2`` context tokens the ``1/n`` terms of ``Γ*`` change it by half; the tolerance,
+    1e-6 of the largest entry, is four orders below a 1 % error in one entry.
+    """
+    d, n = 2, 2
+    Lam = np.array([1.5, 0.6])
+    data = _population_in_context_clients(Lam, n)
+    # the rule's moments are the Gaussian ones: E[x_q x_qᵀ] = Λ, E[Ŝ_yy] = E[(wᵀx)²] = tr Λ and
+    # E[Ŝ_11²] = E[((x_{1,1}² + x_{2,1}²)/2)²] = (3 + 3 + 2)λ₁²/4 = 2λ₁²
+    weights, q, S = data.sample_weight[0], data.q[0], data.S[0]
+    np.testing.assert_allclose(np.einsum("b,bi,bj->ij", weights, q[:, :d], q[:, :d]), np.diag(Lam), atol=1e-14)
+    assert weights @ S[:, d, d] == pytest.approx(Lam.sum(), rel=1e-13)
+    assert weights @ S[:, 0, 0] ** 2 == pytest.approx(2 * Lam[0] ** 2, rel=1e-13)
+    gamma_star, phi_star = _published_icl_optimum(np.diag(Lam), n, 0.0)
+    opt = th.centralized_optimum(data, 0.0, rank=d + 1, heads=1, seed=0)
+    gamma_hat = _effective_preconditioner(opt.kernel, opt.value, d)
+    assert np.abs(gamma_hat - gamma_star).max() <= 1e-6 * np.abs(gamma_star).max(), (gamma_hat, gamma_star)
+    assert opt.objective == pytest.approx(phi_star, rel=1e-10)
+
+
 def test_centralized_optimum_reproduces_the_published_in_context_optimum():
-    """Identical clients, ``μ = 0``: the solver's ``Γ`` is ZFB (2024)'s ``Γ*`` within Monte-Carlo error.
+    """Identical clients, ``μ = 0``: on the generator's samples the solver's ``Γ`` is ZFB (2024)'s ``Γ*``
+    within Monte-Carlo error (a check of the generator and the noise term; the sharp comparison, on
+    exact population moments, is the test above).
 
     The solver minimises the empirical loss of ``N`` samples, so its ``Γ̂`` is a least-squares estimate:
     ``Γ̂ − Γ*`` is asymptotically normal with the sandwich (HC0) covariance of the least-squares fit of
@@ -207,6 +271,41 @@ def test_frozen_stage_simulation_lands_on_fedavg_fixed_point(seed, heads, E, lam
     one = run_schedule(params, data, FederatedConfig(rounds=1, warmup_rounds=0, local_steps=E,
                                                      learning_rate=eta, ridge=lam), 0)
     assert rel(_value_matrix(np, one.params.WV), M @ V0 + b) < 1e-12
+
+
+@pytest.mark.parametrize("E", [1, 3])
+def test_contraction_rate_is_the_largest_eigenvalue_in_size_when_it_is_negative(E):
+    """With a step between ``1/λ`` and ``2/λ`` an odd number of local steps gives ``M`` negative
+    eigenvalues; a large ridge keeps ``Ã_c`` well conditioned, so the most negative one is the
+    largest in size. ``ρ`` must be ``max |μ|`` (not ``max μ``), the simulated frozen stage's error
+    must shrink by ``ρ`` per round and flip its sign along the slowest direction, and the exact
+    forecast ``V_FA + M^k (V_0 − V_FA)`` (signed powers) must match the simulation for odd and even ``k``.
+    """
+    from linattn_theory.recommenders.online import freeze_forecast
+    from linattn_theory.sim.engine import value_curvature
+    data = stack_clients(small_clients())
+    params = Params.init(3, 2, 2, seed=3, scale=1.0)
+    K = kernel(params)
+    lam = 2.0 * float(np.max(value_curvature(K, data)))          # Ã_c's spectrum within a factor of ~1.5
+    eta = 1.9 / float(np.max(value_curvature(K, data, lam)))      # stable: η λ_max(Ã_c) < 2
+    M, _ = th.frozen_stage_map(K, data, eta, E, lam)
+    mu = np.linalg.eigvalsh(M)
+    assert mu[0] < 0 and -mu[0] > mu[-1]
+    rho = th.contraction_rate(K, data, eta, E, lam)
+    assert rho == pytest.approx(-mu[0], rel=1e-12)
+    V_FA = th.fedavg_fixed_point(K, data, eta, E, lam)
+    fed = FederatedConfig(rounds=40, warmup_rounds=0, local_steps=E, learning_rate=eta, ridge=lam)
+    states = []
+    run_schedule(params, data, fed, 0, on_round=states.append)
+    errors = [_value_matrix(np, st.params.WV) - V_FA for st in states]
+    late = errors[30:]
+    ratios = [np.linalg.norm(b) / np.linalg.norm(a) for a, b in zip(late, late[1:])]
+    np.testing.assert_allclose(ratios, rho, rtol=1e-3)
+    assert all(np.sum(a * b) < 0 for a, b in zip(late, late[1:]))
+    forecast = freeze_forecast(params, data, fed, 0)
+    assert forecast.contraction_rate == pytest.approx(rho, rel=1e-12)
+    for k in (1, 2, 7, 8):
+        assert forecast.final_objective(k) == pytest.approx(float(states[k].rows[-1]["loss_regularized"]), rel=1e-10)
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.1])
@@ -379,7 +478,7 @@ def test_inexactness_parts_match_an_independent_chain(E, s):
     None of them is defined as the gap minus the others.
     """
     clients = small_clients(num_clients=3, zeta=1.0)
-    lam, eta = 0.05, 0.01
+    lam, eta = 0.05, 0.003          # a larger step leaves these clients' kernels to overflow by round 2
     params = Params.init(3, 2, 2, heads=2, seed=14, scale=1.0)
     table = th.warmup_inexactness(params, clients, rounds=2, lam=lam, eta=eta, local_steps=E,
                                   server_learning_rate=s)
@@ -443,7 +542,7 @@ def test_remainder_is_second_order_in_the_step():
 def test_population_moments_come_from_the_same_client_distributions():
     config = config_from_dict({"seed": 3, "task": {"num_clients": 2, "samples_per_client": 16, "tokens": 6,
                                                    "dim": 3, "rank": 2, "outputs": 2, "noise": 0.05,
-                                                   "zeta_value": 1.0}})
+                                                   "zeta_value": 1.0, "dirichlet_alpha": SIZES_ALPHA}})
     clients = clients_from_config(config)
     K_star = clients.truth["kernel"]
     moments = th.population_value_moments(K_star, config, samples=3000)
@@ -458,7 +557,8 @@ def test_population_moments_come_from_the_same_client_distributions():
 
 def test_value_moments_record_the_ridge():
     from linattn_theory import planted_kernel_clients, value_moments
-    clients = planted_kernel_clients(num_clients=2, samples_per_client=8, tokens=4, dim=3, rank=2, seed=0)
+    clients = planted_kernel_clients(num_clients=2, samples_per_client=8, tokens=4, dim=3, rank=2, seed=0,
+                                     dirichlet_alpha=SIZES_ALPHA)
     K = clients.truth["kernel"]
     plain, ridge = value_moments(K, clients), value_moments(K, clients, 0.3)
     np.testing.assert_array_equal(plain.A, ridge.A)

@@ -23,6 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ROUNDING = 1e-9
 
 
+#: Client sizes drawn from Dirichlet(α = 2): every weighted sum Σ_c p_c runs with unequal weights.
+SIZES_ALPHA = 2.0
+
+
 def tiny_config(zeta, rounds=14, **federated):
     """A small planted-kernel instance; ``η = 0.1 · 2/λ_max`` at the teacher kernel."""
     fed = {"strategy": "fedavg", "rounds": rounds, "warmup_rounds": rounds, "local_steps": 8,
@@ -30,7 +34,8 @@ def tiny_config(zeta, rounds=14, **federated):
     config = config_from_dict({
         "seed": 0,
         "task": {"family": "planted_kernel", "num_clients": 4, "samples_per_client": 24, "tokens": 6, "dim": 4,
-                 "rank": 2, "outputs": 2, "zeta_value": zeta, "zeta_covariate": zeta, "noise": 0.1},
+                 "rank": 2, "outputs": 2, "zeta_value": zeta, "zeta_covariate": zeta, "noise": 0.1,
+                 "dirichlet_alpha": SIZES_ALPHA},
         "model": {"rank": 2},
         "federated": fed})
     clients = clients_from_config(config)
@@ -78,6 +83,54 @@ def test_frozen_stage_bound_dominates_the_simulated_value_stage(zeta):
         assert isinstance(check.holds, bool) and isinstance(check.measured, float)
         if check.name.startswith(RELIED_ON):
             assert check.holds, check
+
+
+@pytest.mark.parametrize("zeta", [0.25, 2.0])
+def test_frozen_stage_bound_is_tight_up_to_the_triangle_inequality_at_interior_warmups(zeta):
+    """Two-sided at interior ``T0``: ``(√D + c√u)²`` exceeds the simulated frozen stage by exactly
+    what the two steps of the triangle inequality give away, no more and no less.
+
+    With ``a = V_FA − V*``, ``e = V_{T0} − V_FA``, ``k = T − T0`` and ``c = ‖Ã^{½}M^kÃ^{-½}‖₂`` (all
+    computed here from the moments at ``K_{T0}``), the simulated ``D + unfinished`` is
+    ``D + ⟨a, M^k e⟩_Ã + ½‖M^k e‖²_Ã``, so ``(√D + c√u)² − (D + unfinished)`` must equal
+    ``[2c√(uD) − ⟨a, M^k e⟩_Ã] + [c²u − ½‖M^k e‖²_Ã]``, each bracket ≥ 0 (Cauchy–Schwarz, and
+    ``c`` the operator norm). A bound with the wrong contraction power, a missing transient
+    factor or a wrong splitting is off by more than the 1e-8 allowed.
+    """
+    from linattn_theory.theory.frozen_stage import fedavg_fixed_point, frozen_stage_map
+    from linattn_theory.core.moments import value_moments
+    config, clients = tiny_config(zeta)
+    T, fed = config.federated.rounds, config.federated
+    path = tb.warmup_path(config, clients)
+    optimum = tb.path_optimum(config, clients, path, restarts=2)
+    curve = tb.estimate_bound(config, clients, path=path, optimum=optimum).curve
+    sweep = excess_risk_by_warmup(config, range(T + 1), clients, optimum=optimum).sort_values("warmup_rounds")
+    simulated = (sweep["drift_floor"] + sweep["unfinished"]).to_numpy()
+    data = stack_clients(clients)
+    for T0 in (2, T // 2, T - 3):
+        params, k = path.params[T0], T - T0
+        K = kernel(params)
+        moments = value_moments(K, data)
+        A = np.sum(moments.weights[:, None, None] * moments.A, axis=0) + fed.ridge * np.eye(moments.A.shape[-1])
+        B = np.sum(moments.weights[:, None, None] * moments.B, axis=0)
+        V_star = np.linalg.solve(A, B)
+        M, _ = frozen_stage_map(K, data, fed.learning_rate, fed.local_steps, fed.ridge)
+        V_FA = fedavg_fixed_point(K, data, fed.learning_rate, fed.local_steps, fed.ridge)
+        a, e = V_FA - V_star, params.WV.reshape(V_star.shape) - V_FA
+        Mk_e = np.linalg.matrix_power(M, k) @ e
+        evals, U = np.linalg.eigh(A)
+        root, inv_root = (U * np.sqrt(evals)) @ U.T, (U / np.sqrt(evals)) @ U.T
+        c = np.linalg.norm(root @ np.linalg.matrix_power(M, k) @ inv_root, ord=2)
+        D, u = 0.5 * np.sum(a * (A @ a)), 0.5 * np.sum(e * (A @ e))
+        cross, tail = np.sum(a * (A @ Mk_e)), 0.5 * np.sum(Mk_e * (A @ Mk_e))
+        assert simulated[T0] == pytest.approx(D + cross + tail, rel=1e-8)
+        first = (np.sqrt(D) + c * np.sqrt(u)) ** 2
+        assert curve["frozen_bound"].iloc[T0] <= first * (1 + 1e-12)
+        assert first == pytest.approx((np.sqrt(curve["drift_floor"].iloc[T0]) + curve["transient"].iloc[T0]
+                                       * np.sqrt(curve["value_lag"].iloc[T0])) ** 2, rel=1e-9)
+        slack_cross, slack_tail = 2 * c * np.sqrt(u * D) - cross, c ** 2 * u - tail
+        assert slack_cross >= -1e-12 * first and slack_tail >= -1e-12 * first
+        assert first - simulated[T0] == pytest.approx(slack_cross + slack_tail, abs=1e-8 * first)
 
 
 def test_a_violated_assumption_is_reported():
@@ -146,7 +199,8 @@ def derived_exponents():
 def _clients(zeta_value):
     """Noisy clients; X and the noise draws are the same for every ζ_V (one generator stream per client)."""
     return planted_kernel_clients(num_clients=3, samples_per_client=40, tokens=4, dim=3, rank=2, outputs=2,
-                                  zeta_value=zeta_value, zeta_covariate=0.5, noise=0.1, seed=3)
+                                  zeta_value=zeta_value, zeta_covariate=0.5, noise=0.1, seed=3,
+                                  dirichlet_alpha=SIZES_ALPHA)
 
 
 def _measure_drift(factors, zeta_value, eta, E):
@@ -166,10 +220,17 @@ def _random_factors(seed):
     return Params.init(3, 2, 2, seed=seed, scale=1.0).replace(WV=None)
 
 
+#: The random kernels of the two regimes with these clients: at ``LAW_KERNEL`` the client optima
+#: differ mostly through ζ_V and the laws hold; at ``MISSPECIFIED_KERNEL`` they differ mostly
+#: through the misspecified kernel (found by measuring both seeds; they swapped places when the
+#: clients became unequal in size).
+LAW_KERNEL, MISSPECIFIED_KERNEL = 2, 1
+
+
 @pytest.fixture(scope="module")
 def drift_runs():
     """Value drift floors measured by running the frozen stage to its fixed point (regime above)."""
-    factors = _random_factors(1)
+    factors = _random_factors(LAW_KERNEL)
     curvature = float(np.max(value_curvature(kernel(factors), stack_clients(_clients(1.0)))))
     eta0 = 0.05 / curvature
     return {"zeta": [_measure_drift(factors, z, eta0, 4) for z in (0.5, 1.0, 2.0)],
@@ -198,15 +259,15 @@ def test_drift_floor_slopes_match_the_derived_exponents(drift_runs, derived_expo
 def test_the_zeta_law_is_not_an_identity_in_this_regime(drift_runs, derived_exponents):
     """D/ζ² varies with ζ_V at the random kernel; where misspecification dominates the law fails.
 
-    At kernel seed 2 and small ζ_V the client optima differ mostly through the misspecified kernel
+    At ``MISSPECIFIED_KERNEL`` and the same ζ_V the client optima differ mostly through the misspecified kernel
     (a part that does not grow with ζ_V), so D and ζ² are not proportional and the slope is far from
     the derived exponent: the slope check above can fail.
     """
     ratio = [D / zeta ** 2 for D, zeta, _ in drift_runs["zeta"]]
     assert max(ratio) / min(ratio) - 1 > 0.01
-    factors = _random_factors(2)
+    factors = _random_factors(MISSPECIFIED_KERNEL)
     eta = 0.05 / float(np.max(value_curvature(kernel(factors), stack_clients(_clients(1.0)))))
-    runs = [_measure_drift(factors, z, eta, 4) for z in (0.25, 0.5, 1.0)]
+    runs = [_measure_drift(factors, z, eta, 4) for z in (0.5, 1.0, 2.0)]        # the levels of drift_runs
     slope = _slope([r[1] for r in runs], [r[0] for r in runs])
     assert abs(slope - derived_exponents["zeta"]) > 0.5, slope
 

@@ -177,7 +177,7 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
     """Recommend a warm-up length ``T0`` for ``config`` from the information set ``mode`` (docs/theory.md §8).
 
     * ``"online"`` (default, causal): :func:`run_online` with ``rule`` (default from the config's
-      ``adaptive_window``/``adaptive_horizon``); ``T0_theory`` is the frozen kernel's round and
+      ``adaptive_window``/``adaptive_horizon``/``adaptive_confidence``); ``T0_theory`` is the frozen kernel's round and
       ``stop_round`` the round at which the rule decided.
     * ``"pilot"``: the first ``pilot_rounds`` (default ``⌊T/4⌋``) FedAvg rounds and ``Φ*_λ`` from the
       data; ``T0_theory = argmin_{T0 ≥ T_p} U_pilot(T0)`` (:func:`pilot_bound`); the pilot rounds

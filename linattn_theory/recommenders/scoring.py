@@ -5,21 +5,27 @@ The truth of an instance is ``R(T0) = F_λ(θ_T) − Φ*_λ`` for every ``T0 ∈
 recommender's regret is ``R(T0_rec)/R(T0_best) − 1`` with ``T0_best = argmin_{T0} R(T0)`` (the
 smallest such ``T0`` on ties, :func:`best_warmup`); for the online rule, which may roll back,
 ``R`` is the realised final excess risk of its own run (the rounds it spent counted).
-``benchmarks/predictive_regret.py`` runs this over declared design and evaluation instances.
+
+:func:`score_instance` stores what any causal rule can be judged on: the truth, the pilot and
+a-posteriori recommendations and, for every round ``s`` of the realised FedAvg path, the
+forecasts ``J(s, k) − Φ*_λ``, ``Φ_λ(K_s) − Φ*_λ`` and ``D(K_s)``. :func:`replay_online` runs an
+:class:`~linattn_theory.recommenders.online.OnlineRule` on such a record exactly as it runs in
+training (:func:`~linattn_theory.recommenders.online.run_online`), and :func:`realised_risk` is
+the final excess risk of its decision. ``benchmarks/predictive_regret.py`` runs this over
+declared design and evaluation instances.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..core._array import to_numpy
 from ..core.model import kernel
 
-__all__ = ["best_warmup", "regret", "is_u_shaped", "instance_truth", "score_instance",
-           "U_SHAPE_MARGIN"]
-
-#: ``R(T0)`` is called U-shaped when both ends are this much worse than the best interior ``T0``.
-U_SHAPE_MARGIN = 0.05
+__all__ = ["best_warmup", "regret", "instance_truth", "score_instance", "StoredForecast",
+           "stored_forecasts", "replay_online", "realised_risk", "ScriptedRule", "is_noisy", "fedavg_path"]
 
 
 def best_warmup(excess_risk) -> int:
@@ -34,13 +40,6 @@ def regret(risk, excess_risk) -> float:
     R = np.asarray(excess_risk, dtype=float)
     best = R[best_warmup(R)]
     return float(risk / best - 1.0) if np.isfinite(risk) else float("inf")
-
-
-def is_u_shaped(excess_risk, margin: float = U_SHAPE_MARGIN) -> bool:
-    """True when ``T0_best`` is interior and ``min(R(0), R(T)) ≥ (1 + margin) R(T0_best)``."""
-    R = np.asarray(excess_risk, dtype=float)
-    b = best_warmup(R)
-    return bool(0 < b < len(R) - 1 and min(R[0], R[-1]) >= (1.0 + margin) * R[b])
 
 
 def instance_truth(config, clients, restarts: int = 8) -> dict:
@@ -71,47 +70,149 @@ def instance_truth(config, clients, restarts: int = 8) -> dict:
             "diverged": np.array([runs[T0].diverged for T0 in range(T + 1)])}
 
 
-def score_instance(config, clients=None, *, pilot_rounds: int | None = None, restarts: int = 8,
-                   keep_forecasts: bool = False) -> dict:
-    """Truth and every recommender on one instance: the record ``benchmarks/predictive_regret.py`` stores.
+def is_noisy(fed) -> bool:
+    """True with minibatches or partial participation: the frozen stage is then a noisy version of
+    the affine map of docs/theory.md §5, and the forecasts forecast its mean."""
+    return fed.batch_size is not None or fed.participation < 1.0
+
+
+def fedavg_path(config, clients):
+    """``(data, states)``: the stacked clients and the simulator's state after every round of plain
+    FedAvg for ``T`` rounds (``states[t].params = θ^t``; fewer when the run diverges). Minibatches
+    and participants are drawn per round, so ``θ^t`` is the state every run of ``config`` with a
+    warm-up of at least ``t`` rounds reaches, the online rule's included."""
+    import dataclasses
+
+    from ..sim.engine import prepare_run, run_schedule
+
+    fed = config.federated
+    data, theta0 = prepare_run(config, clients)
+    states = []
+    run_schedule(theta0, data, dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=fed.rounds),
+                 fed.rounds, config.seed, on_round=states.append, engine=config.model.engine)
+    return data, states
+
+
+def score_instance(config, clients=None, *, pilot_rounds: int | None = None, restarts: int = 8) -> dict:
+    """Truth, the pilot and a-posteriori recommendations and the FedAvg path's forecasts of one
+    instance: the record ``benchmarks/predictive_regret.py`` stores (docs/theory.md §8).
 
     Returns a dict with ``excess_risk`` (the list ``R(0..T)``), ``optimum``, ``best_T0``,
-    ``u_shaped`` and, per recommender, ``<mode>_T0`` and ``<mode>_risk`` (the realised ``R``); for
-    the online rule also ``online_stop_round`` and ``online_predicted`` (its forecast ``R`` before
-    the frozen stage ran). The transfer recommender reads other instances' records and is scored
-    by the caller. With ``keep_forecasts``, ``freeze_objective[s][t − s] = J(s, T − t) − Φ*_λ`` for
-    every stored round ``s ≤ t`` of the FedAvg path (docs/theory.md §8), so that candidate online
-    rules can be replayed on the record.
+    ``fedavg_diverged``, ``noisy`` (:func:`is_noisy`), per recommender ``<mode>_T0`` and
+    ``<mode>_risk`` (``pilot``, ``a_posteriori``; the transfer recommender reads other instances'
+    records and is scored by the caller), and for every round ``s`` of the realised FedAvg path
+    ``freeze_objective[s][t − s] = J(s, T − t) − Φ*_λ`` (``t = s..T``), ``profile[s] = Φ_λ(K_s) − Φ*_λ``
+    and ``drift_floor[s] = D(K_s)``: what an online rule sees (:func:`replay_online`). Nothing in
+    it depends on a rule.
     """
-    from ..theory.bound import config_stacked, estimate_bound, warmup_path
+    from ..theory.bound import estimate_bound, warmup_path
     from ..sim.engine import clients_from_config
     from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup
-    from .online import freeze_forecast, run_online
+    from .online import freeze_forecast
 
     clients = clients_from_config(config) if clients is None else clients
     T = config.federated.rounds
     truth = instance_truth(config, clients, restarts)
     R, optimum = truth["excess_risk"], truth["optimum"]
     record = {"excess_risk": [float(r) for r in R], "optimum": optimum, "best_T0": best_warmup(R),
-              "u_shaped": is_u_shaped(R), "fedavg_diverged": bool(truth["diverged"][-1])}
+              "fedavg_diverged": bool(truth["diverged"][-1]), "noisy": is_noisy(config.federated)}
     if truth["diverged"][-1]:
         return record     # the FedAvg path diverges: no bound, no online rule on it
-    online = run_online(config, clients)
-    realised = (np.inf if online.result.diverged
-                else float(online.result.table["loss_regularized"].iloc[-1]) - optimum)
-    record.update(online_T0=online.kernel_round, online_stop_round=online.stop_round,
-                  online_risk=realised, online_predicted=online.predicted_objective - optimum)
     Tp = default_pilot_rounds(T) if pilot_rounds is None else pilot_rounds
     record["pilot_T0"] = pilot_warmup(config, clients, pilot_path(config, clients, Tp), optimum)[0]
-    path = warmup_path(config, clients)
-    record["a_posteriori_T0"] = estimate_bound(config, clients, path=path, optimum=optimum).T0_theory
+    record["a_posteriori_T0"] = estimate_bound(config, clients, path=warmup_path(config, clients),
+                                               optimum=optimum).T0_theory
     for mode in ("pilot", "a_posteriori"):
         record[f"{mode}_risk"] = float(R[record[f"{mode}_T0"]])
-    if keep_forecasts:
-        data = config_stacked(config, clients)
-        rows = []
-        for s, params in enumerate(path.params):
-            forecast = freeze_forecast(params, data, config.federated, s)
-            rows.append([float(v) - optimum for v in forecast.final_objective(T - np.arange(s, T + 1))])
-        record["freeze_objective"] = rows
+    data, states = fedavg_path(config, clients)
+    rows, profile, floor = [], [], []
+    for state in states:
+        s = state.round
+        forecast = freeze_forecast(state.params, data, config.federated, s)
+        rows.append([float(v) - optimum for v in forecast.final_objective(T - np.arange(s, T + 1))])
+        profile.append(forecast.profile - optimum)
+        floor.append(forecast.drift_floor)
+    record.update(freeze_objective=rows, profile=profile, drift_floor=floor)
     return record
+
+
+# --------------------------------------------------------------------------------------
+# an online rule replayed on a record, and the realised risk of its decision
+# --------------------------------------------------------------------------------------
+class StoredForecast:
+    """A :class:`~linattn_theory.recommenders.online.FreezeForecast` replayed from a record of
+    :func:`score_instance`: ``final_objective(k) = J(s, k) − Φ*_λ`` for ``k = 0..T − s``,
+    ``profile = Φ_λ(K_s) − Φ*_λ`` and ``drift_floor = D(K_s)`` (``Φ*_λ`` cancels in every
+    comparison the rule makes)."""
+
+    def __init__(self, record: dict, s: int):
+        self.round = s
+        row = np.asarray([float(v) for v in record["freeze_objective"][s]], dtype=float)
+        self._row, self._T = row, s + len(row) - 1
+        self.profile = float(record["profile"][s])
+        self.drift_floor = float(record["drift_floor"][s])
+
+    def final_objective(self, k):
+        return self._row[self._T - np.asarray(k) - self.round]
+
+
+def replay_online(record: dict, rule) -> tuple[int, int, object]:
+    """``(stop_round, kernel_round, decision)`` of ``rule`` (``.decide(forecasts, T)``) on the
+    FedAvg path of ``record``, deciding at each round from rounds ``≤ t`` as in training. A path
+    that ends before the rule stops (it diverged) ends the warm-up at its last round."""
+    T = len(record["excess_risk"]) - 1
+    forecasts = stored_forecasts(record)
+    decision = None
+    for t in range(len(forecasts)):
+        decision = rule.decide(forecasts[:t + 1], T)
+        if decision.stop:
+            return t, decision.kernel_round, decision
+    return len(forecasts) - 1, len(forecasts) - 1, decision
+
+
+def stored_forecasts(record: dict) -> list[StoredForecast]:
+    """:class:`StoredForecast` of every round of the record's FedAvg path."""
+    return [StoredForecast(record, s) for s in range(len(record["freeze_objective"]))]
+
+
+@dataclass(frozen=True)
+class ScriptedRule:
+    """A rule that freezes the kernel of round ``kernel_round`` at round ``stop_round`` (for
+    :func:`realised_risk`: the simulator realises a decision taken elsewhere)."""
+
+    stop_round: int
+    kernel_round: int
+
+    def decide(self, forecasts, T: int):
+        from .online import OnlineDecision
+        t = len(forecasts) - 1
+        stop = t == min(self.stop_round, T)
+        s = self.kernel_round if stop and t < T else t
+        nan = float("nan")
+        return OnlineDecision(t, stop, s, float(forecasts[s].final_objective(T - t)), nan, nan, nan, nan,
+                              "scripted", "scripted")
+
+
+def realised_risk(record: dict, stop_round: int, kernel_round: int, config=None, clients=None) -> float:
+    """The final excess risk ``F_λ(θ_T) − Φ*_λ`` of freezing ``K_s`` (``s = kernel_round``) at round
+    ``t = stop_round``, the rounds spent counted.
+
+    ``s = t``: the warm-up sweep's ``R(t)`` (every run draws its minibatches and participants per
+    round, so this is the run's own outcome). A roll-back ``s < t`` with full batches and full
+    participation: the stored exact forecast ``J(s, T − t) − Φ*_λ``; otherwise the simulator's run
+    of the decision (:class:`ScriptedRule`, needs ``config``).
+    """
+    s, t = int(kernel_round), int(stop_round)
+    R = record["excess_risk"]
+    if s == t:
+        return float(R[t])
+    if not record["noisy"]:
+        return float(record["freeze_objective"][s][t - s])
+    if config is None:
+        raise ValueError("a roll-back under minibatches or partial participation is realised by a "
+                         "simulation: pass the instance's config")
+    from .online import run_online
+    run = run_online(config, clients, ScriptedRule(t, s))
+    if run.result.diverged:
+        return float("inf")
+    return float(run.result.table["loss_regularized"].iloc[-1]) - float(record["optimum"])

@@ -107,8 +107,10 @@ class FederatedConfig:
     server_learning_rate: float = _spec(1.0, low=0.0, low_open=True, doc="server step on the mean delta")
     ridge: float = _spec(0.0, low=0.0, doc="value-block ridge λ")
     prox_mu: float = _spec(0.1, low=0.0, doc="FedProx proximal weight μ (fedprox, fedfrozen_fedprox)")
-    adaptive_window: int = _spec(5, low=1, doc="fedfrozen_adaptive: rounds w of the R_freeze trend (docs/theory.md §8)")
-    adaptive_horizon: int = _spec(3, low=1, doc="fedfrozen_adaptive: rounds h of warm-up whose gain and cost are compared")
+    adaptive_window: int = _spec(8, low=1, doc="fedfrozen_adaptive: rounds w of the trends the rule fits (docs/theory.md §8)")
+    adaptive_horizon: int = _spec(1, low=1, doc="fedfrozen_adaptive: rounds h of warm-up whose gain and cost are compared")
+    adaptive_confidence: float = _spec(3.0, low=0.0, doc="fedfrozen_adaptive: z, freeze only when the forecast "
+                                                         "advantage over FedAvg exceeds z × its error")
     server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
                                    doc="FedAvgM server momentum β (fedavgm)")
     server_beta1: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
@@ -277,7 +279,12 @@ STRATEGY_SETTINGS = {
     "server_epsilon": ("fedadam",),
     "adaptive_window": ("fedfrozen_adaptive",),
     "adaptive_horizon": ("fedfrozen_adaptive",),
+    "adaptive_confidence": ("fedfrozen_adaptive",),
 }
+
+#: the online rule's settings as every key held them before its redesign (docs/theory.md §8): a
+#: strategy that ignores them keeps its earlier key (:func:`config_hash`)
+_ADAPTIVE_KEY_DEFAULTS = {"adaptive_window": 5, "adaptive_horizon": 3}
 
 
 def ignored_settings(config: RunConfig) -> list[str]:
@@ -389,11 +396,16 @@ def to_toml(data: dict) -> str:
 def config_hash(config: RunConfig) -> str:
     """A stable 16-hex-digit key of the full configuration (for result files).
 
-    ``model.engine = "auto"`` is left out, so that adding the option kept every earlier key.
+    ``model.engine = "auto"`` is left out, so that adding the option kept every earlier key; so
+    are the online rule's settings for every strategy but ``fedfrozen_adaptive`` (which alone reads
+    them), so that redesigning the rule kept the other strategies' keys.
     """
     data = config.to_dict()
     if data["model"]["engine"] == "auto":   # the default engine leaves earlier runs' keys unchanged
         del data["model"]["engine"]
+    if data["federated"]["strategy"] != "fedfrozen_adaptive":
+        del data["federated"]["adaptive_confidence"]
+        data["federated"].update(_ADAPTIVE_KEY_DEFAULTS)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
