@@ -2,9 +2,13 @@
 
     python benchmarks/figure_times.py            # the full set, as `linattn figures` makes it
     python benchmarks/figure_times.py --quick    # the quick set, as `linattn figures --quick`
+    python benchmarks/figure_times.py --out figures   # time the full set while regenerating it
+
 
 Runs the scripts that ``linattn figures`` finds, one after the other in its order, into a
 temporary folder (so the sweep cache starts empty and the committed figures are not touched),
+or into ``--out`` (whose sweep cache ``_sweeps/`` is removed first, so that the timing still
+starts from an empty cache: one run then both regenerates the committed figures and times them),
 with the executor and workers given (default: ``linattn figures``'s). Writes one row per script
 to ``figures/timings.csv`` (replacing the rows of the same mode): seconds, runs stored in sweeps, and
 the conditions (cores, workers, load average before and after, date, revision). The README and
@@ -19,6 +23,7 @@ import datetime
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -51,11 +56,13 @@ def git_revision(root: Path) -> str:
     return (head or "unknown") + ("+dirty" if dirty else "")
 
 
-def time_figures(root: Path, quick: bool, executor: str, workers: int | None) -> pd.DataFrame:
+def time_figures(root: Path, quick: bool, executor: str, workers: int | None, out: Path | None = None
+                 ) -> pd.DataFrame:
     revision = git_revision(root)
     rows = []
     with tempfile.TemporaryDirectory(prefix="linattn-figure-times-") as tmp:
-        out = Path(tmp)
+        out = Path(tmp) if out is None else out
+        shutil.rmtree(out / "_sweeps", ignore_errors=True)
         for name, path in discover(root).items():
             before, load_before = finished_runs(out), os.getloadavg()[0]
             (_, seconds), = make_figures({name: path}, out, quick=quick, executor=executor,
@@ -75,8 +82,11 @@ def main(argv=None) -> int:
     parser.add_argument("--executor", default="processes", choices=("serial", "processes", "dask"))
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     parser.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the figures here (default: a temporary folder); its _sweeps/ cache is "
+                             "removed first")
     args = parser.parse_args(argv)
-    table = time_figures(args.root, args.quick, args.executor, args.workers)
+    table = time_figures(args.root, args.quick, args.executor, args.workers, args.out)
     target = args.root / "figures" / "timings.csv"
     if target.exists():
         kept = pd.read_csv(target)

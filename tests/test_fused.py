@@ -153,11 +153,16 @@ def test_fused_engine_is_not_used_on_other_array_libraries():
 
 
 def test_default_engine_leaves_the_config_key_unchanged():
-    # earlier runs' result keys were the hash of the config without model.engine
+    # earlier runs' result keys were the hash of the config without model.engine, and (for every
+    # strategy but fedfrozen_adaptive) with the online rule's settings as they were before its
+    # redesign: window 5, horizon 3, no confidence
     cfg = config()
+    assert cfg.federated.strategy != "fedfrozen_adaptive"
     data = cfg.to_dict()
     assert data["model"]["engine"] == "auto"
     del data["model"]["engine"]
+    del data["federated"]["adaptive_confidence"]
+    data["federated"].update(adaptive_window=5, adaptive_horizon=3)
     before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert config_hash(cfg) == before
     assert config_hash(cfg.with_updates({"model.engine": "fused"})) != before
