@@ -12,13 +12,12 @@ _seconds: dict[str, float] = {}
 _slow: set[str] = set()
 
 
-def pytest_collection_modifyitems(items):
-    _slow.update(item.nodeid for item in items if item.get_closest_marker("slow"))
-
-
 def pytest_runtest_logreport(report):
+    # reports carry their test's markers, also when a pytest-xdist worker sends them
     if report.when in ("setup", "call"):
         _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+        if "slow" in report.keywords:
+            _slow.add(report.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -100,6 +100,7 @@ def test_loss_curve_run_ids_are_the_declared_baselines_and_figure_2s_fedfrozen_r
 
 
 # --- numbers, on a spot regeneration --------------------------------------------------------------------
+@pytest.mark.slow
 def test_best_warmup_row_of_seed_0_is_regenerated(tmp_path):
     """The headline sweep's seed 0 at ζ_V = 3, where its best warm-up is inside the grid (21 runs and
     one centralised optimum)."""
@@ -111,6 +112,7 @@ def test_best_warmup_row_of_seed_0_is_regenerated(tmp_path):
     _agree(ours, committed, ["zeta_value", "seed", "best_T0", "T"], ["R_best", "R_fedavg", "gain"])
 
 
+@pytest.mark.slow
 def test_static_heads_rows_of_seed_0_are_regenerated(tmp_path):
     script = _script("static_heads")
     sweep = _subset(load_sweep(CONFIGS / "static_heads.toml"), lambda c: c.seed == 0)
@@ -119,6 +121,7 @@ def test_static_heads_rows_of_seed_0_are_regenerated(tmp_path):
     _agree(heads, _committed("static_heads"), ["run_id", "head"], ["share", "loss_change", "relative_loss_change"])
 
 
+@pytest.mark.slow
 def test_softmax_static_heads_rows_of_seed_0_are_regenerated(tmp_path):
     script = _script("softmax_static_heads")
     sweep = _subset(load_sweep(CONFIGS / "softmax_static_heads.toml"), lambda c: c.seed == 0)
@@ -128,6 +131,7 @@ def test_softmax_static_heads_rows_of_seed_0_are_regenerated(tmp_path):
            ["mean_kl", "pattern_variance", "loss_change", "loss"])
 
 
+@pytest.mark.slow
 def test_frozen_stage_rows_of_E_2_are_regenerated(tmp_path):
     script = _script("frozen_stage")
     sweep = _subset(load_sweep(CONFIGS / "frozen_stage.toml"), lambda c: c.federated.local_steps == 2)
@@ -140,6 +144,7 @@ def test_frozen_stage_rows_of_E_2_are_regenerated(tmp_path):
                                    rtol=RELATIVE)
 
 
+@pytest.mark.slow
 def test_drift_scaling_rows_of_seed_0_are_regenerated(tmp_path):
     """Seed 0 at two heterogeneity levels: 1500 frozen rounds each, simulation and closed form."""
     from linattn_theory.report.sweep_analysis import frozen_stage_table
@@ -166,6 +171,7 @@ def test_warmup_inexactness_is_regenerated():
     _agree(ours, committed, ["zeta_value", "seed", "round"], columns)
 
 
+@pytest.mark.slow
 def test_strategy_runs_of_one_instance_are_regenerated():
     """Every strategy and static arm at the highest level, seed 0 (the in-process comparison)."""
     script = _script("strategies")

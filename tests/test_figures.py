@@ -194,6 +194,7 @@ def test_no_figure_colours_by_position():
         assert "palette(" not in text and not re.search(r"""color=f?["']C\{?\d?""", text), path.name
 
 
+@pytest.mark.slow
 def test_figures_command_finds_the_checkout_from_any_folder(tmp_path, monkeypatch, capsys):
     """`linattn figures` without --root works from a subfolder of the checkout and, through the installed
     package, from outside it; the default output folder is the checkout's figures/."""
