@@ -13,7 +13,7 @@ from linattn_theory.cli.recommend_command import recommend_main
 from linattn_theory.sim.config import config_from_dict
 from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule, simulate
 from linattn_theory.recommenders.recommendation import MODES, recommend
-from linattn_theory.recommenders.online import (CHECKS, OnlineRule, fedavg_forecast, freeze_forecast,
+from linattn_theory.recommenders.online import (CHECKS, OnlineRule, drift_turn, fedavg_forecast, freeze_forecast,
                                                 online_decision, run_online)
 from linattn_theory.recommenders.scoring import (ScriptedRule, best_warmup, realised_risk, regret,
                                                  replay_online, score_instance)
@@ -178,6 +178,9 @@ def test_rule_arithmetic_on_a_hand_made_history():
     assert d.forecast_error == pytest.approx(np.sqrt(3e-5 / 2), rel=1e-9)
     # the same forecast from the pure function, and z scales the error
     assert fedavg_forecast(A, 20, 3, 2.5) == pytest.approx((3.864, 2.5 * np.sqrt(3e-5 / 2)), rel=1e-9)
+    # a rising FedAvg path (slope +0.1, an exact line: σ = 0) is forecast flat, never rising: the
+    # forecast stays optimistic for FedAvg, so the no-harm test errs towards training on
+    assert fedavg_forecast([1.0, 1.1, 1.2, 1.3], 10, 3, 2.0) == pytest.approx((1.3, 0.0), abs=1e-12)
 
 
 def test_rule_escape_ends_exactly_w_rounds_after_the_first_fall():
@@ -197,6 +200,12 @@ def test_rule_drift_test_keeps_training_when_the_profile_rises():
     d = online_decision(hand(profile=rising), 20, 3, 2, 1.0)
     assert not d.stop and d.test == "drift"
     assert online_decision(hand(profile=rising), 20, 3, 2, 1.0, checks=("gain", "no_harm")).stop
+    # the window is exactly rounds t − w..t: over 5..8 this profile rose by 0.02 ≤ 0.03 (the floor's
+    # rise), so the rule freezes; over 6..8 alone it rose by 0.05 > 0.02, which a window one round
+    # short would read as a transient
+    edge = PROFILE[:5] + [2.40, 2.37, 2.39, 2.42]
+    assert drift_turn(edge, FLOOR, 3) and not drift_turn(edge, FLOOR, 2)
+    assert online_decision(hand(profile=edge), 20, 3, 2, 1.0).stop
 
 
 def test_rule_no_harm_threshold_is_z_sigma():
