@@ -23,7 +23,12 @@ optimum, and every recommender is scored by its regret ``R(T0_rec)/R(T0_best) โ
 * baselines: FedAvg (``T0 = T``), fixed ``T0 = T/2``, the cross-seed oracle.
 
 Records are cached as JSON (atomic writes) under ``--cache``: an interrupted run resumes, and a
-second run only re-tabulates. Results in ``<out>``: ``predictive_regret_scores.csv`` (a row per
+second run only re-tabulates. A worker task scores 8 instances together (their warm-up sweeps as
+ensembles, their centralised optima batched; a record is the same whichever instances share its
+task). The committed records were computed one instance at a time (the engine of commit
+``bad236c``); near the edge of stability a run of another engine can differ by more than rounding
+(docs/theory.md ยง6, "Rounding near the edge of stability"), so a rerun from an empty cache
+reproduces the tables up to those instances. Results in ``<out>``: ``predictive_regret_scores.csv`` (a row per
 instance and recommender), ``predictive_regret_design.csv`` (every candidate on every design
 set), ``predictive_regret_summary.csv``, ``predictive_regret.md`` (the tables) and the figure
 ``predictive_regret.png`` (+ PDF and the plotted numbers).
@@ -227,20 +232,29 @@ def _cached(path: Path) -> bool:
     return path.exists() and json.loads(path.read_text()).get("format") == RECORD_FORMAT
 
 
-def _score(config_dict: dict, path: str, restarts: int = 8) -> str:
-    """Worker: score one instance and write its record atomically (skipped when cached)."""
+def _score(config_dicts: list, paths: list, restarts: int = 8) -> list:
+    """Worker: score a chunk of instances together and write each record atomically (those not
+    cached): their truths as ensembles and batched optima
+    (:func:`~linattn_theory.recommenders.scoring.score_instances`; a record does not depend on
+    the chunk it was computed in)."""
     import warnings
 
-    from linattn_theory.recommenders.scoring import score_instance
-    if not _cached(Path(path)):
+    from linattn_theory.recommenders.scoring import score_instances
+    todo = [(d, p) for d, p in zip(config_dicts, paths) if not _cached(Path(p))]
+    if todo:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            record = score_instance(config_from_dict(config_dict), restarts=restarts)
-        write_json(Path(path), {**record, "format": RECORD_FORMAT})
-    return path
+            records = score_instances([config_from_dict(d) for d, _ in todo], restarts=restarts)
+        for (_, path), record in zip(todo, records):
+            write_json(Path(path), {**record, "format": RECORD_FORMAT})
+    return paths
 
 
-def _parallel(jobs: list, workers: int, desc: str) -> list:
+#: Instances scored together by one worker task (their truths as one ensemble program).
+CHUNK = 8
+
+
+def _parallel(jobs: list, workers: int, desc: str, unit: str = "instance") -> list:
     from joblib import Parallel, delayed
     from tqdm.auto import tqdm
 
@@ -248,7 +262,7 @@ def _parallel(jobs: list, workers: int, desc: str) -> list:
         return []
     calls = (delayed(function)(*args) for function, *args in jobs)
     return list(tqdm(Parallel(n_jobs=workers, return_as="generator")(calls), total=len(jobs), desc=desc,
-                     unit="instance"))
+                     unit=unit))
 
 
 def compute(table: pd.DataFrame, cache: Path, workers: int, restarts: int = 8) -> dict:
@@ -256,9 +270,10 @@ def compute(table: pd.DataFrame, cache: Path, workers: int, restarts: int = 8) -
     optimum (:func:`~linattn_theory.recommenders.scoring.instance_truth`)."""
     cache.mkdir(parents=True, exist_ok=True)
     paths = {key: cache / f"{key}.json" for key in table["key"]}
-    todo = [(_score, cfg, str(paths[key]), restarts) for key, cfg in zip(table["key"], table["config"])
-            if not _cached(paths[key])]
-    _parallel(todo, workers, "instances")
+    todo = [(cfg, str(paths[key])) for key, cfg in zip(table["key"], table["config"]) if not _cached(paths[key])]
+    chunks = [todo[i:i + CHUNK] for i in range(0, len(todo), CHUNK)]
+    _parallel([(_score, [c for c, _ in chunk], [p for _, p in chunk], restarts) for chunk in chunks], workers,
+              f"instances, {CHUNK} per task", unit="task")
     return {key: json.loads(path.read_text()) for key, path in paths.items()}
 
 

@@ -16,7 +16,7 @@ from linattn_theory.recommenders.recommendation import MODES, recommend
 from linattn_theory.recommenders.online import (CHECKS, OnlineRule, drift_turn, fedavg_forecast, freeze_forecast,
                                                 online_decision, run_online)
 from linattn_theory.recommenders.scoring import (ScriptedRule, best_warmup, realised_risk, regret,
-                                                 replay_online, score_instance)
+                                                 replay_online, score_instance, score_instances)
 
 #: Clients of unequal size (Dirichlet α = 2: 12, 9 and 39 samples), so that the weights p_c matter.
 SMALL = {"seed": 3,
@@ -264,6 +264,18 @@ def test_replayed_rule_is_the_run_and_its_realised_risk(small, federated):
         final = float(run.result.table["loss_regularized"].iloc[-1]) - record["optimum"]
         assert realised_risk(record, t, s, config, clients) == pytest.approx(final, rel=1e-9)
         assert decision.freeze_objective == pytest.approx(run.predicted_objective - record["optimum"], rel=1e-9)
+
+
+def test_records_scored_together_are_the_records_scored_alone(small):
+    """The benchmark scores instances in chunks (their truths as one ensemble, their optima as one
+    batched program): each record is the one-instance record, bit for bit, whoever shares its chunk —
+    here a second seed and an instance of another shape (minibatches)."""
+    config, _ = small
+    configs = [config.with_updates({"federated.rounds": 12}), config.with_updates({"federated.rounds": 12, "seed": 5}),
+               config.with_updates({"federated.rounds": 12, "federated.batch_size": 6})]
+    together = score_instances(configs, restarts=1)
+    assert together == [score_instance(c, restarts=1) for c in configs]
+    assert score_instances(configs[::-1], restarts=1) == together[::-1]
 
 
 # ----------------------------------------------------------------- the recommenders

@@ -24,7 +24,7 @@ import numpy as np
 from ..core._array import to_numpy
 from ..core.model import kernel
 
-__all__ = ["best_warmup", "regret", "instance_truth", "score_instance", "StoredForecast",
+__all__ = ["best_warmup", "regret", "instance_truth", "instance_truths", "score_instance", "score_instances", "StoredForecast",
            "stored_forecasts", "replay_online", "realised_risk", "ScriptedRule", "is_noisy", "fedavg_path"]
 
 
@@ -47,27 +47,44 @@ def instance_truth(config, clients, restarts: int = 8) -> dict:
 
     ``Φ*_λ`` is :func:`~linattn_theory.theory.profile.centralized_optimum` started from the teacher,
     ``restarts`` random kernels and the best kernel the sweep reached (so ``R ≥ 0`` on the sweep).
-    Returns ``{"excess_risk": array, "optimum": float, "diverged": array of bool}``.
+    Returns ``{"excess_risk": array, "optimum": float, "diverged": array of bool}``; the one-instance
+    case of :func:`instance_truths`.
     """
-    from ..theory.bound import config_stacked
-    from ..theory.profile import centralized_optimum, profile_objective
-    from ..sim.warmup_grid import warmup_sweep
+    return instance_truths([config], [clients], restarts)[0]
 
-    fed = config.federated
-    runs = warmup_sweep(config.with_updates({"federated.strategy": "fedfrozen"}), None, clients)
-    T = fed.rounds
-    ok = [runs[T0] for T0 in range(T + 1) if not runs[T0].diverged]
-    kernels = [np.asarray(to_numpy(kernel(r.warmup_params))) for r in ok]
-    data = config_stacked(config, clients)
-    starts = []
-    if kernels:
-        starts = [min(kernels, key=lambda K: profile_objective(K, data, fed.ridge)[0])]
-    optimum = centralized_optimum(data, fed.ridge, rank=config.model.rank, heads=config.model.heads,
-                                  restarts=restarts, seed=config.seed, initial_kernels=starts).objective
-    final = np.array([np.inf if runs[T0].diverged else float(runs[T0].table["loss_regularized"].iloc[-1])
-                      for T0 in range(T + 1)])
-    return {"excess_risk": final - optimum, "optimum": float(optimum),
-            "diverged": np.array([runs[T0].diverged for T0 in range(T + 1)])}
+
+def instance_truths(configs, clients=None, restarts: int = 8) -> list[dict]:
+    """:func:`instance_truth` of many instances at once: their warm-up sweeps as ensembles
+    (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep_many`) and their centralised optima as one
+    batched program (:func:`~linattn_theory.theory.profile.centralized_optima`). A truth does not
+    depend on which instances are computed with it (bit for bit on the CPU)."""
+    from ..theory.bound import config_stacked
+    from ..theory.profile import centralized_optima, profile_objective
+    from ..sim.warmup_grid import warmup_sweep_many
+
+    from ..sim.engine import clients_from_config
+
+    configs = list(configs)
+    clients = [None] * len(configs) if clients is None else list(clients)
+    clients = [clients_from_config(c) if m is None else m for c, m in zip(configs, clients)]
+    sweeps = warmup_sweep_many([c.with_updates({"federated.strategy": "fedfrozen"}) for c in configs], None,
+                               clients)
+    problems = []
+    for config, members, runs in zip(configs, clients, sweeps):
+        fed = config.federated
+        kernels = [np.asarray(to_numpy(kernel(r.warmup_params))) for r in runs.values() if not r.diverged]
+        data = config_stacked(config, members)
+        starts = [min(kernels, key=lambda K: profile_objective(K, data, fed.ridge)[0])] if kernels else []
+        problems.append(dict(clients=data, lam=fed.ridge, rank=config.model.rank, heads=config.model.heads,
+                             restarts=restarts, seed=config.seed, initial_kernels=starts))
+    truths = []
+    for config, runs, optimum in zip(configs, sweeps, centralized_optima(problems)):
+        T = config.federated.rounds
+        final = np.array([np.inf if runs[T0].diverged else float(runs[T0].table["loss_regularized"].iloc[-1])
+                          for T0 in range(T + 1)])
+        truths.append({"excess_risk": final - optimum.objective, "optimum": float(optimum.objective),
+                       "diverged": np.array([runs[T0].diverged for T0 in range(T + 1)])})
+    return truths
 
 
 def is_noisy(fed) -> bool:
@@ -105,14 +122,28 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     and ``drift_floor[s] = D(K_s)``: what an online rule sees (:func:`replay_online`). Nothing in
     it depends on a rule.
     """
-    from ..theory.bound import estimate_bound, warmup_path
+    return score_instances([config], None if clients is None else [clients], pilot_rounds=pilot_rounds,
+                           restarts=restarts)[0]
+
+
+def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, restarts: int = 8) -> list[dict]:
+    """:func:`score_instance` of many instances: their truths together (:func:`instance_truths`),
+    the rest one instance at a time. A record does not depend on which instances are scored with it."""
     from ..sim.engine import clients_from_config
+
+    configs = list(configs)
+    clients = [clients_from_config(c) for c in configs] if clients is None else list(clients)
+    truths = instance_truths(configs, clients, restarts)
+    return [_record(config, members, truth, pilot_rounds) for config, members, truth in zip(configs, clients, truths)]
+
+
+def _record(config, clients, truth: dict, pilot_rounds: int | None) -> dict:
+    """The record of :func:`score_instance` from the instance's ``truth``."""
+    from ..theory.bound import estimate_bound, warmup_path
     from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup
     from .online import freeze_forecast
 
-    clients = clients_from_config(config) if clients is None else clients
     T = config.federated.rounds
-    truth = instance_truth(config, clients, restarts)
     R, optimum = truth["excess_risk"], truth["optimum"]
     record = {"excess_risk": [float(r) for r in R], "optimum": optimum, "best_T0": best_warmup(R),
               "fedavg_diverged": bool(truth["diverged"][-1]), "noisy": is_noisy(config.federated)}
