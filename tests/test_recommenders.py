@@ -266,6 +266,7 @@ def test_replayed_rule_is_the_run_and_its_realised_risk(small, federated):
         assert decision.freeze_objective == pytest.approx(run.predicted_objective - record["optimum"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_records_scored_together_are_the_records_scored_alone(small):
     """The benchmark scores instances in chunks (their truths as one ensemble, their optima as one
     batched program): each record is the one-instance record, bit for bit, whoever shares its chunk —
