@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from linattn_theory.core.io import atomic_write_text, write_json  # noqa: E402
-from linattn_theory.recommenders.online import CHECKS, OnlineRule, online_decision  # noqa: E402
+from linattn_theory.recommenders.online import CHECKS, online_decision  # noqa: E402
 from linattn_theory.recommenders.scoring import regret  # noqa: E402
 from linattn_theory.sim.config import config_from_dict, config_hash  # noqa: E402
 
