@@ -4,6 +4,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from linattn_theory.theory import bound as tb
@@ -155,6 +156,27 @@ def test_warmup_path_is_the_simulators_trajectory():
 
 
 # ------------------------------------------------------------------ the constants and the closed form
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_the_path_of_one_run_is_the_warmup_path(attention):
+    """``path_from_states`` (one FedAvg run, its states after every round) gives ``warmup_path``'s
+    ``θ^t`` and table bit for bit with full batches, and a prefix of it is the pilot's path."""
+    from linattn_theory.recommenders.scoring import fedavg_path
+    from linattn_theory.theory.bound import path_from_states, warmup_path
+
+    config = config_from_dict({"task": {"num_clients": 3, "samples_per_client": 16, "tokens": 6, "dim": 4, "rank": 2},
+                               "model": {"rank": 2, "attention": attention},
+                               "federated": {"rounds": 10, "local_steps": 3, "learning_rate": 0.05}})
+    clients = clients_from_config(config)
+    _, states = fedavg_path(config, clients)
+    for rounds, path in ((10, path_from_states(states)), (4, path_from_states(states[:5]))):
+        reference = warmup_path(config.with_updates({"federated.rounds": rounds, "federated.warmup_rounds": 0}), clients)
+        assert len(path.params) == len(reference.params) == rounds + 1
+        for ours, theirs in zip(path.params, reference.params):
+            for block in ("WQ", "WK", "WV"):
+                np.testing.assert_array_equal(getattr(ours, block), getattr(theirs, block))
+        pd.testing.assert_frame_equal(path.table, reference.table)
+
+
 def test_fit_inexact_pl_returns_a_valid_unrolled_bound():
     """Every fitted ``(t_s, b_∞, q)`` dominates the sequence from ``t_s`` on (random bias paths)."""
     rng = np.random.default_rng(0)

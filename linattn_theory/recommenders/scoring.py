@@ -139,7 +139,7 @@ def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, r
 
 def _record(config, clients, truth: dict, pilot_rounds: int | None) -> dict:
     """The record of :func:`score_instance` from the instance's ``truth``."""
-    from ..theory.bound import estimate_bound, warmup_path
+    from ..theory.bound import estimate_bound, path_from_states, warmup_path
     from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup
     from .online import freeze_forecast
 
@@ -150,12 +150,15 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None) -> dict:
     if truth["diverged"][-1]:
         return record     # the FedAvg path diverges: no bound, no online rule on it
     Tp = default_pilot_rounds(T) if pilot_rounds is None else pilot_rounds
-    record["pilot_T0"] = pilot_warmup(config, clients, pilot_path(config, clients, Tp), optimum)[0]
-    record["a_posteriori_T0"] = estimate_bound(config, clients, path=warmup_path(config, clients),
-                                               optimum=optimum).T0_theory
+    data, states = fedavg_path(config, clients)
+    if record["noisy"]:      # the bound's path re-draws each round from round 0's streams (warmup_path)
+        pilot, path = pilot_path(config, clients, Tp), warmup_path(config, clients)
+    else:                    # one FedAvg run serves the pilot, the bound and the forecasts
+        pilot, path = path_from_states(states[:Tp + 1]), path_from_states(states)
+    record["pilot_T0"] = pilot_warmup(config, clients, pilot, optimum)[0]
+    record["a_posteriori_T0"] = estimate_bound(config, clients, path=path, optimum=optimum).T0_theory
     for mode in ("pilot", "a_posteriori"):
         record[f"{mode}_risk"] = float(R[record[f"{mode}_T0"]])
-    data, states = fedavg_path(config, clients)
     rows, profile, floor = [], [], []
     for state in states:
         s = state.round

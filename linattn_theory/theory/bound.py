@@ -63,6 +63,7 @@ __all__ = [
     "TradeoffBound",
     "WarmupPath",
     "warmup_path",
+    "path_from_states",
     "gradient_dissimilarity",
     "drift_floor_leading_order",
     "frozen_stage_bound",
@@ -211,6 +212,17 @@ def warmup_path(config: RunConfig, clients=None) -> WarmupPath:
     gamma = np.cumsum(table["kernel_drift"].to_numpy())
     table["cumulative_kernel_drift"] = gamma
     return WarmupPath(tuple(states), table, divergence)
+
+
+def path_from_states(states) -> WarmupPath:
+    """The :class:`WarmupPath` of one FedAvg run from its states after rounds ``0..T`` (what
+    :func:`~linattn_theory.sim.engine.run_schedule` passes to ``on_round``): with full batches and
+    full participation the same ``θ^t`` and table, bit for bit, as :func:`warmup_path`, from one
+    run instead of ``T``. A prefix of the states is the path of a pilot of that many rounds."""
+    table = pd.DataFrame(states[-1].rows).iloc[1:].reset_index(drop=True)
+    table["cumulative_kernel_drift"] = np.cumsum(table["kernel_drift"].to_numpy())
+    table["strategy"] = "fedavg"          # a FedFrozen run still warming up is plain FedAvg
+    return WarmupPath(tuple(state.params for state in states), table, None)
 
 
 # --------------------------------------------------------------------------------------
