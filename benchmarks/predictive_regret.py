@@ -33,7 +33,7 @@ instance and recommender), ``predictive_regret_design.csv`` (every candidate on 
 set), ``predictive_regret_summary.csv``, ``predictive_regret.md`` (the tables) and the figure
 ``predictive_regret.png`` (+ PDF and the plotted numbers).
 
-Run:  python benchmarks/predictive_regret.py [--quick] [--design-only] [--workers 2] [--out figures]
+Run:  python benchmarks/predictive_regret.py [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
 """
 
 from __future__ import annotations
@@ -206,8 +206,9 @@ def settings(variant: str, quick: bool = False):
             yield family, level, E, eta, data
 
 
-def instances(quick: bool = False) -> pd.DataFrame:
-    """The declared instances: one row per (set, setting, seed) with its config dict."""
+def instances(quick: bool = False, backend: str = "numpy") -> pd.DataFrame:
+    """The declared instances: one row per (set, setting, seed) with its config dict (on
+    ``backend``: another backend's runs have their own keys, so their records are kept apart)."""
     seeds = {name: (QUICK["sets"].get(name, ()) if quick else spec[2]) for name, spec in SETS.items()}
     design = {s for name, spec in SETS.items() if spec[1] == "design" for s in seeds[name]}
     evaluation = {s for name, spec in SETS.items() if spec[1] == "evaluation" for s in seeds[name]}
@@ -217,6 +218,8 @@ def instances(quick: bool = False) -> pd.DataFrame:
         for setting, (family, level, E, eta, data) in enumerate(settings(variant, quick)):
             for seed in seeds[name]:
                 config = config_from_dict({**data, "seed": seed})
+                if backend != "numpy":
+                    config = config.with_updates({"model.backend": backend})
                 rows.append({"set": name, "variant": variant, "role": role, "setting": setting,
                              "family": family, "heterogeneity": level, "local_steps": E,
                              "learning_rate": eta, "seed": seed, "key": config_hash(config),
@@ -704,12 +707,25 @@ def main(argv=None) -> int:
     parser.add_argument("--no-figure", action="store_true", help="write the tables only")
     parser.add_argument("--out", default=None, help="output folder (default figures/, or results/ with --quick)")
     parser.add_argument("--cache", default=None, help="instance cache (default benchmarks/_cache/predictive_regret[_quick])")
+    parser.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
+                        help="array library of the runs (cupy: one process drives the GPU, so --workers 1; "
+                             "tables into results/predictive_regret-cupy unless --out)")
     args = parser.parse_args(argv)
-    out = Path(args.out) if args.out else ROOT / ("results" if args.quick else "figures")
-    cache = Path(args.cache) if args.cache else ROOT / "benchmarks" / "_cache" / (
-        "predictive_regret_quick" if args.quick else "predictive_regret")
+    gpu = args.backend != "numpy"
+    if gpu:
+        from linattn_theory.core.backend import BackendUnavailableError, get_namespace
+        try:
+            get_namespace(args.backend)          # an unusable backend fails here, before any work
+        except BackendUnavailableError as err:
+            print(f"predictive_regret: {err}", file=sys.stderr)
+            return 2
+        args.workers = 1
+    suffix = ("_quick" if args.quick else "") + (f"_{args.backend}" if gpu else "")
+    out = Path(args.out) if args.out else ROOT / (
+        f"results/predictive_regret-{args.backend}" if gpu else "results" if args.quick else "figures")
+    cache = Path(args.cache) if args.cache else ROOT / "benchmarks" / "_cache" / f"predictive_regret{suffix}"
     start = time.perf_counter()
-    table = instances(args.quick)
+    table = instances(args.quick, args.backend)
     out.mkdir(parents=True, exist_ok=True)
     design_part = table[table["role"] == "design"]
     restarts = QUICK["restarts"] if args.quick else 8

@@ -441,6 +441,23 @@ def test_regret_benchmark_quick_is_resumable_and_worker_independent(tmp_path):
     assert (tmp_path / "again" / "predictive_regret.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_regret_benchmark_refuses_an_unusable_backend_before_any_work(tmp_path, capsys):
+    """``--backend cupy`` without CuPy or a GPU: exit 2 naming the backend, nothing written; the
+    instances on another backend have other keys (their records are kept apart)."""
+    import importlib.util
+
+    bench, _ = _benchmark()
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: tests/test_gpu.py covers the GPU")
+    assert bench.main(["--quick", "--backend", "cupy", "--out", str(tmp_path / "out"),
+                       "--cache", str(tmp_path / "cache")]) == 2
+    assert "cupy" in capsys.readouterr().err.lower()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+    numpy, cupy = bench.instances(True), bench.instances(True, "cupy")
+    assert len(numpy) == len(cupy) and not set(numpy["key"]) & set(cupy["key"])
+    assert {c["model"]["backend"] for c in cupy["config"]} == {"cupy"}
+
+
 def test_adaptive_run_uses_the_configured_engine(small):
     """``model.engine`` reaches every round of the adaptive run (as in ``simulate``), and the fused
     engine gives the same run as the Array-API one (docs/theory.md §8; linattn_theory.core.fused)."""
