@@ -4,10 +4,10 @@ Everything that decides the score is declared in this file and was committed bef
 evaluation score of the rule existed (docs/theory.md §8, "Pre-registration"):
 
 * the **sets** (``SETS``): disjoint *design* and *evaluation* instances on the grids of
-  ``FAMILIES`` and their ``VARIANTS`` — full batches (linear attention; softmax attention, evaluation
-  only), minibatches of 16 with half the clients per round, Dirichlet(0.5) client sizes, and the
+  ``FAMILIES`` and their ``VARIANTS`` — full batches (linear attention; softmax attention),
+  minibatches of 16 with half the clients per round, Dirichlet(0.5) client sizes, and the
   in-context family at stronger task heterogeneity — with their seeds;
-* the **candidate rules** (``CANDIDATES``: window, horizon and confidence of
+* the **candidate rules** (``CANDIDATES``: window, horizon, confidence and gain confidence of
   :class:`~linattn_theory.recommenders.online.OnlineRule`) and the **criterion**
   (:func:`choose_rule`) that picks one from the design table, which is computed on the design
   instances only. The evaluation instances played no part in designing or tuning anything.
@@ -18,15 +18,15 @@ optimum, and every recommender is scored by its regret ``R(T0_rec)/R(T0_best) �
 * ``online`` (causal): the chosen rule, replayed on the stored FedAvg path exactly as it runs in
   training (:func:`~linattn_theory.recommenders.scoring.replay_online`), with the realised ``R`` of
   its decision (roll-backs under noise simulated);
-* ``previous``: the rule before this design (gain against cost only, ``w = 5``, ``h = 3``);
+* ``previous``: the rule before this design (round 1: ``w = 8``, ``h = 1``, ``z = 3``, no gain confidence);
 * ``pilot``, ``transfer`` (design seeds of the same setting), ``a_posteriori`` (descriptive);
 * baselines: FedAvg (``T0 = T``), fixed ``T0 = T/2``, the cross-seed oracle.
 
 Records are cached as JSON (atomic writes) under ``--cache``: an interrupted run resumes, and a
 second run only re-tabulates. A worker task scores 8 instances together (their warm-up sweeps as
 ensembles, their centralised optima batched; a record is the same whichever instances share its
-task). The committed records were computed one instance at a time (the engine of commit
-``bad236c``); near the edge of stability a run of another engine can differ by more than rounding
+task). The design records of seeds below 4000 were computed one instance at a time (the engine of
+commit ``bad236c``), the evaluation records of seeds 4000–4005 with the ensembles; near the edge of stability a run of another engine can differ by more than rounding
 (docs/theory.md §6, "Rounding near the edge of stability"), so a rerun from an empty cache
 reproduces the tables up to those instances. Results in ``<out>``: ``predictive_regret_scores.csv`` (a row per
 instance and recommender), ``predictive_regret_design.csv`` (every candidate on every design
@@ -94,26 +94,36 @@ VARIANTS = {
                "levels": (1.5, 2.0, 3.0), "step_scale": (0.02, 0.04)},
 }
 
-#: name -> (variant, role, seeds). Seeds 2000–2004 were the evaluation seeds of the previous rule:
-#: its failures that motivated this design were found on them, so they are design instances now.
+#: name -> (variant, role, seeds). Round 2 (docs/theory.md §8, "How the rule was designed"): seeds
+#: 2000–2004 were the evaluation seeds of the first rule (gain against cost only) and 3000–3005 those
+#: of the second (round 1, scored in commit bad236c); the failures that motivated each redesign were
+#: found on them, so they are design instances now. The evaluation seeds 4000–4005 are new.
 SETS = {
     "design": ("linear", "design", (1000, 1001, 1002)),
     "design_seen": ("linear", "design", (2000, 2001, 2002, 2003, 2004)),
     "design_minibatch": ("minibatch", "design", (1000, 1001)),
     "design_skewed": ("skewed", "design", (1000, 1001)),
     "design_strong": ("strong", "design", (1000, 1001, 1002)),
-    "evaluation": ("linear", "evaluation", (3000, 3001, 3002, 3003, 3004)),
-    "evaluation_softmax": ("softmax", "evaluation", (3000, 3001, 3002)),
-    "evaluation_minibatch": ("minibatch", "evaluation", (3000, 3001, 3002)),
-    "evaluation_skewed": ("skewed", "evaluation", (3000, 3001, 3002)),
-    "evaluation_strong": ("strong", "evaluation", (3000, 3001, 3002, 3003, 3004, 3005)),
+    "design_r1": ("linear", "design", (3000, 3001, 3002, 3003, 3004)),
+    "design_r1_softmax": ("softmax", "design", (3000, 3001, 3002)),
+    "design_r1_minibatch": ("minibatch", "design", (3000, 3001, 3002)),
+    "design_r1_skewed": ("skewed", "design", (3000, 3001, 3002)),
+    "design_r1_strong": ("strong", "design", (3000, 3001, 3002, 3003, 3004, 3005)),
+    "evaluation": ("linear", "evaluation", (4000, 4001, 4002, 4003, 4004)),
+    "evaluation_softmax": ("softmax", "evaluation", (4000, 4001, 4002)),
+    "evaluation_minibatch": ("minibatch", "evaluation", (4000, 4001, 4002)),
+    "evaluation_skewed": ("skewed", "evaluation", (4000, 4001, 4002)),
+    "evaluation_strong": ("strong", "evaluation", (4000, 4001, 4002, 4003, 4004, 4005)),
 }
 #: The transfer recommender reads the a-posteriori T0 of these design sets (same setting).
-TRANSFER_FROM = {"linear": "design", "softmax": "design", "minibatch": "design_minibatch",
+TRANSFER_FROM = {"linear": "design", "softmax": "design_r1_softmax", "minibatch": "design_minibatch",
                  "skewed": "design_skewed", "strong": "design_strong"}
 
-#: Candidate rules: OnlineRule(window, horizon, confidence) over this grid.
-CANDIDATES = {"window": (4, 5, 6, 8, 10), "horizon": (1, 2, 3), "confidence": (0.0, 1.0, 2.0, 3.0, 4.0, 6.0)}
+#: Candidate rules: OnlineRule(window, horizon, confidence, gain_confidence) over this grid.
+CANDIDATES = {"window": (4, 6, 8, 10), "horizon": (1, 2), "confidence": (0.0, 2.0, 3.0, 4.0),
+              "gain_confidence": (0.0, 1.0, 2.0, 3.0)}
+#: The parameters of a rule, in the order of :class:`~linattn_theory.recommenders.online.OnlineRule`.
+RULE_PARAMS = tuple(CANDIDATES)
 #: A rule harms an instance when its regret exceeds FedAvg's by more than this (2 points).
 HARM_MARGIN = 0.02
 #: Admissible on the design sets: harm on at most this share of every design variant's instances
@@ -124,20 +134,24 @@ TIE = 1e-3
 #: The goal on every evaluation set (issue 18): median regret, worst regret, share of instances harmed.
 GOAL = {"median": 0.005, "max": 0.10, "harm_share": 0.02}
 #: The rule before this design (gain against cost only), scored next to the chosen one.
-PREVIOUS = {"window": 5, "horizon": 3, "confidence": 0.0, "checks": ("gain",)}
+PREVIOUS = {"window": 8, "horizon": 1, "confidence": 3.0, "gain_confidence": 0.0, "checks": CHECKS}
 
 
-def candidate_rules() -> dict:
-    """``{name: (window, horizon, confidence, checks)}``: the candidates of :data:`CANDIDATES`."""
-    rules = {}
-    for w, h, z in itertools.product(*CANDIDATES.values()):
-        rules[rule_name(w, h, z)] = (w, h, z, CHECKS)
-    return rules
+def candidate_rules(grid=None) -> dict:
+    """``{name: (window, horizon, confidence, gain_confidence, checks)}``: the candidates of
+    ``grid`` (default :data:`CANDIDATES`)."""
+    grid = CANDIDATES if grid is None else grid
+    return {rule_name(*values): (*values, CHECKS) for values in itertools.product(*grid.values())}
 
 
-def rule_name(window, horizon, confidence, checks=CHECKS) -> str:
-    name = f"w={window} h={horizon} z={confidence:g}"
+def rule_name(window, horizon, confidence, gain_confidence=0.0, checks=CHECKS) -> str:
+    name = f"w={window} h={horizon} z={confidence:g} zg={gain_confidence:g}"
     return name if tuple(checks) == CHECKS else f"{name} [{'+'.join(checks)}]"
+
+
+def rule_spec(chosen: dict, checks=CHECKS) -> tuple:
+    """``(window, horizon, confidence, gain_confidence, checks)`` of a rule given as a dict."""
+    return (*(chosen[p] for p in RULE_PARAMS), tuple(checks))
 
 
 def choose_rule(design: pd.DataFrame) -> dict:
@@ -146,27 +160,29 @@ def choose_rule(design: pd.DataFrame) -> dict:
     Over the candidates (rows with ``checks`` = all tests): admissible are those whose harm share
     (``harm / instances``) is at most :data:`DESIGN_HARM_LIMIT` on every design variant; among
     them the smallest mean over variants of the mean regret wins, ties broken by the smaller
-    window, horizon and confidence. If none is admissible, the smallest largest harm share wins
-    (then the same order). Returns ``{"window", "horizon", "confidence", "admissible"}``.
+    window, horizon, confidence and gain confidence. If none is admissible, the smallest largest
+    harm share wins (then the same order). Returns ``{"window", "horizon", "confidence",
+    "gain_confidence", "admissible"}``.
     """
     full = design[design["checks"] == "+".join(CHECKS)]
-    per = full.assign(share=full["harm"] / full["instances"]).groupby(["window", "horizon", "confidence"])
+    per = full.assign(share=full["harm"] / full["instances"]).groupby(list(RULE_PARAMS))
     table = pd.DataFrame({"worst_share": per["share"].max(), "mean_of_means": per["mean"].mean()}).reset_index()
     table["admissible"] = table["worst_share"] <= DESIGN_HARM_LIMIT
     pool = table[table["admissible"]] if table["admissible"].any() else table
-    key = ["mean_of_means", "window", "horizon", "confidence"] if table["admissible"].any() else \
-        ["worst_share", "mean_of_means", "window", "horizon", "confidence"]
+    key = ["mean_of_means", *RULE_PARAMS] if table["admissible"].any() else \
+        ["worst_share", "mean_of_means", *RULE_PARAMS]
     best = pool.sort_values(key, kind="stable").iloc[0]
     return {"window": int(best["window"]), "horizon": int(best["horizon"]),
-            "confidence": float(best["confidence"]), "admissible": int(table["admissible"].sum())}
+            "confidence": float(best["confidence"]), "gain_confidence": float(best["gain_confidence"]),
+            "admissible": int(table["admissible"].sum())}
 
 
 #: --quick: small instances, one setting per family, for the tests (a smoke test, not a score).
 QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds": 12}, "families": ("planted_kernel",),
          "restarts": 2,
          "local_steps": (10,), "sets": {"design": (1000,), "design_minibatch": (1000,),
-                                        "evaluation": (3000, 3001), "evaluation_minibatch": (3000,)},
-         "candidates": {"window": (2, 3), "horizon": (1,), "confidence": (0.0, 2.0)}}
+                                        "evaluation": (4001, 4002), "evaluation_minibatch": (4001,)},
+         "candidates": {"window": (2, 3), "horizon": (1,), "confidence": (0.0, 2.0), "gain_confidence": (0.0, 1.0)}}
 
 RECOMMENDERS = ("online", "previous", "pilot", "transfer", "a_posteriori")
 BASELINES = ("fedavg", "half", "cross_seed_oracle")
@@ -287,11 +303,12 @@ class _Rule:
     """:func:`~linattn_theory.recommenders.online.online_decision` with some of its tests (the design
     table's ablations; with all tests it is :class:`OnlineRule`)."""
 
-    def __init__(self, window, horizon, confidence, checks=CHECKS):
+    def __init__(self, window, horizon, confidence, gain_confidence=0.0, checks=CHECKS):
         self.args, self.checks = (int(window), int(horizon), float(confidence)), tuple(checks)
+        self.gain_confidence = float(gain_confidence)
 
     def decide(self, forecasts, T):
-        return online_decision(forecasts, T, *self.args, checks=self.checks)
+        return online_decision(forecasts, T, *self.args, gain_confidence=self.gain_confidence, checks=self.checks)
 
 
 def _outcomes(record_path: str, config_dict: dict, rules: dict, path: str) -> str:
@@ -335,19 +352,17 @@ def rule_outcomes(table: pd.DataFrame, records: dict, cache: Path, rules: dict, 
 
 
 def design_rules(quick: bool = False) -> dict:
-    """``{name: (window, horizon, confidence, checks)}``: the candidates of :data:`CANDIDATES` and the
-    previous rule."""
-    grid = QUICK["candidates"] if quick else CANDIDATES
-    rules = {rule_name(w, h, z): (w, h, z, CHECKS) for w, h, z in itertools.product(*grid.values())}
-    rules[rule_name(**PREVIOUS)] = tuple(PREVIOUS.values())
+    """``{name: (window, horizon, confidence, gain_confidence, checks)}``: the candidates of
+    :data:`CANDIDATES` and the previous rule."""
+    rules = candidate_rules(QUICK["candidates"] if quick else None)
+    rules[rule_name(**PREVIOUS)] = rule_spec(PREVIOUS, PREVIOUS["checks"])
     return rules
 
 
 def ablations(chosen: dict) -> dict:
     """The chosen rule with each of its tests left out (what each test does, on the design sets)."""
-    w, h, z = chosen["window"], chosen["horizon"], chosen["confidence"]
-    return {rule_name(w, h, z, checks): (w, h, z, checks)
-            for checks in (tuple(c for c in CHECKS if c != left) for left in CHECKS)}
+    specs = (rule_spec(chosen, tuple(c for c in CHECKS if c != left)) for left in CHECKS)
+    return {rule_name(*spec): spec for spec in specs}
 
 
 def design_table(table: pd.DataFrame, records: dict, outcomes: dict, rules: dict) -> pd.DataFrame:
@@ -355,7 +370,7 @@ def design_table(table: pd.DataFrame, records: dict, outcomes: dict, rules: dict
     harm (regret above FedAvg's by more than :data:`HARM_MARGIN`)."""
     design = table[(table["role"] == "design") & table["key"].isin(list(outcomes))]
     rows = []
-    for name, (w, h, z, checks) in rules.items():
+    for name, (w, h, z, zg, checks) in rules.items():
         for variant, part in design.groupby("variant", sort=False):
             r, harm = [], 0
             for key in part["key"]:
@@ -364,7 +379,8 @@ def design_table(table: pd.DataFrame, records: dict, outcomes: dict, rules: dict
                 r.append(value)
                 harm += value - regret(R[-1], R) > HARM_MARGIN
             r = np.asarray(r)
-            rows.append({"rule": name, "window": w, "horizon": h, "confidence": z, "checks": "+".join(checks),
+            rows.append({"rule": name, "window": w, "horizon": h, "confidence": z, "gain_confidence": zg,
+                         "checks": "+".join(checks),
                          "variant": variant, "instances": len(r), "median": np.percentile(r, 50, method="higher"),
                          "mean": np.mean(r), "p90": np.percentile(r, 90, method="higher"), "max": np.max(r),
                          "harm": int(harm)})
@@ -518,7 +534,7 @@ def design_markdown(design: pd.DataFrame, top: int = 8) -> str:
     """The criterion's verdict and the best ``top`` candidates, the previous rule and the chosen
     rule's ablations, per design variant (regret in percent; harm counts)."""
     chosen = choose_rule(design)
-    name = rule_name(chosen["window"], chosen["horizon"], chosen["confidence"])
+    name = rule_name(*rule_spec(chosen))
     variants = list(dict.fromkeys(design["variant"]))
     n = {v: int(design.loc[design["variant"] == v, "instances"].iloc[0]) for v in variants}
     full = design[design["checks"] == "+".join(CHECKS)]
@@ -528,10 +544,9 @@ def design_markdown(design: pd.DataFrame, top: int = 8) -> str:
     ranking = ranking.sort_values(["share", "mean"], kind="stable")
     shown = list(ranking.index[:top])
     shown += [r for r in [name, rule_name(**PREVIOUS)] +
-              [rule_name(chosen["window"], chosen["horizon"], chosen["confidence"],
-                         tuple(c for c in CHECKS if c != left)) for left in CHECKS] if r not in shown]
+              list(ablations(chosen)) if r not in shown]
     lines = [f"Design sets ({', '.join(f'{v}: {n[v]}' for v in variants)} scored instances): "
-             f"{len(ranking)} candidate rules (window w, horizon h, confidence z), the previous rule and "
+             f"{len(ranking)} candidate rules (window w, horizon h, confidence z, gain confidence zg), the previous rule and "
              f"the chosen rule without each of its tests. Criterion (`choose_rule`, fixed before any "
              f"evaluation score): harm on at most {100 * DESIGN_HARM_LIMIT:g} % of every design variant's "
              f"instances, then the smallest mean over variants of the mean regret. Admissible: "
@@ -747,9 +762,8 @@ def main(argv=None) -> int:
         return 0
     evaluation = table[table["role"] == "evaluation"]
     records.update(compute(evaluation, cache, args.workers, restarts))
-    name = rule_name(chosen["window"], chosen["horizon"], chosen["confidence"])
-    wanted = {name: (chosen["window"], chosen["horizon"], chosen["confidence"], CHECKS),
-              rule_name(**PREVIOUS): tuple(PREVIOUS.values())}
+    name = rule_name(*rule_spec(chosen))
+    wanted = {name: rule_spec(chosen), rule_name(**PREVIOUS): rule_spec(PREVIOUS, PREVIOUS["checks"])}
     outcomes.update(rule_outcomes(evaluation, records, cache, wanted, args.workers))
     atomic_write_text(out / "predictive_regret_scores.csv",
                       score_table(table, records, outcomes, name).to_csv(index=False, float_format="%.6g"))

@@ -162,6 +162,7 @@ def test_default_engine_leaves_the_config_key_unchanged():
     assert data["model"]["engine"] == "auto"
     del data["model"]["engine"]
     del data["federated"]["adaptive_confidence"]
+    del data["federated"]["adaptive_gain_confidence"]
     data["federated"].update(adaptive_window=5, adaptive_horizon=3)
     before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert config_hash(cfg) == before

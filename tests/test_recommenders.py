@@ -14,7 +14,7 @@ from linattn_theory.sim.config import config_from_dict
 from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule, simulate
 from linattn_theory.recommenders.recommendation import MODES, recommend
 from linattn_theory.recommenders.online import (CHECKS, OnlineRule, drift_turn, fedavg_forecast, freeze_forecast,
-                                                online_decision, run_online)
+                                                gain_error, online_decision, run_online)
 from linattn_theory.recommenders.scoring import (ScriptedRule, best_warmup, realised_risk, regret,
                                                  replay_online, score_instance, score_instances)
 
@@ -183,6 +183,21 @@ def test_rule_arithmetic_on_a_hand_made_history():
     assert fedavg_forecast([1.0, 1.1, 1.2, 1.3], 10, 3, 2.0) == pytest.approx((1.3, 0.0), abs=1e-12)
 
 
+def test_rule_gain_error_is_the_slopes_standard_error_and_z_g_spares_it():
+    """The gain's standard error at round 8, by hand: R_freeze(5..8) = 3.535, 3.536, 3.549, 3.564 has
+    slope 0.01 and residuals 0.004, −0.005, −0.002, 0.003 about its line, so σ = √(54e-6/2) and
+    se(gain) = h σ/√Σx² = 2 √(27e-6)/√5 = 0.0046476 (x = −1.5..1.5). The gain test keeps training
+    while gain + z_g se > cost: −0.02 + z_g × 0.0046476 > 0.076 for z_g > 20.66 only."""
+    risk = [a - (0.03 + 0.001 * s) * (20 - s) for s, a in enumerate(A)]
+    assert gain_error(risk, 3, 2) == pytest.approx(2 * np.sqrt(27e-6 / 5), rel=1e-9)
+    assert gain_error(risk, 3, 1) == pytest.approx(np.sqrt(27e-6 / 5), rel=1e-9)
+    held = online_decision(hand(), 20, 3, 2, 1.0, gain_confidence=21.0)
+    assert not held.stop and held.test == "gain"
+    assert online_decision(hand(), 20, 3, 2, 1.0, gain_confidence=20.0).stop
+    by_rule = OnlineRule(3, 2, 1.0, 21.0).decide(hand(), 20)
+    assert (by_rule.stop, by_rule.test, by_rule.gain, by_rule.cost) == (False, "gain", held.gain, held.cost)
+
+
 def test_rule_escape_ends_exactly_w_rounds_after_the_first_fall():
     """R_freeze first falls below R_freeze(0) at round 2; with w = 3 rounds 3 and 4 still escape and
     round 5 does not (at round 5 the gain, 0.53 by hand, beats the cost 0.07: it continues there)."""
@@ -232,6 +247,8 @@ def test_rule_at_the_budget_is_fedavg_and_rejects_bad_settings():
         OnlineRule(window=0)
     with pytest.raises(ValueError, match="confidence"):
         OnlineRule(confidence=-1.0)
+    with pytest.raises(ValueError, match="gain_confidence"):
+        OnlineRule(gain_confidence=float("nan"))
     with pytest.raises(ValueError, match="forecasts"):
         online_decision(hand(upto=5), 3)
     with pytest.raises(ValueError, match="checks"):
@@ -243,8 +260,8 @@ def test_rule_defaults_are_the_configs():
     """``fedfrozen_adaptive`` runs the rule's defaults unless the config says otherwise."""
     fed = config_from_dict({}).federated
     rule = OnlineRule()
-    assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence) == (
-        rule.window, rule.horizon, rule.confidence)
+    assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence, fed.adaptive_gain_confidence) == (
+        rule.window, rule.horizon, rule.confidence, rule.gain_confidence)
 
 
 # ----------------------------------------------------------------- replayed on a record = run in training
@@ -377,9 +394,10 @@ def test_the_rule_is_the_criterions_choice_on_the_committed_design_table():
     design = pd.read_csv(root / "figures" / "predictive_regret_design.csv")
     chosen = bench.choose_rule(design)
     rule, fed = OnlineRule(), config_from_dict({}).federated
-    assert (rule.window, rule.horizon, rule.confidence) == (chosen["window"], chosen["horizon"], chosen["confidence"])
-    assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence) == (
-        chosen["window"], chosen["horizon"], chosen["confidence"])
+    expected = tuple(chosen[p] for p in bench.RULE_PARAMS)
+    assert (rule.window, rule.horizon, rule.confidence, rule.gain_confidence) == expected
+    assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence,
+            fed.adaptive_gain_confidence) == expected
     full = design[design["checks"] == "+".join(CHECKS)]
     assert len(full) == len(bench.candidate_rules()) * design["variant"].nunique()
     assert set(design["variant"]) == {spec[0] for spec in bench.SETS.values() if spec[1] == "design"}
@@ -424,11 +442,10 @@ def test_each_test_of_the_rule_prevents_harm_on_the_design_sets():
     bench, root = _benchmark()
     design = pd.read_csv(root / "figures" / "predictive_regret_design.csv")
     chosen = bench.choose_rule(design)
-    w, h, z = chosen["window"], chosen["horizon"], chosen["confidence"]
     harm = design.pivot_table(index="rule", columns="variant", values="harm")
-    full = harm.loc[bench.rule_name(w, h, z)]
+    full = harm.loc[bench.rule_name(*bench.rule_spec(chosen))]
     for left in CHECKS:
-        ablated = harm.loc[bench.rule_name(w, h, z, tuple(c for c in CHECKS if c != left))]
+        ablated = harm.loc[bench.rule_name(*bench.rule_spec(chosen, tuple(c for c in CHECKS if c != left)))]
         assert (ablated > full).any(), left
     assert (harm.loc[bench.rule_name(**bench.PREVIOUS)] > full).all()
 
@@ -438,16 +455,17 @@ def test_choose_rule_applies_the_declared_criterion():
     ones; among those the lower mean of means wins; ties go to the smaller window."""
     bench, _ = _benchmark()
     rows = []
-    for (w, h, z), means, harms in [((4, 1, 0.0), (0.001, 0.001), (2, 0)),      # harms 2 of 100: out
-                                    ((5, 1, 1.0), (0.010, 0.030), (1, 0)),      # admissible, mean 0.02
-                                    ((6, 1, 2.0), (0.020, 0.020), (0, 0)),      # admissible, mean 0.02
-                                    ((8, 1, 2.0), (0.030, 0.020), (0, 0))]:     # admissible, mean 0.025
+    for (w, h, z, zg), means, harms in [((4, 1, 0.0, 0.0), (0.001, 0.001), (2, 0)),  # harms 2 of 100: out
+                                        ((5, 1, 1.0, 2.0), (0.010, 0.030), (1, 0)),  # admissible, mean 0.02
+                                        ((6, 1, 2.0, 0.0), (0.020, 0.020), (0, 0)),  # admissible, mean 0.02
+                                        ((8, 1, 2.0, 0.0), (0.030, 0.020), (0, 0))]:  # admissible, 0.025
         for variant, mean, harm in zip(("linear", "minibatch"), means, harms):
-            rows.append({"rule": bench.rule_name(w, h, z), "window": w, "horizon": h, "confidence": z,
-                         "checks": "+".join(CHECKS), "variant": variant, "instances": 100, "mean": mean,
-                         "harm": harm})
+            rows.append({"rule": bench.rule_name(w, h, z, zg), "window": w, "horizon": h, "confidence": z,
+                         "gain_confidence": zg, "checks": "+".join(CHECKS), "variant": variant,
+                         "instances": 100, "mean": mean, "harm": harm})
     chosen = bench.choose_rule(pd.DataFrame(rows))
-    assert (chosen["window"], chosen["confidence"], chosen["admissible"]) == (5, 1.0, 3)
+    assert (chosen["window"], chosen["confidence"], chosen["gain_confidence"], chosen["admissible"]) == (
+        5, 1.0, 2.0, 3)
 
 
 @pytest.mark.slow

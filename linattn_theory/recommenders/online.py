@@ -24,7 +24,7 @@ from ..theory._shared import _host_moments, _profile_from_moments, _ridge
 
 
 __all__ = ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision", "CHECKS",
-           "escape_round", "gain_and_cost", "drift_turn", "fedavg_forecast", "OnlineControl", "OnlineRun", "adaptive_strategy", "run_online"]
+           "escape_round", "gain_and_cost", "gain_error", "drift_turn", "fedavg_forecast", "OnlineControl", "OnlineRun", "adaptive_strategy", "run_online"]
 
 
 # --------------------------------------------------------------------------------------
@@ -133,14 +133,16 @@ class OnlineRule:
     At round ``t`` the rule knows the forecasts of every stored round ``s ≤ t``
     (:class:`FreezeForecast`), hence ``J(s, k) = F_λ(K_s, V_T)`` with ``k`` frozen rounds,
     ``R_freeze(t) + Φ*_λ = J(t, T − t)``, the training objective ``F_λ(θ_t) = J(t, 0)``, the
-    profile ``Φ_λ(K_t)`` and the drift floor ``D(K_t)``. With ``w = window``, ``h = horizon`` and
-    ``z = confidence`` it continues the warm-up unless all four tests below say freeze
+    profile ``Φ_λ(K_t)`` and the drift floor ``D(K_t)``. With ``w = window``, ``h = horizon``,
+    ``z = confidence`` and ``z_g = gain_confidence`` it continues the warm-up unless all four tests below say freeze
     (docs/theory.md §8, "The online rule"):
 
     1. **escape**: ``R_freeze`` has fallen below ``R_freeze(0)`` at least ``w`` rounds ago (the warm-up
        has left the saddle at ``K = 0``, so the windows below lie in the descent);
     2. **gain ≤ cost**: ``gain = −h ×`` the least-squares slope of ``R_freeze`` over rounds ``t − w..t``;
-       ``cost = min_s J(s, T − t − h) − min_s J(s, T − t)`` (exact): more warm-up no longer pays;
+       ``cost = min_s J(s, T − t − h) − min_s J(s, T − t)`` (exact): more warm-up no longer pays, with
+       ``z_g = gain_confidence`` standard errors of the gain to spare (:func:`gain_error`):
+       ``gain + z_g se(gain) ≤ cost`` (a noisy or oscillating ``R_freeze`` does not look flat);
     3. **drift turn**: ``Φ_λ(K_t) − Φ_λ(K_{t−w}) ≤ max(0, D(K_t) − D(K_{t−w}))`` — what turned
        ``R_freeze`` is the drift the warm-up adds, not the federated kernel climbing ``Φ_λ`` (a
        transient of the inexact descent, after which it may fall again);
@@ -160,20 +162,23 @@ class OnlineRule:
     window: int = 8
     horizon: int = 1
     confidence: float = 3.0
+    gain_confidence: float = 0.0
 
     def __post_init__(self):
         for name in ("window", "horizon"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"OnlineRule.{name} = {value!r}; expected an integer >= 1")
-        z = self.confidence
-        if isinstance(z, bool) or not isinstance(z, (int, float, np.integer, np.floating)) or not np.isfinite(z) \
-                or z < 0:
-            raise ValueError(f"OnlineRule.confidence = {z!r}; expected a finite number >= 0")
+        for name in ("confidence", "gain_confidence"):
+            z = getattr(self, name)
+            if isinstance(z, bool) or not isinstance(z, (int, float, np.integer, np.floating)) \
+                    or not np.isfinite(z) or z < 0:
+                raise ValueError(f"OnlineRule.{name} = {z!r}; expected a finite number >= 0")
 
     def decide(self, forecasts, T: int) -> OnlineDecision:
         """The decision at round ``t = len(forecasts) − 1`` from the forecasts of rounds ``0..t``."""
-        return online_decision(forecasts, T, self.window, self.horizon, self.confidence)
+        return online_decision(forecasts, T, self.window, self.horizon, self.confidence,
+                               gain_confidence=self.gain_confidence)
 
 
 def _options(forecasts, frozen_rounds: int) -> np.ndarray:
@@ -210,6 +215,14 @@ def gain_and_cost(risk, now, later, window: int, horizon: int) -> tuple[float, f
     return -horizon * _trend(np.asarray(risk)[-window - 1:]), float(np.min(later) - np.min(now))
 
 
+def gain_error(risk, window: int, horizon: int) -> float:
+    """The standard error of the gain: ``horizon × σ/√Σ(u − ū)²``, the least-squares slope's
+    standard error over rounds ``t − window..t`` (``σ`` the fit's residual standard deviation)."""
+    y = np.asarray(risk, dtype=float)[-window - 1:]
+    x = np.arange(len(y), dtype=float) - (len(y) - 1) / 2.0
+    return float(horizon * _line_fit(y)[1] / np.sqrt(np.sum(x * x)))
+
+
 def drift_turn(profile, drift_floor, window: int) -> bool:
     """True when ``Φ_λ(K_t) − Φ_λ(K_{t−w}) ≤ max(0, D(K_t) − D(K_{t−w}))`` (``w = window``): over
     the window the kernel's profile rose no more than the drift floor did."""
@@ -230,7 +243,7 @@ CHECKS = ("gain", "drift", "no_harm")
 
 
 def online_decision(forecasts, T: int, window: int = 8, horizon: int = 1, confidence: float = 3.0, *,
-                    checks=CHECKS) -> OnlineDecision:
+                    gain_confidence: float = 0.0, checks=CHECKS) -> OnlineDecision:
     """:class:`OnlineRule`'s decision at round ``t = len(forecasts) − 1``, from rounds ``0..t`` only.
 
     ``forecasts[u]`` needs ``final_objective(k)``, ``profile`` and ``drift_floor`` (a
@@ -263,9 +276,10 @@ def online_decision(forecasts, T: int, window: int = 8, horizon: int = 1, confid
                                f"{window} rounds ago")
     h = min(horizon, T - t)
     gain, cost = gain_and_cost(risk, now, _options(forecasts, T - t - h), window, h)
-    if "gain" in checks and gain > cost:
-        return go_on("gain", f"predicted gain {gain:.3g} of {h} more rounds exceeds their cost {cost:.3g}",
-                     gain, cost)
+    spare = gain_confidence * gain_error(risk, window, h)
+    if "gain" in checks and gain + spare > cost:
+        return go_on("gain", f"predicted gain {gain:.3g} (+ {spare:.3g}, {gain_confidence:g} standard errors) of "
+                             f"{h} more rounds exceeds their cost {cost:.3g}", gain, cost)
     profile = [f.profile for f in forecasts]
     floor = [f.drift_floor for f in forecasts]
     if "drift" in checks and not drift_turn(profile, floor, window):
@@ -339,7 +353,8 @@ class OnlineControl:
 
 
 def _default_rule(fed) -> OnlineRule:
-    return OnlineRule(fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence)
+    return OnlineRule(fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence,
+                      fed.adaptive_gain_confidence)
 
 
 def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineControl | None = None):
@@ -347,7 +362,7 @@ def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineC
 
     FedFrozen's client and server rules with every block training, plus ``control`` (the round
     engine's hook; default: an :class:`OnlineControl` of ``OnlineRule(fed.adaptive_window,
-    fed.adaptive_horizon, fed.adaptive_confidence)``). ``warmup_rounds`` is ignored: the rule chooses ``T0``. Registered
+    fed.adaptive_horizon, fed.adaptive_confidence, fed.adaptive_gain_confidence)``). ``warmup_rounds`` is ignored: the rule chooses ``T0``. Registered
     by the package (``linattn_theory/__init__.py``).
     """
     from ..sim.strategies import Control, Strategy

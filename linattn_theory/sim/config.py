@@ -111,6 +111,8 @@ class FederatedConfig:
     adaptive_horizon: int = _spec(1, low=1, doc="fedfrozen_adaptive: rounds h of warm-up whose gain and cost are compared")
     adaptive_confidence: float = _spec(3.0, low=0.0, doc="fedfrozen_adaptive: z, freeze only when the forecast "
                                                          "advantage over FedAvg exceeds z × its error")
+    adaptive_gain_confidence: float = _spec(0.0, low=0.0, doc="fedfrozen_adaptive: z_g, keep training while the "
+                                                              "gain exceeds the cost less z_g × the gain's standard error")
     server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
                                    doc="FedAvgM server momentum β (fedavgm)")
     server_beta1: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
@@ -280,6 +282,7 @@ STRATEGY_SETTINGS = {
     "adaptive_window": ("fedfrozen_adaptive",),
     "adaptive_horizon": ("fedfrozen_adaptive",),
     "adaptive_confidence": ("fedfrozen_adaptive",),
+    "adaptive_gain_confidence": ("fedfrozen_adaptive",),
 }
 
 #: the online rule's settings as every key held them before its redesign (docs/theory.md §8): a
@@ -405,7 +408,10 @@ def config_hash(config: RunConfig) -> str:
         del data["model"]["engine"]
     if data["federated"]["strategy"] != "fedfrozen_adaptive":
         del data["federated"]["adaptive_confidence"]
+        del data["federated"]["adaptive_gain_confidence"]
         data["federated"].update(_ADAPTIVE_KEY_DEFAULTS)
+    elif data["federated"]["adaptive_gain_confidence"] == 0.0:   # the rule before z_g kept its keys
+        del data["federated"]["adaptive_gain_confidence"]
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
