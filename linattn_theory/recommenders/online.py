@@ -134,8 +134,8 @@ class OnlineRule:
     (:class:`FreezeForecast`), hence ``J(s, k) = F_λ(K_s, V_T)`` with ``k`` frozen rounds,
     ``R_freeze(t) + Φ*_λ = J(t, T − t)``, the training objective ``F_λ(θ_t) = J(t, 0)``, the
     profile ``Φ_λ(K_t)`` and the drift floor ``D(K_t)``. With ``w = window``, ``h = horizon``,
-    ``z = confidence`` and ``z_g = gain_confidence`` it continues the warm-up unless all four tests below say freeze
-    (docs/theory.md §8, "The online rule"):
+    ``z = confidence`` and ``z_g = gain_confidence`` it continues the warm-up unless all four tests
+    below say freeze (docs/theory.md §8, "The online rule"):
 
     1. **escape**: ``R_freeze`` has fallen below ``R_freeze(0)`` at least ``w`` rounds ago (the warm-up
        has left the saddle at ``K = 0``, so the windows below lie in the descent);
@@ -155,14 +155,15 @@ class OnlineRule:
 
     It then freezes ``K_{s*}``, ``s* = argmin_s J(s, T − t)`` (a roll-back when ``s* < t``; the rounds
     spent are counted). At ``t = T`` the warm-up is over: plain FedAvg. The defaults ``w = 8``,
-    ``h = 1``, ``z = 3`` are what the pre-registered criterion of ``benchmarks/predictive_regret.py``
-    (``choose_rule``) picked from the design table; they are scored there on fresh evaluation instances.
+    ``h = 1``, ``z = 2``, ``z_g = 3`` are what the pre-registered criterion of
+    ``benchmarks/predictive_regret.py`` (``choose_rule``) picked from the design table of round 2;
+    they are scored there on fresh evaluation instances.
     """
 
     window: int = 8
     horizon: int = 1
-    confidence: float = 3.0
-    gain_confidence: float = 0.0
+    confidence: float = 2.0
+    gain_confidence: float = 3.0
 
     def __post_init__(self):
         for name in ("window", "horizon"):
@@ -242,8 +243,8 @@ def fedavg_forecast(objective, T: int, window: int, confidence: float) -> tuple[
 CHECKS = ("gain", "drift", "no_harm")
 
 
-def online_decision(forecasts, T: int, window: int = 8, horizon: int = 1, confidence: float = 3.0, *,
-                    gain_confidence: float = 0.0, checks=CHECKS) -> OnlineDecision:
+def online_decision(forecasts, T: int, window: int = 8, horizon: int = 1, confidence: float = 2.0, *,
+                    gain_confidence: float = 3.0, checks=CHECKS) -> OnlineDecision:
     """:class:`OnlineRule`'s decision at round ``t = len(forecasts) − 1``, from rounds ``0..t`` only.
 
     ``forecasts[u]`` needs ``final_objective(k)``, ``profile`` and ``drift_floor`` (a

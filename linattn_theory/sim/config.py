@@ -109,9 +109,9 @@ class FederatedConfig:
     prox_mu: float = _spec(0.1, low=0.0, doc="FedProx proximal weight μ (fedprox, fedfrozen_fedprox)")
     adaptive_window: int = _spec(8, low=1, doc="fedfrozen_adaptive: rounds w of the trends the rule fits (docs/theory.md §8)")
     adaptive_horizon: int = _spec(1, low=1, doc="fedfrozen_adaptive: rounds h of warm-up whose gain and cost are compared")
-    adaptive_confidence: float = _spec(3.0, low=0.0, doc="fedfrozen_adaptive: z, freeze only when the forecast "
+    adaptive_confidence: float = _spec(2.0, low=0.0, doc="fedfrozen_adaptive: z, freeze only when the forecast "
                                                          "advantage over FedAvg exceeds z × its error")
-    adaptive_gain_confidence: float = _spec(0.0, low=0.0, doc="fedfrozen_adaptive: z_g, keep training while the "
+    adaptive_gain_confidence: float = _spec(3.0, low=0.0, doc="fedfrozen_adaptive: z_g, keep training while the "
                                                               "gain exceeds the cost less z_g × the gain's standard error")
     server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
                                    doc="FedAvgM server momentum β (fedavgm)")
