@@ -234,7 +234,7 @@ def test_rule_rolls_back_to_the_best_stored_kernel():
     """A_6 = 3.90 is the lowest: J(s, 12) = 3.64, 3.468, 3.506, 3.544 for s = 5..8, so the rule
     freezes K_6 at round 8 (F̂ = 4.00 − 12 × 0.013 = 3.844 and σ = 0.0813 leave the margin)."""
     rolled = A[:6] + [3.90, 3.95, 4.00]
-    d = online_decision(hand(A=rolled), 20, 3, 2, 1.0)
+    d = online_decision(hand(A=rolled), 20, 3, 2, 1.0, gain_confidence=0.0)   # the gain test as in round 1
     assert d.stop and d.kernel_round == 6 and d.freeze_objective == pytest.approx(3.468, abs=1e-12)
     assert d.fedavg_forecast == pytest.approx(3.844, abs=1e-12)
     assert d.cost == pytest.approx(0.072, abs=1e-12)
@@ -405,40 +405,52 @@ def test_the_rule_is_the_criterions_choice_on_the_committed_design_table():
 
 def test_the_reading_of_the_score_in_the_docs_follows_from_the_committed_scores():
     """docs/theory.md §8, "Reading the score", recomputed from figures/predictive_regret_scores.csv:
-    the median goal met on every evaluation set; no harm (≤ 2 % of instances more than 2 points
-    worse than FedAvg) on all but the minibatch set; the worst case above 10 % everywhere; harm lower
-    than the previous rule's on every set; against T/2, better on nearly every instance; each set's
-    worst instance an early freeze that loses to FedAvg (linear, strong) or a run to the end
-    (softmax, minibatch, skewed)."""
+    the median goal met on every evaluation set but the minibatch one (where the rule's median is
+    FedAvg's or lower); no harm (≤ 2 % of instances more than 2 points worse than FedAvg) on all but
+    the linear and strong sets, with the counts quoted; every instance the rule harms harmed by the
+    previous rule with a regret within 0.3 point; the worst case above 10 % everywhere, each set's worst
+    instance a run to the end with FedAvg's regret; the mean regrets against the previous rule and
+    the share of instances better than T/2 as quoted; the pilot's worst case at least 145 %."""
     bench, root = _benchmark()
     scores = pd.read_csv(root / "figures" / "predictive_regret_scores.csv")
-    docs = (root / "docs" / "theory.md").read_text()
-    assert "**not** under minibatches with half the clients" in docs and "10 % on every set" in docs
+    docs = " ".join((root / "docs" / "theory.md").read_text().split())
     T = 40
+    half_shares, pilot_worst = [], []
     for name in sorted(set(scores["set"])):
         d = scores[(scores["set"] == name) & ~scores["fedavg_diverged"]]
         arm = {r: d[d["recommender"] == r].set_index(["setting", "seed"])["regret"]
-               for r in ("online", "previous", "fedavg", "half")}
-        harm = {r: int((arm[r] - arm["fedavg"] > bench.HARM_MARGIN).sum()) for r in ("online", "previous")}
-        assert arm["online"].median() <= bench.GOAL["median"], name
-        assert arm["online"].max() > 0.10, name
-        assert (harm["online"] / len(arm["online"]) > 0.02) == (name == "evaluation_minibatch"), name
-        assert harm["online"] < harm["previous"], name
-        assert (arm["online"] < arm["half"] - bench.TIE).mean() > 0.9, name
+               for r in ("online", "previous", "fedavg", "half", "pilot")}
+        harmed = {r: arm[r][arm[r] - arm["fedavg"] > bench.HARM_MARGIN] for r in ("online", "previous")}
+        n, k = len(arm["online"]), len(harmed["online"])
+        assert (arm["online"].median() <= bench.GOAL["median"]) == (name != "evaluation_minibatch"), name
+        assert arm["online"].median() <= arm["fedavg"].median(), name
+        assert (k / n > bench.GOAL["harm_share"]) == (name in ("evaluation", "evaluation_strong")), name
+        if k:
+            assert f"{k} of {n}" in docs and f"{100 * k / n:.1f} %" in docs, name
+        assert set(harmed["online"].index) <= set(harmed["previous"].index), name
+        assert np.all(np.abs(harmed["online"] - harmed["previous"][harmed["online"].index]) <= 0.003), name
         online = d[d["recommender"] == "online"].set_index(["setting", "seed"])
         worst = arm["online"].idxmax()
-        froze_early = online.loc[worst, "stop_round"] < T
-        assert froze_early == (name in ("evaluation", "evaluation_strong")), name
-        if froze_early:
-            assert arm["online"][worst] > arm["fedavg"][worst] + bench.HARM_MARGIN, name
-        else:
-            assert arm["online"][worst] == pytest.approx(arm["fedavg"][worst]), name
+        assert arm["online"][worst] > bench.GOAL["max"], name
+        assert online.loc[worst, "stop_round"] == T and arm["online"][worst] == pytest.approx(arm["fedavg"][worst])
+        half_shares.append((arm["online"] < arm["half"] - bench.TIE).mean())
+        pilot_worst.append(arm["pilot"].max())
+        mean = {r: 100 * arm[r].mean() for r in ("online", "previous")}
+        if name == "evaluation":
+            assert mean["online"] > mean["previous"]
+            assert f"linear {mean['online']:.1f} % against {mean['previous']:.1f} %" in docs
+        if name == "evaluation_strong":
+            assert mean["online"] < mean["previous"]
+            assert f"({mean['online']:.1f} % against {mean['previous']:.1f} %)" in docs
+    assert f"better on {100 * min(half_shares):.0f}–{100 * max(half_shares):.0f} % of the instances" in docs
+    assert min(pilot_worst) >= 1.45 and "at least 145 % on every set" in docs
+    assert sum(np.isinf(pilot_worst)) == 2 and "on two sets a run it recommends diverges" in docs
 
 
 def test_each_test_of_the_rule_prevents_harm_on_the_design_sets():
     """docs/theory.md §8: leaving out any one of the three tests (gain, drift, no harm) harms more
-    design instances of some variant than the chosen rule does, and the previous rule (gain only)
-    harms more on every variant where the chosen rule harms fewer than all."""
+    design instances of some variant than the chosen rule does, and the previous rule (round 1's,
+    without the gain's standard error) harms at least as many on every variant and more on some."""
     bench, root = _benchmark()
     design = pd.read_csv(root / "figures" / "predictive_regret_design.csv")
     chosen = bench.choose_rule(design)
@@ -447,7 +459,8 @@ def test_each_test_of_the_rule_prevents_harm_on_the_design_sets():
     for left in CHECKS:
         ablated = harm.loc[bench.rule_name(*bench.rule_spec(chosen, tuple(c for c in CHECKS if c != left)))]
         assert (ablated > full).any(), left
-    assert (harm.loc[bench.rule_name(**bench.PREVIOUS)] > full).all()
+    previous = harm.loc[bench.rule_name(**bench.PREVIOUS)]
+    assert (previous >= full).all() and (previous > full).any()
 
 
 def test_choose_rule_applies_the_declared_criterion():
