@@ -676,9 +676,9 @@ def plot(scores: pd.DataFrame, records: dict, table: pd.DataFrame, out: Path, qu
                     zorder=4)
             ratio_axis(ax, np.max(ratio[np.isfinite(ratio)]))
             fam = "planted" if worst["family"] == "planted_kernel" else "in-context"
-            ax.set_title(f"{name.replace('evaluation', 'eval.').replace('_', ' ')}\nworst: {fam}, het. "
-                         f"{worst['heterogeneity']:g},\nE = {int(worst['local_steps'])}, η = {worst['learning_rate']:.2g}, "
-                         f"seed {int(worst['seed'])}\nregret {_pct(worst['regret'])} %, FedAvg "
+            ax.set_title(f"{name.replace('evaluation', 'eval.').replace('_', ' ')}\nworst: {fam}\nhet. "
+                         f"{worst['heterogeneity']:g}, E = {int(worst['local_steps'])}\nη = {worst['learning_rate']:.2g}\n"
+                         f"seed {int(worst['seed'])}\nregret {_pct(worst['regret'])} %\nFedAvg "
                          f"{_pct(ratio[T] - 1)} %", fontsize=7)
             ax.set_xlabel("warm-up $T_0$")
             plotted.append(pd.DataFrame({"set": name, "panel": "worst", "x": np.arange(T + 1), "y": ratio}))
