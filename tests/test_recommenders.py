@@ -408,14 +408,15 @@ def test_the_reading_of_the_score_in_the_docs_follows_from_the_committed_scores(
     the median goal met on every evaluation set but the minibatch one (where the rule's median is
     FedAvg's or lower); no harm (≤ 2 % of instances more than 2 points worse than FedAvg) on all but
     the linear and strong sets, with the counts quoted; every instance the rule harms harmed by the
-    previous rule with a regret within 0.3 point; the worst case above 10 % everywhere, each set's worst
+    previous rule with a regret within 0.3 point, an early freeze (rounds 9–28, best T0 ≥ 38; of the kinds and
+    seeds quoted); the worst case above 10 % everywhere, each set's worst
     instance a run to the end with FedAvg's regret; the mean regrets against the previous rule and
     the share of instances better than T/2 as quoted; the pilot's worst case at least 145 %."""
     bench, root = _benchmark()
     scores = pd.read_csv(root / "figures" / "predictive_regret_scores.csv")
     docs = " ".join((root / "docs" / "theory.md").read_text().split())
     T = 40
-    half_shares, pilot_worst = [], []
+    half_shares, pilot_worst, kinds = [], [], {}
     for name in sorted(set(scores["set"])):
         d = scores[(scores["set"] == name) & ~scores["fedavg_diverged"]]
         arm = {r: d[d["recommender"] == r].set_index(["setting", "seed"])["regret"]
@@ -428,6 +429,14 @@ def test_the_reading_of_the_score_in_the_docs_follows_from_the_committed_scores(
         if k:
             assert f"{k} of {n}" in docs and f"{100 * k / n:.1f} %" in docs, name
         assert set(harmed["online"].index) <= set(harmed["previous"].index), name
+        rows = d[d["recommender"] == "online"].set_index(["setting", "seed"]).loc[harmed["online"].index]
+        assert ((rows["stop_round"] >= 9) & (rows["stop_round"] <= 28) & (rows["best_T0"] >= 38)).all(), name
+        kinds[name] = (int((rows["T0"] == rows["stop_round"]).sum()), int((rows["T0"] < rows["stop_round"]).sum()))
+        if name == "evaluation":
+            assert ((rows.index.get_level_values("seed") == 4003) & (rows["heterogeneity"] == 1)).sum() == 3
+        if name == "evaluation_strong":
+            seed = rows[rows.index.get_level_values("seed") == 4002]
+            assert len(seed) == 5 and (seed["T0"] == seed["stop_round"]).all() and (seed["learning_rate"] <= 0.002).all()
         assert np.all(np.abs(harmed["online"] - harmed["previous"][harmed["online"].index]) <= 0.003), name
         online = d[d["recommender"] == "online"].set_index(["setting", "seed"])
         worst = arm["online"].idxmax()
@@ -442,6 +451,8 @@ def test_the_reading_of_the_score_in_the_docs_follows_from_the_committed_scores(
         if name == "evaluation_strong":
             assert mean["online"] < mean["previous"]
             assert f"({mean['online']:.1f} % against {mean['previous']:.1f} %)" in docs
+    own, rolled = (sum(k[i] for k in kinds.values()) for i in (0, 1))
+    assert f"{own} at the deciding round's own kernel and {rolled} roll-backs" in docs
     assert f"better on {100 * min(half_shares):.0f}–{100 * max(half_shares):.0f} % of the instances" in docs
     assert min(pilot_worst) >= 1.45 and "at least 145 % on every set" in docs
     assert sum(np.isinf(pilot_worst)) == 2 and "on two sets a run it recommends diverges" in docs
