@@ -52,10 +52,10 @@ from ..core._array import to_numpy
 from ..sim.config import RunConfig
 from ..sim.engine import Divergence, clients_from_config, initial_params, run_schedule
 from ..core.model import Params, _value_matrix, kernel
-from ..core.moments import value_moments
 from ..core.clients import StackedClients, stack_clients
 from .profile import centralized_optimum, profile_gradient, profile_objective
-from .frozen_stage import contraction_rate, fedavg_fixed_point, frozen_stage_map, value_drift_floor
+from .frozen_stage import _drift_floor, _fixed_point, _frozen_map
+from ._shared import _check_kernel, _host_moments, _kernel_gradient, _profile_from_moments
 
 __all__ = [
     "AssumptionCheck",
@@ -246,10 +246,13 @@ def config_stacked(config: RunConfig, clients, dtype=np.float64) -> StackedClien
 
 def _moments(K, data, lam):
     """Per-client ``Ã_c`` ``(m, Hd, Hd)``, ``B_c``, weights ``p_c`` and the global ``Ã`` (host arrays)."""
-    mom = value_moments(K, data)
-    A_c, B_c, w = _host(mom.A), _host(mom.B), _host(mom.weights)
-    A_c = A_c + lam * np.eye(A_c.shape[-1])
-    return A_c, B_c, w, np.sum(w[:, None, None] * A_c, axis=0)
+    return _client_moments(_host_moments(K, data), lam)
+
+
+def _client_moments(moments, lam):
+    """:func:`_moments` from the clients' host moments."""
+    A_c, w = moments.A + lam * np.eye(moments.A.shape[-1]), moments.weights
+    return A_c, moments.B, w, np.sum(w[:, None, None] * A_c, axis=0)
 
 
 def _client_gradients_at_optimum(K, data, lam):
@@ -278,7 +281,11 @@ def drift_floor_leading_order(K, clients, eta: float, E: int, lam: float = 0.0) 
     ``upper`` (the right-hand bound), ``zeta2``, ``curvature_spread2`` and ``lambda_min``.
     """
     data = _stacked(clients)
-    g, A_c, w, A = _client_gradients_at_optimum(K, data, lam)
+    return _leading_order(*_client_gradients_at_optimum(K, data, lam), eta, E)
+
+
+def _leading_order(g, A_c, w, A, eta: float, E: int) -> dict:
+    """:func:`drift_floor_leading_order` from the client gradients ``g_c`` at ``V*_λ`` and the moments."""
     spread = A_c - A
     s = np.sum(w[:, None, None] * (spread @ g), axis=0)
     evals, U = np.linalg.eigh(A)
@@ -352,11 +359,29 @@ def closed_form_warmup(b_start: float, b_floor: float, q: float, drift_growth: f
 # --------------------------------------------------------------------------------------
 # constants along the path
 # --------------------------------------------------------------------------------------
-def _factor_gradient(params: Params, data, lam):
-    """``∇_{(W_Q, W_K)} Φ_λ = (G W_K, Gᵀ W_Q)`` with ``G = ∇_K Φ_λ`` (envelope theorem), flattened."""
+def _factor_gradient(params: Params, data, lam, V_star=None):
+    """``∇_{(W_Q, W_K)} Φ_λ = (G W_K, Gᵀ W_Q)`` with ``G = ∇_K Φ_λ`` (envelope theorem), flattened;
+    ``V_star``: ``V*_λ(K)`` when already known (the same numbers :func:`profile_gradient` computes)."""
     WQ, WK = _host(params.WQ), _host(params.WK)
-    G = profile_gradient(WQ @ np.swapaxes(WK, -1, -2), data, lam)
+    K = WQ @ np.swapaxes(WK, -1, -2)
+    G = profile_gradient(K, data, lam) if V_star is None else _kernel_gradient(_check_kernel(K, data), V_star, data)
     return np.concatenate([(G @ WK).ravel(), (np.swapaxes(G, -1, -2) @ WQ).ravel()])
+
+
+def _kernel_terms(K, data, eta: float, E: int, lam: float, s: float) -> dict:
+    """The frozen-stage quantities of :func:`path_terms` at one kernel, from one computation of the
+    clients' moments: each equals its public function's value (``profile_objective``,
+    ``frozen_stage_map`` with the server step, ``fedavg_fixed_point``, ``contraction_rate``,
+    ``value_drift_floor``, ``drift_floor_leading_order``) bit for bit."""
+    moments = _host_moments(_check_kernel(K, data), data)
+    phi, V_star = _profile_from_moments(moments, lam)
+    M, _ = _frozen_map(moments, eta, E, lam, s)
+    V_FA = _fixed_point(*_frozen_map(moments, eta, E, lam))
+    A_c, B_c, w, A = _client_moments(moments, lam)
+    lead = _leading_order(A_c @ V_star - B_c, A_c, w, A, eta, E)
+    return {"phi": phi, "V_star": V_star, "M": M, "V_FA": V_FA, "A_c": A_c, "A": A,
+            "rho": float(np.max(np.abs(np.linalg.eigvalsh(M)))), "lead": lead,
+            "drift_floor": _drift_floor(V_FA, V_star, moments, lam)}
 
 
 def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> pd.DataFrame:
@@ -377,19 +402,16 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     rows, grads = [], []
     for t, params in enumerate(path.params):
         K = _host(kernel(params))
-        phi, V_star = profile_objective(K, data, lam)
-        M, _ = frozen_stage_map(K, data, eta, E, lam, s)
-        V_FA = fedavg_fixed_point(K, data, eta, E, lam)
-        A_c, _, _, A = _moments(K, data, lam)
+        terms = _kernel_terms(K, data, eta, E, lam, s)
+        phi, V_star, M, V_FA, A_c, A = (terms[n] for n in ("phi", "V_star", "M", "V_FA", "A_c", "A"))
         V = _value_matrix(np, _host(params.WV))
         e, f = V - V_FA, V - V_star
         k = T - t
         transient, complement, sqrt_kappa = _transient(M, A, k)
-        rho = contraction_rate(K, data, eta, E, lam, s)
-        lead = drift_floor_leading_order(K, data, eta, E, lam)
-        grads.append(_factor_gradient(params, data, lam))
+        rho, lead = terms["rho"], terms["lead"]
+        grads.append(_factor_gradient(params, data, lam, V_star))
         rows.append({"round": t, "profile_objective": phi, "bias": phi - optimum,
-                     "drift_floor": value_drift_floor(K, data, eta, E, lam),
+                     "drift_floor": terms["drift_floor"],
                      "value_lag": float(0.5 * np.sum(e * (A @ e))),
                      "value_gap": float(0.5 * np.sum(f * (A @ f))),
                      "contraction_rate": rho, "transient": transient, "complement": complement,
