@@ -133,7 +133,7 @@ DESIGN_HARM_LIMIT = 0.01
 TIE = 1e-3
 #: The goal on every evaluation set (issue 18): median regret, worst regret, share of instances harmed.
 GOAL = {"median": 0.005, "max": 0.10, "harm_share": 0.02}
-#: The rule before this design (gain against cost only), scored next to the chosen one.
+#: The rule before this design (round 1's: no gain confidence), scored next to the chosen one.
 PREVIOUS = {"window": 8, "horizon": 1, "confidence": 3.0, "gain_confidence": 0.0, "checks": CHECKS}
 
 

@@ -169,6 +169,19 @@ def test_default_engine_leaves_the_config_key_unchanged():
     assert config_hash(cfg.with_updates({"model.engine": "fused"})) != before
 
 
+def test_the_online_rule_without_gain_confidence_keeps_its_config_key():
+    # fedfrozen_adaptive runs of the rule before z_g (gain confidence 0) keep the key they had
+    # before the setting existed; any other z_g is another run
+    cfg = config().with_updates({"federated.strategy": "fedfrozen_adaptive",
+                                 "federated.adaptive_gain_confidence": 0.0})
+    data = cfg.to_dict()
+    del data["model"]["engine"]
+    del data["federated"]["adaptive_gain_confidence"]
+    before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert config_hash(cfg) == before
+    assert config_hash(cfg.with_updates({"federated.adaptive_gain_confidence": 3.0})) != before
+
+
 def test_local_steps_compute_no_loss():
     cfg = config()
     data, theta0 = prepare_run(cfg)

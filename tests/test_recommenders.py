@@ -398,6 +398,9 @@ def test_the_rule_is_the_criterions_choice_on_the_committed_design_table():
     assert (rule.window, rule.horizon, rule.confidence, rule.gain_confidence) == expected
     assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence,
             fed.adaptive_gain_confidence) == expected
+    docs = " ".join((root / "docs" / "theory.md").read_text().split())
+    w, h, z, zg = expected
+    assert f"It chose $w = {w}$, $h = {h}$, $z = {z:g}$, $z_g = {zg:g}$." in docs
     full = design[design["checks"] == "+".join(CHECKS)]
     assert len(full) == len(bench.candidate_rules()) * design["variant"].nunique()
     assert set(design["variant"]) == {spec[0] for spec in bench.SETS.values() if spec[1] == "design"}

@@ -301,3 +301,37 @@ def test_leading_order_drift_floor_converges_to_the_simulated_one(drift_runs):
     assert errors[0] < 0.1
     assert errors[0] < errors[1] < errors[2]
     assert errors[1] / errors[0] == pytest.approx(2.0, rel=0.35)          # first order in η
+
+
+def test_path_terms_kernel_quantities_are_the_public_functions():
+    """path_terms computes the clients' moments once per round (``bound._kernel_terms``); every
+    quantity must equal its public function exactly (unequal client sizes, a ridge and a server step
+    of 0.6, which only the contraction rate and the transient's map see)."""
+    from linattn_theory.core.moments import value_moments
+    from linattn_theory.theory.frozen_stage import fedavg_fixed_point, frozen_stage_map, value_drift_floor
+    from linattn_theory.theory.profile import profile_gradient
+
+    config, clients = tiny_config(1.0, ridge=0.05, server_learning_rate=0.6)
+    fed = config.federated
+    eta, E, lam, s = fed.learning_rate, fed.local_steps, fed.ridge, fed.server_learning_rate
+    data = stack_clients(clients)
+    path = tb.warmup_path(config, clients)
+    params = path.params[5]
+    K = np.asarray(kernel(params))
+    terms = tb._kernel_terms(K, data, eta, E, lam, s)
+    phi, V_star = profile_objective(K, data, lam)
+    assert terms["phi"] == phi and np.array_equal(terms["V_star"], V_star)
+    assert np.array_equal(terms["M"], frozen_stage_map(K, data, eta, E, lam, s)[0])
+    assert np.array_equal(terms["V_FA"], fedavg_fixed_point(K, data, eta, E, lam))
+    assert terms["rho"] == contraction_rate(K, data, eta, E, lam, s)
+    assert terms["rho"] != contraction_rate(K, data, eta, E, lam)          # the server step matters here
+    assert terms["drift_floor"] == value_drift_floor(K, data, eta, E, lam)
+    assert terms["lead"] == tb.drift_floor_leading_order(K, data, eta, E, lam)
+    moments = value_moments(K, data)            # Ã_c = A_c + λI and Ã = Σ_c p_c Ã_c, from the moments
+    A_c = np.asarray(moments.A) + lam * np.eye(K.shape[-1])
+    assert np.array_equal(terms["A_c"], A_c)
+    assert np.allclose(terms["A"], np.einsum("c,cij->ij", np.asarray(moments.weights), A_c), rtol=1e-14, atol=0)
+    WQ, WK = np.asarray(params.WQ), np.asarray(params.WK)
+    G = profile_gradient(WQ @ np.swapaxes(WK, -1, -2), data, lam)
+    expected = np.concatenate([(G @ WK).ravel(), (np.swapaxes(G, -1, -2) @ WQ).ravel()])
+    assert np.array_equal(tb._factor_gradient(params, data, terms["V_star"]), expected)

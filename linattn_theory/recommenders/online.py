@@ -192,14 +192,17 @@ def _trend(values) -> float:
     return _line_fit(values)[0]
 
 
-def _line_fit(values) -> tuple[float, float]:
-    """``(b, σ)``: least-squares slope of ``values`` against their index and the residual standard
-    deviation ``√(Σ r²/(n − 2))`` (0 for two points)."""
+def _line_fit(values) -> tuple[float, float, float]:
+    """``(b, σ, se)``: least-squares slope of ``values`` against their index, the residual standard
+    deviation ``σ = √(Σ r²/(n − 2))`` (0 for two points) and the slope's standard error
+    ``se = σ/√Σ(u − ū)²``."""
     y = np.asarray(values, dtype=float)
     x = np.arange(len(y), dtype=float) - (len(y) - 1) / 2.0
-    b = float(np.sum(x * (y - y.mean())) / np.sum(x * x))
+    sxx = np.sum(x * x)
+    b = float(np.sum(x * (y - y.mean())) / sxx)
     r = y - y.mean() - b * x
-    return b, float(np.sqrt(np.sum(r * r) / (len(y) - 2))) if len(y) > 2 else 0.0
+    sigma = float(np.sqrt(np.sum(r * r) / (len(y) - 2))) if len(y) > 2 else 0.0
+    return b, sigma, float(sigma / np.sqrt(sxx))
 
 
 def escape_round(risk, window: int) -> int | None:
@@ -219,9 +222,7 @@ def gain_and_cost(risk, now, later, window: int, horizon: int) -> tuple[float, f
 def gain_error(risk, window: int, horizon: int) -> float:
     """The standard error of the gain: ``horizon × σ/√Σ(u − ū)²``, the least-squares slope's
     standard error over rounds ``t − window..t`` (``σ`` the fit's residual standard deviation)."""
-    y = np.asarray(risk, dtype=float)[-window - 1:]
-    x = np.arange(len(y), dtype=float) - (len(y) - 1) / 2.0
-    return float(horizon * _line_fit(y)[1] / np.sqrt(np.sum(x * x)))
+    return float(horizon * _line_fit(np.asarray(risk, dtype=float)[-window - 1:])[2])
 
 
 def drift_turn(profile, drift_floor, window: int) -> bool:
@@ -234,7 +235,7 @@ def fedavg_forecast(objective, T: int, window: int, confidence: float) -> tuple[
     """``(F̂_T, z σ)``: the straight-line forecast of plain FedAvg's final objective from
     ``F_λ(θ_u)``, ``u = t − w..t`` (``t = len(objective) − 1``, ``w = window``), decreases only,
     and ``confidence`` times the residual standard deviation of the fit."""
-    b, sigma = _line_fit(np.asarray(objective)[-window - 1:])
+    b, sigma, _ = _line_fit(np.asarray(objective)[-window - 1:])
     t = len(objective) - 1
     return float(objective[-1] + (T - t) * min(b, 0.0)), float(confidence * sigma)
 
@@ -243,9 +244,11 @@ def fedavg_forecast(objective, T: int, window: int, confidence: float) -> tuple[
 CHECKS = ("gain", "drift", "no_harm")
 
 
-def online_decision(forecasts, T: int, window: int = 8, horizon: int = 1, confidence: float = 2.0, *,
-                    gain_confidence: float = 3.0, checks=CHECKS) -> OnlineDecision:
-    """:class:`OnlineRule`'s decision at round ``t = len(forecasts) − 1``, from rounds ``0..t`` only.
+def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon: int = OnlineRule.horizon,
+                    confidence: float = OnlineRule.confidence, *, gain_confidence: float = OnlineRule.gain_confidence,
+                    checks=CHECKS) -> OnlineDecision:
+    """:class:`OnlineRule`'s decision at round ``t = len(forecasts) − 1``, from rounds ``0..t`` only
+    (its defaults are the rule's; ``gain_confidence`` is ``z_g`` of the gain test).
 
     ``forecasts[u]`` needs ``final_objective(k)``, ``profile`` and ``drift_floor`` (a
     :class:`FreezeForecast`, or a stored record's stand-in: :mod:`.scoring`). ``checks`` names the

@@ -53,8 +53,8 @@ from ..sim.config import RunConfig
 from ..sim.engine import Divergence, clients_from_config, initial_params, run_schedule
 from ..core.model import Params, _value_matrix, kernel
 from ..core.clients import StackedClients, stack_clients
-from .profile import centralized_optimum, profile_gradient, profile_objective
-from .frozen_stage import _drift_floor, _fixed_point, _frozen_map
+from .profile import centralized_optimum, profile_objective
+from .frozen_stage import _drift_floor, _fixed_point, _frozen_map, _spectral_radius
 from ._shared import _check_kernel, _host_moments, _kernel_gradient, _profile_from_moments
 
 __all__ = [
@@ -359,12 +359,11 @@ def closed_form_warmup(b_start: float, b_floor: float, q: float, drift_growth: f
 # --------------------------------------------------------------------------------------
 # constants along the path
 # --------------------------------------------------------------------------------------
-def _factor_gradient(params: Params, data, lam, V_star=None):
-    """``∇_{(W_Q, W_K)} Φ_λ = (G W_K, Gᵀ W_Q)`` with ``G = ∇_K Φ_λ`` (envelope theorem), flattened;
-    ``V_star``: ``V*_λ(K)`` when already known (the same numbers :func:`profile_gradient` computes)."""
+def _factor_gradient(params: Params, data, V_star):
+    """``∇_{(W_Q, W_K)} Φ_λ = (G W_K, Gᵀ W_Q)`` with ``G = ∇_K F(K, V*_λ(K)) = ∇_K Φ_λ`` (envelope
+    theorem, :func:`~linattn_theory.theory.profile.profile_gradient`), flattened."""
     WQ, WK = _host(params.WQ), _host(params.WK)
-    K = WQ @ np.swapaxes(WK, -1, -2)
-    G = profile_gradient(K, data, lam) if V_star is None else _kernel_gradient(_check_kernel(K, data), V_star, data)
+    G = _kernel_gradient(_check_kernel(WQ @ np.swapaxes(WK, -1, -2), data), V_star, data)
     return np.concatenate([(G @ WK).ravel(), (np.swapaxes(G, -1, -2) @ WQ).ravel()])
 
 
@@ -380,7 +379,7 @@ def _kernel_terms(K, data, eta: float, E: int, lam: float, s: float) -> dict:
     A_c, B_c, w, A = _client_moments(moments, lam)
     lead = _leading_order(A_c @ V_star - B_c, A_c, w, A, eta, E)
     return {"phi": phi, "V_star": V_star, "M": M, "V_FA": V_FA, "A_c": A_c, "A": A,
-            "rho": float(np.max(np.abs(np.linalg.eigvalsh(M)))), "lead": lead,
+            "rho": _spectral_radius(M), "lead": lead,
             "drift_floor": _drift_floor(V_FA, V_star, moments, lam)}
 
 
@@ -409,7 +408,7 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
         k = T - t
         transient, complement, sqrt_kappa = _transient(M, A, k)
         rho, lead = terms["rho"], terms["lead"]
-        grads.append(_factor_gradient(params, data, lam, V_star))
+        grads.append(_factor_gradient(params, data, V_star))
         rows.append({"round": t, "profile_objective": phi, "bias": phi - optimum,
                      "drift_floor": terms["drift_floor"],
                      "value_lag": float(0.5 * np.sum(e * (A @ e))),

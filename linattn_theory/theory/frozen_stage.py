@@ -65,7 +65,11 @@ def fedavg_fixed_point(K, clients, eta: float, E: int, lam: float = 0.0):
 
 def contraction_rate(K, clients, eta: float, E: int, lam: float = 0.0, server_learning_rate: float = 1.0) -> float:
     """``ρ(K)``, the spectral radius of ``M`` (docs/theory.md §5): ``‖V^t − V_FA‖`` shrinks like ``ρ^{t−T0}``."""
-    M, _ = frozen_stage_map(K, clients, eta, E, lam, server_learning_rate)
+    return _spectral_radius(frozen_stage_map(K, clients, eta, E, lam, server_learning_rate)[0])
+
+
+def _spectral_radius(M) -> float:
+    """``max |μ|`` over the eigenvalues of the symmetric ``M``."""
     return float(np.max(np.abs(np.linalg.eigvalsh(M))))
 
 
