@@ -177,6 +177,30 @@ def test_the_path_of_one_run_is_the_warmup_path(attention):
         pd.testing.assert_frame_equal(path.table, reference.table)
 
 
+@pytest.mark.parametrize("attention,engine", [("linear", "fused"), ("linear", "array_api"), ("softmax", "auto")])
+def test_warmup_path_of_one_run_equals_one_round_runs(attention, engine):
+    """With full batches ``warmup_path`` takes every ``θ^t`` from one run of ``T`` rounds; that is
+    ``T`` one-round runs (the path's definition) bit for bit: unequal client sizes, a server step."""
+    from linattn_theory.theory.bound import _path_round_by_round, config_stacked, warmup_path
+    from linattn_theory.sim.engine import initial_params
+
+    config = config_from_dict({"task": {"num_clients": 4, "samples_per_client": 24, "tokens": 6, "dim": 4,
+                                        "rank": 2, "dirichlet_alpha": 0.5},
+                               "model": {"rank": 2, "attention": attention, "engine": engine},
+                               "federated": {"rounds": 8, "warmup_rounds": 0, "local_steps": 3, "learning_rate": 0.05,
+                                             "server_learning_rate": 0.7}})
+    clients = clients_from_config(config)
+    assert len({len(c[0]) for c in clients}) > 1            # unequal sizes: the weights p_c matter
+    data = config_stacked(config, clients)
+    path = warmup_path(config, clients)
+    reference = _path_round_by_round(initial_params(config, data.q.shape[-1], data.y.shape[-1]), data, config)
+    assert path.divergence is None and len(path.params) == len(reference.params) == 9
+    for ours, theirs in zip(path.params, reference.params):
+        for block in ("WQ", "WK", "WV"):
+            np.testing.assert_array_equal(getattr(ours, block), getattr(theirs, block))
+    pd.testing.assert_frame_equal(path.table, reference.table)
+
+
 def test_fit_inexact_pl_returns_a_valid_unrolled_bound():
     """Every fitted ``(t_s, b_∞, q)`` dominates the sequence from ``t_s`` on (random bias paths)."""
     rng = np.random.default_rng(0)

@@ -187,15 +187,29 @@ class WarmupPath:
 def warmup_path(config: RunConfig, clients=None) -> WarmupPath:
     """Run plain FedAvg for ``T = config.federated.rounds`` rounds and keep ``θ^t`` at every round.
 
-    Each round is one :func:`~linattn_theory.sim.engine.run_schedule` call, so ``θ^t`` is the
-    simulator's own state. With full batches and full participation a round does not depend on
-    its index, and ``θ^t`` is bit-identical to round ``t`` of :func:`~linattn_theory.simulate`;
-    with minibatches or client sampling each round re-draws from the streams of round 0 (the
-    bound's full-batch assumption is then reported as violated).
+    ``θ^t`` is the simulator's own state. With full batches and full participation a round does
+    not depend on its index: one :func:`~linattn_theory.sim.engine.run_schedule` of ``T`` rounds
+    gives every ``θ^t`` (:func:`path_from_states`), bit-identical to round ``t`` of
+    :func:`~linattn_theory.simulate`. With minibatches or client sampling, or when the run diverges
+    (to report the round), each round is one ``run_schedule`` call that re-draws from the streams
+    of round 0 (the bound's full-batch assumption is then reported as violated).
     """
     clients = clients_from_config(config) if clients is None else clients
     data = config_stacked(config, clients, np.dtype(config.model.dtype))
     params = initial_params(config, data.q.shape[-1], data.y.shape[-1])
+    fed = config.federated
+    if fed.batch_size is None and fed.participation >= 1.0:
+        states = []
+        whole = run_schedule(params, data, replace(fed, warmup_rounds=fed.rounds, strategy="fedavg"), fed.rounds,
+                             config.seed, on_round=states.append, engine=config.model.engine)
+        if not whole.diverged:
+            return path_from_states(states)
+    return _path_round_by_round(params, data, config)
+
+
+def _path_round_by_round(params: Params, data: StackedClients, config: RunConfig) -> WarmupPath:
+    """:func:`warmup_path` as ``T`` one-round runs from ``params``, each re-drawing from round 0's
+    streams; a divergence is reported at its round."""
     one = replace(config.federated, rounds=1, warmup_rounds=1, strategy="fedavg")
     states, tables, divergence = [params], [], None
     for t in range(config.federated.rounds):
@@ -217,8 +231,8 @@ def warmup_path(config: RunConfig, clients=None) -> WarmupPath:
 def path_from_states(states) -> WarmupPath:
     """The :class:`WarmupPath` of one FedAvg run from its states after rounds ``0..T`` (what
     :func:`~linattn_theory.sim.engine.run_schedule` passes to ``on_round``): with full batches and
-    full participation the same ``θ^t`` and table, bit for bit, as :func:`warmup_path`, from one
-    run instead of ``T``. A prefix of the states is the path of a pilot of that many rounds."""
+    full participation the same ``θ^t`` and table, bit for bit, as ``T`` one-round runs
+    (:func:`warmup_path` uses it there). A prefix of the states is the path of a pilot of that many rounds."""
     table = pd.DataFrame(states[-1].rows).iloc[1:].reset_index(drop=True)
     table["cumulative_kernel_drift"] = np.cumsum(table["kernel_drift"].to_numpy())
     table["strategy"] = "fedavg"          # a FedFrozen run still warming up is plain FedAvg
