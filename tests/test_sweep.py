@@ -323,3 +323,41 @@ def test_set_overrides_and_print_config_resolve_the_sweep(tmp_path, capsys):
     assert tomllib.loads(capsys.readouterr().out)["quick"] == {"seed": [5]}
     assert main(["sweep", str(path), "--set", "task.zeta_value=0.3", "--dry-run"]) == 2
     assert "task.zeta_value is a grid key; expected a non-empty list" in capsys.readouterr().err
+
+
+def test_runs_are_grouped_by_instance_from_their_metadata_and_still_verified(tmp_path):
+    """``runs_by_instance`` groups runs by problem instance reading only ``metadata.json``, yet a
+    run whose metadata is garbled, or whose table was edited, still raises RunIntegrityError."""
+    from linattn_theory.report import sweep_analysis
+
+    path = tmp_path / "sweep.toml"
+    path.write_text("seed = 0\n[task]\nnum_clients = 3\nsamples_per_client = 12\ntokens = 4\ndim = 3\n"
+                    "rank = 2\noutputs = 1\n[model]\nrank = 2\n[federated]\nrounds = 3\nlocal_steps = 2\n"
+                    "learning_rate = 0.02\n[grid]\nseed = [0, 1]\n\"federated.warmup_rounds\" = [0, 3]\n")
+    out = tmp_path / "out"
+    run_sweep(load_sweep(path), out)
+    results = load_results(out)
+    groups = [list(runs) for _, runs in sweep_analysis.runs_by_instance(out, results)]
+    seeds = [[int(results.set_index("run_id").loc[rid, "seed"]) for rid in group] for group in groups]
+    assert seeds == [[0, 0], [1, 1]]                             # two instances, two T0 each
+    rid = groups[1][0]
+    table = out / "runs" / rid / "rounds.csv"
+    table.write_bytes(table.read_bytes().replace(b"0.", b"1.", 1))
+    with pytest.raises(RunIntegrityError, match=rid):
+        list(sweep_analysis.runs_by_instance(out, results))
+    (out / "runs" / rid / "metadata.json").write_text("{garbled")
+    with pytest.raises(RunIntegrityError, match=rid):
+        list(sweep_analysis.runs_by_instance(out, results))
+
+
+def test_read_table_restores_float_columns_and_keeps_integer_ones():
+    """A run's table reads back with every measurement float64 (a column of zeros included) and the
+    round and participant counts as integers, whether or not a column needed the cast."""
+    from linattn_theory.sim.sweep import read_table
+
+    csv = b"round,participants,loss,kernel_drift,stage\n0,4,1.5,0,warmup\n1,4,1.25,0,warmup\n"
+    table = read_table(csv)
+    assert table["loss"].dtype == table["kernel_drift"].dtype == np.float64
+    assert table["round"].dtype.kind == table["participants"].dtype.kind == "i"
+    assert table["kernel_drift"].tolist() == [0.0, 0.0] and table["loss"].tolist() == [1.5, 1.25]
+    assert read_table(b"round,loss\n0,1.5\n")["loss"].dtype == np.float64   # nothing to cast

@@ -84,9 +84,19 @@ def _instance_groups(folder, results: pd.DataFrame) -> list[list[str]]:
     """The run ids of a sweep grouped by problem instance, in order of first appearance."""
     groups: dict[str, list] = {}
     for rid in results["run_id"]:
-        config = config_from_dict(load_run(folder, rid).metadata["config"])
-        groups.setdefault(_instance_key(config), []).append(rid)
+        groups.setdefault(_instance_key(_run_config(folder, rid)), []).append(rid)
     return list(groups.values())
+
+
+def _run_config(folder, run_id: str) -> RunConfig:
+    """A stored run's configuration from its ``metadata.json`` alone (grouping needs no table or
+    parameters; :func:`_load_instance` verifies every file); a record that does not read as one is
+    loaded in full, which names what is wrong with it."""
+    try:
+        metadata = json.loads((Path(folder) / "runs" / run_id / "metadata.json").read_bytes())
+        return config_from_dict(metadata["config"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return config_from_dict(load_run(folder, run_id).metadata["config"])
 
 
 def _load_instance(folder, run_ids):

@@ -618,8 +618,9 @@ def read_table(data: bytes):
     import pandas as pd
 
     table = pd.read_csv(io.BytesIO(data))
-    cast = {c: "float64" for c in table.select_dtypes(include="number").columns if c not in _INTEGER_COLUMNS}
-    return table.astype(cast)
+    cast = {c: "float64" for c in table.select_dtypes(include="number").columns
+            if c not in _INTEGER_COLUMNS and table[c].dtype != "float64"}
+    return table.astype(cast) if cast else table      # astype of every column costs more than the read
 
 
 def _run_dirs(out: Path) -> list[Path]:
