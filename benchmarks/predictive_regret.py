@@ -7,8 +7,8 @@ evaluation score of the rule existed (docs/theory.md §8, "Pre-registration"):
   ``FAMILIES`` and their ``VARIANTS`` — full batches (linear attention; softmax attention),
   minibatches of 16 with half the clients per round, Dirichlet(0.5) client sizes, and the
   in-context family at stronger task heterogeneity — with their seeds;
-* the **candidate rules** (``CANDIDATES``: window, horizon, confidence and gain confidence of
-  :class:`~linattn_theory.recommenders.online.OnlineRule`) and the **criterion**
+* the **candidate rules** (``CANDIDATES``: window, horizon, confidence, gain confidence and descent
+  confidence of :class:`~linattn_theory.recommenders.online.OnlineRule`) and the **criterion**
   (:func:`choose_rule`) that picks one from the design table, which is computed on the design
   instances only. The evaluation instances played no part in designing or tuning anything.
 
@@ -18,7 +18,7 @@ optimum, and every recommender is scored by its regret ``R(T0_rec)/R(T0_best) �
 * ``online`` (causal): the chosen rule, replayed on the stored FedAvg path exactly as it runs in
   training (:func:`~linattn_theory.recommenders.scoring.replay_online`), with the realised ``R`` of
   its decision (roll-backs under noise simulated);
-* ``previous``: the rule before this design (round 1: ``w = 8``, ``h = 1``, ``z = 3``, no gain confidence);
+* ``previous``: the rule before this design (round 2: ``w = 8``, ``h = 1``, ``z = 2``, ``z_g = 3``, no descent test);
 * ``pilot``, ``transfer`` (design seeds of the same setting), ``a_posteriori`` (descriptive);
 * baselines: FedAvg (``T0 = T``), fixed ``T0 = T/2``, the cross-seed oracle.
 
@@ -26,7 +26,7 @@ Records are cached as JSON (atomic writes) under ``--cache``: an interrupted run
 second run only re-tabulates. A worker task scores 8 instances together (their warm-up sweeps as
 ensembles, their centralised optima batched; a record is the same whichever instances share its
 task). The design records of seeds below 4000 were computed one instance at a time (the engine of
-commit ``bad236c``), the evaluation records of seeds 4000–4005 with the ensembles; near the edge of stability a run of another engine can differ by more than rounding
+commit ``bad236c``), the records of seeds 4000–5005 with the ensembles; near the edge of stability a run of another engine can differ by more than rounding
 (docs/theory.md §6, "Rounding near the edge of stability"), so a rerun from an empty cache
 reproduces the tables up to those instances. Results in ``<out>``: ``predictive_regret_scores.csv`` (a row per
 instance and recommender), ``predictive_regret_design.csv`` (every candidate on every design
@@ -94,10 +94,11 @@ VARIANTS = {
                "levels": (1.5, 2.0, 3.0), "step_scale": (0.02, 0.04)},
 }
 
-#: name -> (variant, role, seeds). Round 2 (docs/theory.md §8, "How the rule was designed"): seeds
-#: 2000–2004 were the evaluation seeds of the first rule (gain against cost only) and 3000–3005 those
-#: of the second (round 1, scored in commit bad236c); the failures that motivated each redesign were
-#: found on them, so they are design instances now. The evaluation seeds 4000–4005 are new.
+#: name -> (variant, role, seeds). Round 3 (docs/theory.md §8, "How the rule was designed"): seeds
+#: 2000–2004 were the evaluation seeds of the first rule (gain against cost only), 3000–3005 those
+#: of the second (round 1, scored in commit bad236c) and 4000–4005 those of the third (round 2, scored
+#: in commit 5d7bbc4); the failures that motivated each redesign were found on them, so they are
+#: design instances now. The evaluation seeds 5000–5005 are new.
 SETS = {
     "design": ("linear", "design", (1000, 1001, 1002)),
     "design_seen": ("linear", "design", (2000, 2001, 2002, 2003, 2004)),
@@ -109,19 +110,28 @@ SETS = {
     "design_r1_minibatch": ("minibatch", "design", (3000, 3001, 3002)),
     "design_r1_skewed": ("skewed", "design", (3000, 3001, 3002)),
     "design_r1_strong": ("strong", "design", (3000, 3001, 3002, 3003, 3004, 3005)),
-    "evaluation": ("linear", "evaluation", (4000, 4001, 4002, 4003, 4004)),
-    "evaluation_softmax": ("softmax", "evaluation", (4000, 4001, 4002)),
-    "evaluation_minibatch": ("minibatch", "evaluation", (4000, 4001, 4002)),
-    "evaluation_skewed": ("skewed", "evaluation", (4000, 4001, 4002)),
-    "evaluation_strong": ("strong", "evaluation", (4000, 4001, 4002, 4003, 4004, 4005)),
+    "design_r2": ("linear", "design", (4000, 4001, 4002, 4003, 4004)),
+    "design_r2_softmax": ("softmax", "design", (4000, 4001, 4002)),
+    "design_r2_minibatch": ("minibatch", "design", (4000, 4001, 4002)),
+    "design_r2_skewed": ("skewed", "design", (4000, 4001, 4002)),
+    "design_r2_strong": ("strong", "design", (4000, 4001, 4002, 4003, 4004, 4005)),
+    "evaluation": ("linear", "evaluation", (5000, 5001, 5002, 5003, 5004)),
+    "evaluation_softmax": ("softmax", "evaluation", (5000, 5001, 5002)),
+    "evaluation_minibatch": ("minibatch", "evaluation", (5000, 5001, 5002)),
+    "evaluation_skewed": ("skewed", "evaluation", (5000, 5001, 5002)),
+    "evaluation_strong": ("strong", "evaluation", (5000, 5001, 5002, 5003, 5004, 5005)),
 }
 #: The transfer recommender reads the a-posteriori T0 of these design sets (same setting).
 TRANSFER_FROM = {"linear": "design", "softmax": "design_r1_softmax", "minibatch": "design_minibatch",
                  "skewed": "design_skewed", "strong": "design_strong"}
 
-#: Candidate rules: OnlineRule(window, horizon, confidence, gain_confidence) over this grid.
-CANDIDATES = {"window": (4, 6, 8, 10), "horizon": (1, 2), "confidence": (0.0, 2.0, 3.0, 4.0),
-              "gain_confidence": (0.0, 1.0, 2.0, 3.0)}
+#: Candidate rules of round 3: OnlineRule(window, horizon, confidence, gain_confidence,
+#: descent_confidence) over this grid (``None``: no descent test, the rules of round 2). Round 2's
+#: design table ranked horizon 2, window 4 and confidences 0 and 4 behind the others; round 3 adds the
+#: descent test (docs/theory.md §8) on a doubling grid of its confidence, and keeps the grid small
+#: enough to replay on every design instance.
+CANDIDATES = {"window": (6, 8, 10), "horizon": (1,), "confidence": (2.0, 3.0), "gain_confidence": (2.0, 3.0),
+              "descent_confidence": (None, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)}
 #: The parameters of a rule, in the order of :class:`~linattn_theory.recommenders.online.OnlineRule`.
 RULE_PARAMS = tuple(CANDIDATES)
 #: A rule harms an instance when its regret exceeds FedAvg's by more than this (2 points).
@@ -133,24 +143,33 @@ DESIGN_HARM_LIMIT = 0.01
 TIE = 1e-3
 #: The goal on every evaluation set (issue 18): median regret, worst regret, share of instances harmed.
 GOAL = {"median": 0.005, "max": 0.10, "harm_share": 0.02}
-#: The rule before this design (round 1's: no gain confidence), scored next to the chosen one.
-PREVIOUS = {"window": 8, "horizon": 1, "confidence": 3.0, "gain_confidence": 0.0, "checks": CHECKS}
+#: The rule before this design (round 2's: no descent test), scored next to the chosen one.
+PREVIOUS = {"window": 8, "horizon": 1, "confidence": 2.0, "gain_confidence": 3.0, "descent_confidence": None,
+            "checks": CHECKS}
 
 
 def candidate_rules(grid=None) -> dict:
-    """``{name: (window, horizon, confidence, gain_confidence, checks)}``: the candidates of
-    ``grid`` (default :data:`CANDIDATES`)."""
+    """``{name: (window, horizon, confidence, gain_confidence, descent_confidence, checks)}``: the
+    candidates of ``grid`` (default :data:`CANDIDATES`)."""
     grid = CANDIDATES if grid is None else grid
     return {rule_name(*values): (*values, CHECKS) for values in itertools.product(*grid.values())}
 
 
-def rule_name(window, horizon, confidence, gain_confidence=0.0, checks=CHECKS) -> str:
+def rule_name(window, horizon, confidence, gain_confidence=0.0, descent_confidence=None, checks=CHECKS) -> str:
+    """The rule's name in the tables (the rules before the descent test keep their earlier names)."""
     name = f"w={window} h={horizon} z={confidence:g} zg={gain_confidence:g}"
+    if _given(descent_confidence):
+        name += f" zd={descent_confidence:g}"
     return name if tuple(checks) == CHECKS else f"{name} [{'+'.join(checks)}]"
 
 
+def _given(value) -> bool:
+    """A set parameter (not ``None``, nor the ``NaN`` a CSV reads for it)."""
+    return value is not None and not (isinstance(value, float) and np.isnan(value))
+
+
 def rule_spec(chosen: dict, checks=CHECKS) -> tuple:
-    """``(window, horizon, confidence, gain_confidence, checks)`` of a rule given as a dict."""
+    """``(window, horizon, confidence, gain_confidence, descent_confidence, checks)`` of a rule given as a dict."""
     return (*(chosen[p] for p in RULE_PARAMS), tuple(checks))
 
 
@@ -160,20 +179,22 @@ def choose_rule(design: pd.DataFrame) -> dict:
     Over the candidates (rows with ``checks`` = all tests): admissible are those whose harm share
     (``harm / instances``) is at most :data:`DESIGN_HARM_LIMIT` on every design variant; among
     them the smallest mean over variants of the mean regret wins, ties broken by the smaller
-    window, horizon, confidence and gain confidence. If none is admissible, the smallest largest
-    harm share wins (then the same order). Returns ``{"window", "horizon", "confidence",
-    "gain_confidence", "admissible"}``.
+    window, horizon, confidence, gain confidence and descent confidence (none last). If none is
+    admissible, the smallest largest harm share wins (then the same order). Returns ``{"window",
+    "horizon", "confidence", "gain_confidence", "descent_confidence", "admissible"}``.
     """
     full = design[design["checks"] == "+".join(CHECKS)]
-    per = full.assign(share=full["harm"] / full["instances"]).groupby(list(RULE_PARAMS))
+    per = full.assign(share=full["harm"] / full["instances"]).groupby(list(RULE_PARAMS), dropna=False)
     table = pd.DataFrame({"worst_share": per["share"].max(), "mean_of_means": per["mean"].mean()}).reset_index()
     table["admissible"] = table["worst_share"] <= DESIGN_HARM_LIMIT
     pool = table[table["admissible"]] if table["admissible"].any() else table
     key = ["mean_of_means", *RULE_PARAMS] if table["admissible"].any() else \
         ["worst_share", "mean_of_means", *RULE_PARAMS]
     best = pool.sort_values(key, kind="stable").iloc[0]
+    descent = best["descent_confidence"]
     return {"window": int(best["window"]), "horizon": int(best["horizon"]),
             "confidence": float(best["confidence"]), "gain_confidence": float(best["gain_confidence"]),
+            "descent_confidence": float(descent) if _given(descent) else None,
             "admissible": int(table["admissible"].sum())}
 
 
@@ -181,8 +202,9 @@ def choose_rule(design: pd.DataFrame) -> dict:
 QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds": 12}, "families": ("planted_kernel",),
          "restarts": 2,
          "local_steps": (10,), "sets": {"design": (1000,), "design_minibatch": (1000,),
-                                        "evaluation": (4001, 4002), "evaluation_minibatch": (4001,)},
-         "candidates": {"window": (2, 3), "horizon": (1,), "confidence": (0.0, 2.0), "gain_confidence": (0.0, 1.0)}}
+                                        "evaluation": (5001, 5002), "evaluation_minibatch": (5001,)},
+         "candidates": {"window": (2, 3), "horizon": (1,), "confidence": (0.0, 2.0), "gain_confidence": (0.0, 1.0),
+                        "descent_confidence": (None, 1.0)}}
 
 RECOMMENDERS = ("online", "previous", "pilot", "transfer", "a_posteriori")
 BASELINES = ("fedavg", "half", "cross_seed_oracle")
@@ -303,12 +325,14 @@ class _Rule:
     """:func:`~linattn_theory.recommenders.online.online_decision` with some of its tests (the design
     table's ablations; with all tests it is :class:`OnlineRule`)."""
 
-    def __init__(self, window, horizon, confidence, gain_confidence=0.0, checks=CHECKS):
+    def __init__(self, window, horizon, confidence, gain_confidence=0.0, descent_confidence=None, checks=CHECKS):
         self.args, self.checks = (int(window), int(horizon), float(confidence)), tuple(checks)
         self.gain_confidence = float(gain_confidence)
+        self.descent_confidence = float(descent_confidence) if _given(descent_confidence) else None
 
     def decide(self, forecasts, T):
-        return online_decision(forecasts, T, *self.args, gain_confidence=self.gain_confidence, checks=self.checks)
+        return online_decision(forecasts, T, *self.args, gain_confidence=self.gain_confidence,
+                               descent_confidence=self.descent_confidence, checks=self.checks)
 
 
 def _outcomes(record_path: str, config_dict: dict, rules: dict, path: str) -> str:
@@ -352,8 +376,8 @@ def rule_outcomes(table: pd.DataFrame, records: dict, cache: Path, rules: dict, 
 
 
 def design_rules(quick: bool = False) -> dict:
-    """``{name: (window, horizon, confidence, gain_confidence, checks)}``: the candidates of
-    :data:`CANDIDATES` and the previous rule."""
+    """``{name: (window, horizon, confidence, gain_confidence, descent_confidence, checks)}``: the
+    candidates of :data:`CANDIDATES` and the previous rule."""
     rules = candidate_rules(QUICK["candidates"] if quick else None)
     rules[rule_name(**PREVIOUS)] = rule_spec(PREVIOUS, PREVIOUS["checks"])
     return rules
@@ -370,7 +394,7 @@ def design_table(table: pd.DataFrame, records: dict, outcomes: dict, rules: dict
     harm (regret above FedAvg's by more than :data:`HARM_MARGIN`)."""
     design = table[(table["role"] == "design") & table["key"].isin(list(outcomes))]
     rows = []
-    for name, (w, h, z, zg, checks) in rules.items():
+    for name, (w, h, z, zg, zd, checks) in rules.items():
         for variant, part in design.groupby("variant", sort=False):
             r, harm = [], 0
             for key in part["key"]:
@@ -380,7 +404,7 @@ def design_table(table: pd.DataFrame, records: dict, outcomes: dict, rules: dict
                 harm += value - regret(R[-1], R) > HARM_MARGIN
             r = np.asarray(r)
             rows.append({"rule": name, "window": w, "horizon": h, "confidence": z, "gain_confidence": zg,
-                         "checks": "+".join(checks),
+                         "descent_confidence": zd if _given(zd) else np.nan, "checks": "+".join(checks),
                          "variant": variant, "instances": len(r), "median": np.percentile(r, 50, method="higher"),
                          "mean": np.mean(r), "p90": np.percentile(r, 90, method="higher"), "max": np.max(r),
                          "harm": int(harm)})
@@ -546,7 +570,8 @@ def design_markdown(design: pd.DataFrame, top: int = 8) -> str:
     shown += [r for r in [name, rule_name(**PREVIOUS)] +
               list(ablations(chosen)) if r not in shown]
     lines = [f"Design sets ({', '.join(f'{v}: {n[v]}' for v in variants)} scored instances): "
-             f"{len(ranking)} candidate rules (window w, horizon h, confidence z, gain confidence zg), the previous rule and "
+             f"{len(ranking)} candidate rules (window w, horizon h, confidence z, gain confidence zg, descent confidence zd), "
+             f"the previous rule and "
              f"the chosen rule without each of its tests. Criterion (`choose_rule`, fixed before any "
              f"evaluation score): harm on at most {100 * DESIGN_HARM_LIMIT:g} % of every design variant's "
              f"instances, then the smallest mean over variants of the mean regret. Admissible: "

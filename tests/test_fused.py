@@ -163,23 +163,34 @@ def test_default_engine_leaves_the_config_key_unchanged():
     del data["model"]["engine"]
     del data["federated"]["adaptive_confidence"]
     del data["federated"]["adaptive_gain_confidence"]
+    del data["federated"]["adaptive_descent_confidence"]
     data["federated"].update(adaptive_window=5, adaptive_horizon=3)
     before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert config_hash(cfg) == before
     assert config_hash(cfg.with_updates({"model.engine": "fused"})) != before
 
 
-def test_the_online_rule_without_gain_confidence_keeps_its_config_key():
-    # fedfrozen_adaptive runs of the rule before z_g (gain confidence 0) keep the key they had
-    # before the setting existed; any other z_g is another run
+def test_the_online_rule_without_gain_or_descent_confidence_keeps_its_config_key():
+    # fedfrozen_adaptive runs of the rule before z_g (gain confidence 0) and z_d (no descent test)
+    # keep the key they had before the settings existed; any other z_g or z_d is another run
     cfg = config().with_updates({"federated.strategy": "fedfrozen_adaptive",
-                                 "federated.adaptive_gain_confidence": 0.0})
+                                 "federated.adaptive_gain_confidence": 0.0,
+                                 "federated.adaptive_descent_confidence": None})
     data = cfg.to_dict()
     del data["model"]["engine"]
     del data["federated"]["adaptive_gain_confidence"]
+    del data["federated"]["adaptive_descent_confidence"]
     before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert config_hash(cfg) == before
     assert config_hash(cfg.with_updates({"federated.adaptive_gain_confidence": 3.0})) != before
+    assert config_hash(cfg.with_updates({"federated.adaptive_descent_confidence": 3.0})) != before
+    # round 2's rule (z_g = 3, no descent test) keeps its key too
+    round2 = cfg.with_updates({"federated.adaptive_gain_confidence": 3.0})
+    data = round2.to_dict()
+    del data["model"]["engine"]
+    del data["federated"]["adaptive_descent_confidence"]
+    assert config_hash(round2) == hashlib.sha256(
+        json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def test_local_steps_compute_no_loss():

@@ -14,7 +14,8 @@ from linattn_theory.sim.config import config_from_dict
 from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule, simulate
 from linattn_theory.recommenders.recommendation import MODES, recommend
 from linattn_theory.recommenders.online import (CHECKS, OnlineRule, drift_turn, fedavg_forecast, freeze_forecast,
-                                                gain_error, online_decision, run_online)
+                                                gain_error, online_decision, run_online, still_descending,
+                                                _default_rule)
 from linattn_theory.recommenders.scoring import (ScriptedRule, best_warmup, realised_risk, regret,
                                                  replay_online, score_instance, score_instances)
 
@@ -198,6 +199,39 @@ def test_rule_gain_error_is_the_slopes_standard_error_and_z_g_spares_it():
     assert (by_rule.stop, by_rule.test, by_rule.gain, by_rule.cost) == (False, "gain", held.gain, held.cost)
 
 
+#: Rounds 5..8 of a slow descent: R_freeze = 3.604, 3.585, 3.578, 3.573 (slope −0.01 per round exactly,
+#: the residuals 0.004, −0.005, −0.002, 0.003 of the gain-error test), A_u = R_freeze(u) + c_u (20 − u).
+SLOW = A[:5] + [4.129, 4.089, 4.059, 4.029]
+
+
+def test_rule_descent_test_keeps_training_while_r_freeze_still_falls():
+    """By hand, at round 8 of ``SLOW`` (w = 3, h = 2): gain = −2 × (−0.01) = 0.02 with se(gain) =
+    2 √(27e-6/5) = 0.0046476, and cost = J(8, 10) − J(8, 12) = 0.076 (both minima at s = 8). The gain
+    test freezes (0.02 + 3 se = 0.034 ≤ 0.076: one more round is worth less than the frozen rounds it
+    gives up), the drift test too (the profile did not rise), and so does the no-harm test
+    (F̂ = 4.029 − 12 × 0.033 = 3.633, σ = √(15e-6); 3.573 < F̂ − σ). But R_freeze(8) already counts
+    those frozen rounds and still falls: the descent test keeps training while
+    0.02 > z_d × 0.0046476, i.e. for z_d < 4.3033, and is off without z_d."""
+    base = online_decision(hand(A=SLOW), 20, 3, 2, 1.0)
+    assert base.stop and base.kernel_round == 8 and base.test == "no_harm"
+    assert base.gain == pytest.approx(0.02, abs=1e-12) and base.cost == pytest.approx(0.076, abs=1e-12)
+    assert base.freeze_objective == pytest.approx(3.573, abs=1e-12)
+    assert base.fedavg_forecast == pytest.approx(3.633, abs=1e-12)
+    error = 2 * np.sqrt(27e-6 / 5)
+    held = online_decision(hand(A=SLOW), 20, 3, 2, 1.0, descent_confidence=4.30)
+    assert not held.stop and held.test == "descent"
+    assert (held.gain, held.cost) == (base.gain, base.cost)
+    assert online_decision(hand(A=SLOW), 20, 3, 2, 1.0, descent_confidence=4.31).stop
+    assert still_descending(0.02, error, 4.30) and not still_descending(0.02, error, 4.31)
+    assert not still_descending(0.02, error, None) and not still_descending(-0.02, error, 0.0)
+    # the rule and the config carry z_d; the ablation without the descent test freezes
+    assert not OnlineRule(3, 2, 1.0, 3.0, 4.30).decide(hand(A=SLOW), 20).stop
+    assert online_decision(hand(A=SLOW), 20, 3, 2, 1.0, descent_confidence=4.30,
+                           checks=("gain", "drift", "no_harm")).stop
+    # on the flattening history of the other tests R_freeze rises (gain −0.02): no descent to wait for
+    assert online_decision(hand(), 20, 3, 2, 1.0, descent_confidence=0.0).stop
+
+
 def test_rule_escape_ends_exactly_w_rounds_after_the_first_fall():
     """R_freeze first falls below R_freeze(0) at round 2; with w = 3 rounds 3 and 4 still escape and
     round 5 does not (at round 5 the gain, 0.53 by hand, beats the cost 0.07: it continues there)."""
@@ -253,15 +287,20 @@ def test_rule_at_the_budget_is_fedavg_and_rejects_bad_settings():
         online_decision(hand(upto=5), 3)
     with pytest.raises(ValueError, match="checks"):
         online_decision(hand(), 20, checks=("gain", "patience"))
-    assert CHECKS == ("gain", "drift", "no_harm")
+    with pytest.raises(ValueError, match="descent_confidence"):
+        OnlineRule(descent_confidence=-1.0)
+    assert CHECKS == ("gain", "descent", "drift", "no_harm")
 
 
 def test_rule_defaults_are_the_configs():
     """``fedfrozen_adaptive`` runs the rule's defaults unless the config says otherwise."""
     fed = config_from_dict({}).federated
     rule = OnlineRule()
-    assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence, fed.adaptive_gain_confidence) == (
-        rule.window, rule.horizon, rule.confidence, rule.gain_confidence)
+    assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence, fed.adaptive_gain_confidence,
+            fed.adaptive_descent_confidence) == (rule.window, rule.horizon, rule.confidence, rule.gain_confidence,
+                                                 rule.descent_confidence)
+    custom = config_from_dict({"federated": {"strategy": "fedfrozen_adaptive", "adaptive_descent_confidence": 1.5}})
+    assert _default_rule(custom.federated).descent_confidence == 1.5
 
 
 # ----------------------------------------------------------------- replayed on a record = run in training
@@ -395,12 +434,12 @@ def test_the_rule_is_the_criterions_choice_on_the_committed_design_table():
     chosen = bench.choose_rule(design)
     rule, fed = OnlineRule(), config_from_dict({}).federated
     expected = tuple(chosen[p] for p in bench.RULE_PARAMS)
-    assert (rule.window, rule.horizon, rule.confidence, rule.gain_confidence) == expected
+    assert (rule.window, rule.horizon, rule.confidence, rule.gain_confidence, rule.descent_confidence) == expected
     assert (fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence,
-            fed.adaptive_gain_confidence) == expected
+            fed.adaptive_gain_confidence, fed.adaptive_descent_confidence) == expected
     docs = " ".join((root / "docs" / "theory.md").read_text().split())
-    w, h, z, zg = expected
-    assert f"It chose $w = {w}$, $h = {h}$, $z = {z:g}$, $z_g = {zg:g}$." in docs
+    w, h, z, zg, zd = expected
+    assert f"It chose $w = {w}$, $h = {h}$, $z = {z:g}$, $z_g = {zg:g}$, $z_d = {zd:g}$." in docs
     full = design[design["checks"] == "+".join(CHECKS)]
     assert len(full) == len(bench.candidate_rules()) * design["variant"].nunique()
     assert set(design["variant"]) == {spec[0] for spec in bench.SETS.values() if spec[1] == "design"}
@@ -500,18 +539,31 @@ def test_choose_rule_applies_the_declared_criterion():
     """On a hand-made design table: an inadmissible rule with the lowest mean loses to admissible
     ones; among those the lower mean of means wins; ties go to the smaller window."""
     bench, _ = _benchmark()
-    rows = []
-    for (w, h, z, zg), means, harms in [((4, 1, 0.0, 0.0), (0.001, 0.001), (2, 0)),  # harms 2 of 100: out
-                                        ((5, 1, 1.0, 2.0), (0.010, 0.030), (1, 0)),  # admissible, mean 0.02
-                                        ((6, 1, 2.0, 0.0), (0.020, 0.020), (0, 0)),  # admissible, mean 0.02
-                                        ((8, 1, 2.0, 0.0), (0.030, 0.020), (0, 0))]:  # admissible, 0.025
-        for variant, mean, harm in zip(("linear", "minibatch"), means, harms):
-            rows.append({"rule": bench.rule_name(w, h, z, zg), "window": w, "horizon": h, "confidence": z,
-                         "gain_confidence": zg, "checks": "+".join(CHECKS), "variant": variant,
-                         "instances": 100, "mean": mean, "harm": harm})
-    chosen = bench.choose_rule(pd.DataFrame(rows))
-    assert (chosen["window"], chosen["confidence"], chosen["gain_confidence"], chosen["admissible"]) == (
-        5, 1.0, 2.0, 3)
+    candidates = [((4, 1, 0.0, 0.0, None), (0.001, 0.001), (2, 0)),  # harms 2 of 100: out
+                  ((5, 1, 1.0, 2.0, 3.0), (0.010, 0.030), (1, 0)),   # admissible, mean 0.02
+                  ((6, 1, 2.0, 0.0, None), (0.020, 0.020), (0, 0)),  # admissible, mean 0.02
+                  ((8, 1, 2.0, 0.0, 2.0), (0.030, 0.020), (0, 0))]   # admissible, 0.025
+
+    def table(candidates):
+        rows = []
+        for (w, h, z, zg, zd), means, harms in candidates:
+            for variant, mean, harm in zip(("linear", "minibatch"), means, harms):
+                rows.append({"rule": bench.rule_name(w, h, z, zg, zd), "window": w, "horizon": h, "confidence": z,
+                             "gain_confidence": zg, "descent_confidence": np.nan if zd is None else zd,
+                             "checks": "+".join(CHECKS), "variant": variant, "instances": 100, "mean": mean,
+                             "harm": harm})
+        return pd.DataFrame(rows)
+
+    chosen = bench.choose_rule(table(candidates))
+    assert (chosen["window"], chosen["confidence"], chosen["gain_confidence"], chosen["descent_confidence"],
+            chosen["admissible"]) == (5, 1.0, 2.0, 3.0, 3)
+    # a rule without the descent test (NaN in the table) is a candidate like the others, and chosen as None
+    chosen = bench.choose_rule(table(candidates[:1] + candidates[2:]))
+    assert (chosen["window"], chosen["descent_confidence"], chosen["admissible"]) == (6, None, 2)
+    # none admissible: the smallest largest harm share wins
+    worse = [(spec, means, (harm + 2, 0)) for spec, means, (harm, _) in candidates]
+    chosen = bench.choose_rule(table(worse))
+    assert (chosen["window"], chosen["admissible"]) == (6, 0)
 
 
 @pytest.mark.slow
@@ -587,5 +639,5 @@ def test_docs_state_the_declared_benchmark_grid():
         task = spec["task"]
         assert f"$m = {task['num_clients']}$ clients of {task['samples_per_client']}" in docs
     for name, values in bench.CANDIDATES.items():
-        assert f"{name} ∈ {{{', '.join(f'{v:g}' for v in values)}}}" in docs, name
+        assert f"{name} ∈ {{{', '.join('none' if v is None else f'{v:g}' for v in values)}}}" in docs, name
     assert f"{100 * bench.DESIGN_HARM_LIMIT:g} %" in docs and f"{100 * bench.HARM_MARGIN:g} points" in docs

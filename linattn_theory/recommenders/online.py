@@ -24,7 +24,7 @@ from ..theory._shared import _host_moments, _profile_from_moments, _ridge
 
 
 __all__ = ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision", "CHECKS",
-           "escape_round", "gain_and_cost", "gain_error", "drift_turn", "fedavg_forecast", "OnlineControl", "OnlineRun", "adaptive_strategy", "run_online"]
+           "escape_round", "gain_and_cost", "gain_error", "still_descending", "drift_turn", "fedavg_forecast", "OnlineControl", "OnlineRun", "adaptive_strategy", "run_online"]
 
 
 # --------------------------------------------------------------------------------------
@@ -111,7 +111,8 @@ class OnlineDecision:
     the exact increase of the best stored option's final objective over the same rounds;
     ``fedavg_forecast`` the forecast final objective of training to the end (FedAvg) and
     ``forecast_error`` the error that forecast is allowed (``NaN`` where a step was not reached).
-    ``test`` names the step that decided (``escape``, ``gain``, ``drift``, ``no_harm``, ``budget``).
+    ``test`` names the step that decided (``escape``, ``gain``, ``descent``, ``drift``, ``no_harm``,
+    ``budget``).
     """
 
     round: int
@@ -143,10 +144,15 @@ class OnlineRule:
        ``cost = min_s J(s, T − t − h) − min_s J(s, T − t)`` (exact): more warm-up no longer pays, with
        ``z_g = gain_confidence`` standard errors of the gain to spare (:func:`gain_error`):
        ``gain + z_g se(gain) ≤ cost`` (a noisy or oscillating ``R_freeze`` does not look flat);
-    3. **drift turn**: ``Φ_λ(K_t) − Φ_λ(K_{t−w}) ≤ max(0, D(K_t) − D(K_{t−w}))`` — what turned
+    3. **descent ended** (when ``z_d = descent_confidence`` is set): ``gain ≤ z_d se(gain)`` — ``R_freeze``
+       is no longer falling by more than ``z_d`` standard errors of its slope. ``R_freeze(t)`` is the
+       final objective of freezing at ``t``, the frozen rounds given up already counted, so while it
+       still falls one more round of warm-up is forecast to end lower (the gain test alone also
+       charges those rounds as its cost, and freezes a slow descent early);
+    4. **drift turn**: ``Φ_λ(K_t) − Φ_λ(K_{t−w}) ≤ max(0, D(K_t) − D(K_{t−w}))`` — what turned
        ``R_freeze`` is the drift the warm-up adds, not the federated kernel climbing ``Φ_λ`` (a
        transient of the inexact descent, after which it may fall again);
-    4. **no harm**: ``min_s J(s, T − t) < F̂_T − z σ``, with ``F̂_T = F_λ(θ_t) + (T − t) min(0, b)``
+    5. **no harm**: ``min_s J(s, T − t) < F̂_T − z σ``, with ``F̂_T = F_λ(θ_t) + (T − t) min(0, b)``
        the straight-line forecast of plain FedAvg's final objective from the slope ``b`` of
        ``F_λ(θ_u)`` over ``u = t − w..t`` (optimistic for FedAvg while its descent slows down), and
        ``σ`` the residual standard deviation of that fit (minibatch and sampling noise, curvature):
@@ -164,14 +170,17 @@ class OnlineRule:
     horizon: int = 1
     confidence: float = 2.0
     gain_confidence: float = 3.0
+    descent_confidence: float | None = None
 
     def __post_init__(self):
         for name in ("window", "horizon"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"OnlineRule.{name} = {value!r}; expected an integer >= 1")
-        for name in ("confidence", "gain_confidence"):
+        for name in ("confidence", "gain_confidence", "descent_confidence"):
             z = getattr(self, name)
+            if z is None and name == "descent_confidence":
+                continue
             if isinstance(z, bool) or not isinstance(z, (int, float, np.integer, np.floating)) \
                     or not np.isfinite(z) or z < 0:
                 raise ValueError(f"OnlineRule.{name} = {z!r}; expected a finite number >= 0")
@@ -179,7 +188,7 @@ class OnlineRule:
     def decide(self, forecasts, T: int) -> OnlineDecision:
         """The decision at round ``t = len(forecasts) − 1`` from the forecasts of rounds ``0..t``."""
         return online_decision(forecasts, T, self.window, self.horizon, self.confidence,
-                               gain_confidence=self.gain_confidence)
+                               gain_confidence=self.gain_confidence, descent_confidence=self.descent_confidence)
 
 
 def _options(forecasts, frozen_rounds: int) -> np.ndarray:
@@ -225,6 +234,12 @@ def gain_error(risk, window: int, horizon: int) -> float:
     return float(horizon * _line_fit(np.asarray(risk, dtype=float)[-window - 1:])[2])
 
 
+def still_descending(gain: float, error: float, descent_confidence: float | None) -> bool:
+    """True while ``R_freeze`` still falls significantly: ``gain > z_d · se(gain)`` (``z_d =
+    descent_confidence``; ``None``: the test is off, never true)."""
+    return descent_confidence is not None and bool(gain > descent_confidence * error)
+
+
 def drift_turn(profile, drift_floor, window: int) -> bool:
     """True when ``Φ_λ(K_t) − Φ_λ(K_{t−w}) ≤ max(0, D(K_t) − D(K_{t−w}))`` (``w = window``): over
     the window the kernel's profile rose no more than the drift floor did."""
@@ -241,14 +256,15 @@ def fedavg_forecast(objective, T: int, window: int, confidence: float) -> tuple[
 
 
 #: The tests of :class:`OnlineRule` after the escape, in order (:func:`online_decision`).
-CHECKS = ("gain", "drift", "no_harm")
+CHECKS = ("gain", "descent", "drift", "no_harm")
 
 
 def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon: int = OnlineRule.horizon,
                     confidence: float = OnlineRule.confidence, *, gain_confidence: float = OnlineRule.gain_confidence,
-                    checks=CHECKS) -> OnlineDecision:
+                    descent_confidence: float | None = OnlineRule.descent_confidence, checks=CHECKS) -> OnlineDecision:
     """:class:`OnlineRule`'s decision at round ``t = len(forecasts) − 1``, from rounds ``0..t`` only
-    (its defaults are the rule's; ``gain_confidence`` is ``z_g`` of the gain test).
+    (its defaults are the rule's; ``gain_confidence`` is ``z_g`` of the gain test, ``descent_confidence``
+    ``z_d`` of the descent test, ``None`` for none).
 
     ``forecasts[u]`` needs ``final_objective(k)``, ``profile`` and ``drift_floor`` (a
     :class:`FreezeForecast`, or a stored record's stand-in: :mod:`.scoring`). ``checks`` names the
@@ -280,10 +296,14 @@ def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon:
                                f"{window} rounds ago")
     h = min(horizon, T - t)
     gain, cost = gain_and_cost(risk, now, _options(forecasts, T - t - h), window, h)
-    spare = gain_confidence * gain_error(risk, window, h)
+    error = gain_error(risk, window, h)
+    spare = gain_confidence * error
     if "gain" in checks and gain + spare > cost:
         return go_on("gain", f"predicted gain {gain:.3g} (+ {spare:.3g}, {gain_confidence:g} standard errors) of "
                              f"{h} more rounds exceeds their cost {cost:.3g}", gain, cost)
+    if "descent" in checks and still_descending(gain, error, descent_confidence):
+        return go_on("descent", f"R_freeze still falls: predicted gain {gain:.3g} of {h} more rounds exceeds "
+                                f"{descent_confidence:g} standard errors ({error:.3g} each)", gain, cost)
     profile = [f.profile for f in forecasts]
     floor = [f.drift_floor for f in forecasts]
     if "drift" in checks and not drift_turn(profile, floor, window):
@@ -358,7 +378,7 @@ class OnlineControl:
 
 def _default_rule(fed) -> OnlineRule:
     return OnlineRule(fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence,
-                      fed.adaptive_gain_confidence)
+                      fed.adaptive_gain_confidence, fed.adaptive_descent_confidence)
 
 
 def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineControl | None = None):
@@ -366,7 +386,8 @@ def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineC
 
     FedFrozen's client and server rules with every block training, plus ``control`` (the round
     engine's hook; default: an :class:`OnlineControl` of ``OnlineRule(fed.adaptive_window,
-    fed.adaptive_horizon, fed.adaptive_confidence, fed.adaptive_gain_confidence)``). ``warmup_rounds`` is ignored: the rule chooses ``T0``. Registered
+    fed.adaptive_horizon, fed.adaptive_confidence, fed.adaptive_gain_confidence,
+    fed.adaptive_descent_confidence)``). ``warmup_rounds`` is ignored: the rule chooses ``T0``. Registered
     by the package (``linattn_theory/__init__.py``).
     """
     from ..sim.strategies import Control, Strategy

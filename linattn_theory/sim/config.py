@@ -113,6 +113,8 @@ class FederatedConfig:
                                                          "advantage over FedAvg exceeds z × its error")
     adaptive_gain_confidence: float = _spec(3.0, low=0.0, doc="fedfrozen_adaptive: z_g, keep training while the "
                                                               "gain exceeds the cost less z_g × the gain's standard error")
+    adaptive_descent_confidence: float | None = _spec(None, low=0.0, doc="fedfrozen_adaptive: z_d, keep training while "
+                                                      "R_freeze still falls by more than z_d standard errors (absent: no such test)")
     server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
                                    doc="FedAvgM server momentum β (fedavgm)")
     server_beta1: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
@@ -283,6 +285,7 @@ STRATEGY_SETTINGS = {
     "adaptive_horizon": ("fedfrozen_adaptive",),
     "adaptive_confidence": ("fedfrozen_adaptive",),
     "adaptive_gain_confidence": ("fedfrozen_adaptive",),
+    "adaptive_descent_confidence": ("fedfrozen_adaptive",),
 }
 
 #: the online rule's settings as every key held them before its redesign (docs/theory.md §8): a
@@ -409,9 +412,13 @@ def config_hash(config: RunConfig) -> str:
     if data["federated"]["strategy"] != "fedfrozen_adaptive":
         del data["federated"]["adaptive_confidence"]
         del data["federated"]["adaptive_gain_confidence"]
+        del data["federated"]["adaptive_descent_confidence"]
         data["federated"].update(_ADAPTIVE_KEY_DEFAULTS)
-    elif data["federated"]["adaptive_gain_confidence"] == 0.0:   # the rule before z_g kept its keys
-        del data["federated"]["adaptive_gain_confidence"]
+    else:
+        if data["federated"]["adaptive_gain_confidence"] == 0.0:   # the rule before z_g kept its keys
+            del data["federated"]["adaptive_gain_confidence"]
+        if data["federated"]["adaptive_descent_confidence"] is None:   # and the rules before z_d theirs
+            del data["federated"]["adaptive_descent_confidence"]
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
