@@ -1,6 +1,7 @@
 """The fused CPU engine equals the Array-API engine, whatever the threads; the automatic choice;
 the lazy package import; the centralised optimum stored with a sweep."""
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -174,8 +175,8 @@ def test_the_online_rule_without_gain_or_descent_confidence_keeps_its_config_key
     # fedfrozen_adaptive runs of the rule before z_g (gain confidence 0) and z_d (no descent test)
     # keep the key they had before the settings existed; any other z_g or z_d is another run
     cfg = config().with_updates({"federated.strategy": "fedfrozen_adaptive",
-                                 "federated.adaptive_gain_confidence": 0.0,
-                                 "federated.adaptive_descent_confidence": None})
+                                 "federated.adaptive_gain_confidence": 0.0})
+    cfg = dataclasses.replace(cfg, federated=dataclasses.replace(cfg.federated, adaptive_descent_confidence=None))
     data = cfg.to_dict()
     del data["model"]["engine"]
     del data["federated"]["adaptive_gain_confidence"]
@@ -185,7 +186,7 @@ def test_the_online_rule_without_gain_or_descent_confidence_keeps_its_config_key
     assert config_hash(cfg.with_updates({"federated.adaptive_gain_confidence": 3.0})) != before
     assert config_hash(cfg.with_updates({"federated.adaptive_descent_confidence": 3.0})) != before
     # round 2's rule (z_g = 3, no descent test) keeps its key too
-    round2 = cfg.with_updates({"federated.adaptive_gain_confidence": 3.0})
+    round2 = dataclasses.replace(cfg, federated=dataclasses.replace(cfg.federated, adaptive_gain_confidence=3.0))
     data = round2.to_dict()
     del data["model"]["engine"]
     del data["federated"]["adaptive_descent_confidence"]

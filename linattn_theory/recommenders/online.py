@@ -160,17 +160,17 @@ class OnlineRule:
        own error.
 
     It then freezes ``K_{s*}``, ``s* = argmin_s J(s, T − t)`` (a roll-back when ``s* < t``; the rounds
-    spent are counted). At ``t = T`` the warm-up is over: plain FedAvg. The defaults ``w = 8``,
-    ``h = 1``, ``z = 2``, ``z_g = 3`` are what the pre-registered criterion of
-    ``benchmarks/predictive_regret.py`` (``choose_rule``) picked from the design table of round 2;
-    they are scored there on fresh evaluation instances.
+    spent are counted). At ``t = T`` the warm-up is over: plain FedAvg. The defaults ``w = 10``, ``h = 1``, ``z = 2``, ``z_g = 3``,
+    ``z_d = 8`` are what the pre-registered criterion of ``benchmarks/predictive_regret.py``
+    (``choose_rule``) picked from the design table of round 3; they are scored there on fresh
+    evaluation instances (``descent_confidence=None`` is round 2's rule).
     """
 
-    window: int = 8
+    window: int = 10
     horizon: int = 1
     confidence: float = 2.0
     gain_confidence: float = 3.0
-    descent_confidence: float | None = None
+    descent_confidence: float | None = 8.0
 
     def __post_init__(self):
         for name in ("window", "horizon"):

@@ -107,14 +107,14 @@ class FederatedConfig:
     server_learning_rate: float = _spec(1.0, low=0.0, low_open=True, doc="server step on the mean delta")
     ridge: float = _spec(0.0, low=0.0, doc="value-block ridge λ")
     prox_mu: float = _spec(0.1, low=0.0, doc="FedProx proximal weight μ (fedprox, fedfrozen_fedprox)")
-    adaptive_window: int = _spec(8, low=1, doc="fedfrozen_adaptive: rounds w of the trends the rule fits (docs/theory.md §8)")
+    adaptive_window: int = _spec(10, low=1, doc="fedfrozen_adaptive: rounds w of the trends the rule fits (docs/theory.md §8)")
     adaptive_horizon: int = _spec(1, low=1, doc="fedfrozen_adaptive: rounds h of warm-up whose gain and cost are compared")
     adaptive_confidence: float = _spec(2.0, low=0.0, doc="fedfrozen_adaptive: z, freeze only when the forecast "
                                                          "advantage over FedAvg exceeds z × its error")
     adaptive_gain_confidence: float = _spec(3.0, low=0.0, doc="fedfrozen_adaptive: z_g, keep training while the "
                                                               "gain exceeds the cost less z_g × the gain's standard error")
-    adaptive_descent_confidence: float | None = _spec(None, low=0.0, doc="fedfrozen_adaptive: z_d, keep training while "
-                                                      "R_freeze still falls by more than z_d standard errors (absent: no such test)")
+    adaptive_descent_confidence: float | None = _spec(8.0, low=0.0, doc="fedfrozen_adaptive: z_d, keep training while "
+                                                      "R_freeze still falls by more than z_d standard errors of its slope")
     server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
                                    doc="FedAvgM server momentum β (fedavgm)")
     server_beta1: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
