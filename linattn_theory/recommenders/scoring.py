@@ -93,11 +93,12 @@ def is_noisy(fed) -> bool:
     return fed.batch_size is not None or fed.participation < 1.0
 
 
-def fedavg_path(config, clients):
+def fedavg_path(config, clients, *, with_divergence: bool = False):
     """``(data, states)``: the stacked clients and the simulator's state after every round of plain
     FedAvg for ``T`` rounds (``states[t].params = θ^t``; fewer when the run diverges). Minibatches
     and participants are drawn per round, so ``θ^t`` is the state every run of ``config`` with a
-    warm-up of at least ``t`` rounds reaches, the online rule's included."""
+    warm-up of at least ``t`` rounds reaches, the online rule's included. With ``with_divergence``
+    also the run's :class:`~linattn_theory.sim.engine.Divergence` (``None`` when it did not diverge)."""
     import dataclasses
 
     from ..sim.engine import prepare_run, run_schedule
@@ -105,9 +106,9 @@ def fedavg_path(config, clients):
     fed = config.federated
     data, theta0 = prepare_run(config, clients)
     states = []
-    run_schedule(theta0, data, dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=fed.rounds),
-                 fed.rounds, config.seed, on_round=states.append, engine=config.model.engine)
-    return data, states
+    result = run_schedule(theta0, data, dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=fed.rounds),
+                          fed.rounds, config.seed, on_round=states.append, engine=config.model.engine)
+    return (data, states, result.divergence) if with_divergence else (data, states)
 
 
 def score_instance(config, clients=None, *, pilot_rounds: int | None = None, restarts: int = 8) -> dict:
@@ -150,7 +151,13 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None) -> dict:
     if truth["diverged"][-1]:
         return record     # the FedAvg path diverges: no bound, no online rule on it
     Tp = default_pilot_rounds(T) if pilot_rounds is None else pilot_rounds
-    data, states = fedavg_path(config, clients)
+    data, states, divergence = fedavg_path(config, clients, with_divergence=True)
+    if divergence is not None:
+        # the truth's FedAvg run (an ensemble) ended finite and this run of the same config did not:
+        # an instance at the edge of stability, where another engine's rounding decides (docs/theory.md
+        # §6); FedAvg's outcome is not determined, so the instance is counted as diverged, not scored
+        record.update(fedavg_diverged=True, fedavg_path_diverged_at=int(divergence.round))
+        return record
     if record["noisy"]:      # the bound's path re-draws each round from round 0's streams (warmup_path)
         pilot, path = pilot_path(config, clients, Tp), warmup_path(config, clients)
     else:                    # one FedAvg run serves the pilot, the bound and the forecasts
