@@ -477,76 +477,78 @@ def test_the_rule_is_the_criterions_choice_on_the_committed_design_table():
 
 def test_the_reading_of_the_score_in_the_docs_follows_from_the_committed_scores():
     """docs/theory.md §8, "Reading the score", recomputed from figures/predictive_regret_scores.csv:
-    the median goal met on every evaluation set but the minibatch one (where the rule's median is
-    FedAvg's or lower); no harm (≤ 2 % of instances more than 2 points worse than FedAvg) on all but
-    the linear and strong sets, with the counts quoted; every instance the rule harms harmed by the
-    previous rule with a regret within 0.3 point, an early freeze (rounds 9–28, best T0 ≥ 38; of the kinds and
-    seeds quoted); the worst case above 10 % everywhere, each set's worst
-    instance a run to the end with FedAvg's regret; the mean regrets against the previous rule and
-    the share of instances better than T/2 as quoted; the pilot's worst case at least 145 %."""
+    the median goal met on every evaluation set (the rule's median FedAvg's or lower); no harm on
+    every set, with the counts quoted; round 2's rule harming the strong instances quoted (early
+    freezes of a slow descent, each trained to the end by round 3); the two instances round 3 harms
+    of the kinds quoted; the worst case above 10 % everywhere, each set's worst instance a run to the
+    end with FedAvg's regret; the freeze counts, mean regrets and shares better than T/2 as quoted;
+    the pilot's worst case at least 42 %; the lowest design worst case as quoted."""
     bench, root = _benchmark()
     scores = pd.read_csv(root / "figures" / "predictive_regret_scores.csv")
     docs = " ".join((root / "docs" / "theory.md").read_text().split())
     T = 40
-    half_shares, pilot_worst, kinds, means, harm_count = [], [], {}, {}, {}
+    half_shares, pilot_worst, means, harmed_rows = [], [], {}, {}
     for name in sorted(set(scores["set"])):
         d = scores[(scores["set"] == name) & ~scores["fedavg_diverged"]]
-        arm = {r: d[d["recommender"] == r].set_index(["setting", "seed"])["regret"]
-               for r in ("online", "previous", "fedavg", "half", "pilot")}
+        frame = {r: d[d["recommender"] == r].set_index(["setting", "seed"])
+                 for r in ("online", "previous", "fedavg", "half", "pilot")}
+        arm = {r: f["regret"] for r, f in frame.items()}
         harmed = {r: arm[r][arm[r] - arm["fedavg"] > bench.HARM_MARGIN] for r in ("online", "previous")}
         n, k = len(arm["online"]), len(harmed["online"])
-        assert (arm["online"].median() <= bench.GOAL["median"]) == (name != "evaluation_minibatch"), name
+        assert arm["online"].median() <= bench.GOAL["median"], name
         assert arm["online"].median() <= arm["fedavg"].median(), name
-        assert (k / n > bench.GOAL["harm_share"]) == (name in ("evaluation", "evaluation_strong")), name
+        assert k / n <= bench.GOAL["harm_share"], name
+        worse = arm["online"] > arm["fedavg"] + bench.TIE       # worse than FedAvg only where harmed
+        assert set(arm["online"][worse].index) == set(harmed["online"].index), name
         if k:
-            assert f"{k} of {n}" in docs and f"{100 * k / n:.1f} %" in docs, name
-        assert set(harmed["online"].index) <= set(harmed["previous"].index), name
-        rows = d[d["recommender"] == "online"].set_index(["setting", "seed"]).loc[harmed["online"].index]
-        assert ((rows["stop_round"] >= 9) & (rows["stop_round"] <= 28) & (rows["best_T0"] >= 38)).all(), name
-        kinds[name] = (int((rows["T0"] == rows["stop_round"]).sum()), int((rows["T0"] < rows["stop_round"]).sum()))
-        if name == "evaluation":
-            assert ((rows.index.get_level_values("seed") == 4003) & (rows["heterogeneity"] == 1)).sum() == 3
+            assert f"{k} of {n}" in docs and f"({100 * k / n:.1f} %)" in docs, name
+        harmed_rows[name] = frame["online"].loc[harmed["online"].index].assign(
+            previous_harmed=[i in harmed["previous"].index for i in harmed["online"].index],
+            previous_stop=frame["previous"].loc[harmed["online"].index, "stop_round"].to_numpy())
         if name == "evaluation_strong":
-            seed = rows[rows.index.get_level_values("seed") == 4002]
-            assert len(seed) == 5 and (seed["T0"] == seed["stop_round"]).all() and (seed["learning_rate"] <= 0.002).all()
-        assert np.all(np.abs(harmed["online"] - harmed["previous"][harmed["online"].index]) <= 0.003), name
-        online = d[d["recommender"] == "online"].set_index(["setting", "seed"])
+            assert k == 0 and f"harms {len(harmed['previous'])} of {n} strong instances " \
+                              f"({100 * len(harmed['previous']) / n:.1f} %)" in docs
+            early = frame["previous"].loc[harmed["previous"].index]
+            assert early["stop_round"].between(9, 20).all() and (early["learning_rate"] <= 0.0016).all()
+            assert (early["best_T0"] >= 39).all() and (frame["online"].loc[early.index, "stop_round"] == T).all()
+        elif name not in ("evaluation", "evaluation_minibatch"):
+            assert k == 0, name
         worst = arm["online"].idxmax()
         assert arm["online"][worst] > bench.GOAL["max"], name
-        assert online.loc[worst, "stop_round"] == T and arm["online"][worst] == pytest.approx(arm["fedavg"][worst])
+        assert frame["online"].loc[worst, "stop_round"] == T and arm["online"][worst] == pytest.approx(arm["fedavg"][worst])
         half_shares.append((arm["online"] < arm["half"] - bench.TIE).mean())
         pilot_worst.append(arm["pilot"].max())
-        mean = means[name] = {r: 100 * arm[r].mean() for r in ("online", "previous")}
-        harm_count[name] = {"n": n, "online": k, "previous": len(harmed["previous"])}
+        means[name] = {r: 100 * arm[r].mean() for r in ("online", "previous", "fedavg")}
         if name == "evaluation":
-            assert mean["online"] > mean["previous"]
-            assert f"linear {mean['online']:.1f} % against {mean['previous']:.1f} %" in docs
-        if name == "evaluation_strong":
-            assert mean["online"] < mean["previous"]
-            assert f"({mean['online']:.1f} % against {mean['previous']:.1f} %)" in docs
-    assert f"under minibatches ({harm_count['evaluation_minibatch']['previous']} of these " \
-           f"{harm_count['evaluation_minibatch']['n']} instances → {harm_count['evaluation_minibatch']['online']})" in docs
-    strong = harm_count["evaluation_strong"]
-    assert f"{strong['previous'] - strong['online']} of its {strong['previous']} on the strong set" in docs
-    assert sorted(n for n, m in means.items() if m["online"] > m["previous"]) == [
-        "evaluation", "evaluation_minibatch", "evaluation_skewed", "evaluation_softmax"]
-    assert "mean regret is higher on four sets" in docs
-    # the linear set's worst instance (FedAvg's worst): round 1 froze it in time, round 2 trained to the end
-    linear = scores[(scores["set"] == "evaluation") & ~scores["fedavg_diverged"]]
-    arm = {r: linear[linear["recommender"] == r].set_index(["setting", "seed"]) for r in ("online", "previous", "fedavg")}
-    worst = arm["fedavg"]["regret"].idxmax()
-    assert arm["online"].loc[worst, "stop_round"] == T and arm["previous"].loc[worst, "stop_round"] < T
-    assert arm["previous"].loc[worst, "regret"] < arm["online"].loc[worst, "regret"]
+            frozen = {r: int((frame[r]["stop_round"] < T).sum()) for r in ("online", "previous")}
+            assert f"froze before the end on {frozen['online']} of the {n} linear instances, round 2's rule on " \
+                   f"{frozen['previous']}" in docs
+    # the two harmed instances: a roll-back harmed by round 2 too (linear), an own-kernel freeze (minibatch)
+    linear, minibatch = harmed_rows["evaluation"], harmed_rows["evaluation_minibatch"]
+    assert len(linear) == len(minibatch) == 1
+    row = linear.iloc[0]
+    assert row["T0"] < row["stop_round"] and row["previous_harmed"]
+    assert f"decided at round {row['stop_round']:.0f}, froze the kernel of round {row['T0']:.0f}, best " \
+           f"$T_0 = {row['best_T0']}$; regret {100 * row['regret']:.1f} %" in docs
+    row = minibatch.iloc[0]
+    assert row["T0"] == row["stop_round"] and row["previous_stop"] == T and not row["previous_harmed"]
+    assert f"a freeze at round {row['stop_round']:.0f} where the best $T_0$ is {row['best_T0']} " \
+           f"(regret {100 * row['regret']:.1f} %" in docs
+    assert (scores[scores["set"] == "evaluation_strong"].groupby(["setting", "seed"])["fedavg_diverged"].first().sum()
+            == 1)                                           # the edge-of-stability instance, counted as diverged
+    higher = sorted(n for n, m in means.items() if round(m["online"], 1) > round(m["previous"], 1))
+    assert higher == ["evaluation", "evaluation_minibatch"] and "mean regret is higher on two sets" in docs
+    for name, label in (("evaluation", "linear"), ("evaluation_minibatch", "minibatch")):
+        assert f"{label} {means[name]['online']:.1f} % against {means[name]['previous']:.1f} %" in docs
+    assert f"strong: {means['evaluation_strong']['online']:.1f} % against {means['evaluation_strong']['previous']:.1f} %" in docs
+    assert all(m["online"] < m["fedavg"] for m in means.values())
     design = pd.read_csv(root / "figures" / "predictive_regret_design.csv")
     full = design[design["checks"] == "+".join(CHECKS)]
     lowest = full.groupby("variant")["max"].min()
     assert (lowest > bench.GOAL["max"]).all()
     assert f"(the lowest: {100 * lowest.min():.1f} % on the skewed sizes)" in docs and lowest.idxmin() == "skewed"
-    own, rolled = (sum(k[i] for k in kinds.values()) for i in (0, 1))
-    assert f"{own} at the deciding round's own kernel and {rolled} roll-backs" in docs
     assert f"better on {100 * min(half_shares):.0f}–{100 * max(half_shares):.0f} % of the instances" in docs
-    assert min(pilot_worst) >= 1.45 and "at least 145 % on every set" in docs
-    assert sum(np.isinf(pilot_worst)) == 2 and "on two sets a run it recommends diverges" in docs
+    assert np.isfinite(pilot_worst).all() and min(pilot_worst) >= 0.42 and "at least 42 % on every set" in docs
 
 
 def test_each_test_of_the_rule_prevents_harm_on_the_design_sets():
