@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from linattn_theory import config_from_dict, simulate
@@ -246,6 +247,35 @@ def test_centralized_optimum_is_stored_with_the_sweep_and_reused(tmp_path):
     assert np.allclose(again["optimum"], first["optimum"] * 0.5)
     assert np.allclose(again["excess_risk"], first["excess_risk"] + first["optimum"] * 0.5)
 
+
+
+def test_bounded_excess_risk_table_loads_each_instance_once_and_equals_two_passes(tmp_path, monkeypatch):
+    """``excess_risk_table(bound=True)`` takes the decomposition and the bounds of an instance from one
+    load of its runs: the same tables as the two passes (decomposition, then bounds with its optima),
+    with half the instance loads."""
+    from linattn_theory import load_results, load_sweep, run_sweep
+    from linattn_theory.report import sweep_analysis
+
+    path = tmp_path / "sweep.toml"
+    path.write_text("seed = 0\n[task]\nnum_clients = 3\nsamples_per_client = 16\ntokens = 4\ndim = 3\n"
+                    "rank = 2\noutputs = 1\nzeta_value = 2.0\n[model]\nrank = 2\n[federated]\nrounds = 6\n"
+                    "local_steps = 3\nlearning_rate = 0.05\n[grid]\n\"federated.warmup_rounds\" = [0, 2, 4, 6]\n"
+                    "seed = [0, 1]\n")
+    out = tmp_path / "out"
+    run_sweep(load_sweep(path), out)
+    results = load_results(out)
+    loads = []
+    real = sweep_analysis._load_instance
+    monkeypatch.setattr(sweep_analysis, "_load_instance", lambda *a: loads.append(1) or real(*a))
+    sweep_analysis._MEMO.clear()
+    one_pass = sweep_analysis.excess_risk_table(out, results, bound=True)
+    assert len(loads) == 2                                      # two instances, each loaded once
+    sweep_analysis._MEMO.clear()
+    sweep_analysis.excess_risk_table(out, results)              # the decomposition alone, memoised ...
+    two_passes = sweep_analysis.excess_risk_table(out, results, bound=True)   # ... then the bounds
+    assert len(loads) == 2 + 2 + 2
+    assert one_pass["U"].notna().any() and one_pass["T0_theory"].notna().any()
+    pd.testing.assert_frame_equal(one_pass, two_passes)
 
 def test_thread_count_settings(monkeypatch):
     monkeypatch.delenv("LINATTN_THREADS", raising=False)

@@ -185,16 +185,31 @@ def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False,
     ``T0_theory`` are an a posteriori fit (descriptive), not a prediction. Diverged runs get NaN.
     Instances are analysed in ``workers`` processes (default: in this one).
     """
-    table = _memo("excess_risk", folder, results,
-                  lambda: results.merge(pd.DataFrame(_per_instance(_decomposition, folder, results, workers, folder)),
-                                        on="run_id", how="left"))
+    both = []     # with bound: one pass over the instances gives both tables (each instance loaded once)
+
+    def decomposition():
+        if bound:
+            both.extend(_per_instance(_decomposition_and_bounds, folder, results, workers, folder))
+            rows = [row for rows, _ in both for row in rows]
+        else:
+            rows = _per_instance(_decomposition, folder, results, workers, folder)
+        return results.merge(pd.DataFrame(rows), on="run_id", how="left")
+
+    table = _memo("excess_risk", folder, results, decomposition)
     if bound:
         optimum = table.set_index("run_id")["optimum"].to_dict()
         columns = ["run_id", "T0_theory", "U", "bias_bound", "assumptions_violated"]
         bounds = _memo("bound", folder, results, lambda: pd.DataFrame(
+            [row for _, rows in both for row in rows] if both else
             _per_instance(_bounds, folder, results, workers, optimum), columns=columns))
         table = table.merge(bounds, on="run_id", how="left")
     return table
+
+
+def _decomposition_and_bounds(clients, runs, folder) -> list[tuple[list, list]]:
+    """:func:`_decomposition` and :func:`_bounds` of one instance, loaded once (``[(rows, rows)]``)."""
+    rows = _decomposition(clients, runs, folder)
+    return [(rows, _bounds(clients, runs, {row["run_id"]: row["optimum"] for row in rows}))]
 
 
 def _decomposition(clients, runs, folder) -> list[dict]:
