@@ -60,6 +60,7 @@ def test_fused_engine_equals_the_array_api_engine_in_float64(strategy):
     assert compare(fused, reference) <= 1e-12
 
 
+@pytest.mark.slow       # compiles the float32 kernels: 10–15 s
 @needs_numba
 def test_fused_engine_in_float32_stays_float32_and_agrees_to_its_precision():
     cfg = config(**{"model.dtype": "float32", "federated.strategy": "fedavg"})
