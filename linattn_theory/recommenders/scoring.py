@@ -116,7 +116,9 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     instance: the record ``benchmarks/predictive_regret.py`` stores (docs/theory.md §8).
 
     Returns a dict with ``excess_risk`` (the list ``R(0..T)``), ``optimum``, ``best_T0``,
-    ``fedavg_diverged``, ``noisy`` (:func:`is_noisy`), per recommender ``<mode>_T0`` and
+    ``fedavg_diverged`` (also true, with ``fedavg_path_diverged_at`` its round, when the truth's
+    FedAvg run ended finite and the record's own FedAvg run diverged: an instance at the edge of
+    stability, not scored), ``noisy`` (:func:`is_noisy`), per recommender ``<mode>_T0`` and
     ``<mode>_risk`` (``pilot``, ``a_posteriori``; the transfer recommender reads other instances'
     records and is scored by the caller), and for every round ``s`` of the realised FedAvg path
     ``freeze_objective[s][t − s] = J(s, T − t) − Φ*_λ`` (``t = s..T``), ``profile[s] = Φ_λ(K_s) − Φ*_λ``
