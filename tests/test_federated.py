@@ -169,6 +169,22 @@ def test_hessian_curvature_matches_dense_hessian():
     np.testing.assert_allclose(estimate, dense, rtol=1e-3)
 
 
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_hessian_curvature_of_many_points_is_each_points_own(attention):
+    """The divergence report iterates all its points at once: each row is bit for bit the
+    curvature of its point alone, with the point's own difference step ε (here 10⁻⁵ and larger)."""
+    from linattn_theory.sim.engine import hessian_curvature
+    config = small_config(**{"task.num_clients": 3, "model.attention": attention})
+    data, theta = prepare_run(config)
+    rng = np.random.default_rng(5)
+    points = [theta, theta.map(lambda a: 4.0 * a + 1.5), theta.map(lambda a: a + rng.normal(size=a.shape))]
+    assert max(float(np.max(np.abs(points[1].WQ))), 1.0) > 1.0     # a point whose ε differs
+    together = hessian_curvature(points, data, ridge=0.1, iterations=20)
+    assert together.shape == (3, 3)
+    for row, point in zip(together, points):
+        assert np.array_equal(row, hessian_curvature(point, data, ridge=0.1, iterations=20))
+
 def _states(config):
     """The run of ``config`` and the :class:`RunState` of every round, from ``on_round``."""
     data, theta0 = prepare_run(config)

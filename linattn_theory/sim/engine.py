@@ -114,41 +114,55 @@ def stable_learning_rate(K, data: StackedClients, ridge: float = 0.0) -> float:
     return float(2.0 / np.max(value_curvature(K, data, ridge)))
 
 
-def hessian_curvature(params: Params, data: StackedClients, ridge: float = 0.0,
+def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
                       iterations: int = 50, seed: int = 0) -> np.ndarray:
     """``λ_max(∇²F_{λ,c}(θ))`` per client for the full model, by power iteration (host array ``(m,)``).
 
     Hessian-vector products are central differences of the closed-form gradients,
-    ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``; all clients are iterated at once.
+    ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``, ``ε = 10⁻⁵ max(1, max|θ|)``; all clients are iterated at
+    once. ``params`` may also be a sequence of points ``θ``: then all points and clients are iterated
+    at once and the result is ``(points, m)``, each row what ``θ`` alone gives, bit for bit.
     """
     xp = array_namespace(data.S)
-    m = data.S.shape[0]
+    single = isinstance(params, Params)
+    points = [params] if single else list(params)
+    m, count = data.S.shape[0], len(points)
     rng = np.random.default_rng(seed)
-    stacked = params.map(lambda a: xp.broadcast_to(a, (m,) + tuple(a.shape)))
+
+    def tile(a):                         # the clients' rows once per point: (count·m, ...)
+        return a if count == 1 else xp.concat([a] * count, axis=0)
+
+    stacked = Params(*(xp.concat([xp.broadcast_to(getattr(P, b), (m,) + tuple(getattr(P, b).shape))
+                                  for P in points], axis=0) for b in BLOCKS))
+    inputs, q, y, weight = (tile(a) for a in (data.inputs, data.q, data.y, data.sample_weight))
 
     def grad(P):
-        _, g = _loss_and_grad(P, data.inputs, data.q, data.y, data.sample_weight,
-                              attention=data.attention, temperature=data.temperature)
+        _, g = _loss_and_grad(P, inputs, q, y, weight, attention=data.attention, temperature=data.temperature)
         return g.replace(WV=g.WV + ridge * P.WV)
 
     def norm(v):
         return xp.sqrt(sum(_sq_norm(xp, getattr(v, b)) for b in BLOCKS))
 
-    def scale(v, c):
-        return v.map(lambda a: a * xp.reshape(c, (-1,) + (1,) * (a.ndim - 1)))
+    def rows(c, a):                      # a per-row factor c as a column that broadcasts against a
+        return xp.reshape(c, (-1,) + (1,) * (a.ndim - 1))
 
-    v = stacked.map(lambda a: xp.asarray(rng.normal(size=a.shape), dtype=a.dtype))
+    def scale(v, c):
+        return v.map(lambda a: a * rows(c, a))
+
+    v = Params(*(tile(xp.asarray(rng.normal(size=(m,) + tuple(getattr(points[0], b).shape)),
+                                 dtype=getattr(stacked, b).dtype)) for b in BLOCKS))
     v = scale(v, 1.0 / norm(v))
-    size = max(float(to_numpy(xp.max(xp.abs(getattr(params, b))))) for b in BLOCKS)
-    eps = 1e-5 * max(size, 1.0)
-    estimate = xp.zeros((m,), dtype=data.S.dtype)
+    sizes = [max(float(to_numpy(xp.max(xp.abs(getattr(P, b))))) for b in BLOCKS) for P in points]
+    eps = xp.asarray(np.repeat([1e-5 * max(size, 1.0) for size in sizes], m), dtype=data.S.dtype)
+    estimate = xp.zeros((count * m,), dtype=data.S.dtype)
     for _ in range(iterations):
-        plus = grad(stacked.map(lambda a, u: a + eps * u, v))
-        minus = grad(stacked.map(lambda a, u: a - eps * u, v))
-        hv = plus.map(lambda a, b: (a - b) / (2 * eps), minus)
+        plus = grad(stacked.map(lambda a, u: a + rows(eps, u) * u, v))
+        minus = grad(stacked.map(lambda a, u: a - rows(eps, u) * u, v))
+        hv = plus.map(lambda a, b: (a - b) / rows(2 * eps, a), minus)
         estimate = norm(hv)
         v = scale(hv, 1.0 / xp.maximum(estimate, xp.asarray(1e-300, dtype=estimate.dtype)))
-    return to_numpy(estimate)
+    estimate = to_numpy(estimate)
+    return estimate if single else estimate.reshape(count, m)
 
 
 def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
@@ -661,7 +675,7 @@ def _divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergenc
     try:                    # the curvature itself may overflow at a runaway kernel
         safe = min(stable_learning_rate(kernel(P), data, lam) for P in points)
         if kernel_trains:
-            curvature = max(float(np.max(hessian_curvature(P, data, lam))) for P in points)
+            curvature = max(float(np.max(row)) for row in hessian_curvature(points, data, lam))
             if 2.0 / curvature < safe:
                 safe, where = 2.0 / curvature, "2/λ_max(∇²F_c), the full model's curvature at that round"
     except (np.linalg.LinAlgError, ValueError):
