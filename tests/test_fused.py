@@ -196,6 +196,31 @@ def test_the_online_rule_without_gain_or_descent_confidence_keeps_its_config_key
         json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
+
+def test_the_rule_without_descent_test_is_inf_and_survives_toml_and_the_recorded_json(tmp_path):
+    """``adaptive_descent_confidence = inf`` (no descent test) is what a TOML file can say, and it
+    comes back unchanged from the recorded config (metadata.json writes it as a string); ``None``
+    set in code is the same rule (it would otherwise be dropped as absent and come back as 8);
+    ``nan`` and ``-inf`` are refused."""
+    import tomllib
+
+    from linattn_theory.core.io import write_json
+    from linattn_theory.sim.config import load_config
+
+    path = tmp_path / "run.toml"
+    path.write_text('[federated]\nstrategy = "fedfrozen_adaptive"\nadaptive_descent_confidence = inf\n')
+    cfg = load_config(path)
+    assert cfg.federated.adaptive_descent_confidence == np.inf
+    write_json(tmp_path / "metadata.json", {"config": cfg.to_dict()})
+    again = config_from_dict(json.loads((tmp_path / "metadata.json").read_text())["config"])
+    assert again == cfg and config_hash(again) == config_hash(cfg)
+    in_code = dataclasses.replace(cfg, federated=dataclasses.replace(cfg.federated, adaptive_descent_confidence=None))
+    assert in_code == cfg and config_from_dict(in_code.to_dict()) == cfg
+    assert config_hash(cfg) != config_hash(cfg.with_updates({"federated.adaptive_descent_confidence": 8.0}))
+    for bad in ("nan", "-inf"):
+        with pytest.raises(ConfigError, match="adaptive_descent_confidence"):
+            config_from_dict({"federated": {"adaptive_descent_confidence": tomllib.loads(f"x = {bad}")["x"]}})
+
 def test_local_steps_compute_no_loss():
     cfg = config()
     data, theta0 = prepare_run(cfg)

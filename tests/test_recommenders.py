@@ -76,17 +76,24 @@ def test_freeze_forecast_equals_simulated_frozen_stage(small, server_learning_ra
                                    rtol=1e-13)
 
 
-def test_adaptive_run_realises_its_forecast_and_equals_fedfrozen(small):
+@pytest.mark.parametrize("descent_confidence", [np.inf, 8.0])
+def test_adaptive_run_realises_its_forecast_and_equals_fedfrozen(small, descent_confidence):
     """The adaptive strategy's final loss is the rule's forecast; without roll-back it is the
-    FedFrozen run of the same T0 bit for bit; ``simulate`` dispatches to it."""
+    FedFrozen run of the same T0 bit for bit; ``simulate`` dispatches to it. With the descent test
+    off (``inf``, round 2's rule) the rule freezes at round 16; with it on, not earlier."""
     config, _ = small
     config = config.with_updates({**TURNING, "federated.strategy": "fedfrozen_adaptive",
                                   "federated.adaptive_window": 2, "federated.adaptive_horizon": 1,
-                                  "federated.adaptive_confidence": 0.0})
+                                  "federated.adaptive_confidence": 0.0,
+                                  "federated.adaptive_descent_confidence": descent_confidence})
     clients = clients_from_config(config)
     online = run_online(config, clients)
     final = float(online.result.table["loss_regularized"].iloc[-1])
-    assert online.stop_round == online.kernel_round and 0 < online.stop_round < 24   # froze, no roll-back
+    if descent_confidence == np.inf:
+        assert online.stop_round == online.kernel_round == 16          # the rule froze, without roll-back
+    else:
+        # the config's z_d reaches the rule: here its descent test holds the freeze back (to round 17)
+        assert online.stop_round == online.kernel_round and 16 < online.stop_round < 24
     assert final == pytest.approx(online.predicted_objective, rel=1e-10)
     assert len(online.result.table) == 25 and online.result.metadata["stop_round"] == online.stop_round
     assert online.decisions["stop"].tolist() == [False] * online.stop_round + [True]

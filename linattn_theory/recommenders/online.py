@@ -377,8 +377,9 @@ class OnlineControl:
 
 
 def _default_rule(fed) -> OnlineRule:
+    descent = fed.adaptive_descent_confidence      # the config's inf is the rule's None: no descent test
     return OnlineRule(fed.adaptive_window, fed.adaptive_horizon, fed.adaptive_confidence,
-                      fed.adaptive_gain_confidence, fed.adaptive_descent_confidence)
+                      fed.adaptive_gain_confidence, None if descent == np.inf else descent)
 
 
 def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineControl | None = None):

@@ -25,9 +25,9 @@ __all__ = ["ConfigError", "TaskConfig", "ModelConfig", "FederatedConfig", "RunCo
 
 
 def _spec(default, *, low=None, high=None, low_open=False, high_open=False, choices=None,
-          doc=""):
+          doc="", allow_inf=False):
     meta = {"low": low, "high": high, "low_open": low_open, "high_open": high_open,
-            "choices": choices, "doc": doc}
+            "choices": choices, "doc": doc, "allow_inf": allow_inf}
     return field(default=default, metadata=meta)
 
 
@@ -113,8 +113,9 @@ class FederatedConfig:
                                                          "advantage over FedAvg exceeds z × its error")
     adaptive_gain_confidence: float = _spec(3.0, low=0.0, doc="fedfrozen_adaptive: z_g, keep training while the "
                                                               "gain exceeds the cost less z_g × the gain's standard error")
-    adaptive_descent_confidence: float | None = _spec(8.0, low=0.0, doc="fedfrozen_adaptive: z_d, keep training while "
-                                                      "R_freeze still falls by more than z_d standard errors of its slope")
+    adaptive_descent_confidence: float = _spec(8.0, low=0.0, allow_inf=True, doc="fedfrozen_adaptive: z_d, keep "
+                                               "training while R_freeze still falls by more than z_d standard errors "
+                                               "of its slope (inf: no descent test, the rule of rounds 1 and 2)")
     server_momentum: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
                                    doc="FedAvgM server momentum β (fedavgm)")
     server_beta1: float = _spec(0.9, low=0.0, high=1.0, high_open=True,
@@ -125,6 +126,12 @@ class FederatedConfig:
                                   doc="FedAdam adaptivity τ (fedadam)")
     divergence_factor: float = _spec(1e4, low=1.0, low_open=True,
                                      doc="stop when F exceeds this times the initial loss")
+
+    def __post_init__(self):
+        # "no descent test" has one spelling, inf, which TOML and the recorded JSON can hold
+        # (None would be dropped as absent and come back as the default)
+        if self.adaptive_descent_confidence is None:
+            object.__setattr__(self, "adaptive_descent_confidence", math.inf)
 
 
 @dataclass(frozen=True)
@@ -194,10 +201,13 @@ def _check_value(path: str, value, f):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{path} = {value!r}: expected an integer")
     elif base is float:
+        if meta.get("allow_inf") and value == "inf":   # a recorded config writes inf as a string
+            value = math.inf
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path} = {value!r}: expected a number")
-        if not math.isfinite(value):
-            raise ConfigError(f"{path} = {value!r}: expected a finite number")
+        if not math.isfinite(value) and not (meta.get("allow_inf") and value == math.inf):
+            raise ConfigError(f"{path} = {value!r}: expected a finite number" +
+                              (" or inf" if meta.get("allow_inf") else ""))
         value = float(value)
     elif base is str:
         if not isinstance(value, str):
@@ -417,7 +427,7 @@ def config_hash(config: RunConfig) -> str:
     else:
         if data["federated"]["adaptive_gain_confidence"] == 0.0:   # the rule before z_g kept its keys
             del data["federated"]["adaptive_gain_confidence"]
-        if data["federated"]["adaptive_descent_confidence"] is None:   # and the rules before z_d theirs
+        if data["federated"]["adaptive_descent_confidence"] == math.inf:   # and the rules before z_d theirs
             del data["federated"]["adaptive_descent_confidence"]
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
