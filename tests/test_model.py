@@ -77,3 +77,32 @@ def test_float32_option_keeps_dtype():
     rng = np.random.default_rng(0)
     X, q = rng.normal(size=(2, 4, 3)).astype(np.float32), rng.normal(size=(2, 3)).astype(np.float32)
     assert predict(params, X, q).dtype == np.float32
+
+
+def test_kernel_gradient_takes_the_features_of_the_moments_bit_for_bit():
+    """``value_moments_and_features`` hands its features ``φ`` to ``kernel_gradient_from_moments``
+    (``phi=``): the same numbers as the gradient computing them itself, and the moments are built
+    from them (``A = Σ_i w_i φ_i φ_iᵀ``); softmax attention refuses them (its gradient needs the
+    attention weights)."""
+    from linattn_theory.core.clients import stack_clients
+    from linattn_theory.core.model import kernel_gradient_from_inputs, kernel_gradient_from_moments
+    from linattn_theory.core.moments import value_moments, value_moments_and_features
+    from linattn_theory.data.tasks import planted_kernel_clients
+
+    clients = planted_kernel_clients(num_clients=3, samples_per_client=20, tokens=6, dim=4, rank=2, seed=4)
+    data = stack_clients(clients)
+    rng = np.random.default_rng(0)
+    K = rng.normal(size=(2, 4, 4))                                  # two heads
+    moments, phi = value_moments_and_features(K, data)
+    alone = value_moments(K, data)
+    assert all(np.array_equal(getattr(moments, f), getattr(alone, f)) for f in ("A", "B", "y2", "weights"))
+    assert np.allclose(moments.A, np.einsum("cni,cnj,cn->cij", phi, phi, data.sample_weight), rtol=1e-13, atol=0)
+    params = Params(K, np.broadcast_to(np.eye(4), K.shape), rng.normal(size=(2, 4, data.y.shape[-1])))
+    S, q, y, w = data.S, data.q, data.y, data.sample_weight
+    own = kernel_gradient_from_moments(params, S, q, y, w)
+    assert np.array_equal(kernel_gradient_from_moments(params, S, q, y, w, phi=phi), own)
+    other = value_moments_and_features(K + 0.1, data)[1]            # features of another kernel: another gradient
+    assert not np.allclose(kernel_gradient_from_moments(params, S, q, y, w, phi=other), own)
+    X = rng.normal(size=(3, 20, 6, 4))                              # contexts (m, N, n, d)
+    with pytest.raises(ValueError, match="softmax"):
+        kernel_gradient_from_inputs(params, X, q, y, w, attention="softmax", phi=phi)

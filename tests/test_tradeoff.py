@@ -359,3 +359,7 @@ def test_path_terms_kernel_quantities_are_the_public_functions():
     G = profile_gradient(WQ @ np.swapaxes(WK, -1, -2), data, lam)
     expected = np.concatenate([(G @ WK).ravel(), (np.swapaxes(G, -1, -2) @ WQ).ravel()])
     assert np.array_equal(tb._factor_gradient(params, data, terms["V_star"]), expected)
+    # the features of the round's moments serve its gradient: the same numbers, and path_terms uses them
+    assert np.array_equal(tb._factor_gradient(params, data, terms["V_star"], terms["features"]), expected)
+    table = tb.path_terms(path, clients, config, 0.0)
+    assert table["factor_gradient_sq"].iloc[5] == float(expected @ expected)

@@ -276,15 +276,21 @@ def _kernel_gradient(xp, S, q, ew, WV):
     return _query_outer(xp, q, g, H, d)
 
 
-def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None):
-    """Gradient with respect to the kernels, ``∇_{K_h} ℓ = Σ_i w_i q g_h^T``, shape ``(..., H, d, d)``."""
+def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None, *, phi=None):
+    """Gradient with respect to the kernels, ``∇_{K_h} ℓ = Σ_i w_i q g_h^T``, shape ``(..., H, d, d)``.
+
+    ``phi``: the features ``φ`` ``(..., N, H·d)`` at the kernel ``W_Q W_K^T`` of ``params`` when
+    they are at hand (:func:`~linattn_theory.core.moments.value_moments_and_features`); else
+    computed here.
+    """
     xp = array_namespace(S, q, y, params.WV)
     H, d, _ = params.WV.shape[-3:]
     N = S.shape[-3]
     if sample_weight is None:
         sample_weight = xp.full(S.shape[:-2], 1.0 / N, dtype=S.dtype)
     V = _value_matrix(xp, params.WV)
-    phi = _flat(xp, features(kernel(params), S, q), 2)
+    if phi is None:
+        phi = _flat(xp, features(kernel(params), S, q), 2)
     ew = (xp.matmul(phi, V) - y) * sample_weight[..., None]
     return _kernel_gradient(xp, S, q, ew, params.WV)
 
@@ -407,9 +413,16 @@ def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, 
 
 
 def kernel_gradient_from_inputs(params: Params, inputs, q, y, sample_weight=None, *,
-                                attention: str = "linear", temperature: float = 1.0):
-    """``∇_{K_h} ℓ`` ``(..., H, d, d)`` of either attention; ``inputs`` is ``Ŝ`` (linear) or ``X`` (softmax)."""
+                                attention: str = "linear", temperature: float = 1.0, phi=None):
+    """``∇_{K_h} ℓ`` ``(..., H, d, d)`` of either attention; ``inputs`` is ``Ŝ`` (linear) or ``X`` (softmax).
+
+    ``phi`` (linear attention only): the features at the kernel, when at hand
+    (:func:`kernel_gradient_from_moments`).
+    """
     if attention == "softmax":
+        if phi is not None:
+            raise ValueError("phi: softmax attention's kernel gradient needs its attention weights, "
+                             "not only the features; pass phi = None")
         return _softmax_loss_and_grad(params, inputs, q, y, sample_weight, (), temperature,
                                       kernel_only=True)[2]
-    return kernel_gradient_from_moments(params, inputs, q, y, sample_weight)
+    return kernel_gradient_from_moments(params, inputs, q, y, sample_weight, phi=phi)

@@ -18,7 +18,7 @@ from ._array import array_namespace
 from .model import _flat
 from .clients import StackedClients, stack_clients
 
-__all__ = ["ValueMoments", "value_moments", "value_objective"]
+__all__ = ["ValueMoments", "value_moments", "value_moments_and_features", "value_objective"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,13 @@ def value_moments(K, clients, lam: float = 0.0, *, xp=None) -> ValueMoments:
     is recorded on the result, whose ``A_tilde`` is ``Ã_c = A_c + λI``; ``A`` stays unregularised.
     The features are those of ``clients.attention`` (softmax: ``φ_h = X^T a_h``, docs/theory.md §9).
     """
+    return value_moments_and_features(K, clients, lam, xp=xp)[0]
+
+
+def value_moments_and_features(K, clients, lam: float = 0.0, *, xp=None) -> tuple[ValueMoments, object]:
+    """``(value_moments(K, clients, lam), φ)``: also the features ``φ`` ``(..., m, N, H·d)`` the
+    moments are built from, so that a kernel gradient at the same ``K`` need not compute them again
+    (:func:`~linattn_theory.core.model.kernel_gradient_from_moments`'s ``phi``)."""
     if not lam >= 0:
         raise ValueError(f"lam = {lam!r}; expected a number >= 0")
     data = clients if isinstance(clients, StackedClients) else stack_clients(clients, xp=xp)
@@ -62,7 +69,7 @@ def value_moments(K, clients, lam: float = 0.0, *, xp=None) -> ValueMoments:
     A = xp.matmul(xp.matrix_transpose(phi), phi * w)
     B = xp.matmul(xp.matrix_transpose(phi), data.y * w)
     y2 = xp.sum(data.y * data.y * w, axis=(-2, -1))
-    return ValueMoments(A, B, y2, data.weights, float(lam))
+    return ValueMoments(A, B, y2, data.weights, float(lam)), phi
 
 
 def value_objective(V, moments: ValueMoments, lam: float = 0.0):

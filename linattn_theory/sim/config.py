@@ -7,6 +7,7 @@ exit status 2).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -183,8 +184,10 @@ def _drop_none(data: dict) -> dict:
     return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in data.items() if v is not None}
 
 
+@functools.lru_cache(maxsize=None)
 def _expected_type(annotation):
-    """``(base type, optional)`` of a field annotation such as ``float | None``."""
+    """``(base type, optional)`` of a field annotation such as ``float | None`` (memoised: the
+    annotations are a few strings, and every config built reads each of them)."""
     if isinstance(annotation, str):
         annotation = eval(annotation, {"float": float, "int": int, "str": str, "None": None})
     args = typing.get_args(annotation)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..core._array import array_namespace, to_numpy
 from ..core.model import Params, kernel_gradient_from_inputs
-from ..core.moments import ValueMoments, value_moments, value_objective
+from ..core.moments import ValueMoments, value_moments_and_features, value_objective
 from ..core.clients import StackedClients, stack_clients
 
 
@@ -51,9 +51,14 @@ def _check_kernel(K, data: StackedClients, name: str = "K") -> np.ndarray:
 
 def _host_moments(K, data: StackedClients) -> ValueMoments:
     """Per-client value moments of kernel ``K`` as host float64 arrays."""
-    mom = value_moments(K, data)
+    return _host_moments_and_features(K, data)[0]
+
+
+def _host_moments_and_features(K, data: StackedClients):
+    """``(_host_moments(K, data), φ)``, with the features ``φ`` (data's namespace) they are built from."""
+    mom, phi = value_moments_and_features(K, data)
     return ValueMoments(*(np.asarray(to_numpy(a), dtype=np.float64)
-                          for a in (mom.A, mom.B, mom.y2, mom.weights)))
+                          for a in (mom.A, mom.B, mom.y2, mom.weights))), phi
 
 
 def _solve_symmetric(A, B, rtol: float = PSEUDO_INVERSE_RTOL):
@@ -81,12 +86,14 @@ def _profile_from_moments(moments: ValueMoments, lam: float):
     return float(0.5 * y2 - 0.5 * np.sum(B * V)), V
 
 
-def _kernel_gradient(K, V, data: StackedClients):
+def _kernel_gradient(K, V, data: StackedClients, phi=None):
     """``∇_K F(K, V) = Σ_c p_c Σ_i w_i q_i g_i^T`` for the stacked value block ``V`` ``(Hd, p)``.
 
     Uses :func:`~linattn_theory.core.model.kernel_gradient_from_inputs` (the data's attention) with ``W_Q = K``,
     ``W_K = I`` (so that ``W_Q W_K^T = K``). ``K`` ``(H, d, d)`` and ``V``, or stacks of them
-    ``(B, H, d, d)`` and ``(B, Hd, p)`` (then ``(B, H, d, d)``, each the same as alone).
+    ``(B, H, d, d)`` and ``(B, Hd, p)`` (then ``(B, H, d, d)``, each the same as alone). ``phi``: the
+    features at ``K`` from :func:`_host_moments_and_features` (used with linear attention, where they
+    are the same numbers: ``K I^T = K`` exactly).
     """
     xp = array_namespace(data.S)
     H, d = K.shape[-3], K.shape[-1]
@@ -97,7 +104,8 @@ def _kernel_gradient(K, V, data: StackedClients):
     params = Params(xp.reshape(xp.asarray(K, dtype=data.S.dtype), lead + client + (H, d, d)), eye,
                     xp.reshape(xp.asarray(V, dtype=data.S.dtype), lead + client + (H, d, p)))
     G = kernel_gradient_from_inputs(params, data.inputs, data.q, data.y, data.sample_weight,
-                                    attention=data.attention, temperature=data.temperature)
+                                    attention=data.attention, temperature=data.temperature,
+                                    phi=phi if data.attention == "linear" else None)
     G = xp.sum(xp.reshape(data.weights, (-1, 1, 1, 1)) * G, axis=len(lead))
     return np.asarray(to_numpy(G), dtype=np.float64)
 

@@ -55,7 +55,8 @@ from ..core.model import Params, _value_matrix, kernel
 from ..core.clients import StackedClients, stack_clients
 from .profile import centralized_optimum, profile_objective
 from .frozen_stage import _drift_floor, _fixed_point, _frozen_map, _spectral_radius
-from ._shared import _check_kernel, _host_moments, _kernel_gradient, _profile_from_moments
+from ._shared import (_check_kernel, _host_moments, _host_moments_and_features, _kernel_gradient,
+                      _profile_from_moments)
 
 __all__ = [
     "AssumptionCheck",
@@ -373,11 +374,12 @@ def closed_form_warmup(b_start: float, b_floor: float, q: float, drift_growth: f
 # --------------------------------------------------------------------------------------
 # constants along the path
 # --------------------------------------------------------------------------------------
-def _factor_gradient(params: Params, data, V_star):
+def _factor_gradient(params: Params, data, V_star, features=None):
     """``∇_{(W_Q, W_K)} Φ_λ = (G W_K, Gᵀ W_Q)`` with ``G = ∇_K F(K, V*_λ(K)) = ∇_K Φ_λ`` (envelope
-    theorem, :func:`~linattn_theory.theory.profile.profile_gradient`), flattened."""
+    theorem, :func:`~linattn_theory.theory.profile.profile_gradient`), flattened; ``features``: those
+    of ``K`` from :func:`_kernel_terms`, when at hand."""
     WQ, WK = _host(params.WQ), _host(params.WK)
-    G = _kernel_gradient(_check_kernel(WQ @ np.swapaxes(WK, -1, -2), data), V_star, data)
+    G = _kernel_gradient(_check_kernel(WQ @ np.swapaxes(WK, -1, -2), data), V_star, data, features)
     return np.concatenate([(G @ WK).ravel(), (np.swapaxes(G, -1, -2) @ WQ).ravel()])
 
 
@@ -386,13 +388,13 @@ def _kernel_terms(K, data, eta: float, E: int, lam: float, s: float) -> dict:
     clients' moments: each equals its public function's value (``profile_objective``,
     ``frozen_stage_map`` with the server step, ``fedavg_fixed_point``, ``contraction_rate``,
     ``value_drift_floor``, ``drift_floor_leading_order``) bit for bit."""
-    moments = _host_moments(_check_kernel(K, data), data)
+    moments, features = _host_moments_and_features(_check_kernel(K, data), data)
     phi, V_star = _profile_from_moments(moments, lam)
     M, _ = _frozen_map(moments, eta, E, lam, s)
     V_FA = _fixed_point(*_frozen_map(moments, eta, E, lam))
     A_c, B_c, w, A = _client_moments(moments, lam)
     lead = _leading_order(A_c @ V_star - B_c, A_c, w, A, eta, E)
-    return {"phi": phi, "V_star": V_star, "M": M, "V_FA": V_FA, "A_c": A_c, "A": A,
+    return {"phi": phi, "V_star": V_star, "M": M, "V_FA": V_FA, "A_c": A_c, "A": A, "features": features,
             "rho": _spectral_radius(M), "lead": lead,
             "drift_floor": _drift_floor(V_FA, V_star, moments, lam)}
 
@@ -422,7 +424,7 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
         k = T - t
         transient, complement, sqrt_kappa = _transient(M, A, k)
         rho, lead = terms["rho"], terms["lead"]
-        grads.append(_factor_gradient(params, data, V_star))
+        grads.append(_factor_gradient(params, data, V_star, terms["features"]))   # the same K: its features
         rows.append({"round": t, "profile_objective": phi, "bias": phi - optimum,
                      "drift_floor": terms["drift_floor"],
                      "value_lag": float(0.5 * np.sum(e * (A @ e))),

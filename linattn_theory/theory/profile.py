@@ -13,11 +13,11 @@ from scipy import optimize
 from threadpoolctl import threadpool_limits
 
 from ..core._array import to_numpy
-from ..core.moments import ValueMoments, value_moments
+from ..core.moments import ValueMoments, value_moments_and_features
 from ..core.clients import FederatedDataset, stack_clients
 from ..core.clients import StackedClients
-from ._shared import (SEED_OPTIMUM, _check_kernel, _check_ridge, _host_moments, _kernel_gradient,
-                      _profile_from_moments, _solve_symmetric, _stacked)
+from ._shared import (SEED_OPTIMUM, _check_kernel, _check_ridge, _host_moments, _host_moments_and_features,
+                      _kernel_gradient, _profile_from_moments, _solve_symmetric, _stacked)
 
 __all__ = ["profile_objective", "profile_gradient", "CentralizedOptimum", "centralized_optimum",
            "centralized_optima", "population_value_moments"]
@@ -45,8 +45,9 @@ def profile_gradient(K, clients, lam: float = 0.0):
     _check_ridge(lam)
     data = _stacked(clients)
     K = _check_kernel(K, data)
-    _, V = _profile_from_moments(_host_moments(K, data), lam)
-    return _kernel_gradient(K, V, data)
+    moments, phi = _host_moments_and_features(K, data)
+    _, V = _profile_from_moments(moments, lam)
+    return _kernel_gradient(K, V, data, phi)
 
 
 # --------------------------------------------------------------------------------------
@@ -159,16 +160,17 @@ def _problem(clients, lam: float = 0.0, rank: int | None = None, heads: int | No
 
 
 def _profile_batch(K, data: StackedClients):
-    """``(Φ_0(K_b), V*_0(K_b))`` of a stack of kernels ``K`` ``(B, H, d, d)``: ``(B,)``, ``(B, Hd, p)``.
+    """``(Φ_0(K_b), V*_0(K_b), φ)`` of a stack of kernels ``K`` ``(B, H, d, d)``: ``(B,)``,
+    ``(B, Hd, p)`` and the features ``(B, m, N, Hd)`` they were computed from.
 
     The batched form of :func:`_profile_from_moments` (per kernel the same arithmetic).
     """
-    mom = value_moments(np.asarray(K)[:, None], data)             # A (B, m, n, n), B (B, m, n, p)
+    mom, features = value_moments_and_features(np.asarray(K)[:, None], data)   # A (B, m, n, n), B (B, m, n, p)
     A, B, y2, w = (np.asarray(to_numpy(a), dtype=np.float64) for a in (mom.A, mom.B, mom.y2, mom.weights))
     A = np.sum(w[:, None, None] * A, axis=1)
     B = np.sum(w[:, None, None] * B, axis=1)
     V = _solve_symmetric(A, B)
-    return 0.5 * np.sum(w * y2) - 0.5 * np.sum(B * V, axis=(-2, -1)), V
+    return 0.5 * np.sum(w * y2) - 0.5 * np.sum(B * V, axis=(-2, -1)), V, features
 
 
 def _factor_objectives(problem: _Problem, xs: list) -> list:
@@ -177,8 +179,8 @@ def _factor_objectives(problem: _Problem, xs: list) -> list:
     X = np.stack(xs)
     WQ, WK = X[:, :size].reshape((-1,) + shape), X[:, size:].reshape((-1,) + shape)
     K = WQ @ np.swapaxes(WK, -1, -2)
-    phi, V = _profile_batch(K, problem.data)
-    G = _kernel_gradient(K, V, problem.data)
+    phi, V, features = _profile_batch(K, problem.data)
+    G = _kernel_gradient(K, V, problem.data, features)     # the features of Φ_0's moments serve ∇_K
     grads = np.concatenate([(G @ WK).reshape(len(xs), -1), (np.swapaxes(G, -1, -2) @ WQ).reshape(len(xs), -1)],
                            axis=1)
     return [(float(f), g) for f, g in zip(phi, grads)]
