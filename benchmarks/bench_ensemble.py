@@ -20,6 +20,14 @@ One script, measured side by side (interleaved passes, medians and ranges):
    different instances and for 48 runs of the figures' kind (a few instances × a ``T0`` grid,
    whose warm-ups ``simulate_many`` shares); and the fused engine's share of the memory floor
    at the reference size, one instance (``benchmarks/bench_round.py`` explains the floor).
+4. **The fused kernel's products** (``--sections kernels``): one thread, CPU ms per local step of
+   the sizes above and of ``d = 4`` and two heads, with the products compiled for ``d``
+   (:func:`~linattn_theory.core._fused_kernels.dimension`) against the row loops (``dim = ()``).
+5. **The regret benchmark's unit** (``--sections scoring``): 8 declared evaluation instances of
+   ``benchmarks/predictive_regret.py`` scored together, as its workers do
+   (:func:`~linattn_theory.recommenders.scoring.score_instances`), against 8 calls of
+   :func:`~linattn_theory.recommenders.scoring.score_instance`, and where the time of the
+   together-pass goes (the parts timed in place, nested parts inside their callers).
 
 Usage (from the repository root)::
 
@@ -33,6 +41,9 @@ so and are skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import importlib
 import os
 import statistics
 import time
@@ -272,6 +283,124 @@ def goals(args, bandwidth: dict) -> None:
                  "CPU ms per local step", "floor ms (CPU)", "share (CPU)"], rows)
 
 
+#: (name, Size) of the kernel comparison: the figures' size, two heads, d = 4 and the reference size
+KERNEL_SIZES = (("figures", FIGURES),
+                ("figures, two heads", Size("two heads", clients=8, samples=128, tokens=16, dim=8, rank=3,
+                                            outputs=2, heads=2)),
+                ("d = 4 (regret benchmark)", Size("d4", clients=8, samples=128, tokens=16, dim=4, rank=5,
+                                                  outputs=1)),
+                ("reference (d = 16: row loops either way)", REFERENCE))
+
+
+def kernels(args) -> None:
+    """Section 4: the fused local steps with the products compiled for d against the row loops."""
+    from linattn_theory.core import _fused_kernels as kernels_module
+
+    rows = []
+    for name, size in KERNEL_SIZES:
+        rng = np.random.default_rng(0)
+        m, N, d, H = size.clients, size.samples, size.dim, size.heads
+        X = rng.normal(size=(1, m, N, size.tokens, d)) / np.sqrt(d)
+        S = np.einsum("...ta,...tb->...ab", X, X) / size.tokens
+        St, qt, yt = kernels_module.samples_last(S, rng.normal(size=(1, m, N, d)),
+                                                 rng.normal(size=(1, m, N, size.outputs)))
+        w = np.full((1, m, N), 1.0 / (m * N))
+        WQ, WK = rng.normal(size=(2, 1, H, d, size.rank)) * 0.3
+        WV = rng.normal(size=(1, H, d, size.outputs)) * 0.3
+        inst, part = np.zeros(m, np.int64), np.arange(m)
+        outs = [np.empty((m,) + a.shape[1:]) for a in (WQ, WK, WV)]
+
+        def step(dim):
+            kernels_module.local_steps(St, qt, yt, w, inst, part, 0, m, WQ, WK, WV, True, True, True,
+                                       size.local_steps, np.array([0.05]), np.array([1e-3]), *outs, dim)
+
+        variants = {"compiled for d": lambda: step(kernels_module.dimension(d)), "row loops": lambda: step(())}
+        for fn in variants.values():
+            fn()                                          # compile / load
+        cpu: dict = {}
+        interleaved(variants, max(args.repeat, 5), cpu)
+        per = {k: [c / size.local_steps for c in v] for k, v in cpu.items()}
+        ratio = statistics.median(per["row loops"]) / statistics.median(per["compiled for d"])
+        rows.append([name, size.describe(), stats(per["compiled for d"], 1e3), stats(per["row loops"], 1e3),
+                     f"{ratio:.2f}"])
+    print(f"\nThe fused local step (one thread, CPU ms per step of all clients, {max(args.repeat, 5)} interleaved "
+          f"passes, median (min–max)); the products compiled for d up to d = {kernels_module.MAX_UNROLLED_DIM}:")
+    print_table(["size", "", "compiled for d", "row loops", "speed-up"], rows)
+
+
+#: the parts of a scoring pass timed in place (module, function), nested ones indented in the table
+SCORING_PARTS = (("linattn_theory.recommenders.scoring", "instance_truths", 0),
+                 ("linattn_theory.sim.warmup_grid", "warmup_sweep_many", 1),
+                 ("linattn_theory.theory.profile", "centralized_optima", 1),
+                 ("linattn_theory.theory.profile", "_factor_objectives", 2),
+                 ("linattn_theory.recommenders.scoring", "fedavg_path", 0),
+                 ("linattn_theory.theory.bound", "estimate_bound", 0),
+                 ("linattn_theory.recommenders.recommendation", "pilot_warmup", 0),
+                 ("linattn_theory.recommenders.online", "freeze_forecast", 0))
+
+
+@contextlib.contextmanager
+def timed_parts(parts, seconds: dict):
+    """Within the block, every call of ``module.function`` in ``parts`` adds its wall time to
+    ``seconds[function]`` (the functions are looked up by their module at call time, so patching
+    the module attribute reaches every caller; restored on exit)."""
+    saved = []
+    for module_name, name, _ in parts:
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, _original=original, _name=name, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                seconds[_name] = seconds.get(_name, 0.0) + time.perf_counter() - start
+        setattr(module, name, wrapper)
+        saved.append((module, name, original))
+    try:
+        yield seconds
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
+def scoring(args) -> None:
+    """Section 5: the regret benchmark's unit, 8 instances scored together against one at a time."""
+    import warnings
+
+    from predictive_regret import instances
+
+    from linattn_theory.recommenders.scoring import score_instance, score_instances
+    from linattn_theory.sim.config import config_from_dict
+
+    table = instances()
+    chosen = table[table["set"] == "evaluation"].sample(n=8, random_state=args.scoring_sample)
+    configs = [config_from_dict(d) for d in chosen["config"]]
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        score_instances(configs[:1])                              # compile / load the kernels
+        cpu: dict = {}
+        times = interleaved({"score_instances (8 together)": lambda: score_instances(configs),
+                             "8 × score_instance": lambda: [score_instance(c) for c in configs]},
+                            args.repeat, cpu)
+        parts: dict = {}
+        with timed_parts(SCORING_PARTS, parts):
+            start = time.perf_counter()
+            score_instances(configs)
+            total = time.perf_counter() - start
+    names = list(times)
+    ratio = statistics.median(times[names[1]]) / statistics.median(times[names[0]])
+    print(f"\nThe regret benchmark's unit: 8 evaluation instances ({', '.join(sorted(set(chosen['family'])))}; "
+          f"E ∈ {sorted(set(chosen['local_steps']))}), {args.repeat} interleaved passes, s, median (min–max):")
+    print_table(["scoring", "wall", "CPU"], [[n, stats(times[n]), stats(cpu[n])] for n in names])
+    print(f"together / one at a time: {ratio:.2f}× (wall)")
+    rows = [[("· " * depth) + name, f"{parts.get(name, 0.0):.2f}", f"{parts.get(name, 0.0) / total:.0%}"]
+            for _, name, depth in SCORING_PARTS]
+    print(f"\nWhere one together-pass goes ({total:.2f} s wall; a part marked · runs inside the part above it):")
+    print_table(["part", "s", "share"], rows)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="interleaved passes (median and range)")
@@ -281,8 +410,11 @@ def main(argv=None) -> None:
                         help="largest instance count at the reference size (16 MB of data per instance)")
     parser.add_argument("--quick", action="store_true", help="1 and 8 instances, 2 passes, no goals section")
     parser.add_argument("--no-peers", action="store_true", help="skip the JAX and PyTorch peers")
-    parser.add_argument("--sections", nargs="*", choices=("throughput", "goals"), default=["throughput", "goals"],
-                        help="which tables to print (default both)")
+    parser.add_argument("--sections", nargs="*", choices=("throughput", "goals", "kernels", "scoring"),
+                        default=["throughput", "goals", "kernels", "scoring"],
+                        help="which tables to print (default all)")
+    parser.add_argument("--scoring-sample", type=int, default=1,
+                        help="random state of the 8 evaluation instances of the scoring section")
     args = parser.parse_args(argv)
     if args.quick:
         args.instances, args.repeat = [1, 8], 2
@@ -306,6 +438,10 @@ def main(argv=None) -> None:
         throughput(args, bandwidth)
     if "goals" in args.sections and not args.quick:
         goals(args, bandwidth)
+    if "kernels" in args.sections:          # the kernel called directly: one thread
+        kernels(args)
+    if "scoring" in args.sections and not args.quick:
+        scoring(args)
 
 
 if __name__ == "__main__":

@@ -316,3 +316,44 @@ def test_thread_count_settings(monkeypatch):
         fused_module.set_threads(None)
     with pytest.raises(ValueError, match="threads"):
         fused_module.set_threads(0)
+
+
+@needs_numba
+@pytest.mark.slow          # compiles the kernels for d = 3 (8-14 s on the two-core machine)
+@pytest.mark.parametrize("d, heads", [(3, 2), (8, 1)])
+def test_unrolled_context_products_are_the_row_loops_bit_for_bit(d, heads):
+    """Up to ``MAX_UNROLLED_DIM`` the kernels keep each sample's ``d`` partial sums of ``K_h^T q``
+    and ``Ŝ v`` in registers (``dim = dimension(d)``); the row loops (``dim = ()``, every larger
+    ``d``) add the same terms in the same order through memory: equal bit for bit, for the local
+    steps (every block trained, several work items of two instances) and the client losses. An
+    odd ``d`` takes the unpaired last row."""
+    from linattn_theory.core import _fused_kernels as kernels
+
+    assert 0 < d <= kernels.MAX_UNROLLED_DIM and kernels.dimension(d) == (0,) * d
+    assert kernels.dimension(kernels.MAX_UNROLLED_DIM + 1) == ()
+    rng = np.random.default_rng(d)
+    I, m, N, r, p = 2, 3, 37, 2, 2
+    X = rng.normal(size=(I, m, N, 5, d))
+    S = np.einsum("...ta,...tb->...ab", X, X) / 5
+    St, qt, yt = kernels.samples_last(S, rng.normal(size=(I, m, N, d)), rng.normal(size=(I, m, N, p)))
+    w = rng.uniform(size=(I, m, N)) / N
+    WQ, WK = rng.normal(size=(2, I, heads, d, r)) * 0.5
+    WV = rng.normal(size=(I, heads, d, p)) * 0.5
+    inst, part = np.repeat(np.arange(I), m), np.tile(np.arange(m), I)
+    eta, lam = np.array([0.3, 0.2]), np.array([1e-3, 0.0])
+
+    def train(dim):
+        outs = [np.empty((I * m,) + a.shape[1:]) for a in (WQ, WK, WV)]
+        kernels.local_steps(St, qt, yt, w, inst, part, 0, I * m, WQ, WK, WV, True, True, True, 4, eta, lam,
+                            *outs, dim)
+        return outs
+
+    def losses(dim):
+        out = np.empty(I * m)
+        kernels.client_losses(St, qt, yt, w, inst, part, 0, I * m, WQ, WK, WV, out, dim)
+        return out
+
+    unrolled, rows = train(kernels.dimension(d)), train(())
+    assert all(np.array_equal(a, b) for a, b in zip(unrolled, rows))
+    assert not np.array_equal(unrolled[0], np.repeat(WQ, m, axis=0))            # the steps moved W_Q
+    assert np.array_equal(losses(kernels.dimension(d)), losses(()))

@@ -17,7 +17,15 @@ fast at the figures' size as one sample at a time). The closed forms are those o
 Padding samples (weight 0, ``Ŝ = 0``, ``q = y = 0``) contribute exact zeros. Temporaries have
 the data's dtype (float32 stays float32); no BLAS is called (no thread pool inside a thread).
 Kernels release the GIL: the caller runs chunks of work items on threads. Compiled code is
-cached on disk (``cache=True``): the first call per dtype compiles, later processes load it.
+cached on disk (``cache=True``): the first call per dtype (and ``d ≤ 8``) compiles, later
+processes load it.
+
+The kernels that read contexts take the dimension as their last argument, :func:`dimension`: up
+to :data:`MAX_UNROLLED_DIM` a tuple of ``d`` zeros, whose length is a constant of the code
+compiled for it, and the products ``K_h^T q`` and ``Ŝ v`` keep a sample's ``d`` partial sums in
+registers, adding their terms in the written order (:func:`_queries`, :func:`_context`; no
+reassociation): the same numbers as the row-by-row loops used above it, which load and store
+each partial sum once per term (tests: bit for bit).
 """
 
 from __future__ import annotations
@@ -32,6 +40,22 @@ except ImportError:     # importable without numba (docs, introspection); the en
 #: LLVM may fuse multiply-adds and reorder sums (vectorised reductions); NaN and inf keep their
 #: IEEE meaning, so divergence is still detected.
 FAST = {"contract", "reassoc"}
+
+#: Sums kept in their written order (multiply-adds fused, as in :data:`FAST`'s row loops).
+ORDERED = {"contract"}
+
+#: The largest ``d`` whose context products run sample-vector by sample-vector with the ``d``
+#: terms of each sum in registers (:func:`_context`). Measured at the figures' size
+#: (``d = 8``) 1.3–1.6× faster per local step; at ``d = 16`` (the reference size) no faster than
+#: the row loops (docs/howto/gpu.md §5), which larger ``d`` keep.
+MAX_UNROLLED_DIM = 8
+
+
+def dimension(d: int) -> tuple:
+    """The kernels' ``dim`` argument for dimension ``d``: up to :data:`MAX_UNROLLED_DIM` a tuple of
+    ``d`` zeros, whose type (and so the compiled code, one per ``d``, cached) carries ``d`` as a
+    constant; above it the empty tuple (the row loops, one compiled code for every larger ``d``)."""
+    return (0,) * int(d) if int(d) <= MAX_UNROLLED_DIM else ()
 
 
 def samples_last(S, q, y):
@@ -88,6 +112,53 @@ def _context_product(St, vectors, out):
                 row[i] += sr[i] * va[i]
 
 
+@njit(cache=True, nogil=True, fastmath=ORDERED)
+def _queries(KT, qt, out, zero, dim):
+    """``out = K_h^T q`` for every sample (``KT`` ``(d, d)``, ``qt`` and ``out`` ``(d, N)``): with
+    ``dim = dimension(d)`` non-empty, the ``d`` terms of each sample's sum added in registers, in
+    order; with ``dim = ()`` the row loops of :func:`_mix`. The same numbers."""
+    if len(dim) == 0:
+        _mix(KT, qt, out)
+        return
+    d = len(dim)
+    N = qt.shape[1]
+    for a in range(d):
+        for i in range(N):
+            s = zero
+            for t in range(d):
+                s += KT[a, t] * qt[t, i]
+            out[a, i] = s
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED)
+def _context(St, vectors, out, zero, dim):
+    """``out_i = Ŝ_i v_i`` for every sample: with ``dim = dimension(d)`` non-empty, each sample's
+    ``d`` terms added in registers, in order (two rows ``b`` at a time, sharing the loads of ``v``);
+    with ``dim = ()`` the row loops of :func:`_context_product`. The same numbers."""
+    if len(dim) == 0:
+        _context_product(St, vectors, out)
+        return
+    d = len(dim)
+    N = out.shape[1]
+    for b in range(0, d - 1, 2):
+        for i in range(N):
+            s0 = zero
+            s1 = zero
+            for a in range(d):
+                v = vectors[a, i]
+                s0 += St[b, a, i] * v
+                s1 += St[b + 1, a, i] * v
+            out[b, i] = s0
+            out[b + 1, i] = s1
+    if d % 2:
+        b = d - 1
+        for i in range(N):
+            s = zero
+            for a in range(d):
+                s += St[b, a, i] * vectors[a, i]
+            out[b, i] = s
+
+
 @njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 def _sample_sums(left, right, out, zero):
     """``out[a, b] = Σ_i left[a, i] right[b, i]``, a sum over the samples."""
@@ -138,12 +209,12 @@ def _residuals(phi, V, yt, w, ew):
 
 @njit(cache=True, nogil=True, fastmath=FAST)
 def local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps, eta,
-                lam, outQ, outK, outV):
+                lam, outQ, outK, outV, dim):
     """``E`` full-batch local steps of the work items ``lo..hi-1`` from their instance's server
     parameters ``(WQ, WK, WV)[inst[j]]`` (``(I, H, d, r)``), step ``eta[inst[j]]``, ridge ``lam[inst[j]]``.
 
     Writes item ``j``'s blocks to ``outQ[j]``, ``outK[j]``, ``outV[j]`` (untrained blocks stay
-    at the server's values).
+    at the server's values). ``dim``: :func:`dimension` of ``d``.
     """
     H, d, r = WQ.shape[1], WQ.shape[2], WQ.shape[3]
     p = WV.shape[3]
@@ -172,8 +243,8 @@ def local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k,
         for _ in range(steps):
             _kernel_transposes(Q, Kf, KT, zero)
             for h in range(H):
-                _mix(KT[h], qc, kq)              # k_h = K_h^T q
-                _context_product(Sc, kq, phi[h])  # φ_h = Ŝ k_h
+                _queries(KT[h], qc, kq, zero, dim)        # k_h = K_h^T q
+                _context(Sc, kq, phi[h], zero, dim)       # φ_h = Ŝ k_h
             _residuals(phi.reshape(H * d, N), V.reshape(H * d, p), yc, wc, ew)
             for h in range(H):
                 if train_v:                      # ∇W_V = Σ_i φ_i e_w^T
@@ -181,7 +252,7 @@ def local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k,
                 if not train_kernel:
                     continue
                 _mix(V[h], ew, u)                # u = W_V^h e_w
-                _context_product(Sc, u, g)       # g = Ŝ u
+                _context(Sc, u, g, zero, dim)    # g = Ŝ u
                 _sample_sums(qc, g, gK, zero)    # ∇K = Σ_i q g^T
                 _product(gK, Kf[h], gQ, zero)    # ∇W_Q = ∇K W_K, ∇W_K = ∇K^T W_Q (this step's factors)
                 _product(gK, Q[h], gKf, zero, True)
@@ -220,9 +291,9 @@ def frozen_steps(phit, yt, w, inst, part, lo, hi, V0, steps, eta, lam, outV):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out):
+def client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, dim):
     """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of client ``clients[j]`` of instance ``inst[j]`` at that
-    instance's parameters (``(I, H, d, r)``), for ``j`` in ``lo..hi-1``, into ``out[j]``."""
+    instance's parameters (``(I, H, d, r)``), for ``j`` in ``lo..hi-1``, into ``out[j]`` (``dim``: :func:`dimension` of ``d``)."""
     H, d = WQ.shape[1], WQ.shape[2]
     p = WV.shape[3]
     N = St.shape[4]
@@ -238,8 +309,8 @@ def client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out):
         Sc, qc, yc, wc = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         for h in range(H):
-            _mix(KT[h], qc, kq)
-            _context_product(Sc, kq, phi[h])
+            _queries(KT[h], qc, kq, zero, dim)
+            _context(Sc, kq, phi[h], zero, dim)
         _residuals(phi.reshape(H * d, N), WV[s_].reshape(H * d, p), yc, ones, e)
         s = zero
         for t in range(p):

@@ -97,7 +97,7 @@ def _run_chunks(kernel, count: int, head: tuple, tail: tuple) -> None:
     A few chunks per thread balance the load on a shared machine.
     """
     start = 0
-    key = (kernel.__name__, head[0].dtype.str)
+    key = (kernel.__name__, head[0].dtype.str, len(tail[-1]) if isinstance(tail[-1], tuple) else None)
     if key not in _compiled and count > 0:
         # the first call of a signature compiles it (or loads it from the disk cache) and binds
         # BLAS: make it on one client, on this thread, before other threads call the kernel
@@ -136,6 +136,7 @@ class FusedEngine:
         # the kernels' layout: samples last (_fused_kernels), a copy made once per engine
         self.S, self.q, self.y = _fused_kernels.samples_last(*(np.asarray(a) for a in arrays[:3]))
         self.w = np.ascontiguousarray(arrays[3])
+        self.dim = _fused_kernels.dimension(self.S.shape[2])   # the kernels are compiled for d
         self._features = (None, None)
 
     def _cast(self, a):
@@ -188,7 +189,7 @@ class FusedEngine:
         outs = {b: np.empty((I * k,) + a.shape[1:], self.dtype) for b, a in (("WQ", WQ), ("WK", WK), ("WV", WV))}
         _run_chunks(self.kernels.local_steps, I * k, data + (inst, part),
                     (WQ, WK, WV, "WQ" in blocks, "WK" in blocks, "WV" in blocks, steps, eta, lam,
-                     outs["WQ"], outs["WK"], outs["WV"]))
+                     outs["WQ"], outs["WK"], outs["WV"], self.dim))
         return {b: outs[b].reshape((I, k) + outs[b].shape[1:]) for b in blocks}
 
     def client_losses(self, params) -> np.ndarray:
@@ -204,5 +205,5 @@ class FusedEngine:
         clients = np.tile(np.arange(m, dtype=np.int64), I)
         out = np.empty(I * m, self.dtype)
         data = tuple(a[first:first + I] for a in (self.S, self.q, self.y, self.w))
-        _run_chunks(self.kernels.client_losses, I * m, data + (inst, clients), (WQ, WK, WV, out))
+        _run_chunks(self.kernels.client_losses, I * m, data + (inst, clients), (WQ, WK, WV, out, self.dim))
         return out.reshape(I, m)
