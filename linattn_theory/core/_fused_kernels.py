@@ -45,9 +45,10 @@ FAST = {"contract", "reassoc"}
 ORDERED = {"contract"}
 
 #: The largest ``d`` whose context products run sample-vector by sample-vector with the ``d``
-#: terms of each sum in registers (:func:`_context`). Measured at the figures' size
-#: (``d = 8``) 1.3–1.6× faster per local step; at ``d = 16`` (the reference size) no faster than
-#: the row loops (docs/howto/gpu.md §5), which larger ``d`` keep.
+#: terms of each sum in registers (:func:`_context`). Measured at the figures' size (``d = 8``)
+#: 1.2–1.3× faster per local step (``benchmarks/bench_ensemble.py --sections kernels``); at
+#: ``d = 16`` (the reference size) no faster than the row loops (docs/howto/gpu.md §5), which
+#: larger ``d`` keep.
 MAX_UNROLLED_DIM = 8
 
 
@@ -293,7 +294,8 @@ def frozen_steps(phit, yt, w, inst, part, lo, hi, V0, steps, eta, lam, outV):
 @njit(cache=True, nogil=True, fastmath=FAST)
 def client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, dim):
     """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of client ``clients[j]`` of instance ``inst[j]`` at that
-    instance's parameters (``(I, H, d, r)``), for ``j`` in ``lo..hi-1``, into ``out[j]`` (``dim``: :func:`dimension` of ``d``)."""
+    instance's parameters (``(I, H, d, r)``), for ``j`` in ``lo..hi-1``, into ``out[j]``
+    (``dim``: :func:`dimension` of ``d``)."""
     H, d = WQ.shape[1], WQ.shape[2]
     p = WV.shape[3]
     N = St.shape[4]
