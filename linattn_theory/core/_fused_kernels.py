@@ -17,8 +17,8 @@ fast at the figures' size as one sample at a time). The closed forms are those o
 Padding samples (weight 0, ``Ŝ = 0``, ``q = y = 0``) contribute exact zeros. Temporaries have
 the data's dtype (float32 stays float32); no BLAS is called (no thread pool inside a thread).
 Kernels release the GIL: the caller runs chunks of work items on threads. Compiled code is
-cached on disk (``cache=True``): the first call per dtype (and ``d ≤ 8``) compiles, later
-processes load it.
+cached on disk (``cache=True``): the first call per dtype and per ``d ≤ 8`` (one more for all
+larger ``d``) compiles, later processes load it.
 
 The kernels that read contexts take the dimension as their last argument, :func:`dimension`: up
 to :data:`MAX_UNROLLED_DIM` a tuple of ``d`` zeros, whose length is a constant of the code
