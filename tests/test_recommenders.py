@@ -76,6 +76,34 @@ def test_freeze_forecast_equals_simulated_frozen_stage(small, server_learning_ra
                                    rtol=1e-13)
 
 
+def test_freeze_forecast_reads_whole_numbers_of_rounds_from_one_table_bit_for_bit(small):
+    """The rule asks each stored round for ``J(s, k)`` with ever smaller ``k``, round after round: a
+    whole number ``k`` is read from a table of ``0..k`` computed once. Asked in any order — the
+    largest first, as the rule does, or growing, which recomputes the table — it gives the numbers
+    of the array call, bit for bit, so the live rule and its replay on a record's stored rows
+    (``final_objective`` of an array) see the same numbers. Other ``k`` use the formula."""
+    config, clients = small
+    fed = config.federated
+    data, theta = prepare_run(config, clients)
+    states = []
+    run_schedule(theta, data, dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=6, rounds=6), 6,
+                 config.seed, on_round=states.append)
+    ks = np.arange(0, 31)
+    for state in (states[0], states[6]):
+        def fresh():
+            return freeze_forecast(state.params, data, fed, state.round)
+
+        row = fresh().final_objective(ks).tolist()
+        largest_first = fresh()
+        assert [largest_first.final_objective(int(k)) for k in ks[::-1]][::-1] == row
+        assert [largest_first.final_objective(k) for k in ks] == row            # read back, numpy integers too
+        growing = fresh()
+        assert [growing.final_objective(float(k)) for k in ks] == row
+        assert all(isinstance(growing.final_objective(k), float) for k in (0, 7, 30, 2.5, -1))
+        between = growing.final_objective(2.5)
+        assert between == fresh().final_objective(np.array(2.5)) and between != row[2] and between != row[3]
+
+
 @pytest.mark.parametrize("descent_confidence", [np.inf, 8.0])
 def test_adaptive_run_realises_its_forecast_and_equals_fedfrozen(small, descent_confidence):
     """The adaptive strategy's final loss is the rule's forecast; without roll-back it is the

@@ -30,6 +30,9 @@ __all__ = ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", 
 # --------------------------------------------------------------------------------------
 # the exact forecast of freezing a kernel (docs/theory.md §5, §8)
 # --------------------------------------------------------------------------------------
+#: The largest number of frozen rounds a forecast tabulates (beyond it each ``k`` is computed alone).
+_TABLE_ROUNDS = 10_000
+
 @dataclass(frozen=True)
 class FreezeForecast:
     """What freezing the kernel ``K_s`` of round ``s`` (with value block ``V_s``) leads to.
@@ -48,10 +51,25 @@ class FreezeForecast:
     basis: np.ndarray = field(repr=False)      # Q, (Hd, Hd)
     eigenvalues: np.ndarray = field(repr=False)  # μ, (Hd,)
     curvature: np.ndarray = field(repr=False)  # Ã, (Hd, Hd)
+    _table: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def final_objective(self, frozen_rounds) -> np.ndarray | float:
-        """``F_λ(K_s, V_T)`` after ``k = frozen_rounds`` frozen rounds (a number or an array of ``k``)."""
+        """``F_λ(K_s, V_T)`` after ``k = frozen_rounds`` frozen rounds (a number or an array of ``k``).
+
+        A whole number ``k`` is read from a table of ``k' = 0..k`` computed in one array call the
+        first time (the rule asks every stored round for ever smaller ``k``, round after round):
+        the same numbers as the array call of any ``k`` (each ``k`` is its own slice; test).
+        """
         k = np.asarray(frozen_rounds, dtype=float)
+        if k.ndim == 0 and 0 <= k <= _TABLE_ROUNDS and float(k).is_integer():
+            n = int(k)
+            if n >= len(self._table):
+                self._table[:] = self._evaluate(np.arange(n + 1, dtype=float)).tolist()
+            return self._table[n]
+        return self._evaluate(k)
+
+    def _evaluate(self, k: np.ndarray) -> np.ndarray | float:
+        """``F_λ(K_s, V_T)`` of every ``k`` of the array ``k`` at once (a float when ``k`` is 0-d)."""
         with np.errstate(over="ignore", invalid="ignore"):
             power = np.power(self.eigenvalues[None, :], k.reshape(-1)[:, None])      # (K, Hd)
             delta = self.offset[None] + np.einsum("ij,kj,jp->kip", self.basis, power, self.start)
