@@ -265,8 +265,10 @@ def instances(quick: bool = False, backend: str = "numpy") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-#: Version of the records below (records of another version are recomputed).
-RECORD_FORMAT = 2
+#: Version of the records below (records of another version are recomputed). 3: with full batches
+#: a record's FedAvg path (pilot, bound, forecasts) is the truth's FedAvg run, not a second run of
+#: the same config on the one-run engine (format 2), so the two agree bit for bit.
+RECORD_FORMAT = 3
 
 
 def _cached(path: Path) -> bool:
@@ -343,11 +345,12 @@ def _outcomes(record_path: str, config_dict: dict, rules: dict, path: str) -> st
 
     from linattn_theory.recommenders.scoring import realised_risk, replay_online
     target = Path(path)
-    done = json.loads(target.read_text()) if target.exists() else {}
+    done = _outcomes_of(target, Path(record_path))
     todo = {name: spec for name, spec in rules.items() if name not in done}
     if not todo:
         return path
     record = json.loads(Path(record_path).read_text())
+    done[RECORD_DIGEST] = _digest(Path(record_path))
     config = config_from_dict(config_dict)
     realised = {}
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -362,17 +365,36 @@ def _outcomes(record_path: str, config_dict: dict, rules: dict, path: str) -> st
     return path
 
 
+#: The key of a rules file that names the record its outcomes were replayed on (its SHA-256).
+RECORD_DIGEST = "_record_sha256"
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _outcomes_of(rules_path: Path, record_path: Path) -> dict:
+    """The cached outcomes of ``rules_path`` if they were replayed on the record now at
+    ``record_path`` (a recomputed record, of a new format say, makes them stale: ``{}``)."""
+    if not rules_path.exists():
+        return {}
+    done = json.loads(rules_path.read_text())
+    return done if done.get(RECORD_DIGEST) == _digest(record_path) else {}
+
+
 def rule_outcomes(table: pd.DataFrame, records: dict, cache: Path, rules: dict, workers: int) -> dict:
     """``{key: {rule name: outcome}}`` for the instances of ``table`` whose FedAvg path is scored."""
     rows = [(k, c) for k, c in zip(table["key"], table["config"]) if not records[k]["fedavg_diverged"]]
     paths = {k: cache / f"{k}.rules.json" for k, _ in rows}
     todo = []
     for key, cfg in rows:
-        done = json.loads(paths[key].read_text()) if paths[key].exists() else {}
+        done = _outcomes_of(paths[key], cache / f"{key}.json")
         if any(name not in done for name in rules):
             todo.append((_outcomes, str(cache / f"{key}.json"), cfg, rules, str(paths[key])))
     _parallel(todo, workers, "rules")
-    return {k: json.loads(paths[k].read_text()) for k, _ in rows}
+    outcomes = {k: json.loads(paths[k].read_text()) for k, _ in rows}
+    return {k: {name: o for name, o in done.items() if name != RECORD_DIGEST} for k, done in outcomes.items()}
 
 
 def design_rules(quick: bool = False) -> dict:

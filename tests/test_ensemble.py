@@ -161,6 +161,37 @@ def test_warmup_sweep_many_equals_warmup_sweep(frozen_stage):
             assert sweep[T0].metadata["config"] == one[T0].metadata["config"]
 
 
+@pytest.mark.parametrize("engine", ["array_api", pytest.param("fused", marks=needs_numba)])
+def test_a_sweeps_fedavg_path_is_the_run_behind_its_fedavg_result(engine):
+    """warmup_sweeps_and_paths hands out the FedAvg trajectory its sweep ran: the states after rounds
+    0..T whose path (theory.bound.path_from_states) has the FedAvg result's table and final
+    parameters bit for bit, up to the divergence when it diverged; no path where the sweep is not
+    every T0 in moment space (explicit frozen stages, or a subset of T0)."""
+    from linattn_theory.sim.warmup_grid import warmup_sweeps_and_paths
+    from linattn_theory.theory.bound import path_from_states
+
+    runs = [config(seed=s, engine=engine, rounds=5, learning_rate=0.05 + 0.01 * s) for s in range(2)]
+    runs.append(config(seed=9, engine=engine, rounds=5, learning_rate=4.0))         # diverges
+    sweeps, paths = warmup_sweeps_and_paths(runs)
+    assert [s.keys() for s in sweeps] == [s.keys() for s in warmup_sweep_many(runs)]
+    for c, sweep, (data, states) in zip(runs, sweeps, paths):
+        fedavg = sweep[5]
+        last = fedavg.divergence.round if fedavg.diverged else 5
+        assert [state.round for state in states] == list(range(last + 1))
+        path = path_from_states(states)
+        columns = ["loss", "loss_regularized", "kernel_drift"]
+        pd.testing.assert_frame_equal(path.table[columns], fedavg.table[columns].iloc[1:last + 1].reset_index(drop=True),
+                                      check_exact=True)
+        if not fedavg.diverged:
+            for b in ("WQ", "WK", "WV"):
+                assert np.array_equal(getattr(states[-1].params, b), getattr(fedavg.params, b))
+        assert data.S.shape[0] == c.task.num_clients
+    assert paths[2] is not None and sweeps[2][5].diverged
+    _, none = warmup_sweeps_and_paths(runs[:1], frozen_stage="explicit")
+    _, some = warmup_sweeps_and_paths(runs[:1], warmups=[0, 5])
+    assert none == [None] and some == [None]
+
+
 def test_the_array_api_ensemble_runs_on_array_api_strict():
     xs = pytest.importorskip("array_api_strict")
     from linattn_theory.core.clients import stack_clients

@@ -357,14 +357,39 @@ def test_replayed_rule_is_the_run_and_its_realised_risk(small, federated):
         assert decision.freeze_objective == pytest.approx(run.predicted_objective - record["optimum"], rel=1e-9)
 
 
-def test_a_record_whose_fedavg_path_diverges_where_its_truth_did_not_is_counted_as_diverged(small, monkeypatch):
-    """Near the edge of stability the truth's FedAvg run (an ensemble) can end finite while the
-    record's own FedAvg run of the same config diverges (another engine's rounding; seen on an
-    evaluation instance of round 3): the record says FedAvg diverged and where, and is not scored."""
+def test_a_full_batch_record_reads_its_fedavg_path_from_the_truths_run(small, monkeypatch):
+    """Nothing is run twice: with full batches the record's pilot, bound and forecasts come from the
+    FedAvg run of the truth's sweep (a second FedAvg run fails this test), and they are that run's:
+    ``J(t, 0)`` is the sweep's ``F_λ(θ_t)``, the FedAvg result's loss at round ``t``, to rounding."""
     import linattn_theory.recommenders.scoring as scoring
+    from linattn_theory.sim.warmup_grid import warmup_sweep
 
     config, clients = small
     config = config.with_updates({"federated.rounds": 12})
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a second FedAvg run")
+
+    monkeypatch.setattr(scoring, "fedavg_path", refuse)
+    record = score_instance(config, clients, restarts=1)
+    assert not record["fedavg_diverged"] and len(record["freeze_objective"]) == 13
+    fedavg = warmup_sweep(config.with_updates({"federated.strategy": "fedfrozen"}), [12], clients)[12]
+    objective = np.array([row[-1] for row in record["freeze_objective"]]) + record["optimum"]   # J(t, 0)
+    np.testing.assert_allclose(objective, fedavg.table["loss_regularized"].to_numpy(), rtol=1e-10)
+    with pytest.raises(AssertionError, match="second FedAvg run"):        # minibatches: its own run
+        score_instance(config.with_updates({"federated.batch_size": 6}), clients, restarts=1)
+
+
+def test_a_record_whose_fedavg_path_diverges_where_its_truth_did_not_is_counted_as_diverged(small, monkeypatch):
+    """Near the edge of stability the truth's FedAvg run (an ensemble) can end finite while the
+    record's own FedAvg run of the same config diverges (another engine's rounding; seen on an
+    evaluation instance of round 3): the record says FedAvg diverged and where, and is not scored.
+    Only records under minibatches or partial participation run their own FedAvg path (full batches
+    read the truth's run), so the case is made with minibatches and half the clients per round."""
+    import linattn_theory.recommenders.scoring as scoring
+
+    config, clients = small
+    config = config.with_updates({"federated.rounds": 12, "federated.batch_size": 6, "federated.participation": 0.5})
     honest = score_instance(config, clients, restarts=1)
     assert not honest["fedavg_diverged"] and "fedavg_path_diverged_at" not in honest
     real = scoring.fedavg_path
@@ -656,6 +681,21 @@ def test_regret_benchmark_quick_is_resumable_and_worker_independent(tmp_path):
     assert set(scores["recommender"]) >= {"online", "previous", "pilot", "a_posteriori", "fedavg", "half"}
     assert set(scores["set"]) == {"evaluation", "evaluation_minibatch"}
     assert (tmp_path / "again" / "predictive_regret.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a record of another format is recomputed, and the rules replayed on it with it (not the stale ones)
+    import json
+    first = next(p for p in records if not p.name.endswith(".rules.json")
+                 and not json.loads(p.read_text())["fedavg_diverged"])
+    rules = first.with_name(first.name.replace(".json", ".rules.json"))
+    old = json.loads(first.read_text())
+    first.write_text(json.dumps({**old, "format": bench.RECORD_FORMAT - 1}))
+    stale = {**json.loads(rules.read_text()), bench.RECORD_DIGEST: "stale"}
+    stale = {k: ({**v, "risk": -1.0} if isinstance(v, dict) else v) for k, v in stale.items()}
+    rules.write_text(json.dumps(stale))
+    assert bench.main(["--quick", "--no-figure", "--workers", "1", "--out", str(tmp_path / "again"),
+                       "--cache", str(tmp_path / "a")]) == 0
+    assert json.loads(first.read_text()) == old
+    assert json.loads(rules.read_text())[bench.RECORD_DIGEST] == bench._digest(first)
+    assert (tmp_path / "again" / "predictive_regret_scores.csv").read_bytes() == out[1][0]
 
 
 def test_regret_benchmark_refuses_an_unusable_backend_before_any_work(tmp_path, capsys):

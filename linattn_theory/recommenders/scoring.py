@@ -58,17 +58,24 @@ def instance_truths(configs, clients=None, restarts: int = 8) -> list[dict]:
     (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep_many`) and their centralised optima as one
     batched program (:func:`~linattn_theory.theory.profile.centralized_optima`). A truth does not
     depend on which instances are computed with it (bit for bit on the CPU)."""
+    return _truths_and_paths(configs, clients, restarts)[0]
+
+
+def _truths_and_paths(configs, clients, restarts: int):
+    """``(truths, paths)``: :func:`instance_truths` and the FedAvg trajectory of each sweep
+    (``(data, states)`` of :func:`~linattn_theory.sim.warmup_grid.warmup_sweeps_and_paths`; ``None``
+    under minibatches or partial participation, whose sweeps run explicitly)."""
     from ..theory.bound import config_stacked
     from ..theory.profile import centralized_optima, profile_objective
-    from ..sim.warmup_grid import warmup_sweep_many
+    from ..sim.warmup_grid import warmup_sweeps_and_paths
 
     from ..sim.engine import clients_from_config
 
     configs = list(configs)
     clients = [None] * len(configs) if clients is None else list(clients)
     clients = [clients_from_config(c) if m is None else m for c, m in zip(configs, clients)]
-    sweeps = warmup_sweep_many([c.with_updates({"federated.strategy": "fedfrozen"}) for c in configs], None,
-                               clients)
+    sweeps, paths = warmup_sweeps_and_paths([c.with_updates({"federated.strategy": "fedfrozen"})
+                                             for c in configs], None, clients)
     problems = []
     for config, members, runs in zip(configs, clients, sweeps):
         fed = config.federated
@@ -84,7 +91,7 @@ def instance_truths(configs, clients=None, restarts: int = 8) -> list[dict]:
                           for T0 in range(T + 1)])
         truths.append({"excess_risk": final - optimum.objective, "optimum": float(optimum.objective),
                        "diverged": np.array([runs[T0].diverged for T0 in range(T + 1)])})
-    return truths
+    return truths, paths
 
 
 def is_noisy(fed) -> bool:
@@ -131,17 +138,22 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
 
 def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, restarts: int = 8) -> list[dict]:
     """:func:`score_instance` of many instances: their truths together (:func:`instance_truths`),
-    the rest one instance at a time. A record does not depend on which instances are scored with it."""
+    the rest one instance at a time. With full batches a record's FedAvg path (pilot, bound,
+    forecasts) is the truth's FedAvg run itself, not a second run. A record does not depend on which
+    instances are scored with it."""
     from ..sim.engine import clients_from_config
 
     configs = list(configs)
     clients = [clients_from_config(c) for c in configs] if clients is None else list(clients)
-    truths = instance_truths(configs, clients, restarts)
-    return [_record(config, members, truth, pilot_rounds) for config, members, truth in zip(configs, clients, truths)]
+    truths, paths = _truths_and_paths(configs, clients, restarts)
+    return [_record(config, members, truth, pilot_rounds, path)
+            for config, members, truth, path in zip(configs, clients, truths, paths)]
 
 
-def _record(config, clients, truth: dict, pilot_rounds: int | None) -> dict:
-    """The record of :func:`score_instance` from the instance's ``truth``."""
+def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -> dict:
+    """The record of :func:`score_instance` from the instance's ``truth`` and, with full batches,
+    its sweep's FedAvg trajectory ``path = (data, states)`` (the run the truth's ``R(T)`` comes from;
+    ``None``: the record runs its own, :func:`fedavg_path`)."""
     from ..theory.bound import estimate_bound, path_from_states, warmup_path
     from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup
     from .online import freeze_forecast
@@ -153,7 +165,10 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None) -> dict:
     if truth["diverged"][-1]:
         return record     # the FedAvg path diverges: no bound, no online rule on it
     Tp = default_pilot_rounds(T) if pilot_rounds is None else pilot_rounds
-    data, states, divergence = fedavg_path(config, clients, with_divergence=True)
+    if path is not None:     # the truth's own FedAvg run: it ended finite, nothing is run again
+        (data, states), divergence = path, None
+    else:
+        data, states, divergence = fedavg_path(config, clients, with_divergence=True)
     if divergence is not None:
         # the truth's FedAvg run (an ensemble) ended finite and this run of the same config did not:
         # an instance at the edge of stability, where another engine's rounding decides (docs/theory.md

@@ -31,7 +31,7 @@ from ..core.model import Params, _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
 from ..core.frozen_map import frozen_client_map
 
-__all__ = ["warmup_sweep", "warmup_sweep_many", "frozen_stage_from_moments", "frozen_stages_from_moments"]
+__all__ = ["warmup_sweep", "warmup_sweep_many", "warmup_sweeps_and_paths", "frozen_stage_from_moments", "frozen_stages_from_moments"]
 
 FROZEN_STAGES = ("auto", "moments", "explicit")
 
@@ -284,6 +284,18 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
     ensemble runs the fused CPU engine wherever it applies and pays). ``clients`` is ``None`` or one entry
     per config; ``max_bytes`` bounds an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
     """
+    return warmup_sweeps_and_paths(configs, warmups, clients, frozen_stage=frozen_stage, max_bytes=max_bytes,
+                                   progress=progress)[0]
+
+
+def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage: str = "auto",
+                            max_bytes: int | str | None = "auto", progress: bool = False):
+    """``(sweeps, paths)``: :func:`warmup_sweep_many`'s sweeps and, per config, the FedAvg trajectory
+    that ran them, ``(data, states)`` — the stacked clients and the states after rounds ``0..T``
+    (what :func:`~linattn_theory.sim.engine.run_schedule` passes to ``on_round``; fewer when it
+    diverged) — when every ``T0 = 0..T`` is swept in moment space (full batches), else ``None``.
+    A consumer of the FedAvg path (the regret benchmark's record) reads it here instead of running
+    it again."""
     from ..core.backend import get_namespace
     from .ensemble import (Member, _data_bytes, _local_chunk_bytes, _per_config, _Plan, ensemble_bytes,
                            ensemble_key, run_ensemble, simulate_many)
@@ -294,6 +306,7 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
     run_configs = [[c.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0})
                     for T0 in T0s] for c, (T0s, _) in zip(configs, checked)]
     results: list[dict | None] = [None] * len(configs)
+    paths: list[tuple | None] = [None] * len(configs)
     explicit = [i for i, (_, moments) in enumerate(checked) if not moments]
     if explicit:
         flat = [(i, rc) for i in explicit for rc in run_configs[i]]
@@ -304,7 +317,7 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
             results[i][rc.federated.warmup_rounds] = run
     pending = [i for i, (_, moments) in enumerate(checked) if moments]
     if not pending:
-        return results
+        return results, paths
     plan = _Plan(ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
     waves = []
     for i in pending:
@@ -328,6 +341,8 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
                                                                                   progress=progress)):
                 results[i] = {}
                 metadata = run_metadata(configs[i])
+                if list(checked[i][0]) == list(range(configs[i].federated.rounds + 1)):
+                    paths[i] = (member.data, [states[t] for t in sorted(states)])
                 for T0, run_config in zip(checked[i][0], run_configs[i]):
                     T = run_config.federated.rounds
                     if T0 == T or (trajectory.diverged and T0 >= trajectory.divergence.round):
@@ -342,4 +357,4 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
             result.metadata["engine"] = engine
             result.metadata.update(metadata, config=run_config.to_dict())
             results[i][T0] = result
-    return [dict(sorted(r.items())) for r in results]
+    return [dict(sorted(r.items())) for r in results], paths
