@@ -25,10 +25,12 @@ optimum, and every recommender is scored by its regret ``R(T0_rec)/R(T0_best) �
 Records are cached as JSON (atomic writes) under ``--cache``: an interrupted run resumes, and a
 second run only re-tabulates. A worker task scores 8 instances together (their warm-up sweeps as
 ensembles, their centralised optima batched; a record is the same whichever instances share its
-task). The design records of seeds below 4000 were computed one instance at a time (the engine of
-commit ``bad236c``), the records of seeds 4000–5005 with the ensembles; near the edge of stability a run of another engine can differ by more than rounding
-(docs/theory.md §6, "Rounding near the edge of stability"), so a rerun from an empty cache
-reproduces the tables up to those instances. Results in ``<out>``: ``predictive_regret_scores.csv`` (a row per
+task). With full batches a record's FedAvg path — its pilot, a-posteriori bound and forecasts — is
+its truth's FedAvg run itself, so the two cannot disagree (record format 3; before it, a second run
+on another engine could end apart near the edge of stability, docs/theory.md §6, "Rounding near the
+edge of stability"). The committed tables were computed from an empty cache with the code of their
+commit, every record in format 3, so a rerun reproduces them bit for bit on the same libraries.
+Results in ``<out>``: ``predictive_regret_scores.csv`` (a row per
 instance and recommender), ``predictive_regret_design.csv`` (every candidate on every design
 set), ``predictive_regret_summary.csv``, ``predictive_regret.md`` (the tables) and the figure
 ``predictive_regret.png`` (+ PDF and the plotted numbers).
