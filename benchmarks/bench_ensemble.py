@@ -329,8 +329,8 @@ def kernels(args) -> None:
 
 
 #: the parts of a scoring pass timed in place (module, function), nested ones indented in the table
-SCORING_PARTS = (("linattn_theory.recommenders.scoring", "instance_truths", 0),
-                 ("linattn_theory.sim.warmup_grid", "warmup_sweep_many", 1),
+SCORING_PARTS = (("linattn_theory.recommenders.scoring", "_truths_and_paths", 0),
+                 ("linattn_theory.sim.warmup_grid", "warmup_sweeps_and_paths", 1),
                  ("linattn_theory.theory.profile", "centralized_optima", 1),
                  ("linattn_theory.theory.profile", "_factor_objectives", 2),
                  ("linattn_theory.recommenders.scoring", "fedavg_path", 0),

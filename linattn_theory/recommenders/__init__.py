@@ -11,6 +11,6 @@ __getattr__, __dir__, __all__ = attach(__name__, {
         "OnlineRun", "run_online"],
     ".recommendation": ["MODES", "INFORMATION", "Recommendation", "recommend", "default_pilot_rounds",
         "pilot_bound", "pilot_path", "pilot_warmup", "default_transfer_seeds"],
-    ".scoring": ["best_warmup", "regret", "instance_truth", "instance_truths", "score_instance", "score_instances", "StoredForecast",
+    ".scoring": ["best_warmup", "regret", "instance_truth", "instance_truths", "score_instance", "score_instances", "StoredForecast", "StoredForecasts",
         "replay_online", "realised_risk", "ScriptedRule", "is_noisy"],
 }, submodules=("online", "recommendation", "scoring",))

@@ -210,13 +210,27 @@ class OnlineRule:
 
 
 def _options(forecasts, frozen_rounds: int) -> np.ndarray:
-    """``J(s, k)`` for every stored round ``s`` and ``k = frozen_rounds``."""
+    """``J(s, k)`` for every stored round ``s`` and ``k = frozen_rounds`` (a whole column at once
+    from a sequence that has ``column``, a record's table)."""
+    column = getattr(forecasts, "column", None)
+    if column is not None:
+        return column(frozen_rounds)
     return np.array([f.final_objective(frozen_rounds) for f in forecasts])
 
 
-def _trend(values) -> float:
-    """Least-squares slope of ``values`` against their index."""
-    return _line_fit(values)[0]
+def _freeze_risk(forecasts, T: int) -> np.ndarray:
+    """``J(s, T − s)`` for every stored round ``s``: ``R_freeze(0..t) + Φ*``."""
+    diagonal = getattr(forecasts, "diagonal", None)
+    if diagonal is not None:
+        return diagonal(T)
+    return np.array([f.final_objective(T - f.round) for f in forecasts])
+
+
+def _profiles_and_floors(forecasts) -> tuple[list, list]:
+    """``Φ_λ(K_s)`` and ``D(K_s)`` of every stored round ``s``."""
+    if hasattr(forecasts, "profiles"):
+        return forecasts.profiles, forecasts.drift_floors
+    return [f.profile for f in forecasts], [f.drift_floor for f in forecasts]
 
 
 def _line_fit(values) -> tuple[float, float, float]:
@@ -243,13 +257,25 @@ def gain_and_cost(risk, now, later, window: int, horizon: int) -> tuple[float, f
     """``(gain, cost)`` of ``horizon`` more warm-up rounds at round ``t = len(risk) − 1``:
     ``gain = −horizon × slope(R_freeze(t − window..t))`` and ``cost = min(later) − min(now)`` with
     ``now = J(·, T − t)`` and ``later = J(·, T − t − horizon)`` over the stored rounds."""
-    return -horizon * _trend(np.asarray(risk)[-window - 1:]), float(np.min(later) - np.min(now))
+    return _gain_cost_and_error(risk, now, later, window, horizon)[0]
 
 
 def gain_error(risk, window: int, horizon: int) -> float:
     """The standard error of the gain: ``horizon × σ/√Σ(u − ū)²``, the least-squares slope's
     standard error over rounds ``t − window..t`` (``σ`` the fit's residual standard deviation)."""
-    return float(horizon * _line_fit(np.asarray(risk, dtype=float)[-window - 1:])[2])
+    return _gain_and_error(risk, window, horizon)[1]
+
+
+def _gain_and_error(risk, window: int, horizon: int) -> tuple[float, float]:
+    """``(gain, se(gain))`` from one least-squares fit of ``R_freeze(t − window..t)``."""
+    slope, _, error = _line_fit(np.asarray(risk, dtype=float)[-window - 1:])
+    return -horizon * slope, float(horizon * error)
+
+
+def _gain_cost_and_error(risk, now, later, window: int, horizon: int):
+    """``((gain, cost), se(gain))``: :func:`gain_and_cost` and :func:`gain_error` from one fit."""
+    gain, error = _gain_and_error(risk, window, horizon)
+    return (gain, float(np.min(later) - np.min(now))), error
 
 
 def still_descending(gain: float, error: float, descent_confidence: float | None) -> bool:
@@ -285,7 +311,9 @@ def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon:
     ``z_d`` of the descent test, ``None`` for none).
 
     ``forecasts[u]`` needs ``final_objective(k)``, ``profile`` and ``drift_floor`` (a
-    :class:`FreezeForecast`, or a stored record's stand-in: :mod:`.scoring`). ``checks`` names the
+    :class:`FreezeForecast`, or a stored record's stand-in: :mod:`.scoring`); a sequence that has
+    ``column(k)``, ``diagonal(T)``, ``profiles`` and ``drift_floors`` gives the same numbers for every
+    stored round at once (a record's table, :class:`~linattn_theory.recommenders.scoring.StoredForecasts`). ``checks`` names the
     tests applied after the escape (default all of :data:`CHECKS`; fewer only to show what each
     test does, as the design table of ``benchmarks/predictive_regret.py`` does).
     """
@@ -307,14 +335,13 @@ def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon:
     def go_on(test, reason, gain=nan, cost=nan, forecast=nan, error=nan):
         return OnlineDecision(t, False, s, best, gain, cost, forecast, error, test, reason)
 
-    risk = np.array([f.final_objective(T - f.round) for f in forecasts])   # R_freeze(0..t) + Φ*
+    risk = _freeze_risk(forecasts, T)                                        # R_freeze(0..t) + Φ*
     ready = escape_round(risk, window)
     if ready is None or t < ready:
         return go_on("escape", f"escaping the saddle: R_freeze has not yet fallen below R_freeze(0) "
                                f"{window} rounds ago")
     h = min(horizon, T - t)
-    gain, cost = gain_and_cost(risk, now, _options(forecasts, T - t - h), window, h)
-    error = gain_error(risk, window, h)
+    (gain, cost), error = _gain_cost_and_error(risk, now, _options(forecasts, T - t - h), window, h)
     spare = gain_confidence * error
     if "gain" in checks and gain + spare > cost:
         return go_on("gain", f"predicted gain {gain:.3g} (+ {spare:.3g}, {gain_confidence:g} standard errors) of "
@@ -322,13 +349,12 @@ def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon:
     if "descent" in checks and still_descending(gain, error, descent_confidence):
         return go_on("descent", f"R_freeze still falls: predicted gain {gain:.3g} of {h} more rounds exceeds "
                                 f"{descent_confidence:g} standard errors ({error:.3g} each)", gain, cost)
-    profile = [f.profile for f in forecasts]
-    floor = [f.drift_floor for f in forecasts]
+    profile, floor = _profiles_and_floors(forecasts)
     if "drift" in checks and not drift_turn(profile, floor, window):
         return go_on("drift", f"the kernel's profile rose by {profile[-1] - profile[-window - 1]:.3g} over "
                               f"{window} rounds, more than the drift floor: a transient, not the drift's turn",
                      gain, cost)
-    objective = np.array([f.final_objective(0) for f in forecasts])          # F_λ(θ_0..θ_t)
+    objective = _options(forecasts, 0)                                         # F_λ(θ_0..θ_t)
     forecast, error = fedavg_forecast(objective, T, window, confidence)
     if "no_harm" in checks and not best < forecast - error:
         return go_on("no_harm", f"freezing ({best:.4g}) does not beat FedAvg's forecast {forecast:.4g} "

@@ -17,6 +17,7 @@ declared design and evaluation instances.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,7 @@ from ..core._array import to_numpy
 from ..core.model import kernel
 
 __all__ = ["best_warmup", "regret", "instance_truth", "instance_truths", "score_instance", "score_instances", "StoredForecast",
-           "stored_forecasts", "replay_online", "realised_risk", "ScriptedRule", "is_noisy", "fedavg_path"]
+           "StoredForecasts", "stored_forecasts", "replay_online", "realised_risk", "ScriptedRule", "is_noisy", "fedavg_path"]
 
 
 def best_warmup(excess_risk) -> int:
@@ -228,9 +229,61 @@ def replay_online(record: dict, rule) -> tuple[int, int, object]:
     return len(forecasts) - 1, len(forecasts) - 1, decision
 
 
-def stored_forecasts(record: dict) -> list[StoredForecast]:
-    """:class:`StoredForecast` of every round of the record's FedAvg path."""
-    return [StoredForecast(record, s) for s in range(len(record["freeze_objective"]))]
+class StoredForecasts(Sequence):
+    """The :class:`StoredForecast` of every round ``s`` of a record's FedAvg path as one table
+    ``J[s, k] = J(s, k) − Φ*_λ`` (``k = 0..T − s``), so that the rule reads a whole column at once
+    (:func:`~linattn_theory.recommenders.online.online_decision` asks ``column(k)``, ``diagonal(T)``,
+    ``profiles`` and ``drift_floors`` when a sequence has them): the same numbers as asking each
+    round's :class:`StoredForecast`. ``[:t + 1]`` is the table of rounds ``0..t``; an index is a
+    :class:`StoredForecast`."""
+
+    def __init__(self, record: dict, rounds: int | None = None, *, _table=None):
+        self._record = record
+        if _table is None:
+            rows = record["freeze_objective"]
+            T = len(record["excess_risk"]) - 1
+            J = np.full((len(rows), T + 1), np.nan)
+            for s, row in enumerate(rows):          # row[i] = J(s, T − s − i)
+                values = np.asarray([float(v) for v in row], dtype=float)
+                J[s, :len(values)] = values[::-1]
+            _table = (J, [float(v) for v in record["profile"]], [float(v) for v in record["drift_floor"]])
+        self._table = _table
+        self._n = len(_table[0]) if rounds is None else rounds
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._n)
+            if start == 0 and step == 1:
+                return StoredForecasts(self._record, stop, _table=self._table)
+            return [StoredForecast(self._record, s) for s in range(start, stop, step)]
+        s = range(self._n)[index]
+        return StoredForecast(self._record, s)
+
+    def column(self, frozen_rounds: int) -> np.ndarray:
+        """``J(s, k)`` for every stored round ``s`` and ``k = frozen_rounds``."""
+        return self._table[0][:self._n, int(frozen_rounds)].copy()
+
+    def diagonal(self, T: int) -> np.ndarray:
+        """``J(s, T − s)`` for every stored round ``s``: ``R_freeze(0..t)`` (``+ Φ*``)."""
+        s = np.arange(self._n)
+        return self._table[0][s, T - s]
+
+    @property
+    def profiles(self) -> list[float]:
+        return self._table[1][:self._n]
+
+    @property
+    def drift_floors(self) -> list[float]:
+        return self._table[2][:self._n]
+
+
+def stored_forecasts(record: dict) -> StoredForecasts:
+    """The forecasts of every round of the record's FedAvg path (:class:`StoredForecasts`, a sequence
+    of :class:`StoredForecast`)."""
+    return StoredForecasts(record)
 
 
 @dataclass(frozen=True)
