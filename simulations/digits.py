@@ -30,7 +30,9 @@ from matplotlib.lines import Line2D
 
 from linattn_theory.report import plotting
 from linattn_theory.data.digits import DIGITS_EXTRA, evaluate
+from linattn_theory.sim.config import ONLINE_STRATEGY
 from linattn_theory.sim.engine import clients_from_config
+from linattn_theory.sim.sweep import load_sweep
 from linattn_theory.report.figures import config_path, figure_sweep, script_main
 from linattn_theory.report.sweep_analysis import paired_ratios, quartiles, runs_by_instance, select_instances
 
@@ -61,46 +63,24 @@ def run_table(folder, results) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _online_run(config_dict: dict, path: str) -> dict:
-    """Worker: the causal rule's warm-up on one instance (strategy ``fedfrozen_adaptive``), cached."""
-    import json
-    from pathlib import Path
-
-    from linattn_theory.sim.config import config_from_dict
-    from linattn_theory.sim.engine import simulate
-    from linattn_theory.core.io import write_json
-
-    target = Path(path)
-    if not target.is_file():
-        with np.errstate(all="ignore"):
-            run = simulate(config_from_dict(config_dict))
-        write_json(target, {"kernel_round": int(run.metadata["kernel_round"]),
-                            "stop_round": int(run.metadata["stop_round"]), "diverged": run.diverged})
-    return json.loads(target.read_text())
+def with_online_runs(sweep):
+    """The sweep with, per instance (attention, α, seed), the causal online rule's run (strategy
+    ``fedfrozen_adaptive``, docs/theory.md §8): until it freezes, it is the instance's FedAvg run
+    (``T0 = T``), whose trajectory it shares in the sweep (linattn_theory.sim.ensemble)."""
+    online = [config.with_updates({"federated.strategy": ONLINE_STRATEGY,
+                                   "federated.warmup_rounds": config.federated.rounds})
+              for config in sweep.configs]
+    return sweep.with_runs(online)
 
 
-def online_warmups(folder, results, workers=None) -> pd.DataFrame:
-    """Per instance (attention, α, seed): the warm-up the causal online rule chose (docs/theory.md §8).
-
-    Each instance runs once more with ``federated.strategy = "fedfrozen_adaptive"``; the results are
-    cached in ``<sweep>/_online/`` (keyed by the config hash), so a redraw does not rerun them.
-    """
-    from pathlib import Path
-
-    from joblib import Parallel, delayed
-
-    from linattn_theory.sim.config import config_hash
-
-    jobs, keys = [], []
-    for _, runs in runs_by_instance(folder, results):
-        config = next(iter(runs.values()))[0]
-        online = config.with_updates({"federated.strategy": "fedfrozen_adaptive",
-                                      "federated.warmup_rounds": config.federated.rounds})
-        jobs.append((online.to_dict(), str(Path(folder) / "_online" / f"{config_hash(online)}.json")))
-        keys.append({"attention": config.model.attention, HUE: config.task.label_alpha, "seed": config.seed})
-    out = Parallel(n_jobs=workers or 1)(delayed(_online_run)(*job) for job in jobs)
-    table = pd.DataFrame([{**k, **o} for k, o in zip(keys, out)])
-    return table[~table["diverged"]]
+def online_warmups(results) -> pd.DataFrame:
+    """Per instance (attention, α, seed): the warm-up ``kernel_round`` the causal online rule chose
+    during training (its run's ``T0``), for the runs that did not diverge."""
+    online = results[results["federated.strategy"] == ONLINE_STRATEGY]
+    attention = online["model.attention"].fillna("linear")   # a linear run's record leaves the softmax keys out
+    table = pd.DataFrame({"attention": attention, HUE: online[f"task.{HUE}"],
+                          "seed": online["seed"], "kernel_round": online["T0"], "diverged": online["diverged"]})
+    return table[~table["diverged"].astype(bool)].reset_index(drop=True)
 
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
@@ -111,12 +91,14 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     if importlib.util.find_spec("sklearn") is None:
         print(f"{NAME}: skipped, the digits family needs scikit-learn: {DIGITS_EXTRA}", file=sys.stderr)
         return []
-    _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
+    sweep = with_online_runs(load_sweep(CONFIG, quick=quick))
+    _, results, folder = figure_sweep(sweep, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
-    runs, best, left_out = select_instances(run_table(folder, results), INSTANCE, risk="final_loss_regularized")
+    grid = results[results["federated.strategy"] != ONLINE_STRATEGY]
+    runs, best, left_out = select_instances(run_table(folder, grid), INSTANCE, risk="final_loss_regularized")
     change = paired_ratios(runs, INSTANCE, column="final_loss_regularized")
     change = change.assign(relative_change=100 * (change["ratio"] - 1))
-    online = online_warmups(folder, results, workers)
+    online = online_warmups(results)
     levels = sorted(runs[HUE].unique(), reverse=True)        # weak to strong label skew
     attentions = [a for a in plotting.ATTENTION if a in set(runs["attention"])]
     fig, axes = plotting.figure(len(levels), 2, height=2.5, sharex=True, sharey="row", quick=quick)

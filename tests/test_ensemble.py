@@ -236,6 +236,46 @@ def test_centralized_optima_follow_each_start_s_sequential_path():
         assert optimum.objective == min(optimum.starts["objective"].min(), optimum.objective)
 
 
+#: an online rule that stops early: on the tiny instances below it rolls back (seeds 4, 5), freezes
+#: its last kernel (7), never stops (3) and sees its warm-up diverge first (10, 9)
+EAGER_RULE = dict(adaptive_confidence=0.0, adaptive_gain_confidence=0.0, adaptive_window=2,
+                  adaptive_descent_confidence=float("inf"))
+
+
+@pytest.mark.parametrize("engine", ["array_api", pytest.param("fused", marks=needs_numba)])
+def test_the_online_rules_run_follows_its_instances_fedavg_run_and_equals_simulate(engine, monkeypatch):
+    """The online rule's run (fedfrozen_adaptive, T0 = T) shares the FedAvg trajectory of its
+    instance's FedFrozen runs (T0 = T among them): its control replayed on that run's states, the
+    frozen rounds after a freeze continued from them. Each result is the run alone, bit for bit;
+    only an online run with no T0 = T run beside it runs alone."""
+    import linattn_theory.sim.engine as engine_module
+
+    def online(seed, **federated):
+        return config(seed=seed, engine=engine, strategy="fedfrozen_adaptive", rounds=12, warmup_rounds=12,
+                      **{**EAGER_RULE, **federated})
+
+    runs, alone = [], []
+    for seed, rate in ((4, 0.05), (5, 0.05), (7, 0.05), (3, 0.05), (10, 0.05), (9, 0.2)):
+        runs += [config(seed=seed, engine=engine, rounds=12, warmup_rounds=T0, learning_rate=rate)
+                 for T0 in (0, 5, 12)] + [online(seed, learning_rate=rate)]
+    runs.append(online(8, learning_rate=0.2))                            # no FedFrozen run beside it
+    runs.append(online(6).with_updates({"federated.warmup_rounds": 6}))  # T0 < T: its own run
+    expected = [simulate(c) for c in runs]
+    outcomes = {(r.metadata["kernel_round"], r.metadata["stop_round"], r.diverged)
+                for c, r in zip(runs, expected) if c.federated.strategy == "fedfrozen_adaptive"}
+    assert {(4, 5, False), (2, 4, False), (6, 6, False), (12, 12, False), (1, 1, True)} <= outcomes
+
+    original = engine_module.simulate
+
+    def counted(config, *args, **kwargs):
+        alone.append(config)
+        return original(config, *args, **kwargs)
+    monkeypatch.setattr(engine_module, "simulate", counted)
+    for many, one in zip(simulate_many(runs), expected):
+        assert_identical(many, one)
+    assert sorted(c.seed for c in alone) == [6, 8]      # the last two runs, and no other
+
+
 def test_test_split_metrics_follow_each_run():
     """Real data with a test split (digits): test loss and accuracy per round, also for the runs
     whose warm-up a shared trajectory ran, and with softmax attention (the Array-API engine)."""
@@ -245,6 +285,12 @@ def test_test_split_metrics_follow_each_run():
             "federated": {"strategy": "fedfrozen", "rounds": 4, "local_steps": 2, "learning_rate": 0.25}}
     runs = [config_from_dict({**base, "federated": {**base["federated"], "warmup_rounds": T0}}) for T0 in (1, 4)]
     runs.append(runs[0].with_updates({"model.attention": "softmax"}))
+    fedavg = runs[1].with_updates({"seed": 5, "task.label_alpha": 5.0, "federated.rounds": 12,
+                                   "federated.warmup_rounds": 12, "federated.learning_rate": 2.0})
+    online = {"federated.strategy": "fedfrozen_adaptive", "federated.adaptive_window": 1,
+              **{f"federated.{k}": v for k, v in EAGER_RULE.items() if k != "adaptive_window"}}
+    runs += [fedavg, fedavg.with_updates(online)]          # the online run rolls back from round 11 to 10
     for many, one in zip(simulate_many(runs), [simulate(c) for c in runs]):
         assert "test_accuracy" in one.table
         assert_identical(many, one)
+    assert (one.metadata["kernel_round"], one.metadata["stop_round"]) == (10, 11)

@@ -163,6 +163,38 @@ def test_shared_warmups_and_ensembles_equal_separate_runs(tmp_path):
                                        rtol=1e-12, atol=0)
 
 
+def test_the_online_rules_runs_share_their_instances_task_and_are_the_runs_alone(tmp_path):
+    """The online rule's run of an instance (fedfrozen_adaptive, T0 = T) lands in the task of that
+    instance's FedFrozen runs, whose T0 = T run it follows until it freezes (one warm-up
+    trajectory), and is stored as ``simulate(config)``, bit for bit (the Array-API engine on both
+    sides)."""
+    from linattn_theory.sim.sweep import _tasks
+
+    rule = {"federated.adaptive_confidence": 0.0, "federated.adaptive_gain_confidence": 0.0,
+            "federated.adaptive_window": 2, "federated.adaptive_descent_confidence": float("inf")}
+    sweep = load_sweep(write(tmp_path, SMALL), overrides={"model.engine": "array_api", "federated.rounds": 10,
+                                                          "federated.warmup_rounds": [0, 3, 10]})
+    online = [c.with_updates({"federated.strategy": "fedfrozen_adaptive", "federated.warmup_rounds": 10, **rule})
+              for c in sweep.configs]
+    sweep = sweep.with_runs(online)
+    instance = {run_id: (c.seed, c.task.zeta_value) for run_id, c in zip(sweep.run_ids, sweep.configs)}
+    tasks = _tasks(list(zip(sweep.run_ids, sweep.configs)))
+    assert [len(task) for task in tasks] == [8, 8]        # 2 instances each: 3 T0 and the online run
+    for task in tasks:
+        assert len({instance[run_id] for run_id, _ in task}) == 2 and \
+            sum(data["federated"]["strategy"] == "fedfrozen_adaptive" for _, data in task) == 2
+    run_sweep(sweep, tmp_path / "out")
+    outcomes = set()
+    for config, run_id in zip(sweep.configs, sweep.run_ids):
+        if config.federated.strategy == "fedfrozen_adaptive":
+            stored, alone = load_run(tmp_path / "out", run_id), simulate(config)
+            pd.testing.assert_frame_equal(stored.table, alone.table, check_exact=True)
+            for block in ("WQ", "WK", "WV"):
+                np.testing.assert_array_equal(getattr(stored.params, block), getattr(alone.params, block))
+            outcomes.add((stored.metadata["kernel_round"], stored.metadata["stop_round"]))
+    assert (4, 5) in outcomes and (10, 10) in outcomes            # a roll-back, and no freeze
+
+
 def test_diverged_runs_are_recorded(tmp_path):
     data = {"task": {"num_clients": 3, "samples_per_client": 16, "tokens": 4, "dim": 3},
             "federated": {"rounds": 8, "warmup_rounds": 8, "learning_rate": 5.0},

@@ -306,6 +306,30 @@ STRATEGY_SETTINGS = {
 _ADAPTIVE_KEY_DEFAULTS = {"adaptive_window": 5, "adaptive_horizon": 3}
 
 
+#: the online rule's strategy: until its control freezes the kernel, a run of it with
+#: ``warmup_rounds = rounds`` is the FedFrozen run with ``T0 = T`` (every block trains)
+ONLINE_STRATEGY = "fedfrozen_adaptive"
+
+
+def warmup_family_key(config: RunConfig) -> str | None:
+    """A key shared by the runs of one instance whose warm-ups are one trajectory, else ``None``.
+
+    Those are the FedFrozen runs that differ only in ``T0`` and the online rule's run
+    (:data:`ONLINE_STRATEGY` with ``warmup_rounds = rounds``): each follows the ``T0 = T`` run
+    until it freezes. Settings FedFrozen never reads (:data:`STRATEGY_SETTINGS`) are left out.
+    """
+    fed = config.federated
+    online = fed.strategy == ONLINE_STRATEGY and fed.warmup_rounds == fed.rounds
+    if fed.strategy != "fedfrozen" and not online:
+        return None
+    data = config.to_dict()
+    data["federated"].update(strategy="fedfrozen", warmup_rounds=None)
+    for name, users in STRATEGY_SETTINGS.items():
+        if "fedfrozen" not in users:
+            del data["federated"][name]
+    return json.dumps(data, sort_keys=True)
+
+
 def ignored_settings(config: RunConfig) -> list[str]:
     """One message per federated setting that ``config`` moves off its default although its
     strategy never reads it (e.g. ``prox_mu`` with ``fedavg``); the command line prints them as

@@ -28,7 +28,11 @@ stable step size (:func:`~linattn_theory.sim.engine.run_schedule`'s report) whil
 FedFrozen runs of one instance that differ only in ``T0`` share their warm-up: one trajectory
 (the largest ``T0``) runs in the first ensemble and keeps its state at every smaller ``T0``; the
 other runs' frozen stages continue from those states in a second ensemble (the numbers are those
-of separate runs, bit for bit).
+of separate runs, bit for bit). The online rule's run of such an instance (``fedfrozen_adaptive``
+with ``T0 = T``) is the ``T0 = T`` run until its rule freezes the kernel: its rule observes that
+run's states after the first ensemble, as it would in training, and its frozen rounds continue
+from the state of the round it stopped in, in the second (:class:`_OnlineReplay`; the run alone,
+bit for bit).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from ..core.backend import client_chunks, client_working_bytes, get_namespace
 from ..core.clients import StackedClients
 from ..core.io import timed_run
 from ..core.model import BLOCKS, Params, _flat, kernel
-from .config import RunConfig
+from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
 from .engine import (RunResult, RunState, _client_losses, _divergence, _local_steps,
                      _minibatch_indices, _participants, _result, _row, _stage, _test_metrics,
                      _warn_small_clients, clients_from_config, prepare_run, run_metadata, select_engine)
@@ -641,13 +645,17 @@ class _Outcome:
 # simulate_many: plan the ensembles, share FedFrozen warm-ups, run
 # --------------------------------------------------------------------------------------------
 def _family_key(config: RunConfig, clients, params) -> str | None:
-    """FedFrozen runs with equal keys differ only in ``T0`` and share their warm-up."""
-    if config.federated.strategy != "fedfrozen":
+    """Runs with equal keys share their warm-up: FedFrozen runs that differ only in ``T0`` and the
+    online rule's run of their instance (:func:`~linattn_theory.sim.config.warmup_family_key`)."""
+    key = warmup_family_key(config)
+    if key is None:
         return None
-    data = config.to_dict()
-    data["federated"]["warmup_rounds"] = None
-    return json.dumps([data, id(clients) if clients is not None else None,
-                       id(params) if params is not None else None], sort_keys=True)
+    return json.dumps([key, id(clients) if clients is not None else None,
+                       id(params) if params is not None else None])
+
+
+def _is_online(config: RunConfig) -> bool:
+    return config.federated.strategy == ONLINE_STRATEGY
 
 
 def _data_bytes(data: StackedClients) -> int:
@@ -717,9 +725,9 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
     the config, as :func:`simulate` does). ``max_bytes`` bounds the data of one ensemble (more
     instances form more ensembles, run one after another; ``"auto"``: 1 GiB on NumPy, half the
     free memory of a GPU; ``None``: no bound); results do not depend on it. FedFrozen runs that
-    differ only in ``T0`` share their warm-up (module docstring); runs of a strategy that decides
-    during the run (a per-round control, such as ``fedfrozen_adaptive``) are run one by one by
-    :func:`simulate`.
+    differ only in ``T0`` share their warm-up, and so does the online rule's run of their instance
+    when its ``T0 = T`` run is among them (module docstring); other runs of a strategy that decides
+    during the run (a per-round control) are run one by one by :func:`simulate`.
     """
     from .engine import simulate
     configs = list(configs)
@@ -732,23 +740,36 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
     results: list[RunResult | None] = [None] * count
     families: dict = {}
     for i, config in enumerate(configs):
-        if _decides_during_the_run(config):
+        key = _family_key(config, clients[i], params[i])
+        if key is None and _decides_during_the_run(config):
             results[i] = simulate(config, clients[i], params=params[i], max_bytes=max_bytes)
             continue
-        key = _family_key(config, clients[i], params[i])
         families.setdefault(key if key is not None else ("run", i), []).append(i)
+    for key, indices in list(families.items()):
+        # the online rule's run shares the warm-up of the FedFrozen run with T0 = T (the trajectory
+        # it follows until it freezes); without one in the family it runs alone
+        if not any(configs[i].warmup_rounds == configs[i].federated.rounds and not _is_online(configs[i])
+                   for i in indices):
+            for i in indices:
+                if _is_online(configs[i]):
+                    results[i] = simulate(configs[i], clients[i], params=params[i], max_bytes=max_bytes)
+            families[key] = [i for i in indices if results[i] is None]
+            if not families[key]:
+                del families[key]
     first = next((i for i in range(count) if results[i] is None), None)
     if first is None:
         return results
     xp = get_namespace(configs[first].model.backend)
     plan = _Plan(ensemble_bytes(max_bytes, xp))
     for indices in families.values():
-        config = configs[indices[0]]
-        built = clients_from_config(config) if clients[indices[0]] is None else clients[indices[0]]
-        data, theta0 = prepare_run(config, built, params[indices[0]])
+        runs = [i for i in indices if not _is_online(configs[i])]
+        config = configs[runs[0]]
+        built = clients_from_config(config) if clients[runs[0]] is None else clients[runs[0]]
+        data, theta0 = prepare_run(config, built, params[runs[0]])
         _warn_small_clients(config.federated.batch_size, data.sizes)
-        warmups = sorted({configs[i].warmup_rounds for i in indices})
-        family = _Family(indices, configs, data, theta0, built, warmups if len(warmups) > 1 else None)
+        warmups = sorted({configs[i].warmup_rounds for i in runs})
+        family = _Family(runs, configs, data, theta0, built, warmups if len(warmups) > 1 else None,
+                         [i for i in indices if _is_online(configs[i])])
         if plan.add(ensemble_key(config, data), family, 2 * _data_bytes(data)):
             _run_wave(plan.drain(), results, progress)
     _run_wave(plan.drain(), results, progress)
@@ -777,7 +798,9 @@ def _has_test_split(clients) -> bool:
 
 @dataclasses.dataclass
 class _Family:
-    """Runs of one instance: one run, identical copies of it, or FedFrozen runs differing in ``T0``."""
+    """Runs of one instance: one run, identical copies of it, or FedFrozen runs differing in ``T0``
+    (``indices``), and the online rule's runs that follow the ``T0 = T`` one until they freeze
+    (``online``)."""
 
     indices: list[int]
     configs: list
@@ -785,6 +808,8 @@ class _Family:
     theta0: Params
     clients: Any
     warmups: list[int] | None          # shared warm-up: the T0 values (largest first runs)
+    online: list[int] = dataclasses.field(default_factory=list)  # the online rule's runs (T0 = T leads)
+    replays: dict = dataclasses.field(default_factory=dict)   # their _OnlineReplay, by index
     by_T0: dict = dataclasses.field(default_factory=dict)     # the results, by T0
     history: dict = dataclasses.field(default_factory=dict)   # θ^0, θ^1, … of each run (test metrics)
 
@@ -798,7 +823,8 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
     of the shared warm-ups as a second; store each result at its configs' positions."""
     for families in buckets:
         members = [Member(f.lead(), f.data, f.theta0,
-                          checkpoints=tuple(f.warmups[:-1]) if f.warmups else ()) for f in families]
+                          checkpoints=tuple(range(f.lead().federated.rounds + 1)) if f.online
+                          else tuple(f.warmups[:-1]) if f.warmups else ()) for f in families]
         xp = array_namespace(families[0].data.S)
         model, fed = families[0].lead().model, families[0].lead().federated
         chunk = _local_chunk_bytes(xp, families[0].data, model.heads, fed.batch_size, len(members))
@@ -819,14 +845,30 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
                     state = states[T0]
                     second.append(Member(config, family.data, state.params, prefix=state))
                     owners.append((family, T0))
+            for i in family.online:          # the online rule's runs: its control replayed on the lead
+                replay = family.replays[i] = _OnlineReplay(family.configs[i], family.data, result, states)
+                family.by_T0[("online", i)], family.history[("online", i)] = result, history
+                if replay.freeze is not None:
+                    second.append(replay.continuation())
+                    owners.append((family, ("online", i)))
         if second:
             for (family, T0), (result, _, history) in zip(owners, run_ensemble(
                     second, max_bytes=chunk, keep_history=keep, progress=progress)):
                 family.by_T0[T0] = result
                 if keep:                  # the shared warm-up's θ^0..θ^T0, then the run's own
                     lead = family.lead().warmup_rounds
-                    family.history[T0] = family.history[lead][:T0] + history
+                    if isinstance(T0, tuple):     # an online run: θ^0..θ^t, then its frozen rounds
+                        t = family.replays[T0[1]].stop_round
+                        family.history[T0] = family.history[lead][:t + 1] + history[1:]
+                    else:
+                        family.history[T0] = family.history[lead][:T0] + history
         for family in families:
+            for i in family.online:
+                config = family.configs[i]
+                result = family.replays[i].result(family.by_T0[("online", i)])
+                result.metadata.update(run_metadata(config))
+                _add_test_metrics(result, family.clients, config, family.history.get(("online", i)))
+                results[i] = result
             for i in family.indices:
                 config = family.configs[i]
                 result = family.by_T0[config.warmup_rounds]
@@ -836,6 +878,46 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
                 result.metadata.update(run_metadata(config))
                 _add_test_metrics(result, family.clients, config, family.history.get(config.warmup_rounds))
                 results[i] = result
+
+
+class _OnlineReplay:
+    """The online rule's run (:data:`~linattn_theory.sim.config.ONLINE_STRATEGY`, ``T0 = T``) from the
+    ``T0 = T`` run it follows until it freezes (docs/theory.md §8).
+
+    Its control observes that run's states ``θ^0, θ^1, …`` as :func:`~linattn_theory.sim.engine.run_schedule`
+    shows them in training (up to the round before a divergence); where it freezes at a round
+    ``t < T``, the run continues from round ``t``'s state with the freeze's parameters and only
+    ``W_V`` training (:meth:`continuation`, a FedFrozen member with ``T0 = t``). :meth:`result` is
+    then the run :func:`~linattn_theory.sim.engine.simulate` makes alone.
+    """
+
+    def __init__(self, config: RunConfig, data: StackedClients, lead: RunResult, states: dict):
+        self.config, self.data = config, data
+        self.strategy = make_strategy(config.federated, config.warmup_rounds)
+        T = config.federated.rounds
+        self.freeze = self.stop_round = None
+        for t in range(lead.divergence.round if lead.diverged else T + 1):
+            decision = self.strategy.control.observe(states[t], data)
+            if decision is not None:
+                if t < T:              # a freeze at round T changes nothing (run_schedule's _observe)
+                    self.freeze, self.stop_round = decision, t
+                break
+        self.state = None if self.stop_round is None else states[self.stop_round]
+
+    def continuation(self) -> Member:
+        """The frozen rounds ``t..T−1`` from round ``t``'s state, with ``θ^{kernel_round}``."""
+        t, P = self.stop_round, self.freeze.params
+        config = self.config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": t})
+        return Member(config, self.data, P, prefix=self.state._replace(params=P, warmup_params=P))
+
+    def result(self, run: RunResult) -> RunResult:
+        """The online run's result from the lead's (no freeze) or the continuation's ``run``."""
+        table = run.table.copy()
+        table["strategy"] = self.strategy.name
+        result = dataclasses.replace(run, table=table, metadata=dict(
+            run.metadata, warmup_rounds=self.config.warmup_rounds, strategy=self.strategy.name))
+        result.metadata.update(self.strategy.control.finish(result))
+        return result
 
 
 def _add_test_metrics(result: RunResult, clients, config: RunConfig, history) -> None:

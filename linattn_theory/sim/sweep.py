@@ -26,7 +26,8 @@ exit as soon as the calling process is gone (even after SIGKILL), and are stoppe
 Ctrl-C or SIGTERM; a local Dask cluster's scratch folder is removed afterwards.
 Each worker runs its runs as ensembles (:func:`~linattn_theory.sim.ensemble.simulate_many`: runs
 of equal shapes as one array program; FedFrozen runs that differ only in the warm-up length
-``T0`` share their warm-up trajectory, at about the cost of the longest run). A run's numbers do
+``T0`` share their warm-up trajectory, at about the cost of the longest run, and so does the
+online rule's run of their instance with ``T0 = T``). A run's numbers do
 not depend on which runs share its task or ensemble, so they are the same whatever the
 executor, the number of workers or the point where an interrupted sweep resumed (and equal to
 ``simulate(config)`` to rounding).
@@ -51,7 +52,7 @@ from pathlib import Path
 
 from ..core.errors import ConfigError, RunIntegrityError
 from ..core.io import atomic_write_bytes, read_run, run_status, timed_run, write_json, write_run
-from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dotted
+from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dotted, warmup_family_key
 
 __all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "with_backend", "run_sweep", "run_dir",
            "is_complete", "grid_size", "summary_table", "summary_row", "finished_runs", "read_table",
@@ -273,15 +274,6 @@ def is_complete(out, config_or_id) -> bool:
 TASK_INSTANCES = 16
 
 
-def _prefix_key(config: RunConfig) -> str | None:
-    """Runs with the same key differ only in ``T0`` and share their warm-up (FedFrozen only)."""
-    if config.federated.strategy != "fedfrozen":
-        return None
-    data = config.to_dict()
-    data["federated"]["warmup_rounds"] = None
-    return json.dumps(data, sort_keys=True)
-
-
 def _shape_key(config: RunConfig) -> str:
     """Runs that can share an ensemble (:func:`linattn_theory.sim.ensemble.ensemble_key`, from the
     config alone): everything but the seed and the per-instance numbers."""
@@ -299,14 +291,15 @@ def _shape_key(config: RunConfig) -> str:
 def _tasks(pending: list[tuple[str, RunConfig]]) -> list[list[tuple[str, dict]]]:
     """Group the pending runs into tasks, each run by one worker as ensembles (:func:`_compute`).
 
-    FedFrozen runs that differ only in ``T0`` stay together (they share a warm-up); runs of one
+    FedFrozen runs that differ only in ``T0``, and the online rule's run of their instance, stay
+    together (they share a warm-up, :func:`~linattn_theory.sim.config.warmup_family_key`); runs of one
     shape (:func:`_shape_key`) fill tasks of at most :data:`TASK_INSTANCES` instances, and at
     least one task per core is made where there are enough instances. The grouping changes how
     fast a sweep runs, never its numbers (an ensemble's results do not depend on its members).
     """
     families: dict[str, list] = {}
     for run_id, config in pending:
-        families.setdefault(_prefix_key(config) or run_id, []).append((run_id, config))
+        families.setdefault(warmup_family_key(config) or run_id, []).append((run_id, config))
     shapes: dict[str, list] = {}
     for family in families.values():
         shapes.setdefault(_shape_key(family[0][1]), []).append(family)
