@@ -165,8 +165,10 @@ def test_warmup_sweep_many_equals_warmup_sweep(frozen_stage):
 def test_a_sweeps_fedavg_path_is_the_run_behind_its_fedavg_result(engine):
     """warmup_sweeps_and_paths hands out the FedAvg trajectory its sweep ran: the states after rounds
     0..T whose path (theory.bound.path_from_states) has the FedAvg result's table and final
-    parameters bit for bit, up to the divergence when it diverged; no path where the sweep is not
-    every T0 in moment space (explicit frozen stages, or a subset of T0)."""
+    parameters bit for bit, up to the divergence when it diverged, whether the frozen stages run in
+    moment space or explicitly (as under minibatches, where the path is the one a FedAvg run alone
+    keeps); no path where the sweep is not every T0."""
+    from linattn_theory.recommenders.scoring import fedavg_path
     from linattn_theory.sim.warmup_grid import warmup_sweeps_and_paths
     from linattn_theory.theory.bound import path_from_states
 
@@ -187,9 +189,21 @@ def test_a_sweeps_fedavg_path_is_the_run_behind_its_fedavg_result(engine):
                 assert np.array_equal(getattr(states[-1].params, b), getattr(fedavg.params, b))
         assert data.S.shape[0] == c.task.num_clients
     assert paths[2] is not None and sweeps[2][5].diverged
-    _, none = warmup_sweeps_and_paths(runs[:1], frozen_stage="explicit")
     _, some = warmup_sweeps_and_paths(runs[:1], warmups=[0, 5])
-    assert none == [None] and some == [None]
+    assert some == [None]
+
+    def same_states(a, b):
+        assert [x.round for x in a] == [y.round for y in b]
+        for x, y in zip(a, b):
+            for k in ("WQ", "WK", "WV"):
+                np.testing.assert_array_equal(getattr(x.params, k), getattr(y.params, k))
+    _, explicit = warmup_sweeps_and_paths(runs, frozen_stage="explicit")
+    for (_, a), (_, b) in zip(explicit, paths):
+        same_states(a, b)
+    noisy = [c.with_updates({"federated.batch_size": 8, "federated.participation": 0.5, "model.engine": "array_api"})
+             for c in runs[:2]]
+    for c, (_, states) in zip(noisy, warmup_sweeps_and_paths(noisy)[1]):
+        same_states(states, fedavg_path(c, clients_from_config(c))[1])
 
 
 def test_the_array_api_ensemble_runs_on_array_api_strict():

@@ -390,10 +390,12 @@ def test_replayed_rule_is_the_run_and_its_realised_risk(small, federated):
         assert decision.freeze_objective == pytest.approx(run.predicted_objective - record["optimum"], rel=1e-9)
 
 
-def test_a_full_batch_record_reads_its_fedavg_path_from_the_truths_run(small, monkeypatch):
-    """Nothing is run twice: with full batches the record's pilot, bound and forecasts come from the
-    FedAvg run of the truth's sweep (a second FedAvg run fails this test), and they are that run's:
-    ``J(t, 0)`` is the sweep's ``F_λ(θ_t)``, the FedAvg result's loss at round ``t``, to rounding."""
+def test_a_record_reads_its_fedavg_path_from_the_truths_run(small, monkeypatch):
+    """Nothing is run twice: the record's forecasts (with full batches also its pilot and bound) come
+    from the FedAvg run of the truth's sweep (a second FedAvg run fails this test), and they are that
+    run's: ``J(t, 0)`` is the sweep's ``F_λ(θ_t)``, the FedAvg result's loss at round ``t``, to
+    rounding. Under minibatches the record is the one its own FedAvg run gives, field for field
+    (both run the Array-API engine)."""
     import linattn_theory.recommenders.scoring as scoring
     from linattn_theory.sim.warmup_grid import warmup_sweep
 
@@ -409,22 +411,28 @@ def test_a_full_batch_record_reads_its_fedavg_path_from_the_truths_run(small, mo
     fedavg = warmup_sweep(config.with_updates({"federated.strategy": "fedfrozen"}), [12], clients)[12]
     objective = np.array([row[-1] for row in record["freeze_objective"]]) + record["optimum"]   # J(t, 0)
     np.testing.assert_allclose(objective, fedavg.table["loss_regularized"].to_numpy(), rtol=1e-10)
-    with pytest.raises(AssertionError, match="second FedAvg run"):        # minibatches: its own run
-        score_instance(config.with_updates({"federated.batch_size": 6}), clients, restarts=1)
+    noisy = config.with_updates({"federated.batch_size": 6, "federated.participation": 0.5})
+    record = score_instance(noisy, clients, restarts=1)
+    assert record["noisy"] and len(record["freeze_objective"]) == 13
+    monkeypatch.undo()
+    truth = {k: record[k] if k != "diverged" else np.zeros(13, dtype=bool) for k in ("excess_risk", "optimum", "diverged")}
+    assert scoring._record(noisy, clients, truth, None, path=None) == record       # its own FedAvg run
 
 
 def test_a_record_whose_fedavg_path_diverges_where_its_truth_did_not_is_counted_as_diverged(small, monkeypatch):
     """Near the edge of stability the truth's FedAvg run (an ensemble) can end finite while the
     record's own FedAvg run of the same config diverges (another engine's rounding; seen on an
     evaluation instance of round 3): the record says FedAvg diverged and where, and is not scored.
-    Only records under minibatches or partial participation run their own FedAvg path (full batches
-    read the truth's run), so the case is made with minibatches and half the clients per round."""
+    A record runs its own FedAvg path only when it is not handed its truth's (``path=None``)."""
     import linattn_theory.recommenders.scoring as scoring
 
     config, clients = small
     config = config.with_updates({"federated.rounds": 12, "federated.batch_size": 6, "federated.participation": 0.5})
     honest = score_instance(config, clients, restarts=1)
     assert not honest["fedavg_diverged"] and "fedavg_path_diverged_at" not in honest
+    truth = {"excess_risk": np.array(honest["excess_risk"]), "optimum": honest["optimum"],
+             "diverged": np.zeros(13, dtype=bool)}
+    assert scoring._record(config, clients, truth, None) == honest
     real = scoring.fedavg_path
 
     def diverging(config, clients, *, with_divergence=False):
@@ -433,7 +441,7 @@ def test_a_record_whose_fedavg_path_diverges_where_its_truth_did_not_is_counted_
         return (data, states[:8], cut) if with_divergence else (data, states[:8])
 
     monkeypatch.setattr(scoring, "fedavg_path", diverging)
-    record = score_instance(config, clients, restarts=1)
+    record = scoring._record(config, clients, truth, None)
     assert record["fedavg_diverged"] and record["fedavg_path_diverged_at"] == 7
     assert record["excess_risk"] == honest["excess_risk"] and "freeze_objective" not in record
 

@@ -64,8 +64,7 @@ def instance_truths(configs, clients=None, restarts: int = 8) -> list[dict]:
 
 def _truths_and_paths(configs, clients, restarts: int):
     """``(truths, paths)``: :func:`instance_truths` and the FedAvg trajectory of each sweep
-    (``(data, states)`` of :func:`~linattn_theory.sim.warmup_grid.warmup_sweeps_and_paths`; ``None``
-    under minibatches or partial participation, whose sweeps run explicitly)."""
+    (``(data, states)`` of :func:`~linattn_theory.sim.warmup_grid.warmup_sweeps_and_paths`)."""
     from ..theory.bound import config_stacked
     from ..theory.profile import centralized_optima, profile_objective
     from ..sim.warmup_grid import warmup_sweeps_and_paths
@@ -139,9 +138,9 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
 
 def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, restarts: int = 8) -> list[dict]:
     """:func:`score_instance` of many instances: their truths together (:func:`instance_truths`),
-    the rest one instance at a time. With full batches a record's FedAvg path (pilot, bound,
-    forecasts) is the truth's FedAvg run itself, not a second run. A record does not depend on which
-    instances are scored with it."""
+    the rest one instance at a time. A record's FedAvg path (its forecasts; with full batches also
+    its pilot and bound) is the truth's FedAvg run itself, not a second run. A record does not
+    depend on which instances are scored with it."""
     from ..sim.engine import clients_from_config
 
     configs = list(configs)
@@ -152,9 +151,9 @@ def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, r
 
 
 def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -> dict:
-    """The record of :func:`score_instance` from the instance's ``truth`` and, with full batches,
-    its sweep's FedAvg trajectory ``path = (data, states)`` (the run the truth's ``R(T)`` comes from;
-    ``None``: the record runs its own, :func:`fedavg_path`)."""
+    """The record of :func:`score_instance` from the instance's ``truth`` and its sweep's FedAvg
+    trajectory ``path = (data, states)`` (the run the truth's ``R(T)`` comes from; ``None``: the
+    record runs its own, :func:`fedavg_path`)."""
     from ..theory.bound import estimate_bound, path_from_states, warmup_path
     from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup
     from .online import freeze_forecast

@@ -712,7 +712,6 @@ class _Plan:
         return list(buckets.values())
 
 
-@timed_run
 def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | None = "auto",
                   progress: bool = False) -> list[RunResult]:
     """Run every config, in ensembles of equal shapes; the results in the configs' order.
@@ -729,6 +728,15 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
     when its ``T0 = T`` run is among them (module docstring); other runs of a strategy that decides
     during the run (a per-round control) are run one by one by :func:`simulate`.
     """
+    return _simulate_many(configs, clients, params, max_bytes, progress)
+
+
+@timed_run
+def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajectories: dict | None = None):
+    """:func:`simulate_many`; with a dict ``trajectories``, also ``trajectories[i] = (data, states)``
+    for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
+    its states after rounds ``0..T`` (up to its divergence round), as
+    :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``."""
     from .engine import simulate
     configs = list(configs)
     count = len(configs)
@@ -769,7 +777,7 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
         _warn_small_clients(config.federated.batch_size, data.sizes)
         warmups = sorted({configs[i].warmup_rounds for i in runs})
         family = _Family(runs, configs, data, theta0, built, warmups if len(warmups) > 1 else None,
-                         [i for i in indices if _is_online(configs[i])])
+                         [i for i in indices if _is_online(configs[i])], trajectories)
         if plan.add(ensemble_key(config, data), family, 2 * _data_bytes(data)):
             _run_wave(plan.drain(), results, progress)
     _run_wave(plan.drain(), results, progress)
@@ -809,13 +817,24 @@ class _Family:
     clients: Any
     warmups: list[int] | None          # shared warm-up: the T0 values (largest first runs)
     online: list[int] = dataclasses.field(default_factory=list)  # the online rule's runs (T0 = T leads)
+    trajectories: dict | None = None   # where to hand out a T0 = T lead's states (_simulate_many)
     replays: dict = dataclasses.field(default_factory=dict)   # their _OnlineReplay, by index
     by_T0: dict = dataclasses.field(default_factory=dict)     # the results, by T0
     history: dict = dataclasses.field(default_factory=dict)   # θ^0, θ^1, … of each run (test metrics)
 
     def lead(self) -> RunConfig:
         """The run of the first ensemble: the largest ``T0`` (the others' warm-up trajectory)."""
-        return max((self.configs[i] for i in self.indices), key=lambda c: c.warmup_rounds)
+        return self.configs[self.lead_index()]
+
+    def lead_index(self) -> int:
+        return max(self.indices, key=lambda i: self.configs[i].warmup_rounds)
+
+    def every_state(self) -> bool:
+        """Whether the lead keeps its state after every round: for the online rule's runs, and
+        when its trajectory is asked for and is plain FedAvg (``T0 = T``)."""
+        lead = self.lead()
+        return bool(self.online) or (self.trajectories is not None
+                                     and lead.warmup_rounds == lead.federated.rounds)
 
 
 def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> None:
@@ -823,7 +842,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
     of the shared warm-ups as a second; store each result at its configs' positions."""
     for families in buckets:
         members = [Member(f.lead(), f.data, f.theta0,
-                          checkpoints=tuple(range(f.lead().federated.rounds + 1)) if f.online
+                          checkpoints=tuple(range(f.lead().federated.rounds + 1)) if f.every_state()
                           else tuple(f.warmups[:-1]) if f.warmups else ()) for f in families]
         xp = array_namespace(families[0].data.S)
         model, fed = families[0].lead().model, families[0].lead().federated
@@ -834,6 +853,8 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
         for family, (result, states, history) in zip(families, outcomes):
             lead = family.lead().warmup_rounds
             family.by_T0[lead], family.history[lead] = result, history
+            if family.trajectories is not None and family.every_state():
+                family.trajectories[family.lead_index()] = (family.data, [states[t] for t in sorted(states)])
             for T0 in (family.warmups or [])[:-1]:
                 config = next(family.configs[i] for i in family.indices
                               if family.configs[i].warmup_rounds == T0)

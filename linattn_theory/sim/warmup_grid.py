@@ -292,13 +292,13 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
                             max_bytes: int | str | None = "auto", progress: bool = False):
     """``(sweeps, paths)``: :func:`warmup_sweep_many`'s sweeps and, per config, the FedAvg trajectory
     that ran them, ``(data, states)`` — the stacked clients and the states after rounds ``0..T``
-    (what :func:`~linattn_theory.sim.engine.run_schedule` passes to ``on_round``; fewer when it
-    diverged) — when every ``T0 = 0..T`` is swept in moment space (full batches), else ``None``.
-    A consumer of the FedAvg path (the regret benchmark's record) reads it here instead of running
-    it again."""
+    (what :func:`~linattn_theory.sim.engine.run_schedule` passes to ``on_round``; up to the
+    divergence round when it diverged) — when every ``T0 = 0..T`` is swept (the ``T0 = T`` run is
+    the FedAvg trajectory, in moment space or explicitly), else ``None``. A consumer of the FedAvg
+    path (the regret benchmark's record) reads it here instead of running it again."""
     from ..core.backend import get_namespace
-    from .ensemble import (Member, _data_bytes, _local_chunk_bytes, _per_config, _Plan, ensemble_bytes,
-                           ensemble_key, run_ensemble, simulate_many)
+    from .ensemble import (Member, _data_bytes, _local_chunk_bytes, _per_config, _Plan, _simulate_many,
+                           ensemble_bytes, ensemble_key, run_ensemble)
 
     configs = list(configs)
     clients = _per_config(clients, len(configs), "clients")
@@ -310,11 +310,14 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     explicit = [i for i, (_, moments) in enumerate(checked) if not moments]
     if explicit:
         flat = [(i, rc) for i in explicit for rc in run_configs[i]]
-        runs = simulate_many([rc for _, rc in flat], [clients[i] for i, _ in flat], max_bytes=max_bytes,
-                             progress=progress)
-        for (i, rc), run in zip(flat, runs):
+        trajectories: dict = {}
+        runs = _simulate_many([rc for _, rc in flat], [clients[i] for i, _ in flat], None, max_bytes,
+                              progress, trajectories)
+        for j, ((i, rc), run) in enumerate(zip(flat, runs)):
             results[i] = results[i] or {}
             results[i][rc.federated.warmup_rounds] = run
+            if j in trajectories and list(checked[i][0]) == list(range(configs[i].federated.rounds + 1)):
+                paths[i] = trajectories[j]
     pending = [i for i, (_, moments) in enumerate(checked) if moments]
     if not pending:
         return results, paths
