@@ -35,7 +35,7 @@ Claim shown (docs/theory.md §5, §7): in the frozen stage SCAFFOLD removes the 
 FedAvg, FedProx and the server optimisers keep (the value-drift panel); freezing the kernel stops
 the kernel drift (the Γ panel); static attention patterns cost more than a learned, frozen kernel.
 
-Run: ``python simulations/strategies.py [--quick] [--out figures]``.
+Run: ``python simulations/strategies.py [--quick] [--out figures] [--executor serial|processes] [--workers N]``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from linattn_theory.sim.config import config_from_dict  # noqa: E402
 from linattn_theory.core.model import Params  # noqa: E402
 from linattn_theory.sim.engine import clients_from_config, simulate  # noqa: E402
 from linattn_theory.report import plotting  # noqa: E402
+from linattn_theory.report.figures import analysis_workers  # noqa: E402
 from linattn_theory.core.io import atomic_write_text  # noqa: E402
 from linattn_theory.theory.static_heads import static_head_features, static_profile_objective  # noqa: E402
 from linattn_theory.sim.strategies import STRATEGIES  # noqa: E402
@@ -174,46 +175,62 @@ def _static_features(name: str, clients):
     return static_head_features(clients, pattern, count=count)
 
 
-def run_grid(settings: dict, progress: bool = True):
-    """Run every configuration; return per-run results and per-round excess-risk curves."""
+def run_grid(settings: dict, progress: bool = True, workers: int = 1):
+    """Run every configuration; return per-run results and per-round excess-risk curves.
+
+    The (level, seed) groups are independent: ``workers`` processes run them, and the tables are
+    assembled in the groups' order, so they do not depend on ``workers``."""
+    groups = [(level, seed) for level in settings["levels"] for seed in settings["seeds"]]
+    if workers > 1 and len(groups) > 1:
+        from joblib import Parallel, delayed
+        done = Parallel(n_jobs=workers)(delayed(_run_group)(settings, level, seed) for level, seed in groups)
+    else:
+        done = (_run_group(settings, level, seed) for level, seed in groups)
     runs, curves = [], []
-    for level in settings["levels"]:
-        for seed in settings["seeds"]:
-            group = {name: settings["configs"][level, name, seed] for name in settings["strategies"]}
-            clients = clients_from_config(next(iter(group.values())))
-            with np.errstate(over="ignore", invalid="ignore"):     # divergence is recorded, not warned
-                results = {name: simulate(config, clients, frozen_features=_static_features(name, clients))
-                           for name, config in group.items()}
-            config = next(iter(group.values()))
-            with np.errstate(over="ignore", invalid="ignore"):
-                centralised = centralised_reference(config, clients, settings["centralised_steps"])
-            best = min(float(np.nanmin(r.table["loss_regularized"])) for r in results.values())
-            reference = min(centralised, best)
-            for name, result in results.items():
-                table = result.table
-                F = table["loss_regularized"].to_numpy()
-                target = reference + settings["target_fraction"] * (F[0] - reference)
-                reached = np.flatnonzero(F <= target)
-                runs.append({
-                    "level": level, "strategy": name, "seed": seed,
-                    "diverged": result.diverged,
-                    "excess_risk": np.nan if result.diverged else F[-1] - reference,
-                    "kernel_drift": float(table["cumulative_kernel_drift"].iloc[-1]),
-                    "value_drift": float(table["drift_WV"].iloc[-1]),
-                    "rounds_to_target": float(table["round"].iloc[reached[0]]) if reached.size else np.nan,
-                    "final_loss": F[-1], "reference": reference, "centralised_reference": centralised,
-                    # fedfrozen_adaptive chooses T0 during the run (docs/theory.md §8): its frozen
-                    # kernel's round, and the round at which its rule decided
-                    "warmup_rounds": result.metadata.get("kernel_round", config.warmup_rounds if name == "fedavg"
-                                                         else settings["configs"][level, name, seed].warmup_rounds),
-                    "stop_round": result.metadata.get("stop_round", np.nan),
-                })
-                if not result.diverged:
-                    curves.append(pd.DataFrame({"level": level, "strategy": name, "seed": seed,
-                                                "round": table["round"], "excess_risk": F - reference}))
-            if progress:
-                print(f"  {level:>8s} seed {seed}: {len(results)} strategies", file=sys.stderr)
+    for (level, seed), (group_runs, group_curves) in zip(groups, done):
+        runs += group_runs
+        curves += group_curves
+        if progress:
+            print(f"  {level:>8s} seed {seed}: {len(group_runs)} strategies", file=sys.stderr)
     return pd.DataFrame(runs), pd.concat(curves, ignore_index=True)
+
+
+def _run_group(settings: dict, level: str, seed: int) -> tuple[list, list]:
+    """Every strategy on one (level, seed): per-run rows and per-round excess-risk curves."""
+    runs, curves = [], []
+    group = {name: settings["configs"][level, name, seed] for name in settings["strategies"]}
+    clients = clients_from_config(next(iter(group.values())))
+    with np.errstate(over="ignore", invalid="ignore"):     # divergence is recorded, not warned
+        results = {name: simulate(config, clients, frozen_features=_static_features(name, clients))
+                   for name, config in group.items()}
+    config = next(iter(group.values()))
+    with np.errstate(over="ignore", invalid="ignore"):
+        centralised = centralised_reference(config, clients, settings["centralised_steps"])
+    best = min(float(np.nanmin(r.table["loss_regularized"])) for r in results.values())
+    reference = min(centralised, best)
+    for name, result in results.items():
+        table = result.table
+        F = table["loss_regularized"].to_numpy()
+        target = reference + settings["target_fraction"] * (F[0] - reference)
+        reached = np.flatnonzero(F <= target)
+        runs.append({
+            "level": level, "strategy": name, "seed": seed,
+            "diverged": result.diverged,
+            "excess_risk": np.nan if result.diverged else F[-1] - reference,
+            "kernel_drift": float(table["cumulative_kernel_drift"].iloc[-1]),
+            "value_drift": float(table["drift_WV"].iloc[-1]),
+            "rounds_to_target": float(table["round"].iloc[reached[0]]) if reached.size else np.nan,
+            "final_loss": F[-1], "reference": reference, "centralised_reference": centralised,
+            # fedfrozen_adaptive chooses T0 during the run (docs/theory.md §8): its frozen
+            # kernel's round, and the round at which its rule decided
+            "warmup_rounds": result.metadata.get("kernel_round", config.warmup_rounds if name == "fedavg"
+                                                 else settings["configs"][level, name, seed].warmup_rounds),
+            "stop_round": result.metadata.get("stop_round", np.nan),
+        })
+        if not result.diverged:
+            curves.append(pd.DataFrame({"level": level, "strategy": name, "seed": seed,
+                                        "round": table["round"], "excess_risk": F - reference}))
+    return runs, curves
 
 
 def summarise(runs: pd.DataFrame, settings: dict) -> pd.DataFrame:
@@ -421,10 +438,12 @@ def _level_label(level: str, settings: dict, sep: str = "\n", join: str = "\n") 
     return level + sep + join.join(parts) if parts else level
 
 
-def make(out_dir="figures", quick: bool = False, config=CONFIG, progress: bool = False) -> dict[str, Path]:
-    """Run the comparison and write the CSV tables, the Markdown table and the figure to ``out_dir``."""
+def make(out_dir="figures", quick: bool = False, config=CONFIG, progress: bool = False,
+         executor: str = "processes", workers: int | None = None) -> dict[str, Path]:
+    """Run the comparison and write the CSV tables, the Markdown table and the figure to ``out_dir``
+    (``executor="serial"``: in this process; else ``workers`` processes, default one per core)."""
     settings = load_settings(config, quick=quick)
-    runs, curves = run_grid(settings, progress=progress)
+    runs, curves = run_grid(settings, progress=progress, workers=analysis_workers(executor, workers))
     summary = summarise(runs, settings)
     out = Path(out_dir)
     paths = {"csv": out / "strategies.csv", "runs": out / "strategies_runs.csv",
@@ -445,10 +464,14 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer seeds and rounds (seconds)")
     parser.add_argument("--out", default=str(ROOT / "figures"), help="output folder")
     parser.add_argument("--config", default=str(CONFIG), help="sweep settings (TOML)")
+    parser.add_argument("--executor", choices=("serial", "processes"), default="processes",
+                        help="serial: in this process; processes: the (level, seed) groups in parallel")
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        paths = make(args.out, quick=args.quick, config=args.config, progress=True)
+        paths = make(args.out, quick=args.quick, config=args.config, progress=True, executor=args.executor,
+                     workers=args.workers)
     except ConfigError as err:
         print(f"strategies: invalid configuration: {err}", file=sys.stderr)
         return 2

@@ -242,3 +242,19 @@ def test_spearman_interval_resamples_instances_not_pairs():
     assert spearman_interval(x, y, np.arange(60)) == many                  # a fixed seed: the same interval
     same = spearman_interval(np.tile(x[:6], 5), np.tile(y[:6], 5), np.repeat(np.arange(5), 6))
     assert same["low"] == pytest.approx(same["rho"]) and same["high"] == pytest.approx(same["rho"])
+
+
+def test_the_strategies_comparison_does_not_depend_on_its_workers():
+    """strategies.py runs its (level, seed) groups in worker processes: the tables are assembled in
+    the groups' order and equal the serial ones exactly (here 2 levels × 2 seeds, 4 strategies, 6 rounds)."""
+    strategies = _load_script("strategies")
+    settings = strategies.load_settings(strategies.CONFIG, quick=True)
+    settings["levels"], settings["seeds"] = settings["levels"][:2], [0, 1]
+    settings["strategies"] = ["fedavg", "fedfrozen", "fedfrozen_adaptive", "static_saf"]
+    settings["centralised_steps"] = 20
+    settings["configs"] = {key: config.with_updates({"federated.rounds": 6, "federated.warmup_rounds": 3})
+                           for key, config in settings["configs"].items()}
+    serial, parallel = (strategies.run_grid(settings, progress=False, workers=w) for w in (1, 2))
+    for a, b in zip(serial, parallel):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert len(serial[0]) == 16 and serial[0]["seed"].tolist()[:4] == [0] * 4
