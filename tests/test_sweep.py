@@ -317,12 +317,17 @@ def test_a_broken_run_is_exit_2_on_the_command_line(tmp_path, capsys):
 def test_a_sweep_that_ends_writes_its_summary_table(tmp_path):
     out = tmp_path / "out"
     sweep = load_sweep(write(tmp_path, SMALL))
-    run_sweep(sweep, out)
+    done = run_sweep(sweep, out)
     summary = pd.read_csv(out / "summary.csv")
     results = load_results(out)
     assert list(summary["run_id"]) == sweep.run_ids == list(results["run_id"])
     np.testing.assert_array_equal(summary["final_loss"], results["final_loss"])      # exact round trip
     assert list(summary.columns) == list(results.columns)
+    pd.testing.assert_frame_equal(done.table, results, check_exact=True)        # what the sweep hands back
+    rerun = run_sweep(load_sweep(write(tmp_path, SMALL.replace("seed = [0, 1]", "seed = [0]"))), out,
+                      existing="replace")
+    pd.testing.assert_frame_equal(rerun.table, load_results(out), check_exact=True)
+    assert rerun.computed == 0 and len(rerun.table) == len(results) // 2
 
 
 def test_duplicate_grid_values_are_refused_but_grids_may_share_runs():

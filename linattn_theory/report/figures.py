@@ -139,8 +139,8 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
         sweep = with_backend(sweep, _BACKEND)
     stem = Path(sweep.source).stem if sweep.source else "sweep"
     folder = Path(out_dir) / "_sweeps" / (stem + ("-quick" if quick else ""))
-    run_sweep(sweep, folder, executor=executor, workers=workers, progress=progress, existing="replace")
-    summary = load_results(folder)
+    summary = run_sweep(sweep, folder, executor=executor, workers=workers, progress=progress,
+                        existing="replace").table          # load_results(folder), read once
     if rounds:
         return sweep, (summary, load_results(folder, rounds=True)), folder
     return sweep, summary, folder

@@ -31,7 +31,7 @@ from ..sim.config import RunConfig, config_from_dict
 from ..sim.engine import clients_from_config
 from ..core.model import kernel
 from .results import load_run
-from ..core.clients import stack_clients
+from ..core.clients import StackedClients, stack_clients
 
 __all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table", "best_warmup", "select_instances",
            "paired_ratios", "gain_summary", "quartiles", "spearman_interval"]
@@ -219,14 +219,16 @@ def _decomposition(clients, runs, folder) -> list[dict]:
     rows = []
     config = next(iter(runs.values()))[0]
     lam = config.federated.ridge
+    # stacked once (softmax clients come stacked; linear ones as every theory function stacks them)
+    data = clients if isinstance(clients, StackedClients) else stack_clients(clients)
     ok = [run for _, run in runs.values() if not run.diverged]
     kernels = [kernel(run.warmup_params) for run in ok] + [kernel(run.params) for run in ok]
-    starts = [min(kernels, key=lambda K: profile_objective(K, clients, lam)[0])] if kernels else []
+    starts = [min(kernels, key=lambda K: profile_objective(K, data, lam)[0])] if kernels else []
     optimum = _cached_optimum(folder, config, clients, starts)
     for rid, (_, run) in runs.items():
         row = {"run_id": rid, "optimum": optimum}
         if not run.diverged:
-            parts = decompose_excess_risk(run, clients, optimum=optimum)
+            parts = decompose_excess_risk(run, data, optimum=optimum)
             row.update({k: parts[k] for k in ("excess_risk", "bias", "drift_floor", "unfinished",
                                               "identity_residual")})
         rows.append(row)

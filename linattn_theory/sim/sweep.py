@@ -107,7 +107,8 @@ class Sweep:
 @dataclass(frozen=True)
 class SweepSummary:
     """What :func:`run_sweep` did: runs in the sweep, already finished before, computed now
-    (``broken`` of them recomputed because their files did not match their hashes), diverged."""
+    (``broken`` of them recomputed because their files did not match their hashes), diverged;
+    ``table``: the summary table it wrote (:func:`summary_table` of ``out``)."""
 
     total: int
     skipped: int
@@ -116,6 +117,7 @@ class SweepSummary:
     seconds: float
     out: Path
     broken: int = 0
+    table: object = field(default=None, repr=False, compare=False)
 
 
 def _table(data: dict, name: str) -> dict:
@@ -690,10 +692,11 @@ def summary_table(out, *, rounds: bool = False):
     return summary[extra].merge(long, on="run_id", how="right", validate="one_to_many")
 
 
-def _write_summary(out: Path) -> Path:
-    """``out/summary.csv``: :func:`summary_table` of the sweep folder, written atomically."""
+def _write_summary(out: Path):
+    """``out/summary.csv``: :func:`summary_table` of the sweep folder, written atomically; returns the table."""
     table = summary_table(out)
-    return atomic_write_bytes(out / SUMMARY, table.to_csv(index=False).encode())
+    atomic_write_bytes(out / SUMMARY, table.to_csv(index=False).encode())
+    return table
 
 
 def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | None = None,
@@ -739,5 +742,6 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
                 for run_id, result in finished:
                     diverged += _store(run_id, result, out)
                     bar.update()
-        _write_summary(out)
-    return SweepSummary(len(ids), skipped, len(pending), diverged, time.perf_counter() - start, out, broken)
+        table = _write_summary(out)
+    return SweepSummary(len(ids), skipped, len(pending), diverged, time.perf_counter() - start, out, broken,
+                        table)
