@@ -265,6 +265,16 @@ def test_centralized_optimum_is_stored_with_the_sweep_and_reused(tmp_path):
     _, runs = next(sweep_analysis.runs_by_instance(out, results))
     assert record["objective"] <= min(float(run.table["loss_regularized"].iloc[-1])
                                       for _, run in runs.values())
+    # each run's decomposition is decompose_excess_risk's on the instance's own clients, and its
+    # parts add up to the simulator's excess risk (docs/theory.md §6)
+    from linattn_theory.sim.engine import clients_from_config
+    from linattn_theory.theory.decomposition import decompose_excess_risk
+    rows = first.set_index("run_id")
+    for rid, (config, run) in runs.items():
+        direct = decompose_excess_risk(run, clients_from_config(config), optimum=record["objective"])
+        for part in ("excess_risk", "bias", "drift_floor", "unfinished"):
+            assert rows.loc[rid, part] == pytest.approx(direct[part], rel=1e-12, abs=1e-15)
+        assert abs(rows.loc[rid, "identity_residual"]) <= 1e-10 * rows.loc[rid, "excess_risk"]
     # a later analysis (a fresh process: no memo) reads it instead of solving again
     record["objective"] = first["optimum"].iloc[0] * 0.5
     stored[0].write_text(json.dumps(record))
