@@ -33,7 +33,7 @@ import pytest
 
 from linattn_theory.report.figures import _load, excess_risk_sweep, figure_sweep
 from linattn_theory.sim.config import config_from_dict, config_hash
-from linattn_theory.sim.engine import simulate
+from linattn_theory.sim.engine import clients_from_config, simulate
 from linattn_theory.sim.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,12 +123,42 @@ def test_static_heads_rows_of_seed_0_are_regenerated(tmp_path):
 
 @pytest.mark.slow
 def test_softmax_static_heads_rows_of_seed_0_are_regenerated(tmp_path):
+    """Seed 0 at the three levels. Two are well conditioned and agree to :data:`RELATIVE`; ζ_V = 3 is
+    chaotic (a 1e-12 move of θ^0 moves its end by about 1 %: amplification ~1e10, flagged by
+    :func:`~linattn_theory.sim.sensitivity.run_sensitivity`), so NumPy's AVX2 and AVX-512 paths give
+    rows up to 3 % apart. Its rows are held to their measured spread instead: an absolute tolerance of
+    four times the largest change of each column between the run and its two perturbed repeats, in
+    units of the column's largest value (twice for the gap between two perturbed runs, twice again
+    for the two repeats that estimate it; measured: 3–17 % of the largest value, docs/theory.md §6)."""
+    from linattn_theory.sim.sensitivity import perturbed_runs, run_sensitivity
+    from linattn_theory.theory.static_heads import head_pattern_statistics
+
     script = _script("softmax_static_heads")
     sweep = _subset(load_sweep(CONFIGS / "softmax_static_heads.toml"), lambda c: c.seed == 0)
     _, results, folder = figure_sweep(sweep, tmp_path, executor="serial")
     heads = script.head_table(folder, results)
-    _agree(heads, _committed("softmax_static_heads"), ["run_id", "head", "client"],
-           ["mean_kl", "pattern_variance", "loss_change", "loss"])
+    committed = _committed("softmax_static_heads")
+    columns, keys = ["mean_kl", "pattern_variance", "loss_change", "loss"], ["run_id", "head", "client"]
+    chaotic = []
+    for config in sweep.configs:
+        rid = config_hash(config)
+        ours = heads[heads["run_id"] == rid]
+        clients = clients_from_config(config)
+        repeats = perturbed_runs(config, clients)
+        sensitivity = run_sensitivity(config, clients, runs=repeats)
+        if not sensitivity.chaotic:
+            assert sensitivity.amplification < 10, "docs/theory.md §6 quotes it"
+            _agree(ours, committed, keys, columns)
+            continue
+        assert sensitivity.amplification > 1e10, "docs/theory.md §6 quotes it"
+        chaotic.append(config.task.zeta_value)
+        for column in columns:
+            scale = np.abs(ours[column].to_numpy()).max()
+            spread = max(np.abs(head_pattern_statistics(run.params, clients, config.model.temperature)[column]
+                                .to_numpy() - ours[column].to_numpy()).max() / scale for run in repeats)
+            assert 0.01 < spread < 0.25, f"{column}: docs/theory.md §6 quotes 1–25 % (measured {spread:.3f})"
+            _agree(ours, committed, keys, [column], atol_scale=max(1e-12, 4 * spread))
+    assert chaotic == [3.0], "seed 0's chaotic instance is the one at ζ_V = 3 (the test must check one of each)"
 
 
 @pytest.mark.slow

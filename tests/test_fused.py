@@ -4,8 +4,10 @@ the lazy package import; the centralised optimum stored with a sweep."""
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -367,3 +369,19 @@ def test_unrolled_context_products_are_the_row_loops_bit_for_bit(d, heads):
     assert all(np.array_equal(a, b) for a, b in zip(unrolled, rows))
     assert not np.array_equal(unrolled[0], np.repeat(WQ, m, axis=0))            # the steps moved W_Q
     assert np.array_equal(losses(kernels.dimension(d)), losses(()))
+
+
+@pytest.mark.slow
+def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
+    """numba's disk cache goes to the user's cache folder (here ``XDG_CACHE_HOME``), never next to the
+    sources: a checkout stays clean and a wheel built from it ships no compiled code."""
+    pytest.importorskip("numba")
+    package = Path(fused_module.__file__).parent
+    code = ("import numpy as np; from linattn_theory import config_from_dict, simulate; "
+            "simulate(config_from_dict({'model': {'engine': 'fused'}, 'federated': {'rounds': 1, 'warmup_rounds': 1}}))")
+    before = set(package.rglob("*.nb[ic]"))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(package.parents[1])}
+    env.pop("NUMBA_CACHE_DIR", None)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    assert set(package.rglob("*.nb[ic]")) == before, "numba wrote its cache into the package"
+    assert list((tmp_path / "linattn-theory" / "numba").rglob("*.nbi")), "no kernel was cached in the cache folder"

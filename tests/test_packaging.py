@@ -59,6 +59,8 @@ def test_a_wheel_built_from_the_sdist_records_the_revision_licence_and_examples(
     if head is not None:
         assert revision[0] == head.strip()
     assert "License-Expression: MIT" in metadata.splitlines()
+    compiled = [n for n in names if n.endswith((".nbi", ".nbc", ".pyc")) or "__pycache__" in n]
+    assert not compiled, f"the wheel ships compiled caches: {compiled[:5]}"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     for example in ("simulations/configs/quickstart.toml", "simulations/tradeoff.py", "derivations/gradients.py"):
         assert f"linattn_theory/_examples/{example}" in names

@@ -17,8 +17,8 @@ fast at the figures' size as one sample at a time). The closed forms are those o
 Padding samples (weight 0, ``Ŝ = 0``, ``q = y = 0``) contribute exact zeros. Temporaries have
 the data's dtype (float32 stays float32); no BLAS is called (no thread pool inside a thread).
 Kernels release the GIL: the caller runs chunks of work items on threads. Compiled code is
-cached on disk (``cache=True``): the first call per dtype and per ``d ≤ 8`` (one more for all
-larger ``d``) compiles, later processes load it.
+cached on disk (``cache=True``, in :func:`cache_folder`, outside the package): the first call per
+dtype and per ``d ≤ 8`` (one more for all larger ``d``) compiles, later processes load it.
 
 The kernels that read contexts take the dimension as their last argument, :func:`dimension`: up
 to :data:`MAX_UNROLLED_DIM` a tuple of ``d`` zeros, whose length is a constant of the code
@@ -30,12 +30,38 @@ each partial sum once per term (tests: bit for bit).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 try:
-    from numba import njit
+    from numba import njit as _numba_njit
+    from numba.core import config as _numba_config
 except ImportError:     # importable without numba (docs, introspection); the engine then never runs
-    def njit(*args, **options):
-        return args[0] if args and callable(args[0]) else (lambda fn: fn)
+    _numba_njit = None
+
+
+def cache_folder() -> Path:
+    """Where the compiled kernels are cached: ``$XDG_CACHE_HOME/linattn-theory/numba`` (``~/.cache``
+    without it), outside the package, so that neither a source checkout nor a wheel built from it
+    holds compiled code; ``NUMBA_CACHE_DIR``, when the user sets it, wins."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "linattn-theory" / "numba"
+
+
+def njit(**options):
+    """numba's ``njit`` whose on-disk cache (``cache=True``) is :func:`cache_folder`: numba picks a
+    function's cache folder when it decorates it, from ``numba.config.CACHE_DIR`` (empty: next to
+    the source), so the folder is set for the decoration only and the process's setting restored."""
+    def decorate(fn):
+        if _numba_njit is None:
+            return fn
+        previous = _numba_config.CACHE_DIR
+        _numba_config.CACHE_DIR = previous or str(cache_folder())
+        try:
+            return _numba_njit(**options)(fn)
+        finally:
+            _numba_config.CACHE_DIR = previous
+    return decorate
 
 #: LLVM may fuse multiply-adds and reorder sums (vectorised reductions); NaN and inf keep their
 #: IEEE meaning, so divergence is still detected.

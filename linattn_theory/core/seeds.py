@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["seed_sequence", "SEED_TEACHER", "SEED_CLIENT", "SEED_INIT", "SEED_MINIBATCH",
-           "SEED_PARTICIPATION", "SEED_EVAL"]
+           "SEED_PARTICIPATION", "SEED_EVAL", "SEED_PERTURBATION"]
 
 # SeedSequence spawn keys by purpose: never reuse one for another purpose.
 SEED_TEACHER, SEED_CLIENT, SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, SEED_EVAL = range(6)
+#: the perturbations of θ^0 that measure how chaotic a run is (sim.sensitivity), keyed by repeat
+SEED_PERTURBATION = 6
 
 
 def seed_sequence(seed: int, *key: int) -> np.random.SeedSequence:

@@ -1,0 +1,104 @@
+"""How chaotic a run is: how far its end moves when its start moves by rounding (docs/theory.md §6,
+"Chaotic instances").
+
+Two engines, two CPUs (NumPy's AVX2 or AVX-512 paths) or two releases add the same terms in other
+orders, which perturbs a run by about one unit in the last place per operation. A well-conditioned
+run carries such a perturbation to its end almost unchanged; near the edge of stability, or where
+softmax attention sharpens, it grows round after round until the final risk moves by percents.
+The measure: repeat the run from ``θ^0 ⊙ (1 + s ξ)``, ``ξ ~ N(0, 1)`` entrywise (``s = 10^{-12}``,
+a stream of its own), and compare its end with the unperturbed one,
+
+    amplification = max over repeats of  ‖θ^T' − θ^T‖ / (s ‖θ^T‖),
+
+together with the same ratio for the final regularised objective ``F_λ(θ^T)``. A run whose
+amplification exceeds :data:`CHAOS_AMPLIFICATION` is *chaotic*: a rounding difference of
+``10^{-16}`` relative can then move its end by more than ``10^{-9}`` — the precision the committed
+tables are regenerated to — so its numbers hold only to its measured spread, not to their digits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.model import Params
+from ..core.seeds import SEED_PERTURBATION, seed_sequence
+from .config import RunConfig
+from .engine import clients_from_config, initial_params, simulate
+
+__all__ = ["PERTURBATION", "CHAOS_AMPLIFICATION", "Sensitivity", "perturbed_params", "perturbed_runs",
+           "run_sensitivity"]
+
+#: the relative size of the perturbation of ``θ^0``: a few hundred units in the last place of float64
+PERTURBATION = 1e-12
+#: above this a run is chaotic: 1e-16 (one rounding) × 1e7 = 1e-9, the committed tables' precision
+CHAOS_AMPLIFICATION = 1e7
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """How much a run's end moves per unit relative move of its start (largest over the repeats).
+
+    ``parameter_amplification``: ``‖θ^T' − θ^T‖ / (s ‖θ^T‖)``; ``objective_amplification``:
+    ``|F_λ' − F_λ| / (s |F_λ|)`` at the last round; ``spread``: the largest relative change of
+    ``F_λ(θ^T)`` itself (what a table of the run may move by on another CPU, to first order);
+    ``diverged``: a repeat (or the run) diverged, where the other did not.
+    """
+
+    parameter_amplification: float
+    objective_amplification: float
+    spread: float
+    diverged: bool
+
+    @property
+    def amplification(self) -> float:
+        return max(self.parameter_amplification, self.objective_amplification)
+
+    @property
+    def chaotic(self) -> bool:
+        """Amplification above :data:`CHAOS_AMPLIFICATION`, or a divergence that a rounding decides."""
+        return self.diverged or not self.amplification <= CHAOS_AMPLIFICATION
+
+
+def perturbed_params(params: Params, scale: float, seed: int, repeat: int = 0) -> Params:
+    """``θ ⊙ (1 + s ξ)`` with ``ξ ~ N(0, 1)`` from the stream ``(seed, SEED_PERTURBATION, repeat)``."""
+    rng = np.random.default_rng(seed_sequence(seed, SEED_PERTURBATION, repeat))
+    return params.map(lambda block: block * (1.0 + scale * rng.standard_normal(block.shape)).astype(block.dtype))
+
+
+def _flat(params: Params) -> np.ndarray:
+    return np.concatenate([np.asarray(getattr(params, b), dtype=np.float64).ravel() for b in ("WQ", "WK", "WV")])
+
+
+def perturbed_runs(config: RunConfig, clients=None, *, scale: float = PERTURBATION, repeats: int = 2) -> list:
+    """``config`` run ``repeats`` times from ``θ^0 ⊙ (1 + s ξ_j)``, ``j = 0 … repeats − 1`` (:class:`RunResult` each)."""
+    if not (scale > 0 and np.isfinite(scale)) or not (isinstance(repeats, int) and repeats >= 1):
+        raise ValueError(f"perturbed_runs: scale={scale!r}, repeats={repeats!r}; expected scale > 0 and an "
+                         "integer repeats >= 1")
+    clients = clients_from_config(config) if clients is None else clients
+    start = initial_params(config, np.shape(clients[0].q)[-1], np.shape(clients[0].y)[-1])
+    return [simulate(config, clients, params=perturbed_params(start, scale, config.seed, j)) for j in range(repeats)]
+
+
+def run_sensitivity(config: RunConfig, clients=None, *, scale: float = PERTURBATION, repeats: int = 2,
+                    reference=None, runs=None) -> Sensitivity:
+    """The :class:`Sensitivity` of ``config``: its end against the ends of :func:`perturbed_runs`.
+
+    ``reference`` (the unperturbed run's result) and ``runs`` (the perturbed ones, made with the same
+    ``scale``) are used when given, run otherwise.
+    """
+    clients = clients_from_config(config) if clients is None else clients
+    runs = perturbed_runs(config, clients, scale=scale, repeats=repeats) if runs is None else runs
+    base = simulate(config, clients) if reference is None else reference
+    end, objective = _flat(base.params), float(base.table["loss_regularized"].iloc[-1])
+    parameter, value, spread, diverged = 0.0, 0.0, 0.0, False
+    for run in runs:
+        if run.diverged or base.diverged:
+            diverged = diverged or run.diverged != base.diverged
+            continue
+        change = abs(float(run.table["loss_regularized"].iloc[-1]) - objective) / abs(objective)
+        spread = max(spread, change)
+        value = max(value, change / scale)
+        parameter = max(parameter, float(np.linalg.norm(_flat(run.params) - end) / (scale * np.linalg.norm(end))))
+    return Sensitivity(parameter, value, spread, diverged)
