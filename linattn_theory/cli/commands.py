@@ -3,7 +3,8 @@
 Every command checks all it can before any work (config, output folder, a memory and time
 estimate, grid size) and has one error boundary: exit status 0 success, 2 invalid input
 (nothing is written), a broken stored run (named) or a sweep folder another sweep is writing
-to, 3 a run diverged (its table is written and the message suggests a stable step size), 1 any
+to, 3 a run diverged (its table is written and the message suggests a stable step size; a
+sweep with ``--fail-on-divergence``), 1 any
 other failure (a one-line message; ``--debug`` shows the traceback), 130 interrupted by Ctrl-C
 and 143 stopped by SIGTERM (workers are stopped; the message says what was kept).
 """
@@ -225,7 +226,7 @@ def _sweep(args) -> int:
 
     from ..sim.config import ignored_settings, parse_overrides
     from ..sim.limits import check_output_folder
-    from ..sim.sweep import _check_executor, load_sweep, run_dir, run_sweep, with_backend
+    from ..sim.sweep import SweepDiverged, _check_executor, load_sweep, run_dir, run_sweep, with_backend
 
     _read_file(args.config, "sweep file")                # a missing example: say where it ships
     sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None,
@@ -255,14 +256,21 @@ def _sweep(args) -> int:
         return f"{finished} of {len(sweep)} runs are finished in {out}; rerun the same command to resume"
 
     args.kept = kept
-    summary = run_sweep(sweep, out, executor=args.executor, workers=args.workers,
-                        scheduler=args.scheduler, progress=not args.quiet,
-                        existing="add" if args.add else "refuse", wait=args.wait)
+    try:
+        summary = run_sweep(sweep, out, executor=args.executor, workers=args.workers,
+                            scheduler=args.scheduler, progress=not args.quiet,
+                            existing="add" if args.add else "refuse", wait=args.wait,
+                            fail_on_divergence=args.fail_on_divergence)
+    except SweepDiverged as err:
+        summary = err.summary
     broken = (f" ({summary.broken} of them recomputed because their files did not match the hashes "
               f"recorded for them)" if summary.broken else "")
+    diverged = f"; {summary.divergence_report()}" if summary.divergences else ", none diverged"
     print(f"{summary.total} runs in {summary.out}: {summary.computed} computed{broken}, {summary.skipped} "
-          f"already finished, {summary.diverged} diverged ({summary.seconds:.1f} s); "
-          f"summary: {summary.out / 'summary.csv'}")
+          f"already finished ({summary.seconds:.1f} s){diverged}; summary: {summary.out / 'summary.csv'}")
+    if summary.divergences and args.fail_on_divergence:
+        print(f"linattn sweep: {len(summary.divergences)} runs diverged (--fail-on-divergence)", file=sys.stderr)
+        return EXIT_DIVERGED
     return EXIT_OK
 
 
@@ -486,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true",
                    help="another sweep is writing to --out: wait for it to end, then resume "
                         "(default: refuse, naming it)")
+    p.add_argument("--fail-on-divergence", action="store_true",
+                   help="exit 3 when a run of the sweep diverged (every run is still stored and the "
+                        "summary written; default: exit 0, the closing line names the divergences)")
     p.add_argument("--max-runs", type=_non_negative(int), default=MAX_RUNS_DEFAULT, metavar="N",
                    help=f"refuse grids of more than N runs (default {MAX_RUNS_DEFAULT}; 0: no limit)")
     _backend_argument(p, "of every run of the sweep (other run ids: the numbers differ by rounding)")
