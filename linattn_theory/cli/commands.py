@@ -17,7 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..core.errors import ConfigError, RunIntegrityError
+from ..core.errors import ArgumentError, ConfigError, RunIntegrityError
 
 __all__ = ["main", "build_parser"]
 
@@ -73,6 +73,13 @@ BAD_INPUTS = (
      "exit 2 naming the other sweep (pid, host, start, command); `--wait` waits for it instead"),
     ("broken run on disk", "a run's `rounds.csv` cut short, `params.npz` or `metadata.json` garbled",
      "a sweep recomputes it; `load_results` raises RunIntegrityError naming its folder (exit 2)"),
+    ("bad flag value", "`figures --only tradeof`, `derive --only nope`",
+     "exit 2: invalid argument: --only 'tradeof': no such figure script (did you mean 'tradeoff'?)"),
+    ("bad client data", "`simulate(config, clients)` with a NaN in `X`, or `X` of shape `(N, d)`",
+     "ValueError before any round, naming the client and the array: client 1: X holds 1 non-finite value "
+     "(the first: X[0, 2, 1] = nan)"),
+    ("settings to revisit", "`model.rank = 10` with `task.dim = 6`; `num_clients = 1`; `--workers 1000` on 2 cores",
+     "warning: ... is above the token dimension d = 6 / the federation has one client / is above the 2 cores"),
     ("failure inside a run", "an unexpected exception", "exit 1: one line; `--debug` prints the traceback"),
     ("Ctrl-C / SIGTERM", "during a sweep or a run", "exit 130 / 143, workers stopped; the message says what "
      "was kept (the finished runs of a sweep; nothing of an unfinished `simulate`)"),
@@ -164,11 +171,11 @@ def _print_config(data: dict) -> int:
 def _check_run_folder(out: Path, overwrite: bool) -> None:
     """``simulate --out``: never a sweep folder; a folder holding a run only with ``--overwrite``."""
     if (out / "sweep.json").is_file() or (out / "runs").is_dir():
-        raise ConfigError(f"--out {str(out)!r} is a sweep folder (sweep.json, runs/); a run written there "
+        raise ArgumentError(f"--out {str(out)!r} is a sweep folder (sweep.json, runs/); a run written there "
                           f"would hide the sweep from load_results: choose another folder")
     held = [name for name in ("metadata.json", "rounds.csv", "params.npz") if (out / name).exists()]
     if held and not overwrite:
-        raise ConfigError(f"--out {str(out)!r} already holds a run ({', '.join(held)}); choose another "
+        raise ArgumentError(f"--out {str(out)!r} already holds a run ({', '.join(held)}); choose another "
                           f"folder, or pass --overwrite to replace it")
 
 
@@ -184,7 +191,7 @@ def _simulate(args) -> int:
     if args.print_config:
         return _print_config(config.to_dict())
     if args.out is None:
-        raise ConfigError("--out: expected the folder to write the run to (--out DIR)")
+        raise ArgumentError("--out: expected the folder to write the run to (--out DIR)")
     out = check_output_folder(args.out)
     _check_run_folder(out, args.overwrite)
     _resource_limits(args, [config])
@@ -242,13 +249,13 @@ def _sweep(args) -> int:
         print(f"{len(sweep)} runs (nothing written)")
         return EXIT_OK
     if args.out is None:
-        raise ConfigError("--out: expected the sweep folder (--out DIR)")
+        raise ArgumentError("--out: expected the sweep folder (--out DIR)")
     out = check_output_folder(args.out)
     _check_executor(args.executor, args.workers, args.scheduler)
     workers = 1 if args.executor == "serial" else (args.workers or os.cpu_count() or 1)
     pending = [c for i, c in zip(sweep.run_ids, sweep.configs) if not (run_dir(out, i) / "metadata.json").is_file()]
     _resource_limits(args, pending, workers)
-    _warn("sweep", (note for c in sweep.configs for note in ignored_settings(c)))
+    _warn("sweep", [note for c in sweep.configs for note in ignored_settings(c)] + _workers_notes(args))
 
     def kept():
         from ..core.io import run_status
@@ -278,6 +285,15 @@ def _sweep(args) -> int:
 QUICK_FIGURES = "results/figures-quick"
 
 
+def _workers_notes(args) -> list[str]:
+    """``--workers`` above the usable cores (with an executor that starts local workers): a warning."""
+    from ..sim.limits import workers_note
+
+    local = args.executor != "serial" and getattr(args, "scheduler", None) is None
+    note = workers_note(args.workers, "--workers") if local else None
+    return [note] if note else []
+
+
 def _backend_executor(backend: str, executor: str) -> str:
     """The executor of runs on ``backend``: checked first (an unusable backend fails before any
     work); on a GPU one process drives the device, so local worker processes become ``serial``."""
@@ -305,11 +321,12 @@ def _figures(args) -> int:
     out = args.out or (QUICK_FIGURES if args.quick else str(root / "figures") if checkout else "figures")
     check_output_folder(out)
     if args.quick and not args.overwrite and Path(out).resolve() == (root / "figures").resolve():
-        raise ConfigError(f"--out {out!r}: the full-size figures there would be overwritten by quick ones; "
+        raise ArgumentError(f"--out {out!r}: the full-size figures there would be overwritten by quick ones; "
                           f"choose another folder (the default for --quick is {QUICK_FIGURES}), or pass "
                           f"--overwrite")
     if args.backend is not None:
         args.executor = _backend_executor(args.backend, args.executor)
+    _warn("figures", _workers_notes(args))
     args.kept = lambda: f"the figures written so far and the finished sweep runs are kept in {out}; rerun to resume"
     made = make_figures(scripts, out, quick=args.quick, executor=args.executor,
                         workers=args.workers, progress=not args.quiet, backend=args.backend)
@@ -346,7 +363,7 @@ def _examples(args) -> int:
     target = Path(args.copy)
     taken = [name for name in ("simulations", "derivations") if (target / name).exists()]
     if taken:
-        raise ConfigError(f"--copy {args.copy!r}: {target / taken[0]} exists; choose another folder")
+        raise ArgumentError(f"--copy {args.copy!r}: {target / taken[0]} exists; choose another folder")
     for name in ("simulations", "derivations"):
         shutil.copytree(root / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
         print(f"copied {root / name} to {target / name}")
@@ -356,15 +373,18 @@ def _examples(args) -> int:
 def _derive(args) -> int:
     import subprocess
 
+    from ..report.figures import did_you_mean
+
     folder = _root(args.root, "derivations") / "derivations"
     scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
     if not scripts:
-        raise ConfigError(f"--root {str(folder.parent)!r}: no derivation scripts in {folder}")
+        raise ArgumentError(f"--root {str(folder.parent)!r}: no derivation scripts in {folder}")
     if args.only:
-        scripts = [p for p in scripts if p.stem in args.only]
-        missing = set(args.only) - {p.stem for p in scripts}
+        missing = sorted(set(args.only) - {p.stem for p in scripts})
         if missing:
-            raise ConfigError(f"--only {sorted(missing)[0]!r}: no such derivation in {folder}")
+            raise ArgumentError(f"--only {missing[0]!r}: no such derivation in {folder}"
+                                f"{did_you_mean(missing[0], [p.stem for p in scripts])}")
+        scripts = [p for p in scripts if p.stem in args.only]
     failed = []
     totals = dict.fromkeys(CLAIM_KINDS, 0)
     for script in scripts:
@@ -666,6 +686,9 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = lambda message, *_, **__: print(f"{name}: warning: {message}",
                                                                    file=sys.stderr)
             return args.func(args)
+    except ArgumentError as err:
+        print(f"{name}: invalid argument: {err}", file=sys.stderr)
+        return EXIT_INVALID
     except ConfigError as err:
         print(f"{name}: invalid configuration: {err}", file=sys.stderr)
         return EXIT_INVALID

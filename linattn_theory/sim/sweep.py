@@ -47,10 +47,11 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import ConfigError, RunIntegrityError
+from ..core.errors import ConfigError, RunIntegrityError, SettingWarning
 from ..core.io import atomic_write_bytes, read_run, run_status, timed_run, write_json, write_run
 from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dotted, warmup_family_key
 
@@ -375,7 +376,9 @@ def _compute(task: list[tuple[str, dict]]) -> list:
     """
     from .ensemble import simulate_many
     configs = [config_from_dict(data) for _, data in task]
-    results = simulate_many(configs)
+    with warnings.catch_warnings():                 # run_sweep said them once, before any run
+        warnings.simplefilter("ignore", SettingWarning)
+        results = simulate_many(configs)
     return [(run_id, result) for (run_id, _), result in zip(task, results)]
 
 
@@ -809,9 +812,10 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
     """
     from tqdm.auto import tqdm
 
-    from .limits import check_output_folder
+    from .limits import check_output_folder, setting_notes, warn_settings
 
     _check_executor(executor, workers, scheduler)
+    warn_settings((note for config in sweep.configs for note in setting_notes(config)), stacklevel=4)
     if existing not in EXISTING:
         raise ConfigError(f"existing = {existing!r}: expected one of {', '.join(EXISTING)}")
     out = check_output_folder(out, "out =")
