@@ -340,6 +340,26 @@ def _figures(args) -> int:
     return EXIT_OK
 
 
+def _analyze(args) -> int:
+    import pandas as pd
+
+    from ..report.analysis import analysis_summary, analyze_sweep
+
+    args.kept = lambda: f"the tables of {args.sweep_dir} are written when the analysis ends; nothing was written"
+    analysis = analyze_sweep(args.sweep_dir, args.out, bound=args.bound, workers=args.workers)
+    if len(analysis.instances) <= MAX_INSTANCES_SHOWN and not args.quiet:
+        with pd.option_context("display.width", 160, "display.max_columns", 20):
+            print(analysis.instances.to_string(index=False))
+    print(analysis_summary(analysis))
+    for path in analysis.paths.values():
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
+#: ``linattn analyze`` prints the per-instance table up to this many instances
+MAX_INSTANCES_SHOWN = 20
+
+
 def _recommend(args) -> int:
     from .recommend_command import recommend_main
 
@@ -567,6 +587,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the explicit runs that measure R(recommended) and R(T)")
     _debug_argument(p)
     p.set_defaults(func=_recommend)
+
+    p = sub.add_parser("analyze", help="R(T0), its parts and the best T0 per instance of a finished sweep",
+                       description="Analyse a finished sweep folder from its own configuration (sweep.json "
+                                   "and each run's metadata.json; docs/theory.md §6): per run the excess risk "
+                                   "R(T0) = F_λ(θ_T) − Φ*_λ and its parts bias, drift_floor, unfinished "
+                                   "(excess_risk.csv), per instance the best T0 and the gain over FedAvg "
+                                   "(best_warmup.csv). An instance is the runs that differ only in "
+                                   "federated.warmup_rounds; a diverged run has no R(T0) (NaN, counted).")
+    p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a finished sweep folder (linattn sweep ... --out SWEEP_DIR)")
+    p.add_argument("--out", default=None, help="folder for the two tables (default: SWEEP_DIR)")
+    p.add_argument("--bound", action="store_true",
+                   help="also the a posteriori bound U(T0) per run (fitted on the instance's FedAvg run)")
+    p.add_argument("--workers", type=_non_negative(int, 1), default=None,
+                   help="processes analysing the instances (default: this one; the same numbers for any count)")
+    p.add_argument("--quiet", action="store_true", help="print the summary only, not the per-instance table")
+    _debug_argument(p)
+    p.set_defaults(func=_analyze)
 
     p = sub.add_parser("derive", help="run the sympy derivations and report PASS/FAIL",
                        description="Run every script in derivations/ (each states claims, derives them "
