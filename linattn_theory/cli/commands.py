@@ -378,16 +378,24 @@ def _examples(args) -> int:
         for path in sorted((root / "simulations" / "configs").glob("*.toml")):
             print(path)
         print(f"figure scripts: {root / 'simulations'}; derivations: {root / 'derivations'}; "
+              f"the walk-through notebook and its solutions: {root / 'notebooks'}; "
               f"`linattn examples --copy DIR` copies them to DIR")
         return EXIT_OK
     target = Path(args.copy)
-    taken = [name for name in ("simulations", "derivations") if (target / name).exists()]
+    taken = [name for name in EXAMPLE_FOLDERS if (target / name).exists()]
     if taken:
         raise ArgumentError(f"--copy {args.copy!r}: {target / taken[0]} exists; choose another folder")
-    for name in ("simulations", "derivations"):
-        shutil.copytree(root / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in EXAMPLE_FOLDERS:
+        shutil.copytree(root / name, target / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
         print(f"copied {root / name} to {target / name}")
+    print(f"run the walk-through with `python {target / 'notebooks' / 'bias_drift_tradeoff.py'}`, or execute it "
+          f"into a notebook with `python {target / 'notebooks' / 'execute.py'}` (pip install "
+          f"'linattn-theory[teach]')")
     return EXIT_OK
+
+
+#: what ``linattn examples --copy DIR`` copies: figure scripts and configs, derivations, the walk-through
+EXAMPLE_FOLDERS = ("simulations", "derivations", "notebooks")
 
 
 def _derive(args) -> int:
@@ -619,12 +627,13 @@ def build_parser() -> argparse.ArgumentParser:
     _debug_argument(p)
     p.set_defaults(func=_derive)
 
-    p = sub.add_parser("examples", help="list the example configs (or copy them and the figure scripts)",
+    p = sub.add_parser("examples", help="list the example configs (or copy them, the figure scripts and the notebook)",
                        description="Print the path of every example config, and where the figure scripts "
-                                   "(simulations/) and derivations (derivations/) are: the checkout, or "
-                                   "the copy shipped with an installed wheel. --copy DIR copies both "
-                                   "folders to DIR.")
-    p.add_argument("--copy", default=None, metavar="DIR", help="copy simulations/ and derivations/ to DIR")
+                                   "(simulations/), derivations (derivations/) and the walk-through notebook "
+                                   "with its solutions (notebooks/) are: the checkout, or the copy shipped "
+                                   "with an installed wheel. --copy DIR copies the three folders to DIR.")
+    p.add_argument("--copy", default=None, metavar="DIR",
+                   help="copy simulations/, derivations/ and notebooks/ to DIR")
     _debug_argument(p)
     p.set_defaults(func=_examples)
     return parser

@@ -26,5 +26,6 @@ __getattr__, __dir__, __all__ = attach(__name__, {
         "analysis_workers", "excess_risk_sweep"],
     ".figure_numbers": ["headline_numbers", "blocks", "replace_blocks", "QUOTED_FILES", "main"],
     ".teaching": ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
-        "excess_risk_curve", "notebook_style", "show", "check_legible", "NOTEBOOK_DPI", "NOTEBOOK_MIN_FONT_SIZE"],
+        "excess_risk_curve", "notebook_style", "show", "check_legible", "committed_table", "committed_table_folders",
+        "NOTEBOOK_DPI", "NOTEBOOK_MIN_FONT_SIZE"],
 }, submodules=("results", "analysis", "sweep_analysis", "plotting", "figures", "figure_numbers", "teaching",))
