@@ -7,7 +7,8 @@ Everything else is in pyproject.toml.
   records the revision too;
 - ``build_py`` writes the same file into the built package (from git when building in a
   checkout, else from the sdist's copy), and copies ``simulations/`` (figure scripts and their
-  configs), ``derivations/``, ``notebooks/`` (the walk-through and its solutions) and
+  configs), ``derivations/``, ``notebooks/`` (the walk-through, its solutions and ``execute.py``,
+  which makes the executed ``.ipynb``: that one is not shipped) and
   ``figures/best_warmup.csv`` (the table the walk-through reads) into ``linattn_theory/_examples/``,
   where ``linattn figures``, ``linattn derive`` and ``linattn examples`` find them after a wheel
   install, from any folder.
@@ -62,7 +63,9 @@ class BuildWithRevisionAndExamples(build_py):
             if (HERE / name).is_dir():
                 target = package / "_examples" / name
                 shutil.rmtree(target, ignore_errors=True)
-                shutil.copytree(HERE / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                # the executed .ipynb (300 KB of outputs, as much as the rest of the wheel) stays out:
+                # notebooks/execute.py makes it from the .py (pip install 'linattn-theory[teach]')
+                shutil.copytree(HERE / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.ipynb"))
         for name in EXAMPLE_FILES:
             if (HERE / name).is_file():
                 target = package / "_examples" / name

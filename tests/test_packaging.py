@@ -61,9 +61,10 @@ def test_a_wheel_built_from_the_sdist_records_the_revision_licence_and_examples(
     assert "License-Expression: MIT" in metadata.splitlines()
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     for example in ("simulations/configs/quickstart.toml", "simulations/tradeoff.py", "derivations/gradients.py",
-                    "notebooks/bias_drift_tradeoff.py", "notebooks/bias_drift_tradeoff.ipynb",
-                    "notebooks/solutions.py", "notebooks/execute.py", "figures/best_warmup.csv"):
+                    "notebooks/bias_drift_tradeoff.py", "notebooks/solutions.py", "notebooks/execute.py",
+                    "figures/best_warmup.csv"):
         assert f"linattn_theory/_examples/{example}" in names
+    assert not [n for n in names if n.endswith(".ipynb")]        # 300 KB of outputs: execute.py makes it
 
 
 def test_the_readme_quick_start_runs_from_the_wheel_in_an_unrelated_folder(built, tmp_path):
@@ -116,7 +117,7 @@ def test_the_wheel_ships_the_walk_through_and_it_runs_from_a_copy_anywhere(built
     listed = run("-m", "linattn_theory", "examples")
     assert str(site / "linattn_theory" / "_examples" / "notebooks") in listed
     run("-m", "linattn_theory", "examples", "--copy", "mine")
-    for name in ("bias_drift_tradeoff.py", "bias_drift_tradeoff.ipynb", "solutions.py", "execute.py"):
+    for name in ("bias_drift_tradeoff.py", "solutions.py", "execute.py"):
         assert (work / "mine" / "notebooks" / name).is_file(), name
     printed = run(str(work / "mine" / "notebooks" / "bias_drift_tradeoff.py"))
     measured = pd.read_csv(ROOT / "figures" / "best_warmup.csv")
