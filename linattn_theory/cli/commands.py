@@ -4,9 +4,10 @@ Every command checks all it can before any work (config, output folder, a memory
 estimate, grid size) and has one error boundary: exit status 0 success, 2 invalid input
 (nothing is written), a broken stored run (named) or a sweep folder another sweep is writing
 to, 3 a run diverged (its table is written and the message suggests a stable step size; a
-sweep with ``--fail-on-divergence``), 1 any
-other failure (a one-line message; ``--debug`` shows the traceback), 130 interrupted by Ctrl-C
-and 143 stopped by SIGTERM (workers are stopped; the message says what was kept).
+sweep only with ``--fail-on-divergence``), 1 any other failure (a one-line message; ``--debug``
+shows the traceback), 130 interrupted by Ctrl-C and 143 stopped by SIGTERM (workers are stopped;
+the message says what was kept). A flag's bad value is an "invalid argument", a bad setting an
+"invalid configuration" (both exit 2).
 """
 
 from __future__ import annotations
@@ -172,11 +173,11 @@ def _check_run_folder(out: Path, overwrite: bool) -> None:
     """``simulate --out``: never a sweep folder; a folder holding a run only with ``--overwrite``."""
     if (out / "sweep.json").is_file() or (out / "runs").is_dir():
         raise ArgumentError(f"--out {str(out)!r} is a sweep folder (sweep.json, runs/); a run written there "
-                          f"would hide the sweep from load_results: choose another folder")
+                            f"would hide the sweep from load_results: choose another folder")
     held = [name for name in ("metadata.json", "rounds.csv", "params.npz") if (out / name).exists()]
     if held and not overwrite:
         raise ArgumentError(f"--out {str(out)!r} already holds a run ({', '.join(held)}); choose another "
-                          f"folder, or pass --overwrite to replace it")
+                            f"folder, or pass --overwrite to replace it")
 
 
 def _simulate(args) -> int:
@@ -322,8 +323,8 @@ def _figures(args) -> int:
     check_output_folder(out)
     if args.quick and not args.overwrite and Path(out).resolve() == (root / "figures").resolve():
         raise ArgumentError(f"--out {out!r}: the full-size figures there would be overwritten by quick ones; "
-                          f"choose another folder (the default for --quick is {QUICK_FIGURES}), or pass "
-                          f"--overwrite")
+                            f"choose another folder (the default for --quick is {QUICK_FIGURES}), or pass "
+                            f"--overwrite")
     if args.backend is not None:
         args.executor = _backend_executor(args.backend, args.executor)
     _warn("figures", _workers_notes(args))

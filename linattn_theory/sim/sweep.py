@@ -55,9 +55,9 @@ from ..core.errors import ConfigError, RunIntegrityError, SettingWarning
 from ..core.io import atomic_write_bytes, read_run, run_status, timed_run, write_json, write_run
 from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dotted, warmup_family_key
 
-__all__ = ["Sweep", "SweepSummary", "DivergedRun", "SweepDiverged", "divergence_report", "load_sweep", "sweep_from_dict", "with_backend", "run_sweep", "run_dir",
-           "is_complete", "grid_size", "summary_table", "summary_row", "finished_runs", "read_table",
-           "sweep_lock", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"]
+__all__ = ["Sweep", "SweepSummary", "DivergedRun", "SweepDiverged", "divergence_report", "load_sweep",
+           "sweep_from_dict", "with_backend", "run_sweep", "run_dir", "is_complete", "grid_size", "summary_table",
+           "summary_row", "finished_runs", "read_table", "sweep_lock", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"]
 
 EXECUTORS = ("serial", "processes", "dask")
 MANIFEST = "sweep.json"
@@ -647,7 +647,11 @@ def sweep_lock(out, *, wait: bool = False):
             if not waited:
                 print(f"waiting for the sweep writing to {out} to end ({holder})", file=sys.stderr, flush=True)
                 waited = True
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:                       # Ctrl-C while waiting
+                os.close(fd)
+                raise
         if _is_file_at(fd, path):
             break
         os.close(fd)                 # the holder removed the file it locked when it ended: lock the new one
