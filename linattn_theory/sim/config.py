@@ -88,6 +88,9 @@ class ModelConfig:
                             "(fused where it applies and pays; linattn_theory.core.fused)")
 
 
+#: the local step η and the curvature-relative step scale that sets it: one of them is given
+STEP_KEYS = ("learning_rate", "step_scale")
+
 #: model keys recorded only with softmax attention, so that linear configurations keep their hash
 SOFTMAX_KEYS = ("attention", "temperature")
 
@@ -101,7 +104,11 @@ class FederatedConfig:
     rounds: int = _spec(40, low=1, doc="total rounds T")
     warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen, value_frozen, fedfrozen_*)")
     local_steps: int = _spec(5, low=1, doc="local steps E")
-    learning_rate: float = _spec(0.05, low=0.0, low_open=True, doc="local step size η")
+    learning_rate: float | None = _spec(0.05, low=0.0, low_open=True,
+                                        doc="local step size η (excludes step_scale)")
+    step_scale: float | None = _spec(None, low=0.0, low_open=True,
+                                     doc="η = c × 2 / max_c λ_max(Ã_c) at θ⁰, the value block's stable step "
+                                         "(docs/theory.md §5; linattn_theory.sim.step_size); excludes learning_rate")
     batch_size: int | None = _spec(None, low=1, doc="minibatch size b (absent: full batch)")
     participation: float = _spec(1.0, low=0.0, high=1.0, low_open=True,
                                  doc="fraction of clients per round")
@@ -129,6 +136,9 @@ class FederatedConfig:
                                      doc="stop when F exceeds this times the initial loss")
 
     def __post_init__(self):
+        # a step scale sets η per instance when the run starts (sim.step_size): no η before that
+        if self.step_scale is not None:
+            object.__setattr__(self, "learning_rate", None)
         # "no descent test" has one spelling, inf, which TOML and the recorded JSON can hold
         # (None would be dropped as absent and come back as the default)
         if self.adaptive_descent_confidence is None:
@@ -151,11 +161,21 @@ class RunConfig:
         data["task"] = {k: v for k, v in data["task"].items() if k in keep}
         if self.model.attention == "linear":
             data["model"] = {k: v for k, v in data["model"].items() if k not in SOFTMAX_KEYS}
+        # η or the step scale that sets it, whichever is given (so that configs with η keep their hash)
+        data["federated"] = {k: v for k, v in data["federated"].items()
+                             if k not in STEP_KEYS or v is not None}
         return data
 
     def with_updates(self, updates: dict) -> "RunConfig":
-        """Return a validated copy with dotted keys replaced, e.g. ``{"federated.local_steps": 3}``."""
+        """Return a validated copy with dotted keys replaced, e.g. ``{"federated.local_steps": 3}``.
+
+        Setting one of ``federated.learning_rate`` and ``federated.step_scale`` replaces the other.
+        """
         data = self.to_dict()
+        given = [key for key in STEP_KEYS if updates.get(f"federated.{key}") is not None]
+        if len(given) == 1:
+            other, = set(STEP_KEYS) - set(given)
+            data["federated"].pop(other, None)
         for key, value in updates.items():
             node = data
             *parents, leaf = key.split(".")
@@ -266,6 +286,11 @@ def config_from_dict(data: dict) -> RunConfig:
                               f"family 'digits' (its training images at task.test_fraction = "
                               f"{task.test_fraction:g}, two or more per client)")
     fed = sections["federated"]
+    given = data.get("federated", {})
+    if "step_scale" in given and "learning_rate" in given:
+        raise ConfigError(f"federated.learning_rate = {given['learning_rate']!r} and federated.step_scale = "
+                          f"{given['step_scale']!r}: give one of them (step_scale sets η = c × the value "
+                          f"block's stable step at θ⁰, docs/theory.md §5)")
     if fed.strategy == "fedadam" and fed.server_learning_rate > FEDADAM_MAX_SERVER_STEP:
         given = "server_learning_rate" in data.get("federated", {})
         raise ConfigError(("" if given else "federated.strategy = 'fedadam' with the default ") +
