@@ -12,6 +12,7 @@ from linattn_theory.core.errors import ConfigError
 from linattn_theory.sim.config import config_from_dict, config_hash
 from linattn_theory.sim.engine import clients_from_config, initial_params, run_schedule
 from linattn_theory.sim.ensemble import simulate_many
+from tests._by_hand import kernels, value_moments_by_hand
 
 SMALL = {"task": {"num_clients": 3, "samples_per_client": 20, "tokens": 5, "dim": 4, "rank": 2,
                   "outputs": 2},
@@ -25,19 +26,14 @@ def scaled(c=0.05, seed=0, **federated):
 
 
 def stable_step_by_hand(config) -> float:
-    """``2 / max_c λ_max(Ã_c)`` at ``K⁰`` from the raw clients: ``φ_h = Ŝ K_hᵀ q`` stacked over heads,
-    ``Ã_c = Σ_i φ_i φ_iᵀ / N_c + λI`` (docs/theory.md §1, §4), numpy's eigvalsh; no package moments."""
+    """``2 / max_c λ_max(Ã_c)`` at ``K⁰``, ``Ã_c = A_c + λI`` from the raw clients (tests/_by_hand.py),
+    numpy's eigvalsh; no package moments."""
     clients = clients_from_config(config)
     X0, q0, y0 = clients[0]
     theta = initial_params(config, X0.shape[-1], y0.shape[-1])
-    K = np.einsum("hdr,her->hde", theta.WQ, theta.WK)                  # K_h = W_Q^h W_K^hᵀ
-    largest = []
-    for X, q, y in clients:
-        S = np.einsum("sni,snj->sij", X, X) / X.shape[1]
-        phi = np.concatenate([S @ (K[h].T @ q[..., None]) for h in range(K.shape[0])], axis=1)[..., 0]
-        A = phi.T @ phi / X.shape[0] + config.federated.ridge * np.eye(phi.shape[1])
-        largest.append(np.linalg.eigvalsh(A)[-1])
-    return 2.0 / max(largest)
+    A, _, _ = value_moments_by_hand(clients, kernels(theta))
+    lam = config.federated.ridge
+    return 2.0 / max(np.linalg.eigvalsh(A_c + lam * np.eye(len(A_c)))[-1] for A_c in A)
 
 
 def test_step_scale_sets_eta_to_c_times_the_value_blocks_stable_step():

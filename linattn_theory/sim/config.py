@@ -102,7 +102,7 @@ class FederatedConfig:
     strategy: str = _spec("fedfrozen", choices=tuple(STRATEGIES),
                           doc="federated strategy (linattn_theory.sim.strategies; random_kernel = fedfrozen with T0 = 0)")
     rounds: int = _spec(40, low=1, doc="total rounds T")
-    warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen, value_frozen, fedfrozen_*)")
+    warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen, value_frozen, fedfrozen_*, value_solve)")
     local_steps: int = _spec(5, low=1, doc="local steps E")
     learning_rate: float | None = _spec(0.05, low=0.0, low_open=True,
                                         doc="local step size η (excludes step_scale)")
@@ -313,7 +313,7 @@ def config_from_dict(data: dict) -> RunConfig:
 
 #: federated settings that only some strategies read (the others ignore them)
 STRATEGY_SETTINGS = {
-    "warmup_rounds": ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold"),
+    "warmup_rounds": ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold", "value_solve"),
     "prox_mu": ("fedprox", "fedfrozen_fedprox"),
     "server_momentum": ("fedavgm",),
     "server_beta1": ("fedadam",),

@@ -1,0 +1,24 @@
+"""The value block's moments from the raw clients, written apart from the package (docs/theory.md §1, §4).
+
+Linear attention: ``φ_h = Ŝ K_hᵀ q`` with ``Ŝ = XᵀX / n``, stacked head-major; per client
+``A_c = Σ_i φ_i φ_iᵀ / N_c`` and ``B_c = Σ_i φ_i y_iᵀ / N_c``, weights ``p_c = N_c / Σ N``.
+"""
+
+import numpy as np
+
+
+def kernels(params) -> np.ndarray:
+    """``K_h = W_Q^h W_K^hᵀ`` ``(H, d, d)``."""
+    return np.einsum("hdr,her->hde", np.asarray(params.WQ), np.asarray(params.WK))
+
+
+def value_moments_by_hand(clients, K) -> tuple[list, list, np.ndarray]:
+    """``([A_c], [B_c], p)`` of the clients ``(X, q, y)`` at the kernels ``K``."""
+    A, B, sizes = [], [], []
+    for X, q, y in clients:
+        S = np.einsum("sni,snj->sij", X, X) / X.shape[1]
+        phi = np.concatenate([S @ (K[h].T @ q[..., None]) for h in range(K.shape[0])], axis=1)[..., 0]
+        A.append(phi.T @ phi / X.shape[0])
+        B.append(phi.T @ y / X.shape[0])
+        sizes.append(X.shape[0])
+    return A, B, np.asarray(sizes) / np.sum(sizes)
