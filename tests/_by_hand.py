@@ -22,3 +22,14 @@ def value_moments_by_hand(clients, K) -> tuple[list, list, np.ndarray]:
         B.append(phi.T @ y / X.shape[0])
         sizes.append(X.shape[0])
     return A, B, np.asarray(sizes) / np.sum(sizes)
+
+
+def pooled_solution(clients, K, lam):
+    """``V*_λ(K)`` and ``Φ_λ(K)`` from the pooled normal equations ``(Σ p_c A_c + λI) V = Σ p_c B_c``
+    built from the raw clients (tests/_by_hand.py), solved with numpy."""
+    A, B, p = value_moments_by_hand(clients, K)
+    A_tilde = sum(w * A_c for w, A_c in zip(p, A)) + lam * np.eye(len(A[0]))
+    B_mean = sum(w * B_c for w, B_c in zip(p, B))
+    V = np.linalg.solve(A_tilde, B_mean)
+    y2 = sum(w * np.mean(np.sum(y * y, axis=1)) for w, (_, _, y) in zip(p, clients))
+    return V, 0.5 * y2 - 0.5 * np.sum(B_mean * V)

@@ -9,7 +9,7 @@ from linattn_theory.sim.config import config_from_dict
 from linattn_theory.sim.engine import clients_from_config
 from linattn_theory.sim.ensemble import simulate_many
 from linattn_theory.theory.decomposition import decompose_excess_risk
-from tests._by_hand import kernels, value_moments_by_hand
+from tests._by_hand import kernels, pooled_solution
 
 #: heterogeneous clients (ζ_V = 2, unequal sizes) and E = 5 local steps: FedFrozen's frozen stage has a drift floor
 BASE = {"task": {"num_clients": 4, "samples_per_client": 24, "tokens": 5, "dim": 4, "rank": 2,
@@ -22,17 +22,6 @@ BASE = {"task": {"num_clients": 4, "samples_per_client": 24, "tokens": 5, "dim":
 def config(strategy, seed=0, **federated):
     return config_from_dict({**BASE, "seed": seed,
                              "federated": {**BASE["federated"], "strategy": strategy, **federated}})
-
-
-def pooled_solution(clients, K, lam):
-    """``V*_λ(K)`` and ``Φ_λ(K)`` from the pooled normal equations ``(Σ p_c A_c + λI) V = Σ p_c B_c``
-    built from the raw clients (tests/_by_hand.py), solved with numpy."""
-    A, B, p = value_moments_by_hand(clients, K)
-    A_tilde = sum(w * A_c for w, A_c in zip(p, A)) + lam * np.eye(len(A[0]))
-    B_mean = sum(w * B_c for w, B_c in zip(p, B))
-    V = np.linalg.solve(A_tilde, B_mean)
-    y2 = sum(w * np.mean(np.sum(y * y, axis=1)) for w, (_, _, y) in zip(p, clients))
-    return V, 0.5 * y2 - 0.5 * np.sum(B_mean * V)
 
 
 def test_after_the_solve_the_value_block_is_the_centralised_optimum():

@@ -1,7 +1,8 @@
 """Reporting: results on disk, sweep analysis, figures and quoted numbers.
 
 :mod:`.results` (reading runs and sweeps), :mod:`.sweep_analysis` (tables behind the figures),
-:mod:`.plotting` (the shared visual language), :mod:`.figures` (running the figure scripts of
+:mod:`.plotting` (the shared visual language), :mod:`.tuning` (tuned baselines: steps chosen on
+design seeds, scored on held-out seeds), :mod:`.figures` (running the figure scripts of
 ``simulations/``), :mod:`.figure_numbers` (numbers quoted in README and figures/README, generated)
 and :mod:`.teaching` (the notebook's helpers).
 """
@@ -21,7 +22,8 @@ __getattr__, __dir__, __all__ = attach(__name__, {
         "left_out_text"],
     ".figures": ["find_root", "discover", "make_figures", "figure_sweep", "script_main", "config_path",
         "analysis_workers", "excess_risk_sweep"],
+    ".tuning": ["tune_and_hold_out", "choose_steps", "TunedComparison"],
     ".figure_numbers": ["headline_numbers", "blocks", "replace_blocks", "QUOTED_FILES", "main"],
     ".teaching": ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
         "excess_risk_curve", "notebook_style", "show", "check_legible", "NOTEBOOK_DPI", "NOTEBOOK_MIN_FONT_SIZE"],
-}, submodules=("results", "sweep_analysis", "plotting", "figures", "figure_numbers", "teaching",))
+}, submodules=("results", "sweep_analysis", "plotting", "figures", "figure_numbers", "teaching", "tuning",))
