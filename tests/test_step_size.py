@@ -127,3 +127,26 @@ def test_a_sweep_over_step_scales_tabulates_each_runs_scale_and_step(tmp_path):
         expected = row["federated.step_scale"] * stable_step_by_hand(config)
         assert abs(row["federated.learning_rate"] - expected) <= 1e-12 * expected
     assert sorted(table["federated.step_scale"]) == [0.02, 0.02, 0.04, 0.04]
+
+
+def test_the_recommenders_resolve_the_scale_per_instance(monkeypatch):
+    """``recommend`` runs its instance at ``η = c · 2/λ_max`` of that instance, and a transfer seed at its own."""
+    from types import SimpleNamespace
+
+    from linattn_theory.recommenders import recommendation
+
+    config = scaled(0.02)
+    rec = recommendation.recommend(config, mode="online", measure=False)
+    expected = 0.02 * stable_step_by_hand(config)
+    assert abs(rec.config.federated.learning_rate - expected) <= 1e-12 * expected
+    seen = {}
+
+    def fitted(cfg, clients, restarts):
+        seen[cfg.seed] = cfg.federated.learning_rate
+        return SimpleNamespace(T0_theory=1)
+
+    monkeypatch.setattr(recommendation, "_a_posteriori_T0", fitted)
+    recommendation.recommend(config, mode="transfer", measure=False, transfer_seeds=[1, 2])
+    for seed in (1, 2):
+        own = 0.02 * stable_step_by_hand(scaled(0.02, seed=seed))
+        assert abs(seen[seed] - own) <= 1e-12 * own
