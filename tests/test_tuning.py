@@ -34,6 +34,12 @@ def test_the_choice_is_the_least_median_ratio_on_the_design_seeds(tuned):
     assert set(design["seed"]) == {0, 1, 2} and len(design) == 2 * 2 * 3 * 3
     assert design.loc[design["step"] == 3.0, "diverged"].all()
     assert design.loc[design["step"] == 3.0, "excess_risk"].isna().all()
+    row = design[design["step"] == 3.0].iloc[0]         # a diverged run's oracle: its path's best round
+    config = BASE.with_updates({**CELLS[row.cell], **ARMS[row.arm], "federated.step_scale": 3.0,
+                                "seed": int(row.seed)})
+    F = simulate(config).table["loss_regularized"].to_numpy()
+    assert row.oracle_best_iterate == pytest.approx(np.nanmin(F) - 0.01 * row.seed, rel=1e-10)
+    assert np.nanmin(F) < F[-1]
     for cell in CELLS:
         for arm, steps in GRIDS.items():
             rows = design[(design["cell"] == cell) & (design["arm"] == arm)]
@@ -50,7 +56,7 @@ def test_the_choice_is_the_least_median_ratio_on_the_design_seeds(tuned):
 def test_held_out_rows_run_the_chosen_step_and_their_risk_is_the_runs_own(tuned):
     heldout = tuned.heldout
     assert sorted(heldout.columns) == sorted(["seed", "cell", "arm", "step", "learning_rate", "excess_risk",
-                                              "diverged"])
+                                              "diverged", "oracle_best_iterate"])
     assert set(heldout["seed"]) == {3, 4} and len(heldout) == 2 * 2 * 2
     chosen = tuned.choices.set_index(["cell", "arm"])["step"]
     for row in heldout.itertuples():
@@ -59,6 +65,8 @@ def test_held_out_rows_run_the_chosen_step_and_their_risk_is_the_runs_own(tuned)
                                     "seed": row.seed})
         run = simulate(config)
         assert row.learning_rate == run.metadata["step_scale"]["learning_rate"]
+        F = run.table["loss_regularized"].to_numpy()          # the oracle: the path's best round, 0 included
+        assert row.oracle_best_iterate == pytest.approx(np.nanmin(F) - 0.01 * row.seed, rel=1e-10)
         assert row.diverged == run.diverged
         if run.diverged:
             assert np.isnan(row.excess_risk)

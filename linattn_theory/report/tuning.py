@@ -14,6 +14,9 @@ of config updates, e.g. a heterogeneity level) and for every arm:
    §6); ties go to the earlier step of the grid;
 2. **held out**: the chosen step runs on the held-out seeds, which played no part in the choice.
 
+Every row also carries the run's best iterate on its own path (``oracle_best_iterate``: the least
+``F_λ(θ^t) − Φ*_λ`` over its rounds, an oracle: early stopping chosen after seeing the path).
+
 ``Φ*_λ`` of an instance is :func:`~linattn_theory.theory.profile.centralized_optimum` started from the
 teacher, random kernels and every final kernel the instance's runs reached (``optimum`` replaces it).
 """
@@ -34,14 +37,15 @@ from ..sim.ensemble import simulate_many
 __all__ = ["TunedComparison", "tune_and_hold_out", "choose_steps"]
 
 #: the per-instance columns of both tables
-COLUMNS = ["seed", "cell", "arm", "step", "learning_rate", "excess_risk", "diverged"]
+COLUMNS = ["seed", "cell", "arm", "step", "learning_rate", "excess_risk", "diverged", "oracle_best_iterate"]
 
 
 class TunedComparison(NamedTuple):
     """``heldout``: one row per (held-out seed, cell, arm) at the arm's chosen step; ``design``: one
     row per (design seed, cell, arm, step); ``choices``: the chosen ``step`` per (cell, arm) with the
     ``median_ratio`` that chose it and its ``diverged`` design seeds. Columns of the runs: :data:`COLUMNS` (``learning_rate``: the
-    resolved ``η``; ``excess_risk``: ``NaN`` when the run diverged)."""
+    resolved ``η``; ``excess_risk``: ``NaN`` when the run diverged; ``oracle_best_iterate``: the least
+    ``F_λ(θ^t) − Φ*_λ`` over the run's own rounds, early stopping chosen after the fact, an oracle)."""
 
     heldout: pd.DataFrame
     design: pd.DataFrame
@@ -68,9 +72,10 @@ def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable) -> pd
         phi_star = optimum(config, clients_from_config(config), kernels)
         for i in indices:
             result = results[i]
-            F = float(result.table["loss_regularized"].iloc[-1])
+            F = result.table["loss_regularized"].to_numpy()
             rows[i] = (*points[i], float(result.metadata["config"]["federated"]["learning_rate"]),
-                       np.nan if result.diverged else F - phi_star, bool(result.diverged))
+                       np.nan if result.diverged else float(F[-1]) - phi_star, bool(result.diverged),
+                       float(np.nanmin(F)) - phi_star)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
