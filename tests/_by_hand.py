@@ -33,3 +33,27 @@ def pooled_solution(clients, K, lam):
     V = np.linalg.solve(A_tilde, B_mean)
     y2 = sum(w * np.mean(np.sum(y * y, axis=1)) for w, (_, _, y) in zip(p, clients))
     return V, 0.5 * y2 - 0.5 * np.sum(B_mean * V)
+
+
+def model_curvature_by_hand(params, data, ridge, eps=1e-6) -> np.ndarray:
+    """``λ_max(∇²F_{λ,c})`` (largest ``|eigenvalue|``) per client of the full model: the dense Hessian by
+    central differences of the closed-form gradients (checked against finite differences of the loss
+    in tests/test_model.py), symmetrised, numpy's eigvalsh."""
+    from linattn_theory.core.model import Params, loss_and_grad_from_moments
+
+    blocks = ("WQ", "WK", "WV")
+    shapes = [np.shape(getattr(params, b)) for b in blocks]
+    flat = np.concatenate([np.ravel(getattr(params, b)) for b in blocks])
+
+    def gradient(x, c):
+        parts = np.split(x, np.cumsum([int(np.prod(s)) for s in shapes])[:-1])
+        P = Params(*(p.reshape(s) for p, s in zip(parts, shapes)))
+        _, g = loss_and_grad_from_moments(P, data.S[c], data.q[c], data.y[c], data.sample_weight[c])
+        return np.concatenate([g.WQ.ravel(), g.WK.ravel(), g.WV.ravel() + ridge * P.WV.ravel()])
+
+    largest = []
+    for c in range(data.S.shape[0]):
+        H = np.array([(gradient(flat + eps * e, c) - gradient(flat - eps * e, c)) / (2 * eps)
+                      for e in np.eye(flat.size)])
+        largest.append(np.abs(np.linalg.eigvalsh((H + H.T) / 2)).max())
+    return np.array(largest)

@@ -173,12 +173,12 @@ def default_transfer_seeds(seed: int, count: int = 3) -> list[int]:
 
 def _resolved(config, clients=None):
     """``config`` with its step scale, if any, resolved to its instance's ``η`` (:mod:`linattn_theory.sim.step_size`)."""
-    from ..sim.engine import prepare_run
+    from ..sim.engine import hessian_curvature, prepare_run
     from ..sim.step_size import resolve_step_scale
 
     if config.federated.step_scale is None:
         return config
-    return resolve_step_scale(config, *prepare_run(config, clients))[0]
+    return resolve_step_scale(config, *prepare_run(config, clients), hessian_curvature)[0]
 
 
 def recommend(config, clients=None, *, mode: str = "online", measure: bool = True,

@@ -90,6 +90,8 @@ class ModelConfig:
 
 #: the local step η and the curvature-relative step scale that sets it: one of them is given
 STEP_KEYS = ("learning_rate", "step_scale")
+#: settings of the step scale, recorded only with one (so that configs with η keep their hash)
+STEP_SCALE_KEYS = ("step_curvature",)
 
 #: model keys recorded only with softmax attention, so that linear configurations keep their hash
 SOFTMAX_KEYS = ("attention", "temperature")
@@ -107,8 +109,11 @@ class FederatedConfig:
     learning_rate: float | None = _spec(0.05, low=0.0, low_open=True,
                                         doc="local step size η (excludes step_scale)")
     step_scale: float | None = _spec(None, low=0.0, low_open=True,
-                                     doc="η = c × 2 / max_c λ_max(Ã_c) at θ⁰, the value block's stable step "
+                                     doc="η = c × the stable step 2 / λ_max at θ⁰ of step_curvature "
                                          "(docs/theory.md §5; linattn_theory.sim.step_size); excludes learning_rate")
+    step_curvature: str = _spec("value", choices=("value", "model"),
+                                doc="step_scale's curvature at θ⁰: the value block's max_c λ_max(Ã_c) (exact) or "
+                                    "the full model's max_c λ_max(∇²F_λ,c) (power iteration)")
     batch_size: int | None = _spec(None, low=1, doc="minibatch size b (absent: full batch)")
     participation: float = _spec(1.0, low=0.0, high=1.0, low_open=True,
                                  doc="fraction of clients per round")
@@ -162,8 +167,9 @@ class RunConfig:
         if self.model.attention == "linear":
             data["model"] = {k: v for k, v in data["model"].items() if k not in SOFTMAX_KEYS}
         # η or the step scale that sets it, whichever is given (so that configs with η keep their hash)
+        scaled = self.federated.step_scale is not None
         data["federated"] = {k: v for k, v in data["federated"].items()
-                             if k not in STEP_KEYS or v is not None}
+                             if (k not in STEP_KEYS or v is not None) and (k not in STEP_SCALE_KEYS or scaled)}
         return data
 
     def with_updates(self, updates: dict) -> "RunConfig":
@@ -176,6 +182,9 @@ class RunConfig:
         if len(given) == 1:
             other, = set(STEP_KEYS) - set(given)
             data["federated"].pop(other, None)
+            if other == "step_scale":
+                for key in STEP_SCALE_KEYS:
+                    data["federated"].pop(key, None)
         for key, value in updates.items():
             node = data
             *parents, leaf = key.split(".")
@@ -287,6 +296,10 @@ def config_from_dict(data: dict) -> RunConfig:
                               f"{task.test_fraction:g}, two or more per client)")
     fed = sections["federated"]
     given = data.get("federated", {})
+    unused = [key for key in STEP_SCALE_KEYS if key in given and "step_scale" not in given]
+    if unused:
+        raise ConfigError(f"federated.{unused[0]} = {given[unused[0]]!r}: applies only with federated.step_scale "
+                          f"(the step set by curvature); set step_scale or leave {unused[0]} out")
     if "step_scale" in given and "learning_rate" in given:
         raise ConfigError(f"federated.learning_rate = {given['learning_rate']!r} and federated.step_scale = "
                           f"{given['step_scale']!r}: give one of them (step_scale sets η = c × the value "

@@ -208,7 +208,7 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     from .step_size import resolve_step_scale
     clients = clients_from_config(config) if clients is None else clients
     data, params = prepare_run(config, clients, params)
-    config, step_record = resolve_step_scale(config, data, params)     # federated.step_scale → η
+    config, step_record = resolve_step_scale(config, data, params, hessian_curvature)   # step_scale → η
     _warn_small_clients(config.federated.batch_size, data.sizes)
     if config.model.dtype == "float32":
         from .limits import float32_step_note

@@ -737,7 +737,7 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
     for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
     its states after rounds ``0..T`` (up to its divergence round), as
     :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``."""
-    from .engine import simulate
+    from .engine import hessian_curvature, simulate
     from .step_size import resolve_step_scale
     configs = list(configs)
     count = len(configs)
@@ -777,7 +777,7 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
         built = clients_from_config(config) if clients[runs[0]] is None else clients[runs[0]]
         data, theta0 = prepare_run(config, built, params[runs[0]])
         for i in indices:                   # federated.step_scale → η of this instance (sim.step_size)
-            configs[i], steps[i] = resolve_step_scale(configs[i], data, theta0)
+            configs[i], steps[i] = resolve_step_scale(configs[i], data, theta0, hessian_curvature)
         _warn_small_clients(config.federated.batch_size, data.sizes)
         warmups = sorted({configs[i].warmup_rounds for i in runs})
         family = _Family(runs, configs, data, theta0, built, warmups if len(warmups) > 1 else None,

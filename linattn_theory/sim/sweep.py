@@ -670,6 +670,7 @@ def summary_row(metadata: dict, table, run_id: str) -> dict:
     row.update(_flatten(metadata["config"]))       # its η: the resolved one under a step scale
     if metadata.get("step_scale"):                  # and the scale c that set it (sim.step_size)
         row["federated.step_scale"] = metadata["step_scale"]["step_scale"]
+        row["federated.step_curvature"] = metadata["step_scale"].get("step_curvature", "value")
     return row
 
 
