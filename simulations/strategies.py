@@ -1,7 +1,9 @@
 """Federated strategies compared at three heterogeneity levels (docs/theory.md §3 and §5).
 
 Runs every strategy of ``simulations/configs/strategies.toml`` (FedAvg, FedFrozen, the random
-kernel, value-frozen, FedProx, SCAFFOLD, FedAvgM, FedAdam, FedFrozen+FedProx, FedFrozen+SCAFFOLD)
+kernel, value-frozen, FedProx, SCAFFOLD, FedAvgM, FedAdam, FedFrozen+FedProx, FedFrozen+SCAFFOLD,
+the online rule, and the server's exact value solve in round ``T0`` or in the last round, whose
+solve round costs ``(Hd)² + Hdp`` numbers per client, docs/theory.md §5)
 and the static-attention arms of docs/theory.md §7 (``STATIC_ARMS``: uniform and decay patterns
 fixed in advance, calibrated mean-score patterns after the warm-up, and SAF-style selection of
 the most static head) on the planted-kernel family at three heterogeneity levels over several seeds, and writes
@@ -277,7 +279,12 @@ def markdown_table(summary: pd.DataFrame, settings: dict) -> str:
         f"reference + {settings['target_fraction']:g} × initial excess (reached: seeds that got there).",
         "",
         "T0: the warm-up length (median over seeds); fedfrozen_adaptive chooses it during the run, "
-        "and the round at which its rule decided follows in brackets (docs/theory.md §8).",
+        "and the round at which its rule decided follows in brackets (docs/theory.md §8). value_solve and "
+        "value_solve_final: in round T0 (T − 1 for the latter) every client sends its value moments "
+        "(A_c, B_c), (Hd)² + Hdp numbers (a FedAvg round: 2Hdr + Hdp), and the server sets "
+        "V = V*_λ(K_T0), the centralised optimum of the value block (Fed3R, Fanì et al. 2024; "
+        "docs/theory.md §5); value_solve then trains W_V with FedAvg. The value drift of value_solve_final "
+        "is that of the local steps the engine runs in the solve round and discards.",
         "",
         "| level | strategy | T0 | excess risk | kernel drift Γ | value drift | rounds to target (reached) |",
         "|---|---|---|---|---|---|---|",
@@ -422,7 +429,8 @@ def plot_comparison(runs: pd.DataFrame, curves: pd.DataFrame, settings: dict, qu
     _, bad = paired_instances(runs)
     n = len(settings["seeds"])
     note = (f"{plotting.band_text(n, 'instances (seeds)')} per level\ndotted: exactly 0 (at the "
-            "bottom of a panel), FedFrozen's warm-up (bottom row)")
+            "bottom of a panel), FedFrozen's warm-up (bottom row)\nvalue solve: the clients' value "
+            "moments, $(Hd)^2 + Hdp$ numbers each, in one round; the server sets $V = V^*_\\lambda(K)$")
     if len(bad):
         note += "\nleft out for every strategy (a run diverged): " + ", ".join(
             f"{r.level} seed {r.seed} ({plotting.STRATEGY_NAMES.get(r.strategy, r.strategy)})"

@@ -153,4 +153,7 @@ def test_the_files_a_run_writes_are_documented(tmp_path):
     online = set(adaptive.metadata) - keys
     assert online and online <= documented, online - documented
     optional = {"run_id", "test"}          # a run of a sweep; clients with a held-out split
-    assert documented - optional - online <= keys, documented - optional - online - keys
+    scaled = linattn_theory.simulate(config.with_updates({"federated.step_scale": 0.01}))
+    step = set(scaled.metadata) - keys            # a step set by curvature (federated.step_scale)
+    assert step == {"step_scale"} and step <= documented, step
+    assert documented - optional - online - step <= keys, documented - optional - online - step - keys

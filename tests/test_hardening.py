@@ -88,6 +88,9 @@ def _cases():
                          "federated.learning_rate = -0.1: expected a value > 0"),
         "non-finite number": (simulate_text(replace("[model]", "noise = inf\n[model]")),
                               "task.noise = inf: expected a finite number"),
+        "a step size and a step scale": (simulate_text(VALID + "step_scale = 0.5\n"),
+                                         "federated.learning_rate = 0.05 and federated.step_scale = 0.5: "
+                                         "give one of them"),
         "key of another task family": (simulate_text(replace("[task]", "[task]\nzeta_task = 1.0")),
                                        "task.zeta_task: does not apply"),
         "more clients than the data allow": (

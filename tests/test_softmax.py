@@ -321,7 +321,8 @@ def test_every_strategy_trains_softmax_attention():
         assert not run.diverged, name
         assert run.table["loss"].iloc[-1] < run.table["loss"].iloc[0], name
         frozen = {"fedfrozen": "WQ", "fedfrozen_fedprox": "WQ", "fedfrozen_scaffold": "WQ",
-                  "random_kernel": "WQ", "value_frozen": "WV"}.get(name)
+                  "random_kernel": "WQ", "value_frozen": "WV", "value_solve": "WQ",
+                  "value_solve_final": "WQ"}.get(name)
         if frozen:
             np.testing.assert_array_equal(getattr(run.params, frozen), getattr(run.warmup_params, frozen))
 

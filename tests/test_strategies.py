@@ -277,7 +277,8 @@ def test_every_strategy_is_deterministic_and_freezes_exactly(name):
     T0 = a.metadata["stop_round"] if name == "fedfrozen_adaptive" else config.warmup_rounds
     frozen = {"fedfrozen": ("WQ", "WK"), "random_kernel": ("WQ", "WK"), "fedfrozen_fedprox": ("WQ", "WK"),
               "fedfrozen_scaffold": ("WQ", "WK"), "value_frozen": ("WV",),
-              "fedfrozen_adaptive": ("WQ", "WK")}.get(name, ())
+              "fedfrozen_adaptive": ("WQ", "WK"), "value_solve": ("WQ", "WK"),
+              "value_solve_final": ("WQ", "WK")}.get(name, ())
     for block in frozen:
         assert np.array_equal(getattr(a.params, block), getattr(a.warmup_params, block))
     stages = list(a.table["stage"].iloc[1:])

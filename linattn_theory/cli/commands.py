@@ -40,6 +40,8 @@ BAD_INPUTS = (
     ("out of range", "`learning_rate = -0.1`, `participation = 1.5`, `warmup_rounds > rounds`",
      "exit 2: the field, the value, the allowed range"),
     ("non-finite number", "`noise = inf`, `learning_rate = nan`", "exit 2: expected a finite number"),
+    ("a step size and a step scale", "`learning_rate = 0.05` with `step_scale = 0.5`",
+     "exit 2: federated.learning_rate = 0.05 and federated.step_scale = 0.5: give one of them"),
     ("key of another task family", "`zeta_task` with `planted_kernel`", "exit 2: does not apply to family ..."),
     ("more clients than the data allow", "`num_clients = 1000` with `family = \"digits\"`",
      "exit 2: task.num_clients = 1000: expected a value <= 673 (two training images per client)"),

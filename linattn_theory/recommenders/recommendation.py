@@ -171,6 +171,16 @@ def default_transfer_seeds(seed: int, count: int = 3) -> list[int]:
     return [seed + i for i in range(1, count + 1)]
 
 
+def _resolved(config, clients=None):
+    """``config`` with its step scale, if any, resolved to its instance's ``η`` (:mod:`linattn_theory.sim.step_size`)."""
+    from ..sim.engine import hessian_curvature, prepare_run
+    from ..sim.step_size import resolve_step_scale
+
+    if config.federated.step_scale is None:
+        return config
+    return resolve_step_scale(config, *prepare_run(config, clients), hessian_curvature)[0]
+
+
 def recommend(config, clients=None, *, mode: str = "online", measure: bool = True,
               pilot_rounds: int | None = None, transfer_seeds=None, rule: OnlineRule | None = None,
               restarts: int = 8) -> Recommendation:
@@ -186,13 +196,15 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
       seeds after ``config.seed``; the instance's own seed is refused).
     * ``"a_posteriori"`` (descriptive): ``argmin U`` of the bound fitted on the whole FedAvg path.
 
-    With ``measure``, simulates the recommendation and plain FedAvg against one ``Φ*_λ``.
+    With ``measure``, simulates the recommendation and plain FedAvg against one ``Φ*_λ``. A step scale
+    (``federated.step_scale``) is resolved to the instance's ``η`` first, and to each transfer seed's own.
     """
     from ..sim.engine import clients_from_config
 
     _check_mode(mode)
     T = config.federated.rounds
     clients = clients_from_config(config) if clients is None else clients
+    scaled, config = config, _resolved(config, clients)
     if mode == "online":
         run = run_online(config, clients, rule)
         rec = Recommendation(config, mode, run.kernel_round, INFORMATION["online"],
@@ -213,7 +225,8 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
         if not seeds or config.seed in seeds:
             raise ValueError(f"transfer_seeds = {seeds}: expected other seeds than the instance's "
                              f"own seed {config.seed}")
-        fitted = {s: _a_posteriori_T0(config.with_updates({"seed": s}), None, restarts).T0_theory for s in seeds}
+        fitted = {s: _a_posteriori_T0(_resolved(scaled.with_updates({"seed": s})), None, restarts).T0_theory
+                  for s in seeds}
         T0 = int(np.round(np.median(list(fitted.values()))))
         rec = Recommendation(config, mode, T0, INFORMATION["transfer"].format(seeds=seeds),
                              details={"transfer_seeds": seeds, "transfer_T0": fitted})

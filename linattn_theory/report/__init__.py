@@ -2,7 +2,8 @@
 
 :mod:`.results` (reading runs and sweeps), :mod:`.analysis` (a finished sweep's ``R(T0)``, its parts and
 best ``T0``: ``linattn analyze``), :mod:`.sweep_analysis` (tables behind the figures),
-:mod:`.plotting` (the shared visual language), :mod:`.figures` (running the figure scripts of
+:mod:`.plotting` (the shared visual language), :mod:`.tuning` (tuned baselines: steps chosen on
+design seeds, scored on held-out seeds), :mod:`.figures` (running the figure scripts of
 ``simulations/``), :mod:`.figure_numbers` (numbers quoted in README and figures/README, generated)
 and :mod:`.teaching` (the notebook's helpers).
 """
@@ -24,8 +25,9 @@ __getattr__, __dir__, __all__ = attach(__name__, {
         "left_out_text"],
     ".figures": ["find_root", "discover", "make_figures", "figure_sweep", "script_main", "config_path",
         "analysis_workers", "excess_risk_sweep"],
+    ".tuning": ["tune_and_hold_out", "choose_steps", "TunedComparison"],
     ".figure_numbers": ["headline_numbers", "blocks", "replace_blocks", "QUOTED_FILES", "main"],
     ".teaching": ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
         "excess_risk_curve", "notebook_style", "show", "check_legible", "committed_table", "committed_table_folders",
         "NOTEBOOK_DPI", "NOTEBOOK_MIN_FONT_SIZE"],
-}, submodules=("results", "analysis", "sweep_analysis", "plotting", "figures", "figure_numbers", "teaching",))
+}, submodules=("results", "analysis", "sweep_analysis", "plotting", "figures", "figure_numbers", "teaching", "tuning",))

@@ -118,6 +118,8 @@ METHODS = {
     "fedadam": Style("FedAdam", BROWN, "P"),
     "fedfrozen_fedprox": Style("FedFrozen + FedProx", LIGHT_BLUE, "<"),
     "fedfrozen_scaffold": Style("FedFrozen + SCAFFOLD", GREEN, ">"),
+    "value_solve": Style(r"value solve at $T_0$, then FedAvg", VERMILLION, "x"),
+    "value_solve_final": Style("FedAvg, value solve in the last round", BROWN, "+"),
     "random_kernel": Style(r"random kernel ($T_0$ = 0)", GREY, "X"),
     "value_frozen": Style("value frozen", LIGHT_BLUE, "H"),
     "static_uniform": Style("static: uniform", VERMILLION, "p"),
@@ -130,7 +132,7 @@ METHODS = {
 METHOD_PANELS = {
     "FedAvg and federated baselines": ("fedavg", "fedprox", "scaffold", "fedavgm", "fedadam", "fedfrozen"),
     "FedFrozen and its combinations": ("fedfrozen", "fedfrozen_fedprox", "fedfrozen_scaffold",
-                                       "fedfrozen_adaptive", "fedavg"),
+                                       "fedfrozen_adaptive", "value_solve", "value_solve_final", "fedavg"),
     "fixed or frozen blocks": ("random_kernel", "value_frozen", "static_uniform", "static_decay",
                                "static_calibrated", "static_saf", "fedavg", "fedfrozen"),
 }

@@ -88,6 +88,11 @@ class ModelConfig:
                             "(fused where it applies and pays; linattn_theory.core.fused)")
 
 
+#: the local step η and the curvature-relative step scale that sets it: one of them is given
+STEP_KEYS = ("learning_rate", "step_scale")
+#: settings of the step scale, recorded only with one (so that configs with η keep their hash)
+STEP_SCALE_KEYS = ("step_curvature",)
+
 #: model keys recorded only with softmax attention, so that linear configurations keep their hash
 SOFTMAX_KEYS = ("attention", "temperature")
 
@@ -99,9 +104,16 @@ class FederatedConfig:
     strategy: str = _spec("fedfrozen", choices=tuple(STRATEGIES),
                           doc="federated strategy (linattn_theory.sim.strategies; random_kernel = fedfrozen with T0 = 0)")
     rounds: int = _spec(40, low=1, doc="total rounds T")
-    warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen, value_frozen, fedfrozen_*)")
+    warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen, value_frozen, fedfrozen_*, value_solve)")
     local_steps: int = _spec(5, low=1, doc="local steps E")
-    learning_rate: float = _spec(0.05, low=0.0, low_open=True, doc="local step size η")
+    learning_rate: float | None = _spec(0.05, low=0.0, low_open=True,
+                                        doc="local step size η (excludes step_scale)")
+    step_scale: float | None = _spec(None, low=0.0, low_open=True,
+                                     doc="η = c × the stable step 2 / λ_max at θ⁰ of step_curvature "
+                                         "(docs/theory.md §5; linattn_theory.sim.step_size); excludes learning_rate")
+    step_curvature: str = _spec("value", choices=("value", "model"),
+                                doc="step_scale's curvature at θ⁰: the value block's max_c λ_max(Ã_c) (exact) or "
+                                    "the full model's max_c λ_max(∇²F_λ,c) (power iteration)")
     batch_size: int | None = _spec(None, low=1, doc="minibatch size b (absent: full batch)")
     participation: float = _spec(1.0, low=0.0, high=1.0, low_open=True,
                                  doc="fraction of clients per round")
@@ -129,6 +141,9 @@ class FederatedConfig:
                                      doc="stop when F exceeds this times the initial loss")
 
     def __post_init__(self):
+        # a step scale sets η per instance when the run starts (sim.step_size): no η before that
+        if self.step_scale is not None:
+            object.__setattr__(self, "learning_rate", None)
         # "no descent test" has one spelling, inf, which TOML and the recorded JSON can hold
         # (None would be dropped as absent and come back as the default)
         if self.adaptive_descent_confidence is None:
@@ -151,11 +166,25 @@ class RunConfig:
         data["task"] = {k: v for k, v in data["task"].items() if k in keep}
         if self.model.attention == "linear":
             data["model"] = {k: v for k, v in data["model"].items() if k not in SOFTMAX_KEYS}
+        # η or the step scale that sets it, whichever is given (so that configs with η keep their hash)
+        scaled = self.federated.step_scale is not None
+        data["federated"] = {k: v for k, v in data["federated"].items()
+                             if (k not in STEP_KEYS or v is not None) and (k not in STEP_SCALE_KEYS or scaled)}
         return data
 
     def with_updates(self, updates: dict) -> "RunConfig":
-        """Return a validated copy with dotted keys replaced, e.g. ``{"federated.local_steps": 3}``."""
+        """Return a validated copy with dotted keys replaced, e.g. ``{"federated.local_steps": 3}``.
+
+        Setting one of ``federated.learning_rate`` and ``federated.step_scale`` replaces the other.
+        """
         data = self.to_dict()
+        given = [key for key in STEP_KEYS if updates.get(f"federated.{key}") is not None]
+        if len(given) == 1:
+            other, = set(STEP_KEYS) - set(given)
+            data["federated"].pop(other, None)
+            if other == "step_scale":
+                for key in STEP_SCALE_KEYS:
+                    data["federated"].pop(key, None)
         for key, value in updates.items():
             node = data
             *parents, leaf = key.split(".")
@@ -266,6 +295,15 @@ def config_from_dict(data: dict) -> RunConfig:
                               f"family 'digits' (its training images at task.test_fraction = "
                               f"{task.test_fraction:g}, two or more per client)")
     fed = sections["federated"]
+    given = data.get("federated", {})
+    unused = [key for key in STEP_SCALE_KEYS if key in given and "step_scale" not in given]
+    if unused:
+        raise ConfigError(f"federated.{unused[0]} = {given[unused[0]]!r}: applies only with federated.step_scale "
+                          f"(the step set by curvature); set step_scale or leave {unused[0]} out")
+    if "step_scale" in given and "learning_rate" in given:
+        raise ConfigError(f"federated.learning_rate = {given['learning_rate']!r} and federated.step_scale = "
+                          f"{given['step_scale']!r}: give one of them (step_scale sets η = c × the value "
+                          f"block's stable step at θ⁰, docs/theory.md §5)")
     if fed.strategy == "fedadam" and fed.server_learning_rate > FEDADAM_MAX_SERVER_STEP:
         given = "server_learning_rate" in data.get("federated", {})
         raise ConfigError(("" if given else "federated.strategy = 'fedadam' with the default ") +
@@ -288,7 +326,7 @@ def config_from_dict(data: dict) -> RunConfig:
 
 #: federated settings that only some strategies read (the others ignore them)
 STRATEGY_SETTINGS = {
-    "warmup_rounds": ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold"),
+    "warmup_rounds": ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold", "value_solve"),
     "prox_mu": ("fedprox", "fedfrozen_fedprox"),
     "server_momentum": ("fedavgm",),
     "server_beta1": ("fedadam",),

@@ -209,9 +209,11 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     revisit are warned about (:func:`~linattn_theory.sim.limits.setting_notes`).
     """
     from .limits import setting_notes, warn_settings
+    from .step_size import resolve_step_scale
     clients = clients_from_config(config) if clients is None else check_clients(clients)
     warn_settings(setting_notes(config, clients), stacklevel=4)   # past timed_run, at the caller
     data, params = prepare_run(config, clients, params)
+    config, step_record = resolve_step_scale(config, data, params, hessian_curvature)   # step_scale → η
     _warn_small_clients(config.federated.batch_size, data.sizes)
     if config.model.dtype == "float32":
         from .limits import float32_step_note
@@ -224,7 +226,7 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
                           progress=progress, strategy=strategy, frozen_features=frozen_features,
                           max_bytes=max_bytes, on_round=on_round, engine=config.model.engine)
-    result.metadata.update(run_metadata(config))
+    result.metadata.update(run_metadata(config), **step_record)
     if test:
         for key in ("loss", "accuracy"):
             result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
@@ -407,6 +409,9 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     m, Nmax = data.S.shape[0], data.S.shape[1]
     H = params.WV.shape[-3]
     T, T0, E, eta, lam = fed.rounds, warmup_rounds, fed.local_steps, fed.learning_rate, fed.ridge
+    if eta is None:
+        raise ConfigError("federated.step_scale: resolve it to a learning rate first "
+                          "(linattn_theory.sim.step_size.resolve_step_scale; simulate does)")
     strategy = make_strategy(fed, T0) if strategy is None else strategy
     fused = select_engine(engine, xp, data, fed, strategy)
 

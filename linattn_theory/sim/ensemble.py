@@ -761,7 +761,8 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
     for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
     its states after rounds ``0..T`` (up to its divergence round), as
     :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``."""
-    from .engine import simulate
+    from .engine import hessian_curvature, simulate
+    from .step_size import resolve_step_scale
     configs = list(configs)
     count = len(configs)
     for i, config in enumerate(configs):
@@ -771,6 +772,7 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
     params = _per_config(params, count, "params")
     results: list[RunResult | None] = [None] * count
     families: dict = {}
+    steps: dict = {}
     for i, config in enumerate(configs):
         key = _family_key(config, clients[i], params[i])
         if key is None and _decides_during_the_run(config):
@@ -798,6 +800,8 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
         config = configs[runs[0]]
         built = clients_from_config(config) if clients[runs[0]] is None else clients[runs[0]]
         data, theta0 = prepare_run(config, built, params[runs[0]])
+        for i in indices:                   # federated.step_scale → η of this instance (sim.step_size)
+            configs[i], steps[i] = resolve_step_scale(configs[i], data, theta0, hessian_curvature)
         _warn_small_clients(config.federated.batch_size, data.sizes)
         warmups = sorted({configs[i].warmup_rounds for i in runs})
         family = _Family(runs, configs, data, theta0, built, warmups if len(warmups) > 1 else None,
@@ -805,6 +809,8 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
         if plan.add(ensemble_key(config, data), family, 2 * _data_bytes(data)):
             _run_wave(plan.drain(), results, progress)
     _run_wave(plan.drain(), results, progress)
+    for i, record in steps.items():
+        results[i].metadata.update(record)
     return results
 
 

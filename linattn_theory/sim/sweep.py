@@ -746,7 +746,10 @@ def summary_row(metadata: dict, table, run_id: str) -> dict:
            "cumulative_kernel_drift": float(last["cumulative_kernel_drift"]),
            "diverged": bool(metadata.get("diverged", False)),
            "divergence_round": int(div["round"]) if div else -1}
-    row.update(_flatten(metadata["config"]))
+    row.update(_flatten(metadata["config"]))       # its η: the resolved one under a step scale
+    if metadata.get("step_scale"):                  # and the scale c that set it (sim.step_size)
+        row["federated.step_scale"] = metadata["step_scale"]["step_scale"]
+        row["federated.step_curvature"] = metadata["step_scale"].get("step_curvature", "value")
     return row
 
 

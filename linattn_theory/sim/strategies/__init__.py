@@ -16,6 +16,10 @@ are chosen by name in configs (``federated.strategy``):
 ``fedadam``            FedAdam (Reddi et al. 2020): server Adam
 ``fedfrozen_fedprox``  FedFrozen with FedProx in the frozen stage
 ``fedfrozen_scaffold`` FedFrozen with SCAFFOLD in the frozen stage
+``value_solve``        FedAvg for ``t < T0``, the server's exact value solve ``V*_λ(K_{T0})`` from
+                       the clients' value moments in round ``T0`` (Fed3R, Fanì et al. 2024), then
+                       value-only FedAvg
+``value_solve_final``  FedAvg for ``T − 1`` rounds, the exact value solve in the last round
 ``fedfrozen_adaptive`` FedFrozen whose warm-up length a causal rule chooses during training
                        (:mod:`linattn_theory.recommenders.online`, docs/theory.md §8; registered
                        by the package, see :func:`register_strategy`)
@@ -77,6 +81,8 @@ STRATEGIES = _Registry({
     "fedadam": ".fedadam:strategy",
     "fedfrozen_fedprox": ".fedfrozen:fedfrozen_fedprox",
     "fedfrozen_scaffold": ".fedfrozen:fedfrozen_scaffold",
+    "value_solve": ".value_solve:strategy",
+    "value_solve_final": ".value_solve:value_solve_final",
 })
 
 
@@ -95,15 +101,18 @@ def register_strategy(name: str, factory: "Callable | str") -> None:
 
 
 # strategies whose schedule changes at the configured warm-up length T0
-_WARMUP_STRATEGIES = ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold")
+_WARMUP_STRATEGIES = ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold", "value_solve")
 
 
 def effective_warmup_rounds(strategy: str, rounds: int, warmup_rounds: int) -> int:
     """The round ``T0`` at which ``strategy`` freezes a block: ``warmup_rounds`` for the
-    FedFrozen family, ``0`` for ``random_kernel``, ``T = rounds`` (never) for the others
-    (``fedfrozen_adaptive`` chooses its ``T0`` during the run: its metadata's ``kernel_round``)."""
+    FedFrozen family, ``0`` for ``random_kernel``, ``T − 1`` for ``value_solve_final`` (its solve
+    round), ``T = rounds`` (never) for the others (``fedfrozen_adaptive`` chooses its ``T0`` during
+    the run: its metadata's ``kernel_round``)."""
     if strategy == "random_kernel":
         return 0
+    if strategy == "value_solve_final":
+        return rounds - 1
     return warmup_rounds if strategy in _WARMUP_STRATEGIES else rounds
 
 

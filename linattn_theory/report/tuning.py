@@ -1,0 +1,134 @@
+"""Tuned baselines, declared before they are scored: each arm's step chosen on design seeds, then
+scored on held-out seeds (docs/theory.md §6).
+
+Every arm of a comparison (FedAvg, FedFrozen, SCAFFOLD, …: a name and its config updates) gets a
+declared grid of steps, values of ``federated.step_scale`` (``η = c · 2 / max_c λ_max(Ã_c)`` at
+``θ⁰``, :mod:`linattn_theory.sim.step_size`; or of another key, ``step_key``). In every cell (a set
+of config updates, e.g. a heterogeneity level) and for every arm:
+
+1. **design**: every step of the arm's grid runs on the design seeds; the final excess risk of a run
+   is ``R = F_λ(θ_T) − Φ*_λ`` of its instance (``∞`` when it diverged), and the arm's step is, among
+   the steps that diverged on the fewest design seeds (a tuned step does not diverge where another
+   would not), the one of least median, over the design seeds, of the paired ratio
+   ``R(c) / min_c' R(c')`` (instances differ several-fold, so each is compared with itself, as in
+   §6); ties go to the earlier step of the grid;
+2. **held out**: the chosen step runs on the held-out seeds, which played no part in the choice.
+
+Every row also carries the run's best iterate on its own path (``oracle_best_iterate``: the least
+``F_λ(θ^t) − Φ*_λ`` over its rounds, an oracle: early stopping chosen after seeing the path).
+
+``Φ*_λ`` of an instance is :func:`~linattn_theory.theory.profile.centralized_optimum` started from the
+teacher, random kernels and every final kernel the instance's runs reached (``optimum`` replaces it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from ..core.model import kernel
+from ..sim.config import RunConfig
+from ..sim.engine import clients_from_config
+from ..sim.ensemble import simulate_many
+
+__all__ = ["TunedComparison", "tune_and_hold_out", "choose_steps"]
+
+#: the per-instance columns of both tables
+COLUMNS = ["seed", "cell", "arm", "step", "learning_rate", "excess_risk", "diverged", "oracle_best_iterate"]
+
+
+class TunedComparison(NamedTuple):
+    """``heldout``: one row per (held-out seed, cell, arm) at the arm's chosen step; ``design``: one
+    row per (design seed, cell, arm, step); ``choices``: the chosen ``step`` per (cell, arm) with the
+    ``median_ratio`` that chose it and its ``diverged`` design seeds. Columns of the runs: :data:`COLUMNS` (``learning_rate``: the
+    resolved ``η``; ``excess_risk``: ``NaN`` when the run diverged; ``oracle_best_iterate``: the least
+    ``F_λ(θ^t) − Φ*_λ`` over the run's own rounds, early stopping chosen after the fact, an oracle)."""
+
+    heldout: pd.DataFrame
+    design: pd.DataFrame
+    choices: pd.DataFrame
+
+
+def _optimum(config: RunConfig, clients, kernels) -> float:
+    from ..theory.profile import centralized_optimum
+    return centralized_optimum(clients, config.federated.ridge, rank=config.model.rank, heads=config.model.heads,
+                               seed=config.seed, initial_kernels=kernels).objective
+
+
+def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable) -> pd.DataFrame:
+    """Rows :data:`COLUMNS` of the runs ``configs`` at ``points`` ``(seed, cell, arm, step)``; one
+    ``Φ*_λ`` per instance (cell, seed), from every final kernel its runs reached."""
+    results = simulate_many(configs)
+    instances: dict = {}
+    for i, (seed, cell, _, _) in enumerate(points):
+        instances.setdefault((cell, seed), []).append(i)
+    rows = [None] * len(points)
+    for indices in instances.values():
+        config = configs[indices[0]]
+        kernels = [np.asarray(kernel(results[i].params)) for i in indices if not results[i].diverged]
+        phi_star = optimum(config, clients_from_config(config), kernels)
+        for i in indices:
+            result = results[i]
+            F = result.table["loss_regularized"].to_numpy()
+            rows[i] = (*points[i], float(result.metadata["config"]["federated"]["learning_rate"]),
+                       np.nan if result.diverged else float(F[-1]) - phi_star, bool(result.diverged),
+                       float(np.nanmin(F)) - phi_star)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def choose_steps(design: pd.DataFrame, grids: Mapping[str, Sequence[float]]) -> pd.DataFrame:
+    """Per (cell, arm) of ``design``: among the steps of ``grids[arm]`` that diverged on the fewest design
+    seeds, the one of least median paired ratio ``R(c) / min_c' R(c')`` over them (diverged: ``R = ∞``;
+    ties: the earlier step of the grid); with its ``median_ratio`` and ``diverged`` count."""
+    rows = []
+    for (cell, arm), group in design.groupby(["cell", "arm"], sort=False):
+        risk = group.assign(R=group["excess_risk"].where(~group["diverged"], np.inf))
+        steps = list(grids[arm])
+        R = risk.pivot(index="seed", columns="step", values="R")[steps].to_numpy()   # (seeds, steps)
+        best = R.min(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratios = np.where(np.isinf(best), np.inf, R / np.where(best > 0, best, np.nan))
+        medians = np.nanmedian(ratios, axis=0)       # a seed whose best R is not > 0 has no ratios
+        diverged = np.isinf(R).sum(axis=0)
+        k = min(range(len(steps)), key=lambda j: (diverged[j], medians[j], j))
+        rows.append({"cell": cell, "arm": arm, "step": steps[k], "median_ratio": float(medians[k]),
+                     "diverged": int(diverged[k])})
+    return pd.DataFrame(rows, columns=["cell", "arm", "step", "median_ratio", "diverged"])
+
+
+def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping[str, Sequence[float]],
+                      design_seeds: Sequence[int], heldout_seeds: Sequence[int], *,
+                      cells: Mapping[str, dict] | None = None, step_key: str = "federated.step_scale",
+                      optimum: Callable | None = None) -> TunedComparison:
+    """Choose each arm's step on ``design_seeds`` and score it on ``heldout_seeds`` (module docstring).
+
+    ``arms`` maps a name to its config updates (``{"federated.strategy": "fedavg"}``), ``grids`` a name
+    to its declared steps (values of ``step_key``), ``cells`` a cell name to its updates (default: one
+    cell ``""``). ``optimum(config, clients, kernels) -> Φ*_λ`` replaces the centralised optimum.
+    """
+    cells = {"": {}} if cells is None else dict(cells)
+    missing = sorted(set(arms) - set(grids))
+    if missing:
+        raise ValueError(f"grids: no steps declared for arm {missing[0]!r}; declare a grid for every arm")
+    shared = sorted(set(design_seeds) & set(heldout_seeds))
+    if shared:
+        raise ValueError(f"seed {shared[0]} is both a design and a held-out seed; held-out seeds must "
+                         f"play no part in the choice")
+    if not design_seeds or not heldout_seeds:
+        raise ValueError("expected at least one design seed and one held-out seed")
+    optimum = _optimum if optimum is None else optimum
+
+    def config(cell, arm, step, seed):
+        return base.with_updates({**cells[cell], **arms[arm], step_key: step, "seed": seed})
+
+    points = [(seed, cell, arm, step) for cell in cells for arm in arms for step in grids[arm]
+              for seed in design_seeds]
+    design = _run(points, [config(c, a, s, seed) for seed, c, a, s in points], optimum)
+    choices = choose_steps(design, grids)
+    chosen = {(r.cell, r.arm): r.step for r in choices.itertuples()}
+    points = [(seed, cell, arm, chosen[cell, arm]) for cell in cells for arm in arms for seed in heldout_seeds]
+    heldout = _run(points, [config(c, a, s, seed) for seed, c, a, s in points], optimum)
+    return TunedComparison(heldout, design, choices)

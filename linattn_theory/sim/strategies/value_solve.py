@@ -1,0 +1,93 @@
+"""The server's exact value solve: FedAvg, then one round in which the server solves the value block
+in closed form from the clients' value moments (docs/theory.md §3 and §5).
+
+The idea is that of Fed3R: Fanì, Camoriano, Caputo, Ciccone, "Accelerating Heterogeneous Federated
+Learning with Closed-Form Classifiers", ICML 2024 (arXiv:2406.01116): a ridge-regression head solved
+once from statistics the clients send, which heterogeneity does not bias. Here the head is the value
+block: for a fixed kernel the model is linear in ``V`` (docs/theory.md §4) and
+
+    V*_λ(K) = Ã⁻¹ B,    Ã = Σ_c p_c A_c + λI,    B = Σ_c p_c B_c,
+
+the centralised optimum itself, so the solve has **no drift floor by construction**
+(``F_λ(K, V*_λ) = Φ_λ(K)``; FedAvg's frozen stage stops at ``V_FA`` and pays ``D(K)``, §5).
+
+``value_solve``: FedAvg (every block) for rounds ``t < T0``; in round ``T0`` every client sends its
+value moments ``(A_c, B_c)`` at the kernel ``K_{T0}`` and the server sets ``V = V*_λ(K_{T0})`` (the
+local steps the engine runs in that round are discarded); the kernel stays frozen and rounds
+``T0+1 .. T−1`` are FedFrozen's value-only FedAvg rounds from ``V*`` (which drift back towards
+``V_FA``). ``value_solve_final``: FedAvg for ``T − 1`` rounds, the solve in the last round
+(``T0 = T − 1``): the final model is ``(K_{T−1}, V*_λ(K_{T−1}))`` and its excess risk is the
+kernel-profile bias ``Φ_λ(K_{T−1}) − Φ*_λ`` alone. The solve is one of the ``T`` rounds, so every
+arm communicates ``T`` times; it uses every client (whatever ``participation``) and their full data
+(whatever ``batch_size``).
+
+**Communication.** In the solve round each client sends ``A_c`` and ``B_c``: ``(Hd)² + Hdp``
+numbers (``Hd(Hd+1)/2 + Hdp`` using the symmetry of ``A_c``), against ``2Hdr + Hdp`` for a FedAvg
+round's model; the server sends ``V*`` back (``Hdp``).
+
+The solve is made through the strategy's :class:`~.base.Control`, the hook that sees the stacked
+clients: at the state of round ``T0`` it computes ``V*`` and the server rule of round ``T0`` steps
+there; it never freezes a run itself, so :func:`~linattn_theory.sim.ensemble.simulate_many` runs
+these strategies one by one (:func:`~linattn_theory.sim.engine.simulate`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...core._array import array_namespace, to_numpy
+from ...core.model import kernel
+from ...core.moments import value_moments
+from .base import Control, ServerRule, Strategy, freeze_after, local_sgd, server_sgd
+
+__all__ = ["NAME", "strategy", "value_solve_final", "solve_value_block"]
+
+NAME = "value_solve"
+FROZEN = ("WV",)
+
+
+def solve_value_block(K, data, ridge: float) -> np.ndarray:
+    """``V*_λ(K) = (Σ_c p_c A_c + λI)⁻¹ Σ_c p_c B_c`` from the clients' value moments (host array ``(H·d, p)``).
+
+    Solved in float64; with ``λ = 0`` and a singular ``A`` the minimum-norm solution (docs/theory.md §4).
+    """
+    moments = value_moments(K, data, ridge)
+    A, B, p = (np.asarray(to_numpy(a), dtype=np.float64) for a in (moments.A, moments.B, moments.weights))
+    A_tilde = np.einsum("c,cij->ij", p, A) + ridge * np.eye(A.shape[-1])
+    B_mean = np.einsum("c,cij->ij", p, B)
+    try:
+        return np.linalg.solve(A_tilde, B_mean)
+    except np.linalg.LinAlgError:
+        return np.linalg.lstsq(A_tilde, B_mean, rcond=None)[0]
+
+
+def _solve_at(solve_round: int, fed) -> tuple[Control, ServerRule]:
+    """The control that solves at the state of round ``solve_round`` and the server rule that steps there."""
+    pending = {}
+    fedavg = server_sgd(fed.server_learning_rate)
+
+    def observe(state, data):
+        if state.round == solve_round:
+            WV = state.params.WV
+            xp = array_namespace(WV)
+            V = solve_value_block(kernel(state.params), data, fed.ridge)
+            pending["WV"] = xp.asarray(V.reshape(tuple(WV.shape)), dtype=WV.dtype) - WV
+        return None
+
+    def update(state, rnd, delta):
+        if rnd.t != solve_round:
+            return fedavg.update(state, rnd, delta)
+        return {"WV": pending.pop("WV")}, state
+
+    return Control(observe, lambda result: {}), ServerRule(fedavg.init, update)
+
+
+def strategy(fed, warmup_rounds: int) -> Strategy:
+    """FedAvg for ``t < T0 = warmup_rounds``, the exact value solve in round ``T0``, then value-only FedAvg."""
+    control, server = _solve_at(warmup_rounds, fed)
+    return Strategy(NAME, freeze_after(warmup_rounds, FROZEN), local_sgd(), server, control)
+
+
+def value_solve_final(fed, warmup_rounds: int | None = None) -> Strategy:
+    """FedAvg for ``T − 1`` rounds, the exact value solve in the last round (``warmup_rounds`` is not used)."""
+    return strategy(fed, fed.rounds - 1)._replace(name="value_solve_final")
