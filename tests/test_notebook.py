@@ -161,7 +161,13 @@ def test_committed_ipynb_has_the_outputs_of_a_fresh_execution(unanswered):
     ours, theirs = _outputs(fresh), _outputs(committed)
     assert sum(len(figures) for _, _, figures in ours) == 6
     assert [n for n, _, _ in theirs] == list(range(1, len(theirs) + 1)), "execution counts 1, 2, …"
-    assert [(n, figures) for n, _, figures in theirs] == [(n, figures) for n, _, figures in ours]
+    assert [(n, len(figures)) for n, _, figures in theirs] == [(n, len(figures)) for n, _, figures in ours]
+    for (n, _, mine), (_, _, committed_figures) in zip(ours, theirs):
+        for shape, committed_shape in zip(mine, committed_figures):
+            # a tight bounding box follows the text's extents, which matplotlib releases measure a
+            # pixel or two apart (3.8–3.10 against 3.11: 1051 against 1053 pixels): 1 % is that, and
+            # far below what a missing panel, legend or colour bar changes (≥ 10 %)
+            assert np.allclose(shape, committed_shape, rtol=0.01, atol=0), f"cell {n}: {shape} != {committed_shape}"
     for (n, mine, _), (_, committed_texts, _) in zip(ours, theirs):
         assert len(mine) == len(committed_texts), f"cell {n}: the committed outputs differ from a fresh execution"
         for (kind, text), (committed_kind, committed_text) in zip(mine, committed_texts):

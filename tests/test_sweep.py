@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from linattn_theory.core.io import read_csv_exact
 import pytest
 
 from linattn_theory import load_results, load_run, load_sweep, simulate, simulate_many
@@ -318,7 +320,7 @@ def test_a_sweep_that_ends_writes_its_summary_table(tmp_path):
     out = tmp_path / "out"
     sweep = load_sweep(write(tmp_path, SMALL))
     done = run_sweep(sweep, out)
-    summary = pd.read_csv(out / "summary.csv")
+    summary = read_csv_exact(out / "summary.csv")
     results = load_results(out)
     assert list(summary["run_id"]) == sweep.run_ids == list(results["run_id"])
     np.testing.assert_array_equal(summary["final_loss"], results["final_loss"])      # exact round trip

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.io import read_csv_exact
+
 __all__ = ["headline_numbers", "figure_times", "blocks", "replace_blocks", "QUOTED_FILES", "main"]
 
 #: the Markdown files (relative to the repository root) with quoted blocks
@@ -41,8 +43,8 @@ def headline_numbers(figures) -> pd.DataFrame:
     """Per ζ_V, from ``best_warmup.csv`` (instances whose FedAvg run did not diverge) and
     ``tradeoff_gain.csv`` (how many diverged): instances, diverged instances, how many FedFrozen at
     its best warm-up beats FedAvg in, the gain's and the best warm-up's median and quartiles."""
-    best = pd.read_csv(Path(figures) / "best_warmup.csv")
-    diverged = pd.read_csv(Path(figures) / "tradeoff_gain.csv").set_index("zeta_value")["diverged_instances"]
+    best = read_csv_exact(Path(figures) / "best_warmup.csv")
+    diverged = read_csv_exact(Path(figures) / "tradeoff_gain.csv").set_index("zeta_value")["diverged_instances"]
     rows = []
     for level, sub in best.groupby("zeta_value"):
         gain = sub["gain"].to_numpy(dtype=float)
@@ -62,7 +64,7 @@ def _earlier(best: pd.DataFrame) -> tuple[int, int]:
 
 def _headline(figures: Path) -> str:
     numbers = headline_numbers(figures)
-    best = pd.read_csv(figures / "best_warmup.csv")
+    best = read_csv_exact(figures / "best_warmup.csv")
     k, n = _earlier(best)
     lines = ["| `ζ_V` | instances (diverged, left out) | FedFrozen at its best `T0` beats FedAvg in | "
              "gain: median (IQR) | best `T0`: median (IQR) |", "|---|---|---|---|---|"]
@@ -75,7 +77,7 @@ def _headline(figures: Path) -> str:
 
 
 def _heatmaps(figures: Path) -> str:
-    cells = pd.read_csv(figures / "heatmaps.csv")
+    cells = read_csv_exact(figures / "heatmaps.csv")
     single = cells[cells["federated.local_steps"] == cells["federated.local_steps"].min()]
     top = cells.loc[cells["gain_median"].idxmax()]
     return (f"With `E = {int(single['federated.local_steps'].iloc[0])}` FedFrozen beats FedAvg in "
@@ -86,10 +88,10 @@ def _heatmaps(figures: Path) -> str:
 
 
 def _drift(figures: Path) -> str:
-    data = pd.read_csv(figures / "drift_scaling.csv")
+    data = read_csv_exact(figures / "drift_scaling.csv")
     slopes = data.groupby("variable", sort=False)["fitted_slope"].first()
     names = {"zeta": "ζ", "federated.learning_rate": "η", "local_steps_minus_one": "E − 1"}
-    frozen = pd.read_csv(figures / "frozen_stage.csv")
+    frozen = read_csv_exact(figures / "frozen_stage.csv")
     return ("The simulated drift floor equals the closed form `D(K_0)` to a relative difference of at most "
             f"**{data['relative_difference'].max():.1e}** (median {data['relative_difference'].median():.1e}); "
             "the fitted slopes are " + ", ".join(f"{slopes[v]:.2f} ({names.get(v, v)})" for v in slopes.index)
@@ -102,7 +104,7 @@ def _interval(rho: float, low: float, high: float) -> str:
 
 
 def _static(figures: Path) -> str:
-    summary = pd.read_csv(figures / "static_heads_summary.csv")
+    summary = read_csv_exact(figures / "static_heads_summary.csv")
     parts = [f"`ζ_V = {r.zeta_value:g}`: Spearman {_interval(r.spearman, r.spearman_low, r.spearman_high)}, "
              f"cheapest head picked in {r.largest_share_is_cheapest} of {r.instances}" for r in summary.itertuples()]
     return ("Input-independent share against the loss change of making that head static: "
@@ -110,7 +112,7 @@ def _static(figures: Path) -> str:
 
 
 def _softmax_static(figures: Path) -> str:
-    summary = pd.read_csv(figures / "softmax_static_heads_summary.csv")
+    summary = read_csv_exact(figures / "softmax_static_heads_summary.csv")
     names = {"mean_kl": "mean KL", "pattern_variance": "pattern variance"}
     parts = []
     for level, sub in summary.groupby("zeta_value", sort=True):
@@ -128,7 +130,7 @@ def _per_instance_summary(data: pd.DataFrame, group) -> pd.DataFrame:
 
 
 def _tradeoff_attention(figures: Path) -> str:
-    data = _per_instance_summary(pd.read_csv(figures / "tradeoff_attention.csv"), ["zeta_value", "attention"])
+    data = _per_instance_summary(read_csv_exact(figures / "tradeoff_attention.csv"), ["zeta_value", "attention"])
     parts = []
     for level, sub in data.groupby("zeta_value", sort=True):
         said = [f"{r.attention} best `T0` {r.best_T0:g} ({r.best_T0_q25:g} to {r.best_T0_q75:g}), median gain "
@@ -138,7 +140,7 @@ def _tradeoff_attention(figures: Path) -> str:
 
 
 def _digits(figures: Path) -> str:
-    data = pd.read_csv(figures / "digits.csv")
+    data = read_csv_exact(figures / "digits.csv")
     accuracy = data[data["quantity"] == "test_accuracy"]
     T = int(accuracy["T0"].max())
     late = accuracy[accuracy["T0"] >= T // 2]
@@ -192,7 +194,7 @@ def _conditions(rows: pd.DataFrame) -> str:
 def figure_times(figures) -> pd.DataFrame:
     """``timings.csv`` (written by ``benchmarks/figure_times.py``): one row per figure script and mode
     (``full``, ``quick``), its seconds from an empty sweep cache and the runs it stored in sweeps."""
-    return pd.read_csv(Path(figures) / "timings.csv")
+    return read_csv_exact(Path(figures) / "timings.csv")
 
 
 def _times(figures: Path) -> str:

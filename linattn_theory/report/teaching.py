@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..core.io import read_csv_exact
+
 __all__ = ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
            "excess_risk_curve", "best_warmup", "notebook_style", "show", "check_legible", "committed_table",
            "committed_table_folders", "NOTEBOOK_DPI", "NOTEBOOK_MIN_FONT_SIZE"]
@@ -183,7 +185,7 @@ def committed_table(name: str, start=None) -> pd.DataFrame:
     folders = committed_table_folders(start)
     for folder in folders:
         if (folder / name).is_file():
-            return pd.read_csv(folder / name)
+            return read_csv_exact(folder / name)
     raise FileNotFoundError(f"figures/{name} is in none of {', '.join(map(str, dict.fromkeys(folders)))}; "
                             f"`linattn figures` makes it (the figure script that writes it: "
                             f"`linattn figures --list`)")

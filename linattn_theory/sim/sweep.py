@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import ConfigError, RunIntegrityError, SettingWarning
-from ..core.io import atomic_write_bytes, read_run, run_status, timed_run, write_json, write_run
+from ..core.io import atomic_write_bytes, read_csv_exact, read_run, run_status, timed_run, write_json, write_run
 from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dotted, warmup_family_key
 
 __all__ = ["Sweep", "SweepSummary", "DivergedRun", "SweepDiverged", "divergence_report", "load_sweep",
@@ -684,14 +684,7 @@ SUMMARY_COLUMNS = ("run_id", "T0", "rounds_completed", "final_loss", "final_loss
 
 def read_table(data: bytes):
     """A run's ``rounds.csv`` (its bytes) with its dtypes restored (a column of zeros reads back as integers)."""
-    import io
-
-    import pandas as pd
-
-    # the %.17g the table was written with must read back bit for bit: pandas 3's default parser does;
-    # before it the default ("high") is an ulp off for about one value in three, "round_trip" is exact
-    exact = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
-    table = pd.read_csv(io.BytesIO(data), **exact)
+    table = read_csv_exact(data)
     cast = {c: "float64" for c in table.select_dtypes(include="number").columns
             if c not in _INTEGER_COLUMNS and table[c].dtype != "float64"}
     return table.astype(cast) if cast else table      # astype of every column costs more than the read
