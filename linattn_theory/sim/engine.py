@@ -198,12 +198,45 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
              max_bytes: int | str | None = "auto", strategy: Strategy | None = None) -> RunResult:
     """Run ``config`` end to end: build the clients, initialise, run the schedule.
 
-    ``frozen_features`` is passed to :func:`run_schedule` (features of the frozen stage).
-    ``max_bytes`` bounds a round's working set (see :func:`run_schedule`; ``"auto"``:
-    cache-sized chunks of clients on the CPU when the round does not fit in cache, one chunk
-    on a GPU, :func:`~linattn_theory.core.backend.resolve_max_bytes`); results do not depend on it.
-    ``strategy`` overrides the one ``config`` names (built by
-    :func:`~linattn_theory.sim.strategies.make_strategy`), e.g. to keep its control's record.
+    Parameters
+    ----------
+    config : RunConfig
+        The run: task family and its sizes, model, federated schedule and seed
+        (:func:`~linattn_theory.sim.config.config_from_dict`, :func:`~linattn_theory.sim.config.load_config`).
+    clients : FederatedDataset, optional
+        The clients to train on (e.g. your own data, :class:`~linattn_theory.core.clients.FederatedDataset`);
+        default: those ``config.task`` describes, drawn from ``config.seed``.
+    progress : bool, default False
+        Show a progress bar over the rounds.
+    params : Params, optional
+        Initial parameters ``θ^0``; default: drawn from ``config`` (``model.init_scale``, ``seed``).
+    frozen_features : callable, optional
+        ``frozen_features(params) -> φ`` of shape ``(m, N, H·d)``: the features of the frozen stage
+        instead of those of the frozen kernel (static heads; passed to :func:`run_schedule`).
+    max_bytes : int, str or None, default "auto"
+        Bound on a round's working set (see :func:`run_schedule`; ``"auto"``: cache-sized chunks
+        of clients on the CPU when the round does not fit in cache, one chunk on a GPU,
+        :func:`~linattn_theory.core.backend.resolve_max_bytes`); results do not depend on it.
+    strategy : Strategy, optional
+        Overrides the one ``config`` names (built by :func:`~linattn_theory.sim.strategies.make_strategy`),
+        e.g. to keep its control's record.
+
+    Returns
+    -------
+    RunResult
+        The per-round table (row ``t`` describes ``θ^t``), the final parameters ``θ^T``, those
+        of round ``T0`` (``warmup_params``), the divergence report (``None`` if none) and the
+        metadata (configuration, provenance, engine).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 5, "warmup_rounds": 2}})
+    >>> result = lt.simulate(config)
+    >>> len(result.table), result.diverged
+    (6, False)
+    >>> bool(result.table["loss_regularized"].iloc[-1] < result.table["loss_regularized"].iloc[0])
+    True
     """
     clients = clients_from_config(config) if clients is None else clients
     data, params = prepare_run(config, clients, params)
