@@ -66,7 +66,12 @@ autosummary_context = {
     "public_api": sorted(set(linattn_theory.__all__) - set(linattn_theory.LAYERS)),
 }
 autodoc_default_options = {"members": True}   # a class's documented methods too
-autodoc_typehints = "description"
+# the annotations in the signatures; the numpydoc Parameters sections describe the arguments (a
+# list of the annotations alone would leave out the arguments without one). An annotated class
+# re-exported by its package (``Params``: core.Params, core.model.Params) is one object: either
+# page will do, so the "more than one target" warning (ref.python) is not an error
+autodoc_typehints = "signature"
+suppress_warnings = ["ref.python"]
 autodoc_member_order = "bysource"
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False

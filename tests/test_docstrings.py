@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import inspect
+import tempfile
 
 import pytest
 
@@ -13,7 +14,8 @@ import linattn_theory as lt
 numpydoc = pytest.importorskip("numpydoc.docscrape", reason="the docs extra is not installed")
 
 #: the API a user meets first (README.md, docs/api.md): numpydoc sections complete
-FIRST_MET = ["simulate", "simulate_many", "warmup_sweep", "warmup_sweep_many"]
+FIRST_MET = ["simulate", "simulate_many", "warmup_sweep", "warmup_sweep_many", "config_from_dict", "load_config",
+             "load_sweep", "run_sweep", "load_results", "load_run"]
 
 
 def sections(obj):
@@ -79,7 +81,8 @@ def examples() -> list[doctest.DocTest]:
 
 
 @pytest.mark.slow
-def test_the_examples_run():
+def test_the_examples_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))     # the examples' scratch folders
     tests = examples()
     assert {test.name for test in tests} >= {f"lt.{name}" for name in FIRST_MET}
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

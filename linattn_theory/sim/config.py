@@ -241,7 +241,35 @@ def _build_section(cls, data, path: str):
 
 
 def config_from_dict(data: dict) -> RunConfig:
-    """Validate a nested dictionary (as read from TOML) and return a :class:`RunConfig`."""
+    """Validate a nested dictionary (as read from TOML) and return a :class:`RunConfig`.
+
+    Parameters
+    ----------
+    data : dict
+        ``{"seed": …, "task": {…}, "model": {…}, "federated": {…}}``; every key optional (its
+        default, docs/cli.md), an unknown key, a value of the wrong type or out of range refused.
+
+    Returns
+    -------
+    RunConfig
+        The validated configuration, every field filled in.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key and the expected values.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"seed": 1, "federated": {"rounds": 20, "warmup_rounds": 5}})
+    >>> config.federated.rounds, config.federated.warmup_rounds, config.task.family
+    (20, 5, 'planted_kernel')
+    >>> lt.config_from_dict({"federated": {"round": 20}})
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ConfigError: federated.round: unknown key...
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"configuration: expected a table, got {type(data).__name__}")
     data = _drop_none(data)   # a recorded config (metadata.json) writes absent options as null
@@ -381,8 +409,31 @@ def read_toml(path, what: str = "config file") -> dict:
 
 
 def load_config(path, overrides: dict | None = None) -> RunConfig:
-    """Read and validate a TOML configuration file, with dotted-key ``overrides`` applied
-    (:func:`parse_overrides`)."""
+    """Read and validate a TOML configuration file, with dotted-key ``overrides`` applied.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A TOML file with the sections of :func:`config_from_dict` (``simulations/configs/*.toml``).
+    overrides : dict, optional
+        ``{"section.key": value}`` applied over the file before validation (``--set KEY=VALUE``,
+        :func:`parse_overrides`).
+
+    Returns
+    -------
+    RunConfig
+        The validated configuration.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.toml"
+    >>> _ = path.write_text("seed = 3\\n[federated]\\nrounds = 20\\nwarmup_rounds = 5\\n")
+    >>> config = lt.load_config(path, {"federated.local_steps": 2})
+    >>> config.seed, config.federated.rounds, config.federated.local_steps
+    (3, 20, 2)
+    """
     return config_from_dict(apply_overrides(read_toml(path), overrides or {}))
 
 

@@ -236,7 +236,36 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
 
 def load_sweep(path, *, quick: bool = False, max_runs: int | None = MAX_RUNS,
                overrides: dict | None = None) -> Sweep:
-    """Read and validate a sweep TOML file (see the module docstring and :func:`sweep_from_dict`)."""
+    """Read and validate a sweep TOML file (see the module docstring and :func:`sweep_from_dict`).
+
+    Parameters
+    ----------
+    path : str or path-like
+        A sweep file: a run configuration plus ``[grid]`` (or ``[[grid]]``), optionally
+        ``[quick]`` and ``[figure]`` (``simulations/configs/*.toml``).
+    quick : bool, default False
+        Apply the file's ``[quick]`` table (``--quick``; refused when it has none).
+    max_runs : int or None, default MAX_RUNS
+        Refuse a grid of more runs (``None``: no limit).
+    overrides : dict, optional
+        ``{"section.key": value}``, applied last (``--set``): a key of a grid gets a new list,
+        any other key a new base value.
+
+    Returns
+    -------
+    Sweep
+        The validated sweep: its base configuration, grid and every run's :class:`RunConfig`.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "sweep.toml"
+    >>> _ = path.write_text('[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\nseed = [0, 1]\\n')
+    >>> sweep = lt.load_sweep(path)
+    >>> [(c.federated.warmup_rounds, c.seed) for c in sweep.configs]
+    [(0, 0), (0, 1), (2, 0), (2, 1), (4, 0), (4, 1)]
+    """
     return sweep_from_dict(read_toml(path, "sweep file"), quick=quick, source=str(path),
                            max_runs=max_runs, overrides=overrides)
 
@@ -704,17 +733,51 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
               existing: str = "refuse", wait: bool = False) -> SweepSummary:
     """Run every unfinished run of ``sweep`` and store it under ``out`` (see the module docstring).
 
-    ``executor``: ``"serial"`` (in-process), ``"processes"`` (``workers`` forked processes,
-    default one per core, each exiting as soon as the calling process is gone) or ``"dask"``
-    (``scheduler`` address, checked first, or a local cluster of ``workers`` processes bound to
-    127.0.0.1 whose scratch folder is removed afterwards). Holds the folder's lock
-    (:func:`sweep_lock`; ``wait``: wait for another sweep writing there instead of refusing),
-    writes ``out/sweep.json`` (the grid and its run ids) first, recomputes runs whose files do not
-    match their hashes, and writes ``out/summary.csv`` when every run is stored (an earlier one is
-    removed at the start). ``existing``: when ``out`` holds a sweep with other runs,
-    ``"refuse"`` (a :class:`ConfigError`), ``"add"`` this sweep's runs to it, or ``"replace"``
-    its manifest (runs stay on disk under their hashes). A folder holding a single run
-    (``metadata.json``) is refused.
+    Holds the folder's lock (:func:`sweep_lock`), writes ``out/sweep.json`` (the grid and its run
+    ids) first, recomputes runs whose files do not match their hashes, and writes
+    ``out/summary.csv`` when every run is stored (an earlier one is removed at the start). A
+    folder holding a single run (``metadata.json``) is refused.
+
+    Parameters
+    ----------
+    sweep : Sweep
+        The runs (:func:`load_sweep`, :func:`sweep_from_dict`).
+    out : str or path-like
+        The sweep folder; run ``i`` is stored in ``out/runs/<config_hash>/``.
+    executor : {"serial", "processes", "dask"}, default "serial"
+        In-process, ``workers`` forked processes (each exiting as soon as the calling process is
+        gone), or Dask (``scheduler``, or a local cluster of ``workers`` processes bound to
+        127.0.0.1 whose scratch folder is removed afterwards).
+    workers : int, optional
+        Worker processes of ``"processes"`` or a local Dask cluster; default one per core.
+    scheduler : str, optional
+        Address of a running Dask scheduler (``"dask"``; checked first).
+    progress : bool, default False
+        Show a progress bar over the runs.
+    existing : {"refuse", "add", "replace"}, default "refuse"
+        When ``out`` holds a sweep with other runs: refuse (a :class:`ConfigError`), add this
+        sweep's runs to it, or replace its manifest (runs stay on disk under their hashes).
+    wait : bool, default False
+        Wait for another sweep writing to ``out`` instead of refusing.
+
+    Returns
+    -------
+    SweepSummary
+        How many runs the sweep has, were finished before, were computed now (``broken`` of them
+        recomputed) and diverged, the seconds taken, and the summary table written.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "sweep.toml").write_text('[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 4]\\n')
+    >>> sweep = lt.load_sweep(folder / "sweep.toml")
+    >>> summary = lt.run_sweep(sweep, folder / "out")
+    >>> summary.total, summary.computed, summary.diverged
+    (2, 2, 0)
+    >>> lt.run_sweep(sweep, folder / "out").skipped       # finished runs are not run again
+    2
     """
     from tqdm.auto import tqdm
 
