@@ -53,14 +53,14 @@ def load_results(out, *, rounds: bool = False) -> pd.DataFrame:
     --------
     >>> import pathlib, tempfile
     >>> import linattn_theory as lt
+    >>> from linattn_theory.core.io import write_run
     >>> folder = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (folder / "sweep.toml").write_text('[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 4]\\n')
-    >>> _ = lt.run_sweep(lt.load_sweep(folder / "sweep.toml"), folder / "out")
-    >>> table = lt.load_results(folder / "out")
-    >>> table[["federated.warmup_rounds", "rounds_completed", "diverged"]].values.tolist()
-    [[0, 4, False], [4, 4, False]]
-    >>> len(lt.load_results(folder / "out", rounds=True))    # rounds 0..4 of each run
-    10
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> _ = write_run(lt.simulate(config), folder)
+    >>> lt.load_results(folder)[["federated.warmup_rounds", "rounds_completed", "diverged"]].values.tolist()
+    [[2, 4, False]]
+    >>> len(lt.load_results(folder, rounds=True))    # rounds 0..4
+    5
     """
     out = Path(out)
     if not out.is_dir():
