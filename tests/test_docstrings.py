@@ -15,6 +15,7 @@ numpydoc = pytest.importorskip("numpydoc.docscrape", reason="the docs extra is n
 
 #: the API a user meets first (README.md, docs/api.md): numpydoc sections complete
 FIRST_MET = ["simulate", "simulate_many", "warmup_sweep", "warmup_sweep_many", "config_from_dict", "load_config",
+             "make_clients", "planted_kernel_clients", "in_context_regression_clients", "digits_clients", "split_clients",
              "load_sweep", "run_sweep", "load_results", "load_run"]
 
 
