@@ -196,20 +196,9 @@ def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
 
     Parameters
     ----------
-    num_clients : int, default 8
-        Number of clients ``m``.
-    label_alpha : float, optional
-        Label skew: each class's shares over the clients are ``Dirichlet(α_label · 1_m)`` (small:
-        each client sees few classes); default every class spread evenly.
-    dirichlet_alpha : float, optional
-        Size skew: client weights ``Dirichlet(α · 1_m)`` multiply those shares; default equal.
-    test_fraction : float, default 0.25
-        Share of each class held out as a test split (in ``truth``).
-    seed : int, default 0
-        Seed of the test split and of the shares.
-    fresh_samples : bool, default False
-        Build the clients from the test split, with the same shares (each client's population,
-        for :func:`~linattn_theory.theory.profile.population_value_moments`).
+    num_clients, label_alpha, dirichlet_alpha, test_fraction, seed, fresh_samples
+        The split into clients, as in :func:`split_clients` (defaults: 8 clients, no label or
+        size skew, a quarter of each class held out, seed 0).
 
     Returns
     -------

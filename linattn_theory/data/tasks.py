@@ -182,12 +182,9 @@ def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=
 
     Parameters
     ----------
-    num_clients : int, default 8
-        Number of clients ``m``.
-    samples_per_client : int, default 256
-        Samples ``N`` per client (the mean size when ``dirichlet_alpha`` is set).
-    tokens : int, default 16
-        Context length ``n``.
+    num_clients, samples_per_client, tokens, dirichlet_alpha, seed, fresh_samples
+        The clients and their samples, as in :func:`planted_kernel_clients` (defaults: 8
+        clients of 256 samples, contexts of 16 tokens, equal sizes, seed 0).
     dim : int, default 4
         Dimension of the covariates ``x`` (tokens have ``dim + 1``).
     zeta_covariate : float, default 0.5
@@ -196,14 +193,6 @@ def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=
         Heterogeneity ``ζ_w`` of the clients' task means.
     noise : float, default 0.0
         Noise ``σ`` of the context labels.
-    dirichlet_alpha : float, optional
-        Client sizes in Dirichlet(α) proportions (at least one sample each, ``m·N`` in all);
-        default equal sizes.
-    seed : int, default 0
-        The instance: teacher, clients and samples are drawn from it.
-    fresh_samples : bool, default False
-        Draw new samples of the same clients (an independent evaluation set: same teacher and
-        client distributions, every client ``samples_per_client`` samples).
 
     Returns
     -------
