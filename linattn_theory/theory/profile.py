@@ -73,12 +73,8 @@ def profile_gradient(K, clients, lam: float = 0.0):
 
     Parameters
     ----------
-    K : array_like, shape (H, d, d)
-        Attention kernels, one per head.
-    clients : FederatedDataset or StackedClients
-        The clients (a list of ``(X, q, y)`` tuples is accepted too).
-    lam : float, default 0.0
-        Ridge ``λ ≥ 0`` on the value block.
+    K, clients, lam
+        Kernels ``(H, d, d)``, clients and ridge, as in :func:`profile_objective`.
 
     Returns
     -------
