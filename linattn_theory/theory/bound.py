@@ -519,6 +519,36 @@ def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None =
     :func:`~linattn_theory.theory.profile.centralized_optimum` (also started from the path's best and
     last kernels, so ``bias ≥ 0`` along the path) unless ``optimum`` (a number or a
     ``CentralizedOptimum``) is given. Every assumption is checked along the path.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance (``T``, step sizes, ridge).
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+    path : WarmupPath, optional
+        A FedAvg path already computed (:func:`warmup_path`); default: run one.
+    optimum : float or CentralizedOptimum, optional
+        ``Φ*_λ``; default computed as above.
+    restarts : int, default 8
+        Random starts of the centralised optimum.
+
+    Returns
+    -------
+    TradeoffBound
+        ``curve`` (``U(T0)`` and its terms for ``T0 = 0..T``), its minimiser ``T0_theory``, the
+        fitted constants and the assumption checks.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
+    >>> bound = lt.estimate_bound(config, restarts=2)
+    >>> len(bound.curve), 0 <= bound.T0_theory <= 8
+    (9, True)
+    >>> bool(bound.curve["U"].min() == bound.curve.loc[bound.curve["round"] == bound.T0_theory, "U"].iloc[0])
+    True
     """
     clients = config_stacked(config, clients_from_config(config) if clients is None else clients)
     path = warmup_path(config, clients) if path is None else path

@@ -150,6 +150,35 @@ def warmup_inexactness(config_or_params, clients=None, *, rounds: int | None = N
     ``config_or_params`` is a :class:`~linattn_theory.sim.config.RunConfig` (its initial parameters,
     clients, settings and ``T0`` rounds) or :class:`~linattn_theory.core.model.Params` (then pass
     ``clients``, ``rounds``, ``lam``, ``eta``, ``local_steps``). One row per round.
+
+    Parameters
+    ----------
+    config_or_params : RunConfig or Params
+        The instance, or the initial parameters ``θ^0`` (then pass the settings below).
+    clients : FederatedDataset, optional
+        The clients (default those of the config; needed with ``Params``).
+    rounds : int, optional
+        Warm-up rounds to analyse; default the config's ``T0``.
+    lam, eta, local_steps, server_learning_rate : float or int, optional
+        Ridge, client step size, local steps ``E`` and server step size; default the config's.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per round: the columns above, with ``profile_objective``, ``gradient_norm`` and
+        the distance of ``V^t`` to ``V*_λ(K^t)``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
+    >>> table = lt.warmup_inexactness(config)
+    >>> len(table)
+    4
+    >>> parts = table[["value_lag", "client_drift", "factor_averaging", "remainder"]].sum(axis=1)
+    >>> bool((parts - table["gap"]).abs().max() < 1e-12)
+    True
     """
     from ..sim.config import RunConfig
     if isinstance(config_or_params, RunConfig):
