@@ -453,6 +453,36 @@ def run_online(config, clients=None, rule: OnlineRule | None = None, *, params: 
     round ``t`` with kernel round ``s``, the run continues from ``θ^s`` with the kernel frozen for
     the remaining ``T − t`` rounds (the table keeps the rows of the rounds spent). Full batches and
     full participation make the forecast exact; otherwise it is the forecast of the mean dynamics.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance; its strategy and ``warmup_rounds`` are not used.
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+    rule : OnlineRule, optional
+        The rule; default from the config's ``adaptive_*`` settings.
+    params : Params, optional
+        Initial parameters; default drawn from ``config``.
+    max_bytes : int, str or None, default "auto"
+        As in :func:`~linattn_theory.sim.engine.simulate`.
+    progress : bool, default False
+        Show a progress bar over the rounds.
+
+    Returns
+    -------
+    OnlineRun
+        The run, the round whose kernel was frozen, the round the rule decided, its forecast and
+        its decisions round by round.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 12, "warmup_rounds": 4}})
+    >>> online = lt.run_online(config)
+    >>> online.kernel_round <= online.stop_round <= 12, len(online.result.table)
+    (True, 13)
     """
     from ..sim.engine import simulate
 

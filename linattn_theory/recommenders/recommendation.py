@@ -187,6 +187,42 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
     * ``"a_posteriori"`` (descriptive): ``argmin U`` of the bound fitted on the whole FedAvg path.
 
     With ``measure``, simulates the recommendation and plain FedAvg against one ``Φ*_λ``.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance; its ``federated.warmup_rounds`` is not used.
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+    mode : {"online", "pilot", "transfer", "a_posteriori"}, default "online"
+        The information set (above).
+    measure : bool, default True
+        Also simulate the recommendation and plain FedAvg and report their excess risks (``measured``).
+    pilot_rounds : int, optional
+        Pilot rounds ``T_p`` (``"pilot"``); default ``⌊T/4⌋``.
+    transfer_seeds : iterable of int, optional
+        The other instances' seeds (``"transfer"``); default the three after ``config.seed``.
+    rule : OnlineRule, optional
+        The online rule (``"online"``); default from the config.
+    restarts : int, default 8
+        Random starts of the centralised optimum ``Φ*_λ``.
+
+    Returns
+    -------
+    Recommendation
+        ``T0_theory``, the information it used, the curve or decisions it came from and, with
+        ``measure``, the measured excess risks.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 12, "warmup_rounds": 4}})
+    >>> advice = lt.recommend(config, measure=False)
+    >>> advice.mode, 0 <= advice.T0_theory <= advice.stop_round <= 12
+    ('online', True)
+    >>> lt.recommend(config, mode="a_posteriori", restarts=2).measured["run"].tolist()
+    ['recommended', 'fedavg']
     """
     from ..sim.engine import clients_from_config
 
