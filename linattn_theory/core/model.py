@@ -58,6 +58,23 @@ class Params:
     """Parameters of one layer: ``WQ``, ``WK`` of shape ``(..., H, d, r)``, ``WV`` ``(..., H, d, p)``.
 
     Leading axes (``...``) stack several models, e.g. one per client.
+
+    Parameters
+    ----------
+    WQ, WK : array, shape (..., H, d, r)
+        Query and key factors of the ``H`` heads (kernel ``K_h = W_Q^h (W_K^h)^T`` of rank ``≤ r``).
+    WV : array, shape (..., H, d, p)
+        Value blocks.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> params = lt.Params.init(d=6, r=3, p=2, heads=2, seed=0)
+    >>> params.shape, params.WV.shape
+    ((2, 6, 3, 2), (2, 6, 2))
+    >>> doubled = params.map(lambda block: 2 * block)
+    >>> bool((lt.kernel(doubled) == 4 * lt.kernel(params)).all())
+    True
     """
 
     WQ: object
@@ -98,7 +115,24 @@ class Params:
 
 
 def kernel(params: Params):
-    """Attention kernels ``K_h = W_Q^h (W_K^h)^T``, shape ``(..., H, d, d)`` (docs/theory.md §1)."""
+    """Attention kernels ``K_h = W_Q^h (W_K^h)^T``, shape ``(..., H, d, d)`` (docs/theory.md §1).
+
+    Parameters
+    ----------
+    params : Params
+        The layer (or a stack of layers).
+
+    Returns
+    -------
+    array, shape (..., H, d, d)
+        The kernels, in the namespace of ``params``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> lt.kernel(lt.Params.init(d=6, r=3, p=2, heads=2)).shape
+    (2, 6, 6)
+    """
     xp = array_namespace(params.WQ, params.WK)
     if params.WQ.ndim < 3 or tuple(params.WQ.shape[-3:]) != tuple(params.WK.shape[-3:]):
         raise ValueError(f"kernel: WQ {tuple(params.WQ.shape)} and WK {tuple(params.WK.shape)}; "
@@ -107,7 +141,27 @@ def kernel(params: Params):
 
 
 def context_second_moment(X):
-    """``Ŝ = X^T X / n`` for contexts ``X`` of shape ``(..., n, d)``; returns ``(..., d, d)``."""
+    """``Ŝ = X^T X / n`` for contexts ``X`` of shape ``(..., n, d)``; returns ``(..., d, d)``.
+
+    Parameters
+    ----------
+    X : array, shape (..., n, d)
+        Contexts of ``n`` tokens.
+
+    Returns
+    -------
+    array, shape (..., d, d)
+        ``Ŝ``, symmetric positive semi-definite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> X = np.arange(6.0).reshape(3, 2)           # three tokens in d = 2
+    >>> S = lt.context_second_moment(X)
+    >>> bool(np.allclose(S, [[(0 + 4 + 16) / 3, (0 + 6 + 20) / 3], [(0 + 6 + 20) / 3, (1 + 9 + 25) / 3]]))
+    True
+    """
     xp = array_namespace(X)
     return xp.matmul(xp.matrix_transpose(X), X) / X.shape[-2]
 
@@ -121,7 +175,31 @@ def _heads_to_columns(xp, K):
 def features(K, S, q):
     """Per-head features ``φ_h = Ŝ K_h^T q``, shape ``(..., N, H, d)`` (docs/theory.md §4).
 
-    ``K`` is ``(..., H, d, d)``, ``S`` is ``(..., N, d, d)`` (symmetric), ``q`` is ``(..., N, d)``.
+    Parameters
+    ----------
+    K : array, shape (..., H, d, d)
+        Kernels.
+    S : array, shape (..., N, d, d)
+        Context second moments ``Ŝ`` (:func:`context_second_moment`).
+    q : array, shape (..., N, d)
+        Queries.
+
+    Returns
+    -------
+    array, shape (..., N, H, d)
+        ``φ_h``; the prediction is ``ŷ = Σ_h (W_V^h)^T φ_h``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params, X, q = lt.Params.init(d=4, r=2, p=1), rng.normal(size=(5, 3, 4)), rng.normal(size=(5, 4))
+    >>> phi = lt.features(lt.kernel(params), lt.context_second_moment(X), q)
+    >>> phi.shape
+    (5, 1, 4)
+    >>> bool(np.allclose(np.einsum("nhd,hdp->np", phi, params.WV), lt.predict(params, X, q)))
+    True
     """
     xp = array_namespace(K, S, q)
     H, d = K.shape[-3], K.shape[-1]
@@ -205,6 +283,33 @@ def predict(params: Params, X, q, attention: str = "linear", temperature: float 
 
     Linear attention: ``ŷ = Σ_h (W_V^h)^T Ŝ K_h^T q`` with ``Ŝ = X^T X / n`` (docs/theory.md §1);
     softmax: ``ŷ = Σ_h (W_V^h)^T X^T softmax(X K_h^T q / τ)`` (docs/theory.md §9).
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    X : array, shape (B, n, d)
+        Contexts.
+    q : array, shape (B, d)
+        Queries.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ > 0``.
+
+    Returns
+    -------
+    array, shape (B, p)
+        ``ŷ``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params, X, q = lt.Params.init(d=4, r=2, p=3), rng.normal(size=(5, 6, 4)), rng.normal(size=(5, 4))
+    >>> lt.predict(params, X, q).shape, lt.predict(params, X, q, attention="softmax").shape
+    ((5, 3), (5, 3))
     """
     _check_attention(attention, temperature)
     _validate(X, q)
@@ -228,6 +333,41 @@ def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
     Returns ``(loss, grads)`` with ``loss`` of shape ``(...)`` and ``grads`` a :class:`Params`;
     blocks not listed in ``blocks`` are returned as ``None`` and not computed, and so is the
     loss with ``with_loss=False`` (local steps need only the gradients).
+
+    Parameters
+    ----------
+    params : Params
+        The layer (or one per client, on the leading axes).
+    S : array, shape (..., N, d, d)
+        Context second moments ``Ŝ``.
+    q : array, shape (..., N, d)
+        Queries.
+    y : array, shape (..., N, p)
+        Targets.
+    sample_weight : array, shape (..., N), optional
+        Weights ``w_i``; default ``1/N``.
+    blocks : tuple of str, default ("WQ", "WK", "WV")
+        The blocks whose gradients to compute.
+    with_loss : bool, default True
+        Compute the loss too.
+
+    Returns
+    -------
+    loss : array, shape (...)
+        The weighted loss (``None`` with ``with_loss=False``).
+    grads : Params
+        The gradients of ``blocks`` (the others ``None``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> loss, grads = lt.loss_and_grad_from_moments(params, lt.context_second_moment(X), q, y, blocks=("WV",))
+    >>> grads.WQ is None, bool(np.allclose(grads.WV, lt.loss_and_grad(params, X, q, y)[1].WV))
+    (True, True)
     """
     xp = array_namespace(S, q, y, params.WV)
     H, d, p = params.WV.shape[-3:]
@@ -298,9 +438,42 @@ def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None, *,
 def loss_and_grad(params: Params, X, q, y, attention: str = "linear", temperature: float = 1.0):
     """Batch-mean loss ``(1/B) Σ_i ½‖ŷ_i − y_i‖²`` and closed-form gradients (docs/theory.md §1, §9).
 
-    ``X`` ``(B, n, d)``, ``q`` ``(B, d)``, ``y`` ``(B, p)``; returns ``(loss, grads)`` with ``grads``
-    a :class:`Params` of the same shapes as ``params``. ``attention`` is ``"linear"`` or
-    ``"softmax"`` (scores divided by ``temperature``).
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    X : array, shape (B, n, d)
+        Contexts.
+    q : array, shape (B, d)
+        Queries.
+    y : array, shape (B, p)
+        Targets.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ > 0``.
+
+    Returns
+    -------
+    loss : float
+        The batch-mean loss.
+    grads : Params
+        Its gradients with respect to ``WQ``, ``WK``, ``WV``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> loss, grads = lt.loss_and_grad(params, X, q, y)
+    >>> step = np.zeros_like(params.WV)
+    >>> step[0, 1, 0] = 1e-6                        # the gradient against a central difference
+    >>> up = lt.loss_and_grad(params.replace(WV=params.WV + step), X, q, y)[0]
+    >>> down = lt.loss_and_grad(params.replace(WV=params.WV - step), X, q, y)[0]
+    >>> bool(np.isclose((up - down) / 2e-6, grads.WV[0, 1, 0], rtol=1e-6))
+    True
     """
     _check_attention(attention, temperature)
     _validate(X, q, y)
