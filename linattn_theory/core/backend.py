@@ -50,6 +50,23 @@ def get_namespace(backend: str = "numpy"):
 
     ``numpy`` and ``cupy`` are wrapped by ``array_api_compat``; ``cupy`` needs CuPy and a
     CUDA GPU, and says how to install them (the ``[gpu]`` extra) when they are missing.
+
+    Parameters
+    ----------
+    backend : {"numpy", "cupy", "array_api_strict"}, default "numpy"
+        The array library (``model.backend`` of a config).
+
+    Returns
+    -------
+    module
+        The namespace: ``xp.asarray``, ``xp.matmul``, … of the Array API standard.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> xp = lt.get_namespace("numpy")
+    >>> xp.matmul(xp.ones((2, 3)), xp.ones((3, 1))).tolist()
+    [[3.0], [3.0]]
     """
     if backend == "numpy":
         import array_api_compat.numpy as xp
