@@ -137,7 +137,32 @@ class FederatedConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A whole run: ``seed`` and the ``task``, ``model`` and ``federated`` sections."""
+    """A whole run: ``seed`` and the ``task``, ``model`` and ``federated`` sections.
+
+    Build one with :func:`config_from_dict` or :func:`load_config` (validated); every field of
+    every section is listed in docs/cli.md.
+
+    Parameters
+    ----------
+    seed : int, default 0
+        The root seed: the instance (teacher, clients, initialisation, minibatches).
+    task : TaskConfig
+        The task family and its sizes and heterogeneity.
+    model : ModelConfig
+        The layer: heads, rank, attention, initialisation, backend and dtype.
+    federated : FederatedConfig
+        The schedule: strategy, rounds, warm-up ``T0``, local steps, step sizes, participation.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 30, "warmup_rounds": 10}})
+    >>> later = config.with_updates({"federated.warmup_rounds": 20, "seed": 4})
+    >>> later.federated.warmup_rounds, later.seed, config.federated.warmup_rounds
+    (20, 4, 10)
+    >>> lt.config_from_dict(later.to_dict()) == later
+    True
+    """
 
     seed: int = _spec(0, low=0, doc="root seed")
     task: TaskConfig = field(default_factory=TaskConfig)

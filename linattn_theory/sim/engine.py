@@ -52,7 +52,22 @@ class Divergence:
 
 @dataclass
 class RunResult:
-    """The outcome of one run: the per-round table, the final and the round-``T0`` parameters."""
+    """The outcome of one run: the per-round table, the final and the round-``T0`` parameters.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        One row per round ``t = 0..T`` (``θ^t``): ``loss``, ``loss_regularized``, drift columns,
+        participants, ``client_loss_c`` … (docs/cli.md, "What a run writes").
+    params : Params
+        The final parameters ``θ^T``.
+    warmup_params : Params
+        The parameters at round ``T0``, ``θ^{T0}`` (the frozen kernel's).
+    divergence : Divergence, optional
+        Where and why the run diverged (``None``: it did not; ``diverged`` says so).
+    metadata : dict, optional
+        The configuration, seed, version, provenance and the engine used.
+    """
 
     table: pd.DataFrame
     params: Params
@@ -110,7 +125,30 @@ def value_curvature(K, data: StackedClients, ridge: float = 0.0):
 
 
 def stable_learning_rate(K, data: StackedClients, ridge: float = 0.0) -> float:
-    """The value block's stability limit ``2 / max_c λ_max(Ã_c)`` (docs/theory.md §5)."""
+    """The value block's stability limit ``2 / max_c λ_max(Ã_c)`` (docs/theory.md §5).
+
+    Parameters
+    ----------
+    K : array, shape (H, d, d)
+        The kernels (frozen, or the current ones).
+    data : StackedClients
+        The clients (:func:`~linattn_theory.core.clients.stack_clients`).
+    ridge : float, default 0.0
+        Ridge ``λ``.
+
+    Returns
+    -------
+    float
+        The largest client step size ``η`` for which every client's local value steps are stable.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> eta = lt.stable_learning_rate(clients.truth["kernel"], lt.stack_clients(clients))
+    >>> bool(lt.contraction_rate(clients.truth["kernel"], clients, eta=0.9 * eta, E=1) < 1)
+    True
+    """
     return float(2.0 / np.max(value_curvature(K, data, ridge)))
 
 
@@ -430,6 +468,49 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
 
     Returns the per-round table (row ``t`` describes ``θ^t``; drift columns describe the round
     that produced it), the final parameters and those at round ``T0``.
+
+    Parameters
+    ----------
+    params : Params
+        Initial parameters ``θ^0`` (on the namespace of ``data``).
+    data : StackedClients
+        The clients.
+    fed : FederatedConfig
+        The federated schedule (``config.federated``): rounds, strategy, step sizes, batches.
+    warmup_rounds : int
+        ``T0``.
+    seed : int, default 0
+        Seed of the minibatches and of the participating clients.
+    progress : bool, default False
+        Show a progress bar over the rounds.
+    strategy : Strategy, optional
+        Overrides the one named in ``fed``.
+    frozen_features : callable, optional
+        ``frozen_features(params) -> φ`` ``(m, N, H·d)``, the frozen stage's features.
+    max_bytes : int, optional
+        Bound on a round's working set; ``None``: one chunk of clients.
+    prefix : RunState, optional
+        Continue a run from this state.
+    on_round : callable, optional
+        ``on_round(state)``, called with every round's :class:`RunState`.
+    engine : {"auto", "array_api", "fused"}, default "auto"
+        What runs the local steps.
+
+    Returns
+    -------
+    RunResult
+        The table, the final parameters, those at round ``T0``, the divergence report and the
+        metadata.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.engine import prepare_run
+    >>> config = lt.config_from_dict({"federated": {"rounds": 5, "warmup_rounds": 2}})
+    >>> data, params = prepare_run(config)
+    >>> run = lt.run_schedule(params, data, config.federated, warmup_rounds=2, seed=config.seed)
+    >>> run.table["loss"].tolist() == lt.simulate(config).table["loss"].tolist()
+    True
     """
     xp = array_namespace(data.S)
     m, Nmax = data.S.shape[0], data.S.shape[1]
