@@ -26,6 +26,14 @@ class ClientDataset(NamedTuple):
         Queries.
     y : numpy.ndarray, shape (N, p)
         Targets.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> X, q, y = clients[0]                  # a client unpacks as (X, q, y)
+    >>> X.shape, q.shape, y.shape
+    ((64, 8, 4), (64, 4), (64, 2))
     """
 
     X: np.ndarray

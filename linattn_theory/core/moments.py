@@ -37,6 +37,15 @@ class ValueMoments:
         Client weights ``p_c``.
     lam : float, default 0.0
         Ridge ``λ`` (``A_tilde = A + λI``).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> moments = lt.value_moments(clients.truth["kernel"], clients, lam=0.1)
+    >>> A, B, y2 = moments.weighted()             # Σ_c p_c (A_c, B_c, y2_c)
+    >>> A.shape, B.shape, bool((moments.A_tilde - moments.A).trace(axis1=1, axis2=2).round(12).tolist() == [0.4] * 3)
+    ((4, 4), (4, 2), True)
     """
 
     A: object

@@ -182,6 +182,28 @@ class OnlineRule:
     ``z_d = 8`` are what the pre-registered criterion of ``benchmarks/predictive_regret.py``
     (``choose_rule``) picked from the design table of round 3; they are scored there on fresh
     evaluation instances (``descent_confidence=None`` is round 2's rule).
+
+    Parameters
+    ----------
+    window : int, default 10
+        ``w``: rounds of the slope fits and of the escape and drift-turn tests.
+    horizon : int, default 1
+        ``h``: rounds of warm-up the gain test weighs.
+    confidence : float, default 2.0
+        ``z`` of the no-harm test.
+    gain_confidence : float, default 3.0
+        ``z_g`` of the gain test.
+    descent_confidence : float or None, default 8.0
+        ``z_d`` of the descent test (``None``: no descent test, round 2's rule).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 12}})
+    >>> patient = lt.run_online(config, rule=lt.OnlineRule(window=4, confidence=3.0))
+    >>> patient.kernel_round <= patient.stop_round <= 12
+    True
     """
 
     window: int = 10

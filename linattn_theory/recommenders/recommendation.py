@@ -124,6 +124,36 @@ class Recommendation:
     a-posteriori :class:`~linattn_theory.theory.bound.TradeoffBound` (``a_posteriori`` only), whose
     ``violated`` assumption checks are reported first. ``measured`` holds the simulated excess
     risks of the recommendation and of plain FedAvg (``R(T0_theory)``, ``R(T)``) when asked.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    mode : str
+        ``"online"``, ``"pilot"``, ``"transfer"`` or ``"a_posteriori"``.
+    T0_theory : int
+        The recommended warm-up length.
+    information : str
+        The information set, in a sentence.
+    curve : pandas.DataFrame, optional
+        The bound minimised, or the online rule's decisions.
+    stop_round : int, optional
+        The round at which the online rule decided.
+    bound : TradeoffBound, optional
+        The a-posteriori bound.
+    details : dict, optional
+        What else the mode computed (pilot rounds, transfer seeds and their ``T0``, …).
+    measured : pandas.DataFrame, optional
+        ``R(T0_theory)`` and ``R(T)`` when measured.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
+    >>> advice = lt.recommend(config, mode="pilot", pilot_rounds=2, restarts=2, measure=False)
+    >>> advice.mode, 2 <= advice.T0_theory <= 8, advice.measured is None
+    ('pilot', True, True)
     """
 
     config: object

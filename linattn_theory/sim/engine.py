@@ -67,6 +67,15 @@ class RunResult:
         Where and why the run diverged (``None``: it did not; ``diverged`` says so).
     metadata : dict, optional
         The configuration, seed, version, provenance and the engine used.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> result = lt.simulate(lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}))
+    >>> result.table["round"].tolist(), result.params.WV.shape, result.diverged
+    ([0, 1, 2, 3, 4], (1, 6, 2), False)
+    >>> bool((result.warmup_params.WQ == result.params.WQ).all())    # FedFrozen: W_Q frozen after T0
+    True
     """
 
     table: pd.DataFrame

@@ -150,6 +150,30 @@ class TradeoffBound:
     term) and the measured path quantities (``bias``, ``drift_floor``, ``contraction_rate``,
     ``value_lag``, ``tau``, …). ``T0_closed_form`` is the two-term model's closed-form minimiser
     (a real number, possibly outside ``[0, T]``).
+
+    Parameters
+    ----------
+    T0_theory : int
+        ``argmin_{T0} U(T0)`` over ``0..T``.
+    T0_closed_form : float
+        The two-term model's closed-form minimiser.
+    curve : pandas.DataFrame
+        ``U`` and its terms, one row per ``T0``.
+    constants : BoundConstants
+        The fitted constants of ``U`` (docs/theory.md §6).
+    checks : tuple of AssumptionCheck
+        Each assumption of the bound, checked along the path (``violated`` first to read).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
+    >>> bound = lt.estimate_bound(config, restarts=2)
+    >>> len(bound.U), bound.T0_theory == int(bound.U.argmin())
+    (9, True)
+    >>> [check.name for check in bound.checks if not check.holds] == [check.name for check in bound.violated]
+    True
     """
 
     T0_theory: int

@@ -111,6 +111,35 @@ class CentralizedOptimum:
     ``kernel`` ``K*`` ``(H, d, d)``, ``value`` ``V*_0(K*)`` ``(Hd, p)``, ``objective`` ``Φ*_λ``;
     ``starts`` has one row per start (label, initial and final objective, iterations,
     convergence flag and solver message); ``best_start`` names the winning start.
+
+    Parameters
+    ----------
+    kernel : numpy.ndarray, shape (H, d, d)
+        ``K*``.
+    value : numpy.ndarray, shape (H·d, p)
+        ``V*_0(K*)``.
+    objective : float
+        ``Φ*_λ``.
+    lam : float
+        The ridge ``λ`` asked for.
+    rank : int
+        The rank per head optimised over.
+    converged : bool
+        Whether the winning start's L-BFGS converged.
+    factor_gradient_norm : float
+        The norm of the factors' gradient at the optimum.
+    best_start : str
+        The winning start (``"teacher"``, ``"random_3"``, ``"initial_kernel_0"``, …).
+    starts : pandas.DataFrame
+        One row per start.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> optimum = lt.centralized_optimum(clients, rank=2, restarts=2)
+    >>> optimum.best_start in optimum.starts["start"].tolist(), bool(optimum.objective == optimum.starts["objective"].min())
+    (True, True)
     """
 
     kernel: np.ndarray
