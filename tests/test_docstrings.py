@@ -85,12 +85,11 @@ def test_the_check_sees_an_undescribed_argument():
 
 
 def examples() -> list[doctest.DocTest]:
+    """The Examples of every public function and class (module ``__all__``s and the top level)."""
     finder = doctest.DocTestFinder(recurse=False)
     found = []
-    for name in sorted(set(lt.__all__) - set(lt.LAYERS)):
-        obj = getattr(lt, name)
-        if inspect.isfunction(obj) or inspect.isclass(obj):
-            found += [test for test in finder.find(obj, f"lt.{name}", globs={}) if test.examples]
+    for name, obj in public_objects():
+        found += [test for test in finder.find(obj, name, globs={}) if test.examples]
     return found
 
 
@@ -98,7 +97,8 @@ def examples() -> list[doctest.DocTest]:
 def test_the_examples_run(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))     # the examples' scratch folders
     tests = examples()
-    assert {test.name for test in tests} == {f"lt.{name}" for name in TOP_LEVEL}
+    names = {test.name for test in tests}
+    assert all(f"{getattr(lt, name).__module__}.{name}" in names for name in TOP_LEVEL)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     for test in tests:
         runner.run(test)

@@ -99,7 +99,26 @@ class FederatedDataset(Sequence):
 
 
 def as_federated(clients) -> FederatedDataset:
-    """Accept a :class:`FederatedDataset` or a plain sequence of ``(X, q, y)`` tuples (``p_c ∝ N_c``)."""
+    """Accept a :class:`FederatedDataset` or a plain sequence of ``(X, q, y)`` tuples (``p_c ∝ N_c``).
+
+    Parameters
+    ----------
+    clients : FederatedDataset or sequence of (X, q, y)
+        The clients.
+
+    Returns
+    -------
+    FederatedDataset
+        ``clients`` itself, or the tuples with weights ``p_c = N_c / Σ N_c``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.clients import as_federated
+    >>> pairs = [(np.ones((N, 3, 2)), np.ones((N, 2)), np.ones((N, 1))) for N in (1, 3)]
+    >>> as_federated(pairs).weights.tolist()
+    [0.25, 0.75]
+    """
     if isinstance(clients, FederatedDataset):
         return clients
     items = tuple(ClientDataset(*(np.asarray(a) for a in c)) for c in clients)
@@ -127,6 +146,27 @@ class StackedClients:
     the contexts themselves, ``X`` ``(m, N, n, d)`` (kept only then; ``None`` for linear
     attention), with scores divided by ``temperature``. ``inputs`` is what the model reads:
     ``Ŝ`` (linear) or ``X`` (softmax).
+
+    Parameters
+    ----------
+    S : array, shape (m, N, d, d)
+        ``Ŝ`` of every (padded) sample.
+    q : array, shape (m, N, d)
+        Queries.
+    y : array, shape (m, N, p)
+        Targets.
+    sample_weight : array, shape (m, N)
+        ``1/N_c`` on a client's samples, 0 on padding.
+    weights : array, shape (m,)
+        Client weights ``p_c``.
+    sizes : numpy.ndarray, shape (m,)
+        ``N_c`` (host).
+    X : array, shape (m, N, n, d), optional
+        Contexts (softmax attention only).
+    attention : {"linear", "softmax"}, default "linear"
+        The layer that reads the data.
+    temperature : float, default 1.0
+        Softmax temperature.
     """
 
     S: object
