@@ -223,7 +223,22 @@ def _value_matrix(xp, WV):
 
 
 def predict_from_moments(params: Params, S, q):
-    """``ŷ = Σ_h (W_V^h)^T Ŝ K_h^T q = V^T φ``; ``S`` ``(..., N, d, d)``, ``q`` ``(..., N, d)`` → ``(..., N, p)``."""
+    """``ŷ = Σ_h (W_V^h)^T Ŝ K_h^T q = V^T φ``; ``S`` ``(..., N, d, d)``, ``q`` ``(..., N, d)`` → ``(..., N, p)``.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    S : array, shape (..., N, d, d)
+        Context second moments ``Ŝ``.
+    q : array, shape (..., N, d)
+        Queries.
+
+    Returns
+    -------
+    array, shape (..., N, p)
+        ``ŷ``, equal to :func:`predict` on the contexts ``Ŝ`` comes from.
+    """
     xp = array_namespace(S, q, params.WV)
     phi = _flat(xp, features(kernel(params), S, q), 2)
     return xp.matmul(phi, _value_matrix(xp, params.WV))
@@ -422,6 +437,20 @@ def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None, *,
     ``phi``: the features ``φ`` ``(..., N, H·d)`` at the kernel ``W_Q W_K^T`` of ``params`` when
     they are at hand (:func:`~linattn_theory.core.moments.value_moments_and_features`); else
     computed here.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    S, q, y, sample_weight
+        As in :func:`loss_and_grad_from_moments`.
+    phi : array, shape (..., N, H·d), optional
+        The features at the kernel of ``params``.
+
+    Returns
+    -------
+    array, shape (..., H, d, d)
+        ``∇_{K_h} ℓ``; ``∇_{W_Q^h} = ∇_{K_h} W_K^h`` (:func:`loss_and_grad_from_moments`).
     """
     xp = array_namespace(S, q, y, params.WV)
     H, d, _ = params.WV.shape[-3:]
@@ -487,10 +516,33 @@ def loss_and_grad(params: Params, X, q, y, attention: str = "linear", temperatur
 # softmax attention (docs/theory.md §9)
 # --------------------------------------------------------------------------------------
 def softmax_weights(K, X, q, temperature: float = 1.0):
-    """``a_h = softmax_i(q^T K_h x_i / τ)``, shape ``(..., N, H, n)`` (docs/theory.md §9).
-
-    ``K`` ``(..., H, d, d)``, ``X`` ``(..., N, n, d)``, ``q`` ``(..., N, d)``. The largest score of
+    """``a_h = softmax_i(q^T K_h x_i / τ)``, shape ``(..., N, H, n)`` (docs/theory.md §9). The largest score of
     each row is subtracted before ``exp`` (the weights are unchanged, nothing overflows).
+
+    Parameters
+    ----------
+    K : array, shape (..., H, d, d)
+        Kernels.
+    X : array, shape (..., N, n, d)
+        Contexts.
+    q : array, shape (..., N, d)
+        Queries.
+    temperature : float, default 1.0
+        ``τ > 0``.
+
+    Returns
+    -------
+    array, shape (..., N, H, n)
+        The attention weights (each row sums to 1).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.model import softmax_weights
+    >>> rng = np.random.default_rng(0)
+    >>> a = softmax_weights(rng.normal(size=(2, 3, 3)), rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 3)))
+    >>> a.shape, bool(np.allclose(a.sum(axis=-1), 1))
+    ((4, 2, 5), True)
     """
     xp = array_namespace(K, X, q)
     H, d = K.shape[-3], K.shape[-1]
@@ -502,20 +554,69 @@ def softmax_weights(K, X, q, temperature: float = 1.0):
 
 
 def softmax_features(K, X, q, temperature: float = 1.0):
-    """Per-head softmax features ``φ_h = X^T a_h``, shape ``(..., N, H, d)`` (docs/theory.md §9)."""
+    """Per-head softmax features ``φ_h = X^T a_h``, shape ``(..., N, H, d)`` (docs/theory.md §9).
+
+    Parameters
+    ----------
+    K, X, q, temperature
+        As in :func:`softmax_weights`.
+
+    Returns
+    -------
+    array, shape (..., N, H, d)
+        ``φ_h``.
+    """
     xp = array_namespace(K, X, q)
     return xp.matmul(softmax_weights(K, X, q, temperature), X)
 
 
 def attention_features(K, inputs, q, attention: str = "linear", temperature: float = 1.0):
-    """``φ_h`` of either attention, shape ``(..., N, H, d)``: ``inputs`` is ``Ŝ`` (linear) or ``X`` (softmax)."""
+    """``φ_h`` of either attention, shape ``(..., N, H, d)``: ``inputs`` is ``Ŝ`` (linear) or ``X`` (softmax).
+
+    Parameters
+    ----------
+    K : array, shape (..., H, d, d)
+        Kernels.
+    inputs : array
+        ``Ŝ`` ``(..., N, d, d)`` (linear) or ``X`` ``(..., N, n, d)`` (softmax).
+    q : array, shape (..., N, d)
+        Queries.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    array, shape (..., N, H, d)
+        ``φ_h`` (:func:`features` or :func:`softmax_features`).
+    """
     if attention == "softmax":
         return softmax_features(K, inputs, q, temperature)
     return features(K, inputs, q)
 
 
 def predict_from_contexts(params: Params, X, q, attention: str = "linear", temperature: float = 1.0):
-    """``ŷ = V^T φ`` from contexts ``X`` ``(..., N, n, d)`` and queries ``(..., N, d)`` → ``(..., N, p)``."""
+    """``ŷ = V^T φ`` from contexts ``X`` ``(..., N, n, d)`` and queries ``(..., N, d)`` → ``(..., N, p)``.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    X : array, shape (..., N, n, d)
+        Contexts.
+    q : array, shape (..., N, d)
+        Queries.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    array, shape (..., N, p)
+        ``ŷ``.
+    """
     xp = array_namespace(X, q, params.WV)
     inputs = X if attention == "softmax" else context_second_moment(X)
     phi = _flat(xp, attention_features(kernel(params), inputs, q, attention, temperature), 2)
@@ -562,6 +663,26 @@ def loss_and_grad_from_contexts(params: Params, X, q, y, sample_weight=None, blo
     ``∇_{K_h} = Σ_i w_i q g_h^T`` with ``g_h = X^T J (X W_V^h e) / τ``, ``J u = a ⊙ (u − a^T u)``,
     and ``∇_{W_Q^h} = ∇_{K_h} W_K^h``, ``∇_{W_K^h} = (∇_{K_h})^T W_Q^h``. Linear attention: the
     same as :func:`loss_and_grad_from_moments` on ``Ŝ = X^T X / n``. Shapes and ``blocks`` as there.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    X : array, shape (..., N, n, d)
+        Contexts.
+    q, y, sample_weight, blocks
+        As in :func:`loss_and_grad_from_moments`.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    loss : array, shape (...)
+        The weighted loss.
+    grads : Params
+        The gradients of ``blocks``.
     """
     if attention != "softmax":
         return loss_and_grad_from_moments(params, context_second_moment(X), q, y, sample_weight, blocks)
@@ -578,7 +699,28 @@ def loss_and_grad_from_contexts(params: Params, X, q, y, sample_weight=None, blo
 
 def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, blocks=BLOCKS, *,
                               attention: str = "linear", temperature: float = 1.0):
-    """:func:`loss_and_grad_from_moments` (``inputs = Ŝ``) or its softmax form (``inputs = X``)."""
+    """:func:`loss_and_grad_from_moments` (``inputs = Ŝ``) or its softmax form (``inputs = X``).
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    inputs : array
+        ``Ŝ`` ``(..., N, d, d)`` (linear) or ``X`` ``(..., N, n, d)`` (softmax).
+    q, y, sample_weight, blocks
+        As in :func:`loss_and_grad_from_moments`.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    loss : array, shape (...)
+        The weighted loss.
+    grads : Params
+        The gradients of ``blocks``.
+    """
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
                                            attention=attention, temperature=temperature)
@@ -591,6 +733,26 @@ def kernel_gradient_from_inputs(params: Params, inputs, q, y, sample_weight=None
 
     ``phi`` (linear attention only): the features at the kernel, when at hand
     (:func:`kernel_gradient_from_moments`).
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    inputs : array
+        ``Ŝ`` (linear) or ``X`` (softmax).
+    q, y, sample_weight
+        As in :func:`loss_and_grad_from_moments`.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+    phi : array, optional
+        Linear attention's features at the kernel.
+
+    Returns
+    -------
+    array, shape (..., H, d, d)
+        ``∇_{K_h} ℓ``.
     """
     if attention == "softmax":
         if phi is not None:

@@ -111,7 +111,20 @@ def value_moments(K, clients, lam: float = 0.0, *, xp=None) -> ValueMoments:
 def value_moments_and_features(K, clients, lam: float = 0.0, *, xp=None) -> tuple[ValueMoments, object]:
     """``(value_moments(K, clients, lam), φ)``: also the features ``φ`` ``(..., m, N, H·d)`` the
     moments are built from, so that a kernel gradient at the same ``K`` need not compute them again
-    (:func:`~linattn_theory.core.model.kernel_gradient_from_moments`'s ``phi``)."""
+    (:func:`~linattn_theory.core.model.kernel_gradient_from_moments`'s ``phi``).
+
+    Parameters
+    ----------
+    K, clients, lam, xp
+        As in :func:`value_moments`.
+
+    Returns
+    -------
+    moments : ValueMoments
+        :func:`value_moments`'s result.
+    phi : array, shape (..., m, N, H·d)
+        The features the moments are built from.
+    """
     if not lam >= 0:
         raise ValueError(f"lam = {lam!r}; expected a number >= 0")
     data = clients if isinstance(clients, StackedClients) else stack_clients(clients, xp=xp)
