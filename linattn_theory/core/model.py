@@ -707,19 +707,13 @@ def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, 
         The layer.
     inputs : array
         ``Ŝ`` ``(..., N, d, d)`` (linear) or ``X`` ``(..., N, n, d)`` (softmax).
-    q, y, sample_weight, blocks
-        As in :func:`loss_and_grad_from_moments`.
-    attention : {"linear", "softmax"}, default "linear"
-        The attention.
-    temperature : float, default 1.0
-        Softmax temperature ``τ``.
+    q, y, sample_weight, blocks, attention, temperature
+        As in :func:`loss_and_grad_from_contexts`.
 
     Returns
     -------
-    loss : array, shape (...)
-        The weighted loss.
-    grads : Params
-        The gradients of ``blocks``.
+    loss, grads
+        As :func:`loss_and_grad_from_contexts`.
     """
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
@@ -736,16 +730,8 @@ def kernel_gradient_from_inputs(params: Params, inputs, q, y, sample_weight=None
 
     Parameters
     ----------
-    params : Params
-        The layer.
-    inputs : array
-        ``Ŝ`` (linear) or ``X`` (softmax).
-    q, y, sample_weight
-        As in :func:`loss_and_grad_from_moments`.
-    attention : {"linear", "softmax"}, default "linear"
-        The attention.
-    temperature : float, default 1.0
-        Softmax temperature ``τ``.
+    params, inputs, q, y, sample_weight, attention, temperature
+        As in :func:`loss_and_grad_from_inputs`.
     phi : array, optional
         Linear attention's features at the kernel.
 
