@@ -50,7 +50,20 @@ def _held_out(n: int, test_fraction: float) -> int:
 
 
 def max_clients(test_fraction: float = 0.25, class_counts=DIGITS_CLASS_COUNTS) -> int:
-    """The most clients a pool with ``class_counts`` can give :data:`FIRST_SAMPLES` training samples each."""
+    """The most clients a pool with ``class_counts`` can give :data:`FIRST_SAMPLES` training samples each.
+
+    Parameters
+    ----------
+    test_fraction : float, default 0.25
+        The share of each class held out.
+    class_counts : sequence of int, default DIGITS_CLASS_COUNTS
+        Samples per class of the pool.
+
+    Returns
+    -------
+    int
+        That many clients (a configuration of the ``digits`` family with more is refused).
+    """
     return sum(n - _held_out(n, test_fraction) for n in class_counts) // FIRST_SAMPLES
 
 
@@ -178,7 +191,26 @@ def split_clients(X, q, y, labels, num_clients: int = 8, label_alpha: float | No
 
 
 def digit_contexts(images):
-    """8×8 images (values 0..16) → contexts ``(N, 8, 16)``: each row's pixels in ``[0, 1]`` and a one-hot row code."""
+    """8×8 images (values 0..16) → contexts ``(N, 8, 16)``: each row's pixels in ``[0, 1]`` and a one-hot row code.
+
+    Parameters
+    ----------
+    images : array_like, shape (N, 8, 8)
+        Grey levels 0..16 (scikit-learn's ``load_digits().images``).
+
+    Returns
+    -------
+    numpy.ndarray, shape (N, 8, 16)
+        The contexts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.data.digits import digit_contexts
+    >>> X = digit_contexts(np.full((1, 8, 8), 16.0))
+    >>> X.shape, X[0, 2].tolist()
+    ((1, 8, 16), [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    """
     images = np.asarray(images, dtype=np.float64) / 16.0
     N, rows, cols = images.shape
     position = np.broadcast_to(np.eye(rows), (N, rows, rows))
@@ -226,7 +258,38 @@ def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
 
 
 def evaluate(params: Params, X, q, y, attention: str = "linear", temperature: float = 1.0) -> dict:
-    """Mean loss ``½‖ŷ − y‖²`` and accuracy (``argmax ŷ = argmax y``) on samples ``(X, q, y)``."""
+    """Mean loss ``½‖ŷ − y‖²`` and accuracy (``argmax ŷ = argmax y``) on samples ``(X, q, y)``.
+
+    Parameters
+    ----------
+    params : Params
+        The trained layer.
+    X : array_like, shape (N, n, d)
+        Contexts.
+    q : array_like, shape (N, d)
+        Queries.
+    y : array_like, shape (N, p)
+        One-hot targets.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    dict
+        ``{"loss": float, "accuracy": float}``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.digits import evaluate
+    >>> clients = lt.digits_clients(num_clients=4)
+    >>> test = clients.truth
+    >>> scores = evaluate(lt.Params.init(d=16, r=4, p=10), test["test_X"], test["test_q"], test["test_y"])
+    >>> sorted(scores), 0 <= scores["accuracy"] <= 1
+    (['accuracy', 'loss'], True)
+    """
     xp = array_namespace(params.WV)
     X, q, y = (xp.asarray(a, dtype=params.WV.dtype) for a in (X, q, y))
     yhat = to_numpy(predict_from_contexts(params, X, q, attention, temperature))
