@@ -28,6 +28,26 @@ def local_steps(params: Params, clients, eta: float, E: int, lam: float = 0.0, *
     parameters with a leading client axis ``(m, …)``), or, with ``centralized=True``, the same
     steps on the global ``F_λ = Σ_c p_c F_{λ,c}`` (returns unbatched parameters). The ridge
     ``λ`` acts on ``W_V`` only.
+
+    Parameters
+    ----------
+    params : Params
+        The starting parameters.
+    clients : FederatedDataset or StackedClients
+        The clients.
+    eta : float
+        Step size ``η``.
+    E : int
+        Steps.
+    lam : float, default 0.0
+        Ridge ``λ`` on ``W_V``.
+    centralized : bool, default False
+        Step on the global objective instead.
+
+    Returns
+    -------
+    Params
+        Every client's parameters ``(m, …)``, or the centralised ones.
     """
     data = _stacked(clients)
     xp = array_namespace(data.S)
@@ -62,6 +82,28 @@ def replay_round(params: Params, clients, eta: float, E: int, lam: float = 0.0,
 
     Returns ``(θ^{t+1}, client_params)``: the server's new parameters and every client's model
     after its ``E`` local steps (leading client axis). Equals the simulator's round.
+
+    Parameters
+    ----------
+    params : Params
+        ``θ^t``.
+    clients : FederatedDataset or StackedClients
+        The clients.
+    eta : float
+        Client step size ``η``.
+    E : int
+        Local steps.
+    lam : float, default 0.0
+        Ridge ``λ``.
+    server_learning_rate : float, default 1.0
+        Server step size ``η_s``.
+
+    Returns
+    -------
+    next_params : Params
+        ``θ^{t+1}``.
+    client_params : Params
+        The clients' models ``(m, …)``.
     """
     _check_ridge(lam)
     _check_schedule(eta, E, server_learning_rate)
