@@ -449,12 +449,8 @@ def head_static_loss_change(K, clients, ridge: float = 0.0, *, kind: str = "mean
         The clients.
     ridge : float, default 0.0
         Ridge ``λ``.
-    kind : {"uniform", "mean", "decay"}, default "mean"
-        The static pattern.
-    gamma : float, default 0.5
-        ``γ`` of ``decay``.
-    calibration : tuple of (X, q), optional
-        Calibration samples.
+    kind, gamma, calibration
+        The static pattern (default ``"mean"``), as in :func:`static_head_features`.
 
     Returns
     -------
@@ -503,10 +499,8 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
         How many heads become static.
     patterns : iterable of str, default ("uniform", "mean", "decay")
         The static patterns compared.
-    gamma : float, default 0.5
-        ``γ`` of ``decay``.
-    calibration : tuple of (X, q), optional
-        Calibration samples.
+    gamma, calibration
+        As in :func:`static_head_features`.
 
     Returns
     -------
