@@ -54,7 +54,24 @@ INFORMATION = {
 # pilot, transfer and a-posteriori recommenders (docs/theory.md §6, §8)
 # --------------------------------------------------------------------------------------
 def default_pilot_rounds(T: int) -> int:
-    """``T_p = ⌊T/4⌋`` (at least 2 rounds, so that a trend exists; at most ``T``)."""
+    """``T_p = ⌊T/4⌋`` (at least 2 rounds, so that a trend exists; at most ``T``).
+
+    Parameters
+    ----------
+    T : int
+        Rounds.
+
+    Returns
+    -------
+    int
+        ``T_p``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.recommendation import default_pilot_rounds
+    >>> default_pilot_rounds(40), default_pilot_rounds(5)
+    (10, 2)
+    """
     return min(T, max(2, T // 4))
 
 
@@ -67,6 +84,18 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
     contraction ``ρ`` and the transient ``τ`` stay at their round-``T_p`` values. Rounds
     ``≤ T_p`` use the measured terms. Returns columns ``round``, ``U``, ``bias_bound``,
     ``drift_floor``, ``frozen_bound``.
+
+    Parameters
+    ----------
+    terms : pandas.DataFrame
+        :func:`~linattn_theory.theory.bound.path_terms` of the pilot rounds.
+    T : int
+        Rounds of the run.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``U_pilot``, one row per ``T0 = 0..T``.
     """
     from ..theory.bound import _drift_growth, fit_inexact_pl, frozen_stage_bound, tradeoff_bound
 
@@ -92,7 +121,22 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
 
 
 def pilot_path(config, clients, pilot_rounds: int):
-    """The pilot: the first ``T_p`` FedAvg rounds of the run (:func:`~linattn_theory.theory.bound.warmup_path`)."""
+    """The pilot: the first ``T_p`` FedAvg rounds of the run (:func:`~linattn_theory.theory.bound.warmup_path`).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    clients : FederatedDataset
+        Its clients.
+    pilot_rounds : int
+        ``T_p``.
+
+    Returns
+    -------
+    WarmupPath
+        ``θ^0 … θ^{T_p}``.
+    """
     from ..theory.bound import warmup_path
     path = warmup_path(config.with_updates({"federated.rounds": pilot_rounds, "federated.warmup_rounds": 0}),
                        clients)
@@ -106,6 +150,24 @@ def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFra
 
     The pilot rounds are the run's own first rounds, so ``T0 < T_p`` is not offered. ``optimum``
     is ``Φ*_λ``, a property of the clients' data (docs/theory.md §8).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    clients : FederatedDataset
+        Its clients.
+    path : WarmupPath
+        The pilot (:func:`pilot_path`).
+    optimum : float
+        ``Φ*_λ``.
+
+    Returns
+    -------
+    T0 : int
+        The recommendation.
+    U_pilot : pandas.DataFrame
+        The extrapolated bound (:func:`pilot_bound`).
     """
     from ..theory.bound import path_terms
     Tp = len(path.params) - 1
@@ -197,7 +259,26 @@ def _a_posteriori_T0(config, clients, restarts: int):
 
 
 def default_transfer_seeds(seed: int, count: int = 3) -> list[int]:
-    """``count`` seeds after ``seed`` (never ``seed`` itself): the other instances a transfer uses."""
+    """``count`` seeds after ``seed`` (never ``seed`` itself): the other instances a transfer uses.
+
+    Parameters
+    ----------
+    seed : int
+        The instance's own seed.
+    count : int, default 3
+        How many.
+
+    Returns
+    -------
+    list of int
+        The seeds.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.recommendation import default_transfer_seeds
+    >>> default_transfer_seeds(5)
+    [6, 7, 8]
+    """
     return [seed + i for i in range(1, count + 1)]
 
 
