@@ -153,10 +153,8 @@ def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFra
 
     Parameters
     ----------
-    config : RunConfig
-        The instance.
-    clients : FederatedDataset
-        Its clients.
+    config, clients
+        The instance and its clients, as in :func:`pilot_path`.
     path : WarmupPath
         The pilot (:func:`pilot_path`).
     optimum : float
