@@ -29,8 +29,8 @@ def arguments(obj) -> list[str]:
         parameters = inspect.signature(obj).parameters.values()
     except ValueError:                  # an exception class: its one argument is the message
         return []
-    return [p.name for p in parameters
-            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return [p.name for p in parameters             # a private argument (``_table``) is not the API's
+            if p.name != "self" and not p.name.startswith("_") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def undocumented(obj) -> list[str]:

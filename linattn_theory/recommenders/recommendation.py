@@ -125,10 +125,8 @@ def pilot_path(config, clients, pilot_rounds: int):
 
     Parameters
     ----------
-    config : RunConfig
-        The instance.
-    clients : FederatedDataset
-        Its clients.
+    config, clients
+        The instance (:class:`~linattn_theory.sim.config.RunConfig`) and its clients.
     pilot_rounds : int
         ``T_p``.
 
