@@ -286,12 +286,12 @@ def main(argv=None) -> int:
     Parameters
     ----------
     argv : list of str, optional
-        The arguments; default ``sys.argv[1:]``.
+        ``[ROOT]``, the checkout to rewrite; default the command line's.
 
     Returns
     -------
     int
-        The exit status.
+        0 once every file is rewritten.
     """
     from .figures import find_root
 
