@@ -386,7 +386,18 @@ def warmup_family_key(config: RunConfig) -> str | None:
 def ignored_settings(config: RunConfig) -> list[str]:
     """One message per federated setting that ``config`` moves off its default although its
     strategy never reads it (e.g. ``prox_mu`` with ``fedavg``); the command line prints them as
-    warnings."""
+    warnings.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    list of str
+        The messages (empty when every setting is read).
+    """
     fed = config.federated
     defaults = {f.name: f.default for f in fields(FederatedConfig)}
     notes = []
@@ -403,6 +414,18 @@ def read_toml(path, what: str = "config file") -> dict:
 
     A missing file, a folder, an unreadable, binary, non-UTF-8 or empty file and invalid TOML
     are each a :class:`ConfigError` naming the file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    what : str, default "config file"
+        What it is, for the messages.
+
+    Returns
+    -------
+    dict
+        Its top-level table.
     """
     path = Path(path)
     if str(path) == "":
@@ -463,7 +486,23 @@ def load_config(path, overrides: dict | None = None) -> RunConfig:
 
 
 def set_dotted(data: dict, key: str, value, where: str) -> None:
-    """``data[a][b] = value`` for ``key = "a.b"``, creating tables as needed."""
+    """``data[a][b] = value`` for ``key = "a.b"``, creating tables as needed.
+
+    Parameters
+    ----------
+    data : dict
+        A nested configuration, changed in place.
+    key : str
+        A dotted key.
+    value : object
+        The value.
+    where : str
+        Where the setting comes from, for the messages.
+
+    Returns
+    -------
+    None
+    """
     if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"{where}: {key!r} is not a dotted key such as 'federated.local_steps'")
     node = data
@@ -480,6 +519,22 @@ def parse_overrides(texts) -> dict:
 
     Each value is read as a TOML value (a number, ``true``/``false``, a quoted string, a list
     such as ``[0, 1]``), and otherwise taken as a bare string; a later setting of a key wins.
+
+    Parameters
+    ----------
+    texts : iterable of str
+        ``KEY=VALUE`` settings (``--set``).
+
+    Returns
+    -------
+    dict
+        ``{dotted key: value}``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.config import parse_overrides
+    >>> parse_overrides(["federated.rounds=20", "seed=[0, 1]", "task.family=digits"])
+    {'federated.rounds': 20, 'seed': [0, 1], 'task.family': 'digits'}
     """
     overrides = {}
     for text in texts or ():
@@ -496,7 +551,22 @@ def parse_overrides(texts) -> dict:
 
 
 def apply_overrides(data: dict, overrides: dict, where: str = "--set") -> dict:
-    """A copy of the nested ``data`` with the dotted-key ``overrides`` set."""
+    """A copy of the nested ``data`` with the dotted-key ``overrides`` set.
+
+    Parameters
+    ----------
+    data : dict
+        A nested configuration.
+    overrides : dict
+        ``{dotted key: value}``.
+    where : str, default "--set"
+        Where they come from, for the messages.
+
+    Returns
+    -------
+    dict
+        The new configuration (``data`` is unchanged).
+    """
     import copy
 
     data = copy.deepcopy(data)
@@ -506,7 +576,18 @@ def apply_overrides(data: dict, overrides: dict, where: str = "--set") -> dict:
 
 
 def to_toml(data: dict) -> str:
-    """``data`` (a config or sweep as nested dictionaries) as TOML text; absent options (``None``) left out."""
+    """``data`` (a config or sweep as nested dictionaries) as TOML text; absent options (``None``) left out.
+
+    Parameters
+    ----------
+    data : dict
+        Nested tables of TOML values.
+
+    Returns
+    -------
+    str
+        The TOML text.
+    """
     import tomli_w
 
     return tomli_w.dumps(_drop_none(data))
@@ -518,6 +599,26 @@ def config_hash(config: RunConfig) -> str:
     ``model.engine = "auto"`` is left out, so that adding the option kept every earlier key; so
     are the online rule's settings for every strategy but ``fedfrozen_adaptive`` (which alone reads
     them), so that redesigning the rule kept the other strategies' keys.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    str
+        The key (a run's folder name in a sweep).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> config = lt.config_from_dict({"seed": 1})
+    >>> len(config_hash(config)), config_hash(config) == config_hash(config.with_updates({}))
+    (16, True)
+    >>> config_hash(config) == config_hash(config.with_updates({"seed": 2}))
+    False
     """
     data = config.to_dict()
     if data["model"]["engine"] == "auto":   # the default engine leaves earlier runs' keys unchanged
@@ -537,7 +638,18 @@ def config_hash(config: RunConfig) -> str:
 
 
 def field_docs(cls) -> dict[str, str]:
-    """``{name: description}`` of a section, for docs and ``--help``."""
+    """``{name: description}`` of a section, for docs and ``--help``.
+
+    Parameters
+    ----------
+    cls : type
+        ``TaskConfig``, ``ModelConfig`` or ``FederatedConfig``.
+
+    Returns
+    -------
+    dict of str to str
+        The descriptions, in field order.
+    """
     return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
 
 
