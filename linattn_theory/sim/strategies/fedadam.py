@@ -21,7 +21,22 @@ NAME = "fedadam"
 
 
 def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> ServerRule:
-    """The FedAdam server rule; state ``(m, v)``, each ``{block: array}``."""
+    """The FedAdam server rule; state ``(m, v)``, each ``{block: array}``.
+
+    Parameters
+    ----------
+    learning_rate : float
+        ``η_s``.
+    beta1, beta2 : float
+        The moments' decay rates.
+    epsilon : float
+        ``τ``, added to ``√v``.
+
+    Returns
+    -------
+    ServerRule
+        The rule.
+    """
 
     def init(params):
         zeros = zeros_like_blocks(params)
@@ -41,7 +56,18 @@ def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> Se
 
 
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAdam with ``η_s = fed.server_learning_rate``, ``β1, β2 = fed.server_beta1/2``, ``τ = fed.server_epsilon``."""
+    """FedAdam with ``η_s = fed.server_learning_rate``, ``β1, β2 = fed.server_beta1/2``, ``τ = fed.server_epsilon``.
+
+    Parameters
+    ----------
+    fed, warmup_rounds
+        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+    """
     return Strategy(NAME, train_all, local_sgd(),
                     adam(fed.server_learning_rate, fed.server_beta1, fed.server_beta2,
                          fed.server_epsilon))

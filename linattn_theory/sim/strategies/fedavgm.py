@@ -20,7 +20,20 @@ NAME = "fedavgm"
 
 
 def momentum(learning_rate: float, beta: float) -> ServerRule:
-    """The heavy-ball server rule ``m ← β m + Δ``, ``step = η_s m``; state ``{block: m}``."""
+    """The heavy-ball server rule ``m ← β m + Δ``, ``step = η_s m``; state ``{block: m}``.
+
+    Parameters
+    ----------
+    learning_rate : float
+        ``η_s``.
+    beta : float
+        ``β``.
+
+    Returns
+    -------
+    ServerRule
+        The rule.
+    """
 
     def update(state, rnd, delta):
         state = dict(state)
@@ -32,6 +45,17 @@ def momentum(learning_rate: float, beta: float) -> ServerRule:
 
 
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``."""
+    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``.
+
+    Parameters
+    ----------
+    fed, warmup_rounds
+        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+    """
     return Strategy(NAME, train_all, local_sgd(),
                     momentum(fed.server_learning_rate, fed.server_momentum))

@@ -25,7 +25,18 @@ NAME = "scaffold"
 def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
     """SCAFFOLD's client rule, in every round or (``stage``) only in the rounds that train exactly
     the blocks ``stage`` (the control variates stay zero before); state ``(c, c_i)`` as
-    ``{block: array}`` dicts."""
+    ``{block: array}`` dicts.
+
+    Parameters
+    ----------
+    stage : tuple of str, optional
+        The blocks of the rounds it acts in; default every round.
+
+    Returns
+    -------
+    ClientRule
+        The rule.
+    """
 
     def active(rnd):
         return stage is None or tuple(rnd.blocks) == tuple(stage)
@@ -55,5 +66,16 @@ def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
 
 
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``."""
+    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``.
+
+    Parameters
+    ----------
+    fed, warmup_rounds
+        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+    """
     return Strategy(NAME, train_all, control_variates(), server_sgd(fed.server_learning_rate))

@@ -15,6 +15,17 @@ NAME = "value_frozen"
 
 
 def strategy(fed, warmup_rounds: int) -> Strategy:
-    """All blocks for ``t < T0``, then only ``W_Q, W_K``."""
+    """All blocks for ``t < T0``, then only ``W_Q, W_K``.
+
+    Parameters
+    ----------
+    fed, warmup_rounds
+        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy`.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+    """
     return Strategy(NAME, freeze_after(warmup_rounds, ("WQ", "WK")), local_sgd(),
                     server_sgd(fed.server_learning_rate))
