@@ -56,18 +56,7 @@ def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> Se
 
 
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAdam with ``η_s = fed.server_learning_rate``, ``β1, β2 = fed.server_beta1/2``, ``τ = fed.server_epsilon``.
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """FedAdam with ``η_s = fed.server_learning_rate``, ``β1, β2 = fed.server_beta1/2``, ``τ = fed.server_epsilon``."""
     return Strategy(NAME, train_all, local_sgd(),
                     adam(fed.server_learning_rate, fed.server_beta1, fed.server_beta2,
                          fed.server_epsilon))

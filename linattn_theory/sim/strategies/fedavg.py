@@ -16,16 +16,5 @@ NAME = "fedavg"
 
 
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAvg with the server step ``fed.server_learning_rate`` (``warmup_rounds`` is not used).
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """FedAvg with the server step ``fed.server_learning_rate`` (``warmup_rounds`` is not used)."""
     return Strategy(NAME, train_all, local_sgd(), server_sgd(fed.server_learning_rate))

@@ -45,17 +45,6 @@ def momentum(learning_rate: float, beta: float) -> ServerRule:
 
 
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``.
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``."""
     return Strategy(NAME, train_all, local_sgd(),
                     momentum(fed.server_learning_rate, fed.server_momentum))

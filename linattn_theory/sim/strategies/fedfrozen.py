@@ -42,52 +42,19 @@ def strategy(fed, warmup_rounds: int) -> Strategy:
 
 
 def random_kernel(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedFrozen with ``T0 = 0``: only ``W_V`` ever trains, on the random initial kernel.
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """FedFrozen with ``T0 = 0``: only ``W_V`` ever trains, on the random initial kernel."""
     return strategy(fed, 0)._replace(name="random_kernel")
 
 
 def fedfrozen_fedprox(fed, warmup_rounds: int) -> Strategy:
-    """FedFrozen whose frozen stage (``t ≥ T0``) adds FedProx's ``μ(θ_c − θ^t)``, ``μ = fed.prox_mu``.
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy`.
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """FedFrozen whose frozen stage (``t ≥ T0``) adds FedProx's ``μ(θ_c − θ^t)``, ``μ = fed.prox_mu``."""
     return Strategy("fedfrozen_fedprox", freeze_after(warmup_rounds, FROZEN),
                     fedprox.proximal(fed.prox_mu, stage=FROZEN),
                     server_sgd(fed.server_learning_rate))
 
 
 def fedfrozen_scaffold(fed, warmup_rounds: int) -> Strategy:
-    """FedFrozen whose frozen stage (``t ≥ T0``) runs SCAFFOLD on ``W_V``.
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy`.
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """FedFrozen whose frozen stage (``t ≥ T0``) runs SCAFFOLD on ``W_V``."""
     return Strategy("fedfrozen_scaffold", freeze_after(warmup_rounds, FROZEN),
                     scaffold.control_variates(stage=FROZEN),
                     server_sgd(fed.server_learning_rate))

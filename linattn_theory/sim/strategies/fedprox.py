@@ -54,18 +54,7 @@ def proximal(mu: float, stage: tuple[str, ...] | None = None) -> ClientRule:
 
 
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedProx with ``μ = fed.prox_mu`` on every block in every round.
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """FedProx with ``μ = fed.prox_mu`` on every block in every round."""
     return Strategy(NAME, train_all, proximal(fed.prox_mu), server_sgd(fed.server_learning_rate))
 
 

@@ -66,16 +66,5 @@ def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
 
 
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``.
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy` (``warmup_rounds`` is not used).
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``."""
     return Strategy(NAME, train_all, control_variates(), server_sgd(fed.server_learning_rate))

@@ -15,17 +15,6 @@ NAME = "value_frozen"
 
 
 def strategy(fed, warmup_rounds: int) -> Strategy:
-    """All blocks for ``t < T0``, then only ``W_Q, W_K``.
-
-    Parameters
-    ----------
-    fed, warmup_rounds
-        As in :func:`~linattn_theory.sim.strategies.fedfrozen.strategy`.
-
-    Returns
-    -------
-    Strategy
-        The strategy.
-    """
+    """All blocks for ``t < T0``, then only ``W_Q, W_K``."""
     return Strategy(NAME, freeze_after(warmup_rounds, ("WQ", "WK")), local_sgd(),
                     server_sgd(fed.server_learning_rate))
