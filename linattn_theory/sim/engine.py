@@ -42,7 +42,19 @@ __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", 
 
 @dataclass(frozen=True)
 class Divergence:
-    """A run stopped because ``F`` became non-finite or exceeded the threshold."""
+    """A run stopped because ``F`` became non-finite or exceeded the threshold.
+
+    Parameters
+    ----------
+    round : int
+        The round at which it stopped.
+    loss : float
+        ``F`` there.
+    stable_learning_rate : float
+        The value block's stability limit at the initial kernel (:func:`stable_learning_rate`).
+    message : str
+        What happened and what to try.
+    """
 
     round: int
     loss: float
@@ -97,6 +109,25 @@ class RunState(NamedTuple):
     ``best`` (the iterate of least ``F_λ`` so far, ``best_loss``) feed the divergence report;
     ``warmup_params`` is ``θ^{T0}`` once reached (else ``None``); ``client_state`` and
     ``server_state`` are the strategy's (control variates, server momentum, ...).
+
+    Parameters
+    ----------
+    round : int
+        The round reached.
+    params : Params
+        ``θ^round``.
+    rows : tuple of dict
+        The table rows so far.
+    initial : Params
+        ``θ^0``.
+    best : Params
+        The iterate of least ``F_λ`` so far.
+    best_loss : float
+        Its ``F_λ``.
+    warmup_params : Params or None
+        ``θ^{T0}`` once reached.
+    client_state, server_state : object
+        The strategy's states.
     """
 
     round: int
@@ -111,7 +142,18 @@ class RunState(NamedTuple):
 
 
 def clients_from_config(config: RunConfig):
-    """The clients of ``config.task`` (docs/theory.md §2), seeded by ``config.seed``."""
+    """The clients of ``config.task`` (docs/theory.md §2), seeded by ``config.seed``.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+
+    Returns
+    -------
+    FederatedDataset
+        Its clients (:func:`~linattn_theory.data.families.make_clients`).
+    """
     from .config import FAMILY_KEYS
     task = config.task
     options = {k: getattr(task, k) for k in FAMILY_KEYS[task.family]}
@@ -119,14 +161,42 @@ def clients_from_config(config: RunConfig):
 
 
 def initial_params(config: RunConfig, d: int, p: int) -> Params:
-    """``θ^0``: :meth:`Params.init` seeded from the run's ``SeedSequence`` (purpose ``init``)."""
+    """``θ^0``: :meth:`Params.init` seeded from the run's ``SeedSequence`` (purpose ``init``).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run (its model and seed).
+    d, p : int
+        Token and output dimensions of the clients.
+
+    Returns
+    -------
+    Params
+        ``θ^0`` (NumPy, float64).
+    """
     m = config.model
     return Params.init(d, m.rank, p, heads=m.heads, scale=m.init_scale,
                        seed=seed_sequence(config.seed, SEED_INIT), dtype=np.dtype(m.dtype))
 
 
 def value_curvature(K, data: StackedClients, ridge: float = 0.0):
-    """``λ_max(Ã_c)`` per client, ``Ã_c = Σ_i w_i φ_i φ_i^T + λ I`` (docs/theory.md §5); host array ``(m,)``."""
+    """``λ_max(Ã_c)`` per client, ``Ã_c = Σ_i w_i φ_i φ_i^T + λ I`` (docs/theory.md §5); host array ``(m,)``.
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Kernels.
+    data : StackedClients
+        The clients.
+    ridge : float, default 0.0
+        ``λ``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (m,)
+        The largest eigenvalues.
+    """
     xp = array_namespace(data.S)
     phi = _flat(xp, data.features(K), 2)
     A = xp.matmul(xp.matrix_transpose(phi), phi * data.sample_weight[..., None])
@@ -169,6 +239,24 @@ def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
     ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``, ``ε = 10⁻⁵ max(1, max|θ|)``; all clients are iterated at
     once. ``params`` may also be a sequence of points ``θ``: then all points and clients are iterated
     at once and the result is ``(points, m)``, each row what ``θ`` alone gives, bit for bit.
+
+    Parameters
+    ----------
+    params : Params or sequence of Params
+        The point(s) ``θ``.
+    data : StackedClients
+        The clients.
+    ridge : float, default 0.0
+        ``λ``.
+    iterations : int, default 50
+        Power iterations.
+    seed : int, default 0
+        Seed of the starting vectors.
+
+    Returns
+    -------
+    numpy.ndarray, shape (m,) or (points, m)
+        The largest eigenvalues.
     """
     xp = array_namespace(data.S)
     single = isinstance(params, Params)
@@ -213,7 +301,24 @@ def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
 
 
 def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
-    """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
+    """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+    clients : FederatedDataset, optional
+        Its clients; default :func:`clients_from_config`.
+    params : Params, optional
+        ``θ^0``; default :func:`initial_params` (a given one is checked against the clients' shapes).
+
+    Returns
+    -------
+    data : StackedClients
+        The clients, on ``model.backend`` in ``model.dtype``.
+    params : Params
+        ``θ^0`` there.
+    """
     xp = get_namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
     data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype),
@@ -230,7 +335,18 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
 def run_metadata(config: RunConfig) -> dict:
     """The metadata record of a run of ``config``: full config, seed, version, git revision and
     whether the tree was modified, and ``provenance`` (host, platform, library versions;
-    :func:`~linattn_theory.core.io.provenance`)."""
+    :func:`~linattn_theory.core.io.provenance`).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+
+    Returns
+    -------
+    dict
+        The record.
+    """
     from .. import __version__
 
     record = provenance()
@@ -335,6 +451,26 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     applies and one instance's step has ``m·N·d² ≥`` :data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK`
     (the ensemble repays loading the kernels): a rule of the instance alone, so that an
     instance's engine does not depend on the others in its ensemble.
+
+    Parameters
+    ----------
+    engine : {"auto", "array_api", "fused"}
+        The engine asked for (``model.engine``).
+    xp : module
+        The array namespace.
+    data : StackedClients
+        The clients.
+    fed : FederatedConfig
+        The schedule.
+    strategy : Strategy
+        The strategy.
+    instances : bool, default False
+        ``data`` is an ensemble's.
+
+    Returns
+    -------
+    FusedEngine or None
+        The engine.
     """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")

@@ -75,7 +75,23 @@ _SECTIONS = ("grid", "quick", "figure")
 
 @dataclass(frozen=True)
 class Sweep:
-    """An expanded grid: the validated runs in grid order (duplicates removed), their grid points."""
+    """An expanded grid: the validated runs in grid order (duplicates removed), their grid points.
+
+    Parameters
+    ----------
+    configs : tuple of RunConfig
+        The runs, validated.
+    points : tuple of dict
+        Each run's grid point (``{dotted key: value}``).
+    grid : dict or list of dict
+        The grid(s) as written.
+    base : dict
+        The base configuration as written.
+    figure : dict, optional
+        The ``[figure]`` table.
+    source : str, optional
+        The file it was read from.
+    """
 
     configs: tuple[RunConfig, ...]
     points: tuple[dict, ...]
@@ -108,7 +124,21 @@ class Sweep:
 class SweepSummary:
     """What :func:`run_sweep` did: runs in the sweep, already finished before, computed now
     (``broken`` of them recomputed because their files did not match their hashes), diverged;
-    ``table``: the summary table it wrote (:func:`summary_table` of ``out``)."""
+    ``table``: the summary table it wrote (:func:`summary_table` of ``out``).
+
+    Parameters
+    ----------
+    total, skipped, computed, diverged : int
+        Runs in the sweep, already finished, computed now, diverged.
+    seconds : float
+        Wall time.
+    out : pathlib.Path
+        The sweep folder.
+    broken : int, default 0
+        Runs recomputed because their files did not match their hashes.
+    table : pandas.DataFrame, optional
+        The summary table written.
+    """
 
     total: int
     skipped: int
@@ -197,6 +227,28 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
     ``overrides`` (dotted keys, :func:`~linattn_theory.sim.config.parse_overrides`) apply by the
     same rule. A grid of more than ``max_runs`` runs is refused from the list lengths alone,
     before anything is expanded.
+
+    Parameters
+    ----------
+    data : dict
+        A sweep file's tables (a run configuration with ``grid``, optionally ``quick`` and ``figure``).
+    quick, max_runs, overrides
+        As in :func:`load_sweep`.
+    source : str, optional
+        Where ``data`` comes from, for the messages.
+
+    Returns
+    -------
+    Sweep
+        The validated sweep.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2},
+    ...                          "grid": [{"seed": [0, 1]}, {"seed": [1, 2]}]})
+    >>> [config.seed for config in sweep.configs]                # the union, each run once
+    [0, 1, 2]
     """
     if not isinstance(data, dict):
         raise ConfigError(f"sweep: expected a table, got {type(data).__name__}")
