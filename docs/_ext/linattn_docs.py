@@ -47,7 +47,7 @@ def use_repository_root(app, config) -> None:
     what to run, a source folder that is neither."""
     srcdir = Path(app.srcdir).resolve()
     if srcdir == DOCS:
-        app.srcdir = ROOT
+        app.srcdir = type(app.srcdir)(ROOT)        # Sphinx's own path type (str in older releases)
     elif srcdir != ROOT:
         raise ExtensionError(f"the site's source folder is the repository root ({ROOT}), not {srcdir}: "
                              f"run `python -m sphinx docs docs/_build/html` from {ROOT}")
