@@ -11,8 +11,8 @@ command names (``docs/_ext``), restricted by ``include_patterns`` to ``docs/``, 
 and on the site. The site loads nothing from a network: MathJax is copied into it from the
 ``sphinx-mathjax-offline`` package, and the diagrams are drawn at build time (``docs/_ext``).
 What the build generates — the API pages (``docs/generated/``, autosummary) and the gallery of
-the figure scripts (``docs/gallery/``, sphinx-gallery) — is not committed. ``tests/test_docs_site.py`` builds the site with warnings as
-errors and nitpicky references.
+the figure scripts (``docs/gallery/``, sphinx-gallery) — is not committed.
+``tests/test_docs_site.py`` builds the site with warnings as errors and nitpicky references.
 """
 
 import sys
