@@ -216,3 +216,22 @@ def test_gallery_titles_render_their_symbols_and_follow_the_figures_order():
     assert order[0] == "tradeoff" and "(**headline**)" in (ROOT / "figures" / "README.md").read_text()
     assert len(table) >= 10
     assert order == ["tradeoff", *[n for n in table if n != "tradeoff"]]
+
+
+def test_a_configuration_section_lists_every_field_as_a_parameter():
+    """The API page of TaskConfig / ModelConfig / FederatedConfig (docs/_ext) lists every key with
+    its description from field_docs, the one source of docs/cli.md and ``--help`` too."""
+    import dataclasses
+
+    from numpydoc.docscrape import NumpyDocString
+
+    from linattn_docs import config_section_parameters
+    from linattn_theory.sim.config import SECTIONS, field_docs
+
+    for cls in SECTIONS.values():
+        lines = (cls.__doc__ or "").splitlines()
+        config_section_parameters(None, "class", cls.__name__, cls, None, lines)
+        parameters = {p.name: " ".join(p.desc) for p in NumpyDocString("\n".join(lines))["Parameters"]}
+        assert list(parameters) == [f.name for f in dataclasses.fields(cls)]
+        for name, text in field_docs(cls).items():
+            assert parameters[name].replace("\\", "") == text

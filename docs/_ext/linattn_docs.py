@@ -8,6 +8,9 @@
   the order of ``figures/README.md`` (the headline first), with the TeX of their titles rendered.
 - ``mermaid``: a ```mermaid block of the Markdown pages (a chain of boxes, as GitHub shows it)
   drawn at build time by Matplotlib as an inline SVG, so that the site loads nothing from a network.
+- The sections of a configuration (``TaskConfig``, ``ModelConfig``, ``FederatedConfig``) get a
+  numpydoc Parameters section from their fields' own descriptions (``field_docs``, the source of
+  docs/cli.md and ``--help`` too), so that the API page lists every key.
 - ``markdown-from``: a directive that parses the Markdown returned by a function of the package
   (``module:function``) into the page, so that tables the code generates (the refused inputs of
   the command line) are shown as the code has them.
@@ -350,6 +353,22 @@ def resolve_code_reference(app, env, node, contnode):
     return None
 
 
+def config_section_parameters(app, what, name, obj, options, lines) -> None:
+    """``autodoc-process-docstring`` (before numpydoc): a Parameters section for a configuration
+    section, one entry per field with its type, default and description."""
+    from linattn_theory.sim.config import SECTIONS, field_docs
+
+    if what != "class" or obj not in SECTIONS.values() or "Parameters" in lines:
+        return
+    import dataclasses
+
+    lines += ["", "Parameters", "----------"]
+    for field in dataclasses.fields(obj):
+        default = "" if field.default is dataclasses.MISSING else f", default {field.default!r}"
+        text = re.sub(r"([\\`*_|])", r"\\\1", field_docs(obj)[field.name])   # plain text, not markup
+        lines += [f"{field.name} : {field.type}{default}", f"    {text}"]
+
+
 def skip_namedtuple_fields(app, what, name, obj, skip, options):
     """``autodoc-skip-member``: a NamedTuple's fields carry only "Alias for field number N"."""
     if (getattr(obj, "__doc__", None) or "").startswith("Alias for field number"):
@@ -364,6 +383,7 @@ def setup(app):
     app.connect("html-page-context", load_mathjax_on_gallery_pages, priority=400)
     app.add_directive("mermaid", Mermaid)
     app.connect("autodoc-skip-member", skip_namedtuple_fields)
+    app.connect("autodoc-process-docstring", config_section_parameters, priority=400)
     app.connect("missing-reference", resolve_code_reference)
     app.add_directive("markdown-from", MarkdownFrom)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
