@@ -204,7 +204,9 @@ def mathjax_of(page: Path) -> Path:
     """The MathJax a page loads (a file of the site)."""
     parser = Loads()
     parser.feed(page.read_text(encoding="utf-8"))
-    (src,) = [url for tag, url in parser.urls if tag == "script" and "mathjax" in url.lower()]
+    scripts = [url for tag, url in parser.urls if tag == "script" and "mathjax" in url.lower()]
+    assert len(scripts) == 1, f"{page.name} loads {len(scripts)} MathJax scripts: {scripts}"
+    src = scripts[0]
     assert not NETWORK.match(src), src
     return (page.parent / src).resolve()
 
@@ -221,7 +223,9 @@ def test_the_theory_page_loads_the_mathjax_the_site_ships(site):
     toc = markup[markup.index('id="pst-page-toc-nav"'):]
     assert re.search(r'<span class="math notranslate nohighlight">\\\(.+?\\\)</span>', toc), \
         "the page's table of contents has no formula MathJax would set"
-    assert mathjax_of(site / "docs" / "gallery" / "index.html") == script
+    for other in site.rglob("*.html"):            # formulas anywhere (navigation too): MathJax there
+        if 'class="math notranslate nohighlight"' in other.read_text(encoding="utf-8"):
+            assert mathjax_of(other) == script, f"{other.relative_to(site)} shows formulas without MathJax"
 
 
 def formulas(page: Path) -> list[tuple[str, bool]]:

@@ -181,8 +181,9 @@ def render_thumbnail_titles(app, docname, source) -> None:
 
 
 def load_mathjax_on_gallery_pages(app, pagename, templatename, context, doctree) -> None:
-    """``html-page-context``: the gallery's index loads MathJax too, for its thumbnails' titles."""
-    if pagename == "docs/gallery/index":
+    """``html-page-context``: every page of the gallery loads MathJax, for the titles with formulas
+    in its thumbnails, navigation and links to the previous and next page."""
+    if pagename.startswith("docs/gallery/"):
         context["has_maths_elements"] = True
 
 
