@@ -2,14 +2,17 @@
 
 Build the site from the repository root (``pip install ".[docs]"``; the test extra includes it):
 
-    python -m sphinx -W --keep-going -c docs . docs/_build/html
+    python -m sphinx -W --keep-going docs docs/_build/html
 
-The source folder is the repository root, restricted by ``include_patterns`` to ``docs/``,
-``README.md`` and ``figures/README.md``, so that the pages link to each other by the same
-relative paths on GitHub and on the site. What the build generates — the API pages
-(``docs/generated/``, autosummary) and the gallery of the figure scripts (``docs/gallery/``,
-sphinx-gallery) — is not committed. ``tests/test_docs_site.py`` builds the site with warnings as
-errors and nitpicky references.
+(``sphinx-build docs docs/_build/html`` and ``python -m sphinx -c docs . docs/_build/html`` build
+the same site). The source folder is the repository root, whichever of ``docs`` or ``.`` the
+command names (``docs/_ext``), restricted by ``include_patterns`` to ``docs/``, ``README.md`` and
+``figures/README.md``, so that the pages link to each other by the same relative paths on GitHub
+and on the site. The site loads nothing from a network: MathJax is copied into it from the
+``sphinx-mathjax-offline`` package, and the diagrams are drawn at build time (``docs/_ext``).
+What the build generates — the API pages (``docs/generated/``, autosummary) and the gallery of
+the figure scripts (``docs/gallery/``, sphinx-gallery) — is not committed.
+``tests/test_docs_site.py`` builds the site with warnings as errors and nitpicky references.
 """
 
 import sys
@@ -33,8 +36,8 @@ extensions = [
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
     "sphinxarg.ext",
+    "sphinx-mathjax-offline",        # MathJax 3 copied into the site (_static/mathjax)
     "sphinx_gallery.gen_gallery",
-    "sphinxcontrib.mermaid",
     "linattn_docs",
 ]
 
@@ -46,8 +49,9 @@ nitpicky = True                     # a reference to a name the code does not ha
 # aliases in annotations (``np.ndarray``, ``pd.DataFrame``) and libraries without an inventory offline
 nitpick_ignore_regex = [(r"py:.*", r"(np|pd|numpy|pandas|scipy|cupy|dask|distributed)\..*")]
 
-# Markdown pages (MyST): $...$ and $$...$$ mathematics as on GitHub, rendered by MathJax;
-# ```mermaid blocks as diagrams (sphinxcontrib-mermaid)
+# Markdown pages (MyST): $...$ and $$...$$ mathematics as on GitHub, rendered by the MathJax the
+# site ships; ```mermaid blocks as diagrams drawn at build time (docs/_ext)
+mathjax_path = "mathjax/tex-chtml.js"    # in _static: no network
 myst_enable_extensions = ["dollarmath", "amsmath"]
 myst_heading_anchors = 3
 myst_fence_as_directive = ["mermaid"]
@@ -62,13 +66,20 @@ autosummary_context = {
     "public_api": sorted(set(linattn_theory.__all__) - set(linattn_theory.LAYERS)),
 }
 autodoc_default_options = {"members": True}   # a class's documented methods too
-autodoc_typehints = "description"
+# the annotations in the signatures; the numpydoc Parameters sections describe the arguments (a
+# list of the annotations alone would leave out the arguments without one). An annotated class
+# re-exported by its package (``Params``: core.Params, core.model.Params) is one object: either
+# page will do, so the "more than one target" warning (ref.python) is not an error
+autodoc_typehints = "signature"
+suppress_warnings = ["ref.python"]
 autodoc_member_order = "bysource"
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 
-# the figure scripts as a gallery: shown with their committed figures, never run (docs/_ext)
+# the figure scripts as a gallery: shown with their committed figures, never run, in the order of
+# figures/README.md (docs/_ext)
 sphinx_gallery_conf = {
+    "within_subsection_order": "linattn_docs.FigureOrder",
     "examples_dirs": ["docs/_gallery_src"],
     "gallery_dirs": ["docs/gallery"],
     "plot_gallery": "False",

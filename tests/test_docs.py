@@ -157,3 +157,84 @@ def test_the_files_a_run_writes_are_documented(tmp_path):
     step = set(scaled.metadata) - keys            # a step set by curvature (federated.step_scale)
     assert step == {"step_scale"} and step <= documented, step
     assert documented - optional - online - step <= keys, documented - optional - online - step - keys
+
+
+def test_the_architecture_diagram_is_the_layers_contract():
+    """docs/concepts.md's diagram (drawn when the site is built, docs/_ext) shows the layers of the
+    import-linter contract in pyproject.toml, top to bottom, and the site can draw it."""
+    import tomllib
+
+    from linattn_docs import parse_flowchart
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["type"] == "layers")
+    diagrams = re.findall(r"```mermaid\n(.*?)```", (ROOT / "docs" / "concepts.md").read_text(), flags=re.S)
+    direction, boxes = parse_flowchart(diagrams[0])
+    assert direction == "TB"
+    assert [name for name, _ in boxes] == [layer.removeprefix("linattn_theory.") for layer in layers]
+    assert all(re.match(rf"<b>{name}</b> — ", label) for name, label in boxes)
+    for diagram in diagrams[1:]:
+        assert len(parse_flowchart(diagram)[1]) >= 2
+
+
+def test_a_diagram_other_than_a_chain_of_boxes_is_refused():
+    from sphinx.errors import ExtensionError
+
+    from linattn_docs import parse_flowchart
+
+    assert parse_flowchart('flowchart LR\n    a["x"] --> b\n    b --> c["z"]')[1] == [("a", "x"), ("b", "b"), ("c", "z")]
+    for source in ['flowchart TB\n    a --> b\n    a --> c', 'sequenceDiagram\n    a->>b: hi',
+                   'flowchart TB\n    a -.-> b']:
+        with pytest.raises(ExtensionError, match="mermaid"):
+            parse_flowchart(source)
+
+
+def test_the_site_builds_from_the_docs_folder_or_says_what_to_run(tmp_path):
+    """``sphinx-build docs OUT`` builds the site of the repository root (docs/conf.py's source
+    folder); another source folder is refused with the command to run."""
+    import types
+
+    from sphinx.errors import ExtensionError
+
+    from linattn_docs import use_repository_root
+
+    for srcdir in (ROOT / "docs", ROOT):
+        app = types.SimpleNamespace(srcdir=srcdir)
+        use_repository_root(app, None)
+        assert Path(app.srcdir) == ROOT
+    with pytest.raises(ExtensionError, match=r"run `python -m sphinx docs docs/_build/html`"):
+        use_repository_root(types.SimpleNamespace(srcdir=tmp_path), None)
+
+
+def test_gallery_titles_render_their_symbols_and_follow_the_figures_order():
+    from linattn_docs import figure_order, rendered_title, thumbnail_title
+
+    assert rendered_title("bias of K_{T0} and drift Γ(T0) on Φ_λ, ζ_V; T0_best in tradeoff_attention") == (
+        r"bias of :math:`K_{T_0}` and drift Γ(T0) on :math:`\Phi_{\lambda}`, :math:`\zeta_V`; "
+        r":math:`T_{0,\mathrm{best}}` in tradeoff_attention")
+    assert thumbnail_title(r"a :math:`K_{T_0}` & b") == (r"a K_{T_0} & b", r"a \(K_{T_0}\) &amp; b")
+    order = figure_order((ROOT / "figures" / "README.md").read_text())
+    table = [name for name in re.findall(r"^\| [\w–]+ \| `(\w+)\.png`", (ROOT / "figures" / "README.md").read_text(),
+                                         flags=re.M) if (ROOT / "simulations" / f"{name}.py").is_file()]
+    assert order[0] == "tradeoff" and "(**headline**)" in (ROOT / "figures" / "README.md").read_text()
+    assert len(table) >= 10
+    assert order == ["tradeoff", *[n for n in table if n != "tradeoff"]]
+
+
+def test_a_configuration_section_lists_every_field_as_a_parameter():
+    """The API page of TaskConfig / ModelConfig / FederatedConfig (docs/_ext) lists every key with
+    its description from field_docs, the one source of docs/cli.md and ``--help`` too."""
+    import dataclasses
+
+    from numpydoc.docscrape import NumpyDocString
+
+    from linattn_docs import config_section_parameters
+    from linattn_theory.sim.config import SECTIONS, field_docs
+
+    for cls in SECTIONS.values():
+        lines = (cls.__doc__ or "").splitlines()
+        config_section_parameters(None, "class", cls.__name__, cls, None, lines)
+        parameters = {p.name: " ".join(p.desc) for p in NumpyDocString("\n".join(lines))["Parameters"]}
+        assert list(parameters) == [f.name for f in dataclasses.fields(cls)]
+        for name, text in field_docs(cls).items():
+            assert parameters[name].replace("\\", "") == text

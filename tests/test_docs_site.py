@@ -4,19 +4,23 @@ The site (docs/conf.py) is built once, by the command the README shows, in a scr
 repository, so that nothing it generates lands in the checkout. Sphinx runs nitpicky: a
 reference in a docstring to a name the code does not have fails the build. The checks below
 read the built pages: every public name and module documented, every command and option of the
-command line, every figure script in the gallery with its committed figure, and every displayed
-formula of docs/theory.md rendered as mathematics.
+command line, every figure script in the gallery with its committed figure, every displayed
+formula of docs/theory.md rendered as mathematics, and nothing loaded from a network: the site
+ships its MathJax, and every formula typesets in it (where Node.js is at hand to run it).
 """
 
 from __future__ import annotations
 
 import html
+import html.parser
 import importlib
 import inspect
+import json
 import os
 import pkgutil
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import zlib
@@ -28,7 +32,7 @@ import linattn_theory
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the command of the README's Documentation section (tests/test_documented_commands.py checks it)
-BUILD_COMMAND = "python -m sphinx -W --keep-going -c docs . docs/_build/html"
+BUILD_COMMAND = "python -m sphinx -W --keep-going docs docs/_build/html"
 
 pytestmark = pytest.mark.slow
 
@@ -132,3 +136,169 @@ def test_the_site_includes_the_readmes_and_links_the_index(site):
     readme = (site / "README.html").read_text(encoding="utf-8")
     assert 'href="docs/theory.html"' in readme and "_images/tradeoff" in readme
     assert (site / "figures" / "README.html").is_file()
+
+
+#: a URL that a browser fetches from a network: ``http(s)://…`` or protocol-relative ``//…``
+NETWORK = re.compile(r"^\s*(https?:)?//", re.I)
+#: the attributes by which a page loads something (a link ``<a href>`` is followed only when clicked)
+LOADING = {"script": ("src",), "link": ("href",), "img": ("src", "srcset"), "source": ("src", "srcset"),
+           "iframe": ("src",), "video": ("src", "poster"), "audio": ("src",), "embed": ("src",),
+           "object": ("data",), "image": ("href", "xlink:href"), "use": ("href", "xlink:href")}
+#: a load from inside a script or a style sheet: ``import … from "https://…"``, ``url(//…)``, ``@import "…"``
+LOADING_IN_CODE = re.compile(r"""(?:\bfrom\s*|\bimport\s*\(\s*|url\(\s*|@import\s+(?:url\()?\s*)["']?((?:https?:)?//[^"')\s]+)""",
+                             re.I)
+
+
+class Loads(html.parser.HTMLParser):
+    """What a page loads: ``(tag, URL)`` of its loading attributes, and the text of its inline scripts and styles."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls, self.code, self._in_code = [], [], False
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in LOADING.get(tag, ()) and value:
+                self.urls += [(tag, url.split()[0]) for url in value.split(",") if url.strip()]
+            if name == "style" and value:
+                self.code.append(value)
+        self._in_code = tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self._in_code = False
+
+    def handle_data(self, data):
+        if self._in_code:
+            self.code.append(data)
+
+
+def network_loads(page: Path) -> list[str]:
+    """The URLs of a network that a page (with the style sheets it links) loads."""
+    parser = Loads()
+    parser.feed(page.read_text(encoding="utf-8"))
+    found = [f"<{tag}> {url}" for tag, url in parser.urls if NETWORK.match(url)]
+    found += [f"inline: {url}" for code in parser.code for url in LOADING_IN_CODE.findall(code)]
+    for tag, url in parser.urls:
+        sheet = (page.parent / url.split("?")[0]).resolve()
+        if tag == "link" and sheet.suffix == ".css" and sheet.is_file():
+            found += [f"{sheet.name}: {u}" for u in LOADING_IN_CODE.findall(sheet.read_text(encoding="utf-8"))]
+    return found
+
+
+def test_no_page_loads_anything_from_a_network(site):
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) >= 40
+    loads = {str(page.relative_to(site)): network_loads(page) for page in pages}
+    assert not {page: urls for page, urls in loads.items() if urls}, "pages that need a network"
+    assert network_loads(site / "docs" / "index.html") == []
+    # the check sees what it must see: the CDN MathJax and Mermaid the site once loaded
+    probe = site / "probe.html"
+    probe.write_text('<script defer src="https://cdn.jsdelivr.net/npm/mathjax@4/tex-mml-chtml.js"></script>'
+                     '<script type="module">import mermaid from "https://cdn.jsdelivr.net/npm/mermaid@11/x.mjs";</script>'
+                     '<link rel="stylesheet" href="//fonts.example.org/a.css"><style>@import url(https://x.org/b.css)</style>')
+    assert len(network_loads(probe)) == 4
+    probe.unlink()
+
+
+def mathjax_of(page: Path) -> Path:
+    """The MathJax a page loads (a file of the site)."""
+    parser = Loads()
+    parser.feed(page.read_text(encoding="utf-8"))
+    scripts = [url for tag, url in parser.urls if tag == "script" and "mathjax" in url.lower()]
+    assert len(scripts) == 1, f"{page.name} loads {len(scripts)} MathJax scripts: {scripts}"
+    src = scripts[0]
+    assert not NETWORK.match(src), src
+    return (page.parent / src).resolve()
+
+
+def test_the_theory_page_loads_the_mathjax_the_site_ships(site):
+    page = site / "docs" / "theory.html"
+    script = mathjax_of(page)
+    assert script.is_file() and script.is_relative_to(site / "_static")
+    assert re.search(r'VERSION="3\.\d+\.\d+"', script.read_text(encoding="utf-8"))   # MathJax 3: \(…\) and \[…\]
+    mathjax = script.parent
+    assert len(list((mathjax / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))) >= 20
+    assert (mathjax / "input" / "tex" / "extensions" / "boldsymbol.js").is_file()   # TeX packages load on demand
+    markup = page.read_text(encoding="utf-8")
+    toc = markup[markup.index('id="pst-page-toc-nav"'):]
+    assert re.search(r'<span class="math notranslate nohighlight">\\\(.+?\\\)</span>', toc), \
+        "the page's table of contents has no formula MathJax would set"
+    for other in site.rglob("*.html"):            # formulas anywhere (navigation too): MathJax there
+        if 'class="math notranslate nohighlight"' in other.read_text(encoding="utf-8"):
+            assert mathjax_of(other) == script, f"{other.relative_to(site)} shows formulas without MathJax"
+
+
+def formulas(page: Path) -> list[tuple[str, bool]]:
+    """``(TeX, displayed)`` of every formula of a page, as MathJax finds them: ``\\(…\\)``, ``\\[…\\]``
+    and the environments of the amsmath blocks, in the page's text."""
+    text = html.unescape(text_of_html(page.read_text(encoding="utf-8")))
+    found = [(m, False) for m in re.findall(r"\\\((.+?)\\\)", text, flags=re.S)]
+    found += [(m, True) for m in re.findall(r"\\\[(.+?)\\\]", text, flags=re.S)]
+    outside = re.sub(r"\\\[.+?\\\]|\\\(.+?\\\)", "", text, flags=re.S)
+    found += [(m.group(0), True) for m in re.finditer(r"\\begin\{(\w+\*?)\}.*?\\end\{\1\}", outside, flags=re.S)]
+    return found
+
+
+TYPESET = r"""
+const [dir, file] = process.argv.slice(2);
+global.MathJax = {loader: {paths: {mathjax: dir}, load: ['input/tex', 'adaptors/liteDOM'], require: require},
+                  startup: {typeset: false}};
+require(dir + '/startup.js');
+MathJax.startup.promise.then(async () => {
+  const bad = [];
+  for (const [tex, display] of JSON.parse(require('fs').readFileSync(file, 'utf8'))) {
+    try {
+      const mml = await MathJax.tex2mmlPromise(tex, {display});
+      if (/<merror|mathcolor="red"/.test(mml)) bad.push(tex);
+    } catch (err) { bad.push(tex + ' (' + err.message + ')'); }
+  }
+  console.log(JSON.stringify(bad));
+});
+"""
+
+
+def test_every_formula_typesets_in_the_mathjax_the_site_ships(site, tmp_path):
+    """Every formula of the theory page (its table of contents too) and of the gallery's titles set
+    by the page's own MathJax, with the TeX packages of its ``tex-chtml`` component: no TeX error,
+    no undefined macro (MathJax shows those in red)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed: the formulas are not typeset here")
+    page = site / "docs" / "theory.html"
+    found = formulas(page) + formulas(site / "docs" / "gallery" / "index.html")
+    assert len(found) >= len(re.findall(r'class="math notranslate nohighlight', page.read_text(encoding="utf-8")))
+    found.append((r"\notamacro{x} + \frac{1}{", True))            # the check sees a TeX error
+    (tmp_path / "typeset.js").write_text(TYPESET)
+    (tmp_path / "formulas.json").write_text(json.dumps(found))
+    proc = subprocess.run([node, str(tmp_path / "typeset.js"), str(mathjax_of(page).parent), str(tmp_path / "formulas.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bad = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert bad == [found[-1][0] + bad[-1][len(found[-1][0]):]], f"formulas MathJax cannot set: {bad[:-1]}"
+
+
+def test_the_diagrams_are_drawn_into_the_page(site):
+    """docs/concepts.md's ```mermaid blocks are SVG drawings in the page, the layers' in the order
+    of the import-linter contract; no Mermaid is left for a script to draw."""
+    markup = (site / "docs" / "concepts.html").read_text(encoding="utf-8")
+    labels = [html.unescape(label) for label in re.findall(r'<svg role="img" aria-label="([^"]+)"', markup)]
+    assert len(labels) == 2 and "mermaid" not in markup.lower()
+    assert [part.split()[0] for part in labels[0].split(" → ")] == list(reversed(linattn_theory.LAYERS))
+    assert labels[1].startswith("round 0 → warm-up")
+
+
+def test_the_gallery_follows_the_figures_order_with_its_titles_rendered(site):
+    readme = (ROOT / "figures" / "README.md").read_text()
+    table = [name for name in re.findall(r"^\| [\w–]+ \| `(\w+)\.png`", readme, flags=re.M)
+             if (ROOT / "simulations" / f"{name}.py").is_file()]
+    index = (site / "docs" / "gallery" / "index.html").read_text(encoding="utf-8")
+    shown = list(dict.fromkeys(re.findall(r'<p><a class="reference internal" href="(\w+)\.html">', index)))
+    assert shown == ["tradeoff", *[name for name in table if name != "tradeoff"]]
+    titles = re.findall(r'<div class="sphx-glr-thumbnail-title">(.*?)</div>', index)
+    titles += [re.search(r"<h1>(.*?)<a class=\"headerlink\"", (site / "docs" / "gallery" / f"{name}.html")
+                         .read_text(encoding="utf-8")).group(1) for name in shown]
+    assert len(titles) == 2 * len(shown)
+    for title in titles:
+        plain = re.sub(r"\\\(.*?\\\)", "", text_of_html(title))
+        assert not re.search(r"[{}\\^]|(?<![\w])\w\d?_\w", plain), f"raw TeX in a gallery title: {title}"
+    assert any("\\(K_{T_0}\\)" in title for title in titles)

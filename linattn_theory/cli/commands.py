@@ -495,7 +495,13 @@ at least one sample per client and `m·N` samples in all.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (also the source of docs/cli.md)."""
+    """The argument parser (also the source of docs/cli.md).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The ``linattn`` parser with its subcommands.
+    """
     parser = argparse.ArgumentParser(
         prog="linattn",
         description="Federated training of linear attention: simulations, theory checks and figures.")
@@ -721,7 +727,25 @@ def _kept(args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the exit status (see the module docstring)."""
+    """Run one command; returns the exit status (see the module docstring).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The command and its arguments (``["simulate", "run.toml", "--out", "results/run"]``);
+        default the command line's.
+
+    Returns
+    -------
+    int
+        The exit status.
+
+    Examples
+    --------
+    >>> from linattn_theory.cli.commands import main
+    >>> main(["simulate", "no-such-file.toml"]) != 0      # an error message on stderr, no traceback
+    True
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     name = f"linattn {args.command}"

@@ -36,7 +36,20 @@ def _curve_lines(curve, T0: int, rows: int | None, columns) -> list[str]:
 
 
 def format_recommendation(rec, curve_rows: int | None = None) -> str:
-    """A plain-text report of a :class:`~linattn_theory.recommenders.recommendation.Recommendation`."""
+    """A plain-text report of a :class:`~linattn_theory.recommenders.recommendation.Recommendation`.
+
+    Parameters
+    ----------
+    rec : Recommendation
+        The recommendation (:func:`~linattn_theory.recommenders.recommendation.recommend`).
+    curve_rows : int, optional
+        Show that many evenly spaced rows of its curve; default all.
+
+    Returns
+    -------
+    str
+        The report.
+    """
     cfg, T = rec.config, rec.config.federated.rounds
     fed = cfg.federated
     lines = []
@@ -93,6 +106,20 @@ def recommend_main(config_path_or_config, out=None, *, mode: str = "online", mea
 
     Returns the exit status: 0 on success, 2 for invalid input (message on stderr, nothing printed
     to ``out``), 3 when a FedAvg path the recommender needs diverges.
+
+    Parameters
+    ----------
+    config_path_or_config : str, path-like or RunConfig
+        The configuration (a TOML file or a config).
+    out : file-like, optional
+        Where the report goes; default standard output.
+    mode, measure, pilot_rounds, transfer_seeds
+        As in :func:`~linattn_theory.recommenders.recommendation.recommend`.
+
+    Returns
+    -------
+    int
+        The exit status.
     """
     from ..recommenders.recommendation import recommend
 

@@ -37,7 +37,19 @@ class BackendUnavailableError(ConfigError):
 
 
 def gpu_available() -> bool:
-    """``True`` when CuPy imports and sees at least one CUDA device."""
+    """``True`` when CuPy imports and sees at least one CUDA device.
+
+    Returns
+    -------
+    bool
+        Whether ``model.backend = "cupy"`` can run here.
+
+    Examples
+    --------
+    >>> from linattn_theory.core.backend import gpu_available
+    >>> isinstance(gpu_available(), bool)
+    True
+    """
     try:
         import cupy
         return cupy.cuda.runtime.getDeviceCount() > 0
@@ -50,6 +62,23 @@ def get_namespace(backend: str = "numpy"):
 
     ``numpy`` and ``cupy`` are wrapped by ``array_api_compat``; ``cupy`` needs CuPy and a
     CUDA GPU, and says how to install them (the ``[gpu]`` extra) when they are missing.
+
+    Parameters
+    ----------
+    backend : {"numpy", "cupy", "array_api_strict"}, default "numpy"
+        The array library (``model.backend`` of a config).
+
+    Returns
+    -------
+    module
+        The namespace: ``xp.asarray``, ``xp.matmul``, … of the Array API standard.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> xp = lt.get_namespace("numpy")
+    >>> xp.matmul(xp.ones((2, 3)), xp.ones((3, 1))).tolist()
+    [[3.0], [3.0]]
     """
     if backend == "numpy":
         import array_api_compat.numpy as xp
@@ -90,6 +119,28 @@ def client_chunks(num_clients: int, bytes_per_client: int, max_bytes: int | None
     budget below one client's working set still runs, one client at a time);
     ``max_bytes=None`` gives a single chunk. Returns a list of ``(start, stop)`` pairs.
     Clients train independently within a round, so chunking never changes a result.
+
+    Parameters
+    ----------
+    num_clients : int
+        Clients ``m``.
+    bytes_per_client : int
+        Working set of one client (:func:`client_working_bytes`).
+    max_bytes : int or None
+        The budget; ``None``: no bound.
+
+    Returns
+    -------
+    list of tuple of int
+        ``(start, stop)`` of each chunk, covering ``0..m`` in order.
+
+    Examples
+    --------
+    >>> from linattn_theory.core.backend import client_chunks
+    >>> client_chunks(5, bytes_per_client=100, max_bytes=250)
+    [(0, 2), (2, 4), (4, 5)]
+    >>> client_chunks(5, 100, None)
+    [(0, 5)]
     """
     if max_bytes is None or num_clients == 0:
         return [(0, num_clients)]
@@ -106,6 +157,22 @@ def resolve_max_bytes(max_bytes, data, heads: int, batch_size: int | None = None
     :data:`CPU_CHUNK_BYTES` (it stays in cache anyway), else chunks of at most
     :data:`CPU_CHUNK_BYTES`, each of which keeps its data in cache for its ``E`` local steps;
     elsewhere (GPU) one chunk, the largest batches.
+
+    Parameters
+    ----------
+    max_bytes : int, "auto" or None
+        A budget in bytes, the policy, or no bound.
+    data : StackedClients
+        The clients.
+    heads : int
+        Heads ``H`` of the model.
+    batch_size : int, optional
+        Samples per local step; default all.
+
+    Returns
+    -------
+    int or None
+        The budget for :func:`client_chunks`.
     """
     if not isinstance(max_bytes, str):
         return max_bytes
@@ -135,6 +202,20 @@ def client_working_bytes(data, heads: int, batch_size: int | None = None) -> int
     ``g`` of ``H·d`` numbers each, ``e`` twice). Softmax attention (docs/theory.md §9) adds the
     context ``X`` (``n·d``) and the scores, weights, ``X W_V e`` and ``J u`` (``H·n`` each).
     Used with :func:`client_chunks`.
+
+    Parameters
+    ----------
+    data : StackedClients
+        The clients.
+    heads : int
+        Heads ``H`` of the model.
+    batch_size : int, optional
+        Samples per local step; default all of a client's.
+
+    Returns
+    -------
+    int
+        Bytes.
     """
     N = data.S.shape[1] if batch_size is None else batch_size
     d, p = data.S.shape[-1], data.y.shape[-1]

@@ -17,7 +17,25 @@ __all__ = ["ClientDataset", "FederatedDataset", "StackedClients", "as_federated"
 
 
 class ClientDataset(NamedTuple):
-    """One client's samples: contexts ``X`` ``(N, n, d)``, queries ``q`` ``(N, d)``, targets ``y`` ``(N, p)``."""
+    """One client's samples: contexts ``X`` ``(N, n, d)``, queries ``q`` ``(N, d)``, targets ``y`` ``(N, p)``.
+
+    Parameters
+    ----------
+    X : numpy.ndarray, shape (N, n, d)
+        Contexts of ``n`` tokens.
+    q : numpy.ndarray, shape (N, d)
+        Queries.
+    y : numpy.ndarray, shape (N, p)
+        Targets.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> X, q, y = clients[0]                  # a client unpacks as (X, q, y)
+    >>> X.shape, q.shape, y.shape
+    ((64, 8, 4), (64, 4), (64, 2))
+    """
 
     X: np.ndarray
     q: np.ndarray
@@ -29,6 +47,34 @@ class FederatedDataset(Sequence):
     """``m`` client datasets with weights ``p_c = N_c / Σ N_c``; iterates as ``(X, q, y)`` tuples.
 
     ``truth`` holds what generated the data (teacher kernels, value maps, …) for analysis.
+
+    Parameters
+    ----------
+    clients : tuple of ClientDataset
+        The ``m`` clients' samples (the same ``n``, ``d``, ``p``; any sizes ``N_c``).
+    weights : numpy.ndarray, shape (m,)
+        Client weights ``p_c`` (summing to 1).
+    family : str, default "custom"
+        The task family that made them.
+    truth : dict, optional
+        What generated the data.
+
+    Examples
+    --------
+    Your own data, two clients of 40 and 60 samples:
+
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> own = [lt.ClientDataset(rng.normal(size=(N, 8, 4)), rng.normal(size=(N, 4)), rng.normal(size=(N, 1)))
+    ...        for N in (40, 60)]
+    >>> clients = lt.FederatedDataset(tuple(own), np.array([0.4, 0.6]))
+    >>> len(clients), clients.dims, clients.sizes.tolist()
+    (2, (8, 4, 1), [40, 60])
+    >>> config = lt.config_from_dict({"task": {"dim": 4, "tokens": 8, "outputs": 1},
+    ...                               "federated": {"rounds": 3, "warmup_rounds": 1}})
+    >>> len(lt.simulate(config, clients).table)
+    4
     """
 
     clients: tuple[ClientDataset, ...]
@@ -57,7 +103,26 @@ def as_federated(clients) -> FederatedDataset:
     """Accept a :class:`FederatedDataset` or a plain sequence of ``(X, q, y)`` tuples (``p_c ∝ N_c``).
 
     A tuple's arrays must have the shapes ``X (N, n, d)``, ``q (N, d)``, ``y (N, p)`` with the
-    first client's ``n, d, p``; otherwise a ``ValueError`` names the client and the array."""
+    first client's ``n, d, p``; otherwise a ``ValueError`` names the client and the array.
+
+    Parameters
+    ----------
+    clients : FederatedDataset or sequence of (X, q, y)
+        The clients.
+
+    Returns
+    -------
+    FederatedDataset
+        ``clients`` itself, or the tuples with weights ``p_c = N_c / Σ N_c``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.clients import as_federated
+    >>> pairs = [(np.ones((N, 3, 2)), np.ones((N, 2)), np.ones((N, 1))) for N in (1, 3)]
+    >>> as_federated(pairs).weights.tolist()
+    [0.25, 0.75]
+    """
     if isinstance(clients, FederatedDataset):
         return clients
     items = []
@@ -151,6 +216,27 @@ class StackedClients:
     the contexts themselves, ``X`` ``(m, N, n, d)`` (kept only then; ``None`` for linear
     attention), with scores divided by ``temperature``. ``inputs`` is what the model reads:
     ``Ŝ`` (linear) or ``X`` (softmax).
+
+    Parameters
+    ----------
+    S : array, shape (m, N, d, d)
+        ``Ŝ`` of every (padded) sample.
+    q : array, shape (m, N, d)
+        Queries.
+    y : array, shape (m, N, p)
+        Targets.
+    sample_weight : array, shape (m, N)
+        ``1/N_c`` on a client's samples, 0 on padding.
+    weights : array, shape (m,)
+        Client weights ``p_c``.
+    sizes : numpy.ndarray, shape (m,)
+        ``N_c`` (host).
+    X : array, shape (m, N, n, d), optional
+        Contexts (softmax attention only).
+    attention : {"linear", "softmax"}, default "linear"
+        The layer that reads the data.
+    temperature : float, default 1.0
+        Softmax temperature.
     """
 
     S: object
@@ -178,6 +264,33 @@ def stack_clients(clients, xp=None, dtype=np.float64, attention: str = "linear",
     """Pad and stack clients into :class:`StackedClients` in namespace ``xp`` (default NumPy).
 
     ``attention = "softmax"`` also keeps the padded contexts ``X`` (docs/theory.md §9).
+
+    Parameters
+    ----------
+    clients : FederatedDataset or sequence of (X, q, y)
+        The clients (a plain sequence gets weights ``p_c ∝ N_c``).
+    xp : module, optional
+        Array API namespace (:func:`~linattn_theory.core.backend.get_namespace`); default NumPy.
+    dtype : dtype, default numpy.float64
+        Floating-point type of the arrays.
+    attention : {"linear", "softmax"}, default "linear"
+        The layer that reads the data.
+    temperature : float, default 1.0
+        Softmax temperature ``τ > 0``.
+
+    Returns
+    -------
+    StackedClients
+        The padded arrays: ``S`` ``(m, N, d, d)``, ``q``, ``y``, ``sample_weight``, ``weights``, ``sizes``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=20, tokens=4, dim=3,
+    ...                                     dirichlet_alpha=1.0)
+    >>> data = lt.stack_clients(clients)
+    >>> data.S.shape[0], data.S.shape[1] == int(max(data.sizes)), data.sample_weight.sum(axis=1).round(12).tolist()
+    (3, True, [1.0, 1.0, 1.0])
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention = {attention!r}; expected one of {', '.join(map(repr, ATTENTIONS))}")

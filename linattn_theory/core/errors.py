@@ -11,7 +11,20 @@ __all__ = ["ConfigError", "ArgumentError", "RunIntegrityError", "SettingWarning"
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range."""
+    """A configuration value is missing, unknown, of the wrong type or out of range.
+
+    The message names the key, the value given and what is expected (the command line prints it
+    and exits with a non-zero status).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> try:
+    ...     lt.config_from_dict({"federated": {"local_steps": 0}})
+    ... except lt.ConfigError as error:
+    ...     print(str(error).split(";")[0])
+    federated.local_steps = 0: expected a value >= 1
+    """
 
 
 class ArgumentError(ConfigError):
@@ -21,7 +34,29 @@ class ArgumentError(ConfigError):
 
 class RunIntegrityError(ValueError):
     """A stored run is broken: its ``metadata.json`` is unreadable, or a file it lists is missing
-    or differs from the hash recorded for it (``folder`` and ``reason`` name which)."""
+    or differs from the hash recorded for it (``folder`` and ``reason`` name which).
+
+    Parameters
+    ----------
+    folder : str or path-like
+        The run's folder.
+    reason : str
+        What is wrong with it.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.io import write_run
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = write_run(lt.simulate(lt.config_from_dict({"federated": {"rounds": 2, "warmup_rounds": 1}})), folder)
+    >>> _ = (folder / "rounds.csv").write_text("round,loss\\n0,0.0\\n")          # a tampered file
+    >>> try:
+    ...     lt.load_run(folder)
+    ... except lt.RunIntegrityError as error:
+    ...     print(error.folder == folder, "rounds.csv" in error.reason)
+    True True
+    """
 
     def __init__(self, folder, reason: str):
         self.folder, self.reason = Path(folder), reason

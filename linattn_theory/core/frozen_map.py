@@ -17,6 +17,24 @@ def frozen_client_map(moments: ValueMoments, eta: float, E: int, lam: float = 0.
     the local step ``V ← V − η(Ã_c V − B_c)`` applied ``E`` times from ``V = I`` and ``V = 0``.
     Array-API (runs on the moments' namespace); returns ``(M, b)`` of shapes ``(m, Hd, Hd)``
     and ``(m, Hd, p)``.
+
+    Parameters
+    ----------
+    moments : ValueMoments
+        The clients' moments at the frozen kernel.
+    eta : float
+        Client step size ``η``.
+    E : int
+        Local steps.
+    lam : float, default 0.0
+        Ridge ``λ``.
+
+    Returns
+    -------
+    M : array, shape (m, H·d, H·d)
+        Each client's linear part.
+    b : array, shape (m, H·d, p)
+        Each client's constant part.
     """
     A, B = moments.A, moments.B
     xp = array_namespace(A, B)

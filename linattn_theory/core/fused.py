@@ -54,13 +54,25 @@ _compile_lock = threading.Lock()
 
 
 def numba_available() -> bool:
-    """``True`` when numba is installed (checked without importing it)."""
+    """``True`` when numba is installed (checked without importing it).
+
+    Returns
+    -------
+    bool
+        Whether the fused engine can run.
+    """
     return importlib.util.find_spec("numba") is not None
 
 
 def default_threads() -> int:
     """Threads of the fused engine: :func:`set_threads`, else ``LINATTN_THREADS``, else
-    ``OMP_NUM_THREADS`` (which joblib sets in its worker processes), else the usable cores."""
+    ``OMP_NUM_THREADS`` (which joblib sets in its worker processes), else the usable cores.
+
+    Returns
+    -------
+    int
+        The thread count.
+    """
     if _threads is not None:
         return _threads
     for name in ("LINATTN_THREADS", "OMP_NUM_THREADS"):
@@ -74,7 +86,17 @@ def default_threads() -> int:
 
 
 def set_threads(threads: int | None) -> None:
-    """Set the fused engine's thread count (``None``: back to :func:`default_threads`'s default)."""
+    """Set the fused engine's thread count (``None``: back to :func:`default_threads`'s default).
+
+    Parameters
+    ----------
+    threads : int or None
+        Threads (``≥ 1``), or ``None``.
+
+    Returns
+    -------
+    None
+    """
     global _threads
     if threads is not None and (isinstance(threads, bool) or int(threads) != threads or threads < 1):
         raise ValueError(f"threads = {threads!r}; expected an integer >= 1 or None")
@@ -123,6 +145,13 @@ class FusedEngine:
     ``data`` is one run's :class:`~linattn_theory.core.clients.StackedClients` or, with
     ``instances=True``, an ensemble's (every array with a leading instance axis,
     :mod:`linattn_theory.sim.ensemble`); one run is handled as an ensemble of one.
+
+    Parameters
+    ----------
+    data : StackedClients
+        The clients (NumPy, float64 or float32).
+    instances : bool, default False
+        ``data`` holds an ensemble (a leading instance axis).
     """
 
     def __init__(self, data, instances: bool = False):

@@ -44,7 +44,20 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file (its folder is created).
+    data : bytes
+        The content.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -62,7 +75,20 @@ def atomic_write_bytes(path, data: bytes) -> Path:
 
 
 def atomic_write_text(path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically, as :func:`atomic_write_bytes`."""
+    """Write ``text`` (UTF-8) to ``path`` atomically, as :func:`atomic_write_bytes`.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    text : str
+        The content.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
     return atomic_write_bytes(path, text.encode())
 
 
@@ -79,7 +105,20 @@ def _jsonable(obj):
 
 
 def write_json(path, data: dict) -> Path:
-    """Write ``data`` as sorted, indented JSON atomically (non-finite floats as strings)."""
+    """Write ``data`` as sorted, indented JSON atomically (non-finite floats as strings).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    data : dict
+        JSON values (NumPy scalars are converted; keys become strings).
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
     return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
 
 
@@ -106,6 +145,28 @@ def write_run(result, out_dir) -> dict[str, Path]:
     An earlier ``metadata.json`` there is removed first and the new one is written last, with the
     SHA-256 and size of the other files (``metadata["files"]``): a run killed while it is written
     is unfinished, and a file changed afterwards no longer matches (:func:`read_run`).
+
+    Parameters
+    ----------
+    result : RunResult
+        The run (:func:`~linattn_theory.sim.engine.simulate`).
+    out_dir : str or path-like
+        The run folder (created).
+
+    Returns
+    -------
+    dict of str to pathlib.Path
+        The files written: ``table``, ``params``, ``metadata``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.io import run_status, write_run
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> paths = write_run(lt.simulate(lt.config_from_dict({"federated": {"rounds": 2, "warmup_rounds": 1}})), folder)
+    >>> sorted(path.name for path in paths.values()), run_status(folder)[0]
+    (['metadata.json', 'params.npz', 'rounds.csv'], 'finished')
     """
     out = Path(out_dir)
     paths = {"table": out / "rounds.csv", "params": out / "params.npz", "metadata": out / "metadata.json"}
@@ -129,6 +190,18 @@ def read_run(folder) -> tuple[dict, dict[str, bytes]]:
     run) and :class:`~linattn_theory.core.errors.RunIntegrityError`, naming the folder and the
     file, when ``metadata.json`` is not a run record or a file is missing, or differs from the
     SHA-256 recorded for it (cut short, edited, replaced).
+
+    Parameters
+    ----------
+    folder : str or path-like
+        A run folder (:func:`write_run`).
+
+    Returns
+    -------
+    metadata : dict
+        The run's ``metadata.json``.
+    files : dict of str to bytes
+        The content of every file it lists, checked.
     """
     folder = Path(folder)
     path = folder / "metadata.json"
@@ -157,7 +230,20 @@ def read_run(folder) -> tuple[dict, dict[str, bytes]]:
 
 
 def run_status(folder) -> tuple[str, str]:
-    """``("finished" | "unfinished" | "broken", detail)`` of a run folder (see :func:`read_run`)."""
+    """``("finished" | "unfinished" | "broken", detail)`` of a run folder (see :func:`read_run`).
+
+    Parameters
+    ----------
+    folder : str or path-like
+        A run folder.
+
+    Returns
+    -------
+    status : {"finished", "unfinished", "broken"}
+        What :func:`read_run` would find.
+    detail : str
+        Why (empty when finished).
+    """
     try:
         read_run(folder)
     except FileNotFoundError:
@@ -217,7 +303,13 @@ def provenance() -> dict:
     """What a run was computed with: ``version`` (of the installed linattn-theory; ``None`` when
     it is not installed), ``git_revision`` and ``git_dirty`` (tracked files modified; ``None``
     when unknown), ``host``, ``platform``, ``python`` and ``libraries`` (installed versions).
-    Read once per process."""
+    Read once per process.
+
+    Returns
+    -------
+    dict
+        The record (a copy: the caller may change it).
+    """
     return {key: (dict(value) if isinstance(value, dict) else value) for key, value in _provenance()}
 
 
@@ -225,7 +317,18 @@ def timed_run(run):
     """Decorate a function that returns a run result, or a list of results or of ``(run_id,
     result)`` computed together: record in each ``metadata["provenance"]`` when the call
     ``started`` (UTC, ISO 8601), its ``wall_seconds`` and, for several results, how many shared
-    that time (``computed_with``)."""
+    that time (``computed_with``).
+
+    Parameters
+    ----------
+    run : callable
+        The function to time.
+
+    Returns
+    -------
+    callable
+        The function, recording its time in its results' metadata.
+    """
     @functools.wraps(run)
     def timed(*args, **kwargs):
         started, start = datetime.now(timezone.utc), time.perf_counter()

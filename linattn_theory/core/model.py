@@ -58,6 +58,23 @@ class Params:
     """Parameters of one layer: ``WQ``, ``WK`` of shape ``(..., H, d, r)``, ``WV`` ``(..., H, d, p)``.
 
     Leading axes (``...``) stack several models, e.g. one per client.
+
+    Parameters
+    ----------
+    WQ, WK : array, shape (..., H, d, r)
+        Query and key factors of the ``H`` heads (kernel ``K_h = W_Q^h (W_K^h)^T`` of rank ``≤ r``).
+    WV : array, shape (..., H, d, p)
+        Value blocks.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> params = lt.Params.init(d=6, r=3, p=2, heads=2, seed=0)
+    >>> params.shape, params.WV.shape
+    ((2, 6, 3, 2), (2, 6, 2))
+    >>> doubled = params.map(lambda block: 2 * block)
+    >>> bool((lt.kernel(doubled) == 4 * lt.kernel(params)).all())
+    True
     """
 
     WQ: object
@@ -98,7 +115,24 @@ class Params:
 
 
 def kernel(params: Params):
-    """Attention kernels ``K_h = W_Q^h (W_K^h)^T``, shape ``(..., H, d, d)`` (docs/theory.md §1)."""
+    """Attention kernels ``K_h = W_Q^h (W_K^h)^T``, shape ``(..., H, d, d)`` (docs/theory.md §1).
+
+    Parameters
+    ----------
+    params : Params
+        The layer (or a stack of layers).
+
+    Returns
+    -------
+    array, shape (..., H, d, d)
+        The kernels, in the namespace of ``params``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> lt.kernel(lt.Params.init(d=6, r=3, p=2, heads=2)).shape
+    (2, 6, 6)
+    """
     xp = array_namespace(params.WQ, params.WK)
     if params.WQ.ndim < 3 or tuple(params.WQ.shape[-3:]) != tuple(params.WK.shape[-3:]):
         raise ValueError(f"kernel: WQ {tuple(params.WQ.shape)} and WK {tuple(params.WK.shape)}; "
@@ -107,7 +141,27 @@ def kernel(params: Params):
 
 
 def context_second_moment(X):
-    """``Ŝ = X^T X / n`` for contexts ``X`` of shape ``(..., n, d)``; returns ``(..., d, d)``."""
+    """``Ŝ = X^T X / n`` for contexts ``X`` of shape ``(..., n, d)``; returns ``(..., d, d)``.
+
+    Parameters
+    ----------
+    X : array, shape (..., n, d)
+        Contexts of ``n`` tokens.
+
+    Returns
+    -------
+    array, shape (..., d, d)
+        ``Ŝ``, symmetric positive semi-definite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> X = np.arange(6.0).reshape(3, 2)           # three tokens in d = 2
+    >>> S = lt.context_second_moment(X)
+    >>> bool(np.allclose(S, [[(0 + 4 + 16) / 3, (0 + 6 + 20) / 3], [(0 + 6 + 20) / 3, (1 + 9 + 25) / 3]]))
+    True
+    """
     xp = array_namespace(X)
     return xp.matmul(xp.matrix_transpose(X), X) / X.shape[-2]
 
@@ -121,7 +175,31 @@ def _heads_to_columns(xp, K):
 def features(K, S, q):
     """Per-head features ``φ_h = Ŝ K_h^T q``, shape ``(..., N, H, d)`` (docs/theory.md §4).
 
-    ``K`` is ``(..., H, d, d)``, ``S`` is ``(..., N, d, d)`` (symmetric), ``q`` is ``(..., N, d)``.
+    Parameters
+    ----------
+    K : array, shape (..., H, d, d)
+        Kernels.
+    S : array, shape (..., N, d, d)
+        Context second moments ``Ŝ`` (:func:`context_second_moment`).
+    q : array, shape (..., N, d)
+        Queries.
+
+    Returns
+    -------
+    array, shape (..., N, H, d)
+        ``φ_h``; the prediction is ``ŷ = Σ_h (W_V^h)^T φ_h``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params, X, q = lt.Params.init(d=4, r=2, p=1), rng.normal(size=(5, 3, 4)), rng.normal(size=(5, 4))
+    >>> phi = lt.features(lt.kernel(params), lt.context_second_moment(X), q)
+    >>> phi.shape
+    (5, 1, 4)
+    >>> bool(np.allclose(np.einsum("nhd,hdp->np", phi, params.WV), lt.predict(params, X, q)))
+    True
     """
     xp = array_namespace(K, S, q)
     H, d = K.shape[-3], K.shape[-1]
@@ -145,7 +223,22 @@ def _value_matrix(xp, WV):
 
 
 def predict_from_moments(params: Params, S, q):
-    """``ŷ = Σ_h (W_V^h)^T Ŝ K_h^T q = V^T φ``; ``S`` ``(..., N, d, d)``, ``q`` ``(..., N, d)`` → ``(..., N, p)``."""
+    """``ŷ = Σ_h (W_V^h)^T Ŝ K_h^T q = V^T φ``; ``S`` ``(..., N, d, d)``, ``q`` ``(..., N, d)`` → ``(..., N, p)``.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    S : array, shape (..., N, d, d)
+        Context second moments ``Ŝ``.
+    q : array, shape (..., N, d)
+        Queries.
+
+    Returns
+    -------
+    array, shape (..., N, p)
+        ``ŷ``, equal to :func:`predict` on the contexts ``Ŝ`` comes from.
+    """
     xp = array_namespace(S, q, params.WV)
     phi = _flat(xp, features(kernel(params), S, q), 2)
     return xp.matmul(phi, _value_matrix(xp, params.WV))
@@ -205,6 +298,33 @@ def predict(params: Params, X, q, attention: str = "linear", temperature: float 
 
     Linear attention: ``ŷ = Σ_h (W_V^h)^T Ŝ K_h^T q`` with ``Ŝ = X^T X / n`` (docs/theory.md §1);
     softmax: ``ŷ = Σ_h (W_V^h)^T X^T softmax(X K_h^T q / τ)`` (docs/theory.md §9).
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    X : array, shape (B, n, d)
+        Contexts.
+    q : array, shape (B, d)
+        Queries.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ > 0``.
+
+    Returns
+    -------
+    array, shape (B, p)
+        ``ŷ``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params, X, q = lt.Params.init(d=4, r=2, p=3), rng.normal(size=(5, 6, 4)), rng.normal(size=(5, 4))
+    >>> lt.predict(params, X, q).shape, lt.predict(params, X, q, attention="softmax").shape
+    ((5, 3), (5, 3))
     """
     _check_attention(attention, temperature)
     _validate(X, q)
@@ -228,6 +348,41 @@ def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
     Returns ``(loss, grads)`` with ``loss`` of shape ``(...)`` and ``grads`` a :class:`Params`;
     blocks not listed in ``blocks`` are returned as ``None`` and not computed, and so is the
     loss with ``with_loss=False`` (local steps need only the gradients).
+
+    Parameters
+    ----------
+    params : Params
+        The layer (or one per client, on the leading axes).
+    S : array, shape (..., N, d, d)
+        Context second moments ``Ŝ``.
+    q : array, shape (..., N, d)
+        Queries.
+    y : array, shape (..., N, p)
+        Targets.
+    sample_weight : array, shape (..., N), optional
+        Weights ``w_i``; default ``1/N``.
+    blocks : tuple of str, default ("WQ", "WK", "WV")
+        The blocks whose gradients to compute.
+    with_loss : bool, default True
+        Compute the loss too.
+
+    Returns
+    -------
+    loss : array, shape (...)
+        The weighted loss (``None`` with ``with_loss=False``).
+    grads : Params
+        The gradients of ``blocks`` (the others ``None``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> loss, grads = lt.loss_and_grad_from_moments(params, lt.context_second_moment(X), q, y, blocks=("WV",))
+    >>> grads.WQ is None, bool(np.allclose(grads.WV, lt.loss_and_grad(params, X, q, y)[1].WV))
+    (True, True)
     """
     xp = array_namespace(S, q, y, params.WV)
     H, d, p = params.WV.shape[-3:]
@@ -282,6 +437,20 @@ def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None, *,
     ``phi``: the features ``φ`` ``(..., N, H·d)`` at the kernel ``W_Q W_K^T`` of ``params`` when
     they are at hand (:func:`~linattn_theory.core.moments.value_moments_and_features`); else
     computed here.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    S, q, y, sample_weight
+        As in :func:`loss_and_grad_from_moments`.
+    phi : array, shape (..., N, H·d), optional
+        The features at the kernel of ``params``.
+
+    Returns
+    -------
+    array, shape (..., H, d, d)
+        ``∇_{K_h} ℓ``; ``∇_{W_Q^h} = ∇_{K_h} W_K^h`` (:func:`loss_and_grad_from_moments`).
     """
     xp = array_namespace(S, q, y, params.WV)
     H, d, _ = params.WV.shape[-3:]
@@ -298,9 +467,42 @@ def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None, *,
 def loss_and_grad(params: Params, X, q, y, attention: str = "linear", temperature: float = 1.0):
     """Batch-mean loss ``(1/B) Σ_i ½‖ŷ_i − y_i‖²`` and closed-form gradients (docs/theory.md §1, §9).
 
-    ``X`` ``(B, n, d)``, ``q`` ``(B, d)``, ``y`` ``(B, p)``; returns ``(loss, grads)`` with ``grads``
-    a :class:`Params` of the same shapes as ``params``. ``attention`` is ``"linear"`` or
-    ``"softmax"`` (scores divided by ``temperature``).
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    X : array, shape (B, n, d)
+        Contexts.
+    q : array, shape (B, d)
+        Queries.
+    y : array, shape (B, p)
+        Targets.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ > 0``.
+
+    Returns
+    -------
+    loss : float
+        The batch-mean loss.
+    grads : Params
+        Its gradients with respect to ``WQ``, ``WK``, ``WV``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> loss, grads = lt.loss_and_grad(params, X, q, y)
+    >>> step = np.zeros_like(params.WV)
+    >>> step[0, 1, 0] = 1e-6                        # the gradient against a central difference
+    >>> up = lt.loss_and_grad(params.replace(WV=params.WV + step), X, q, y)[0]
+    >>> down = lt.loss_and_grad(params.replace(WV=params.WV - step), X, q, y)[0]
+    >>> bool(np.isclose((up - down) / 2e-6, grads.WV[0, 1, 0], rtol=1e-6))
+    True
     """
     _check_attention(attention, temperature)
     _validate(X, q, y)
@@ -314,10 +516,33 @@ def loss_and_grad(params: Params, X, q, y, attention: str = "linear", temperatur
 # softmax attention (docs/theory.md §9)
 # --------------------------------------------------------------------------------------
 def softmax_weights(K, X, q, temperature: float = 1.0):
-    """``a_h = softmax_i(q^T K_h x_i / τ)``, shape ``(..., N, H, n)`` (docs/theory.md §9).
-
-    ``K`` ``(..., H, d, d)``, ``X`` ``(..., N, n, d)``, ``q`` ``(..., N, d)``. The largest score of
+    """``a_h = softmax_i(q^T K_h x_i / τ)``, shape ``(..., N, H, n)`` (docs/theory.md §9). The largest score of
     each row is subtracted before ``exp`` (the weights are unchanged, nothing overflows).
+
+    Parameters
+    ----------
+    K : array, shape (..., H, d, d)
+        Kernels.
+    X : array, shape (..., N, n, d)
+        Contexts.
+    q : array, shape (..., N, d)
+        Queries.
+    temperature : float, default 1.0
+        ``τ > 0``.
+
+    Returns
+    -------
+    array, shape (..., N, H, n)
+        The attention weights (each row sums to 1).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.model import softmax_weights
+    >>> rng = np.random.default_rng(0)
+    >>> a = softmax_weights(rng.normal(size=(2, 3, 3)), rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 3)))
+    >>> a.shape, bool(np.allclose(a.sum(axis=-1), 1))
+    ((4, 2, 5), True)
     """
     xp = array_namespace(K, X, q)
     H, d = K.shape[-3], K.shape[-1]
@@ -329,20 +554,69 @@ def softmax_weights(K, X, q, temperature: float = 1.0):
 
 
 def softmax_features(K, X, q, temperature: float = 1.0):
-    """Per-head softmax features ``φ_h = X^T a_h``, shape ``(..., N, H, d)`` (docs/theory.md §9)."""
+    """Per-head softmax features ``φ_h = X^T a_h``, shape ``(..., N, H, d)`` (docs/theory.md §9).
+
+    Parameters
+    ----------
+    K, X, q, temperature
+        As in :func:`softmax_weights`.
+
+    Returns
+    -------
+    array, shape (..., N, H, d)
+        ``φ_h``.
+    """
     xp = array_namespace(K, X, q)
     return xp.matmul(softmax_weights(K, X, q, temperature), X)
 
 
 def attention_features(K, inputs, q, attention: str = "linear", temperature: float = 1.0):
-    """``φ_h`` of either attention, shape ``(..., N, H, d)``: ``inputs`` is ``Ŝ`` (linear) or ``X`` (softmax)."""
+    """``φ_h`` of either attention, shape ``(..., N, H, d)``: ``inputs`` is ``Ŝ`` (linear) or ``X`` (softmax).
+
+    Parameters
+    ----------
+    K : array, shape (..., H, d, d)
+        Kernels.
+    inputs : array
+        ``Ŝ`` ``(..., N, d, d)`` (linear) or ``X`` ``(..., N, n, d)`` (softmax).
+    q : array, shape (..., N, d)
+        Queries.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    array, shape (..., N, H, d)
+        ``φ_h`` (:func:`features` or :func:`softmax_features`).
+    """
     if attention == "softmax":
         return softmax_features(K, inputs, q, temperature)
     return features(K, inputs, q)
 
 
 def predict_from_contexts(params: Params, X, q, attention: str = "linear", temperature: float = 1.0):
-    """``ŷ = V^T φ`` from contexts ``X`` ``(..., N, n, d)`` and queries ``(..., N, d)`` → ``(..., N, p)``."""
+    """``ŷ = V^T φ`` from contexts ``X`` ``(..., N, n, d)`` and queries ``(..., N, d)`` → ``(..., N, p)``.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    X : array, shape (..., N, n, d)
+        Contexts.
+    q : array, shape (..., N, d)
+        Queries.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    array, shape (..., N, p)
+        ``ŷ``.
+    """
     xp = array_namespace(X, q, params.WV)
     inputs = X if attention == "softmax" else context_second_moment(X)
     phi = _flat(xp, attention_features(kernel(params), inputs, q, attention, temperature), 2)
@@ -389,6 +663,26 @@ def loss_and_grad_from_contexts(params: Params, X, q, y, sample_weight=None, blo
     ``∇_{K_h} = Σ_i w_i q g_h^T`` with ``g_h = X^T J (X W_V^h e) / τ``, ``J u = a ⊙ (u − a^T u)``,
     and ``∇_{W_Q^h} = ∇_{K_h} W_K^h``, ``∇_{W_K^h} = (∇_{K_h})^T W_Q^h``. Linear attention: the
     same as :func:`loss_and_grad_from_moments` on ``Ŝ = X^T X / n``. Shapes and ``blocks`` as there.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    X : array, shape (..., N, n, d)
+        Contexts.
+    q, y, sample_weight, blocks
+        As in :func:`loss_and_grad_from_moments`.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    loss : array, shape (...)
+        The weighted loss.
+    grads : Params
+        The gradients of ``blocks``.
     """
     if attention != "softmax":
         return loss_and_grad_from_moments(params, context_second_moment(X), q, y, sample_weight, blocks)
@@ -405,7 +699,22 @@ def loss_and_grad_from_contexts(params: Params, X, q, y, sample_weight=None, blo
 
 def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, blocks=BLOCKS, *,
                               attention: str = "linear", temperature: float = 1.0):
-    """:func:`loss_and_grad_from_moments` (``inputs = Ŝ``) or its softmax form (``inputs = X``)."""
+    """:func:`loss_and_grad_from_moments` (``inputs = Ŝ``) or its softmax form (``inputs = X``).
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    inputs : array
+        ``Ŝ`` ``(..., N, d, d)`` (linear) or ``X`` ``(..., N, n, d)`` (softmax).
+    q, y, sample_weight, blocks, attention, temperature
+        As in :func:`loss_and_grad_from_contexts`.
+
+    Returns
+    -------
+    loss, grads
+        As :func:`loss_and_grad_from_contexts`.
+    """
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
                                            attention=attention, temperature=temperature)
@@ -418,6 +727,18 @@ def kernel_gradient_from_inputs(params: Params, inputs, q, y, sample_weight=None
 
     ``phi`` (linear attention only): the features at the kernel, when at hand
     (:func:`kernel_gradient_from_moments`).
+
+    Parameters
+    ----------
+    params, inputs, q, y, sample_weight, attention, temperature
+        As in :func:`loss_and_grad_from_inputs`.
+    phi : array, optional
+        Linear attention's features at the kernel.
+
+    Returns
+    -------
+    array, shape (..., H, d, d)
+        ``∇_{K_h} ℓ``.
     """
     if attention == "softmax":
         if phi is not None:

@@ -23,7 +23,30 @@ __all__ = ["ValueMoments", "value_moments", "value_moments_and_features", "value
 
 @dataclass(frozen=True)
 class ValueMoments:
-    """Per-client ``A_c`` ``(m, Hd, Hd)``, ``B_c`` ``(m, Hd, p)``, ``y2_c`` ``(m,)`` and weights ``p_c`` ``(m,)``."""
+    """Per-client ``A_c`` ``(m, Hd, Hd)``, ``B_c`` ``(m, Hd, p)``, ``y2_c`` ``(m,)`` and weights ``p_c`` ``(m,)``.
+
+    Parameters
+    ----------
+    A : array, shape (m, H·d, H·d)
+        ``A_c = E_c[φφ^T]`` (unregularised).
+    B : array, shape (m, H·d, p)
+        ``B_c = E_c[φ y^T]``.
+    y2 : array, shape (m,)
+        ``y2_c = E_c‖y‖²``.
+    weights : array, shape (m,)
+        Client weights ``p_c``.
+    lam : float, default 0.0
+        Ridge ``λ`` (``A_tilde = A + λI``).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> moments = lt.value_moments(clients.truth["kernel"], clients, lam=0.1)
+    >>> A, B, y2 = moments.weighted()             # Σ_c p_c (A_c, B_c, y2_c)
+    >>> A.shape, B.shape, bool((moments.A_tilde - moments.A).trace(axis1=1, axis2=2).round(12).tolist() == [0.4] * 3)
+    ((4, 4), (4, 2), True)
+    """
 
     A: object
     B: object
@@ -52,6 +75,35 @@ def value_moments(K, clients, lam: float = 0.0, *, xp=None) -> ValueMoments:
     :class:`~linattn_theory.core.clients.FederatedDataset` or a list of ``(X, q, y)`` tuples. ``lam``
     is recorded on the result, whose ``A_tilde`` is ``Ã_c = A_c + λI``; ``A`` stays unregularised.
     The features are those of ``clients.attention`` (softmax: ``φ_h = X^T a_h``, docs/theory.md §9).
+
+    Parameters
+    ----------
+    K : array, shape (H, d, d)
+        Kernels.
+    clients : StackedClients, FederatedDataset or sequence of (X, q, y)
+        The clients.
+    lam : float, default 0.0
+        Ridge ``λ ≥ 0``, recorded on the result.
+    xp : module, optional
+        Array namespace of the result; default that of ``clients``.
+
+    Returns
+    -------
+    ValueMoments
+        The per-client moments and weights.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> moments = lt.value_moments(K, clients, lam=0.1)
+    >>> moments.A.shape, moments.B.shape, moments.y2.shape
+    ((3, 4, 4), (3, 4, 2), (3,))
+    >>> V = lt.profile_objective(K, clients, lam=0.1)[1]      # the minimiser of Σ_c p_c F_{λ,c}
+    >>> bool(np.isclose(moments.weights @ lt.value_objective(V, moments, 0.1), lt.profile_objective(K, clients, 0.1)[0]))
+    True
     """
     return value_moments_and_features(K, clients, lam, xp=xp)[0]
 
@@ -59,7 +111,20 @@ def value_moments(K, clients, lam: float = 0.0, *, xp=None) -> ValueMoments:
 def value_moments_and_features(K, clients, lam: float = 0.0, *, xp=None) -> tuple[ValueMoments, object]:
     """``(value_moments(K, clients, lam), φ)``: also the features ``φ`` ``(..., m, N, H·d)`` the
     moments are built from, so that a kernel gradient at the same ``K`` need not compute them again
-    (:func:`~linattn_theory.core.model.kernel_gradient_from_moments`'s ``phi``)."""
+    (:func:`~linattn_theory.core.model.kernel_gradient_from_moments`'s ``phi``).
+
+    Parameters
+    ----------
+    K, clients, lam, xp
+        As in :func:`value_moments`.
+
+    Returns
+    -------
+    moments : ValueMoments
+        :func:`value_moments`'s result.
+    phi : array, shape (..., m, N, H·d)
+        The features the moments are built from.
+    """
     if not lam >= 0:
         raise ValueError(f"lam = {lam!r}; expected a number >= 0")
     data = clients if isinstance(clients, StackedClients) else stack_clients(clients, xp=xp)
@@ -76,6 +141,29 @@ def value_objective(V, moments: ValueMoments, lam: float = 0.0):
     """``F_{λ,c}(V) = ½ tr(V^T A_c V) − tr(V^T B_c) + ½ y2_c + (λ/2)‖V‖²`` per client, shape ``(m,)``.
 
     ``V`` is the stacked value block ``(Hd, p)`` (or ``(m, Hd, p)``, one per client).
+
+    Parameters
+    ----------
+    V : array, shape (H·d, p) or (m, H·d, p)
+        The stacked value block(s).
+    moments : ValueMoments
+        The clients' moments at the frozen kernel (:func:`value_moments`).
+    lam : float, default 0.0
+        Ridge ``λ ≥ 0``.
+
+    Returns
+    -------
+    array, shape (m,)
+        ``F_{λ,c}(V)`` of every client; ``moments.weights @`` it is the global objective.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=2, samples_per_client=32, tokens=4, dim=3, rank=1)
+    >>> moments = lt.value_moments(clients.truth["kernel"], clients)
+    >>> bool(np.allclose(lt.value_objective(np.zeros((3, 2)), moments), moments.y2 / 2))   # F(0) = ½ E‖y‖²
+    True
     """
     xp = array_namespace(V, moments.A)
     AV = xp.matmul(moments.A, V)

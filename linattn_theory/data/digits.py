@@ -50,7 +50,20 @@ def _held_out(n: int, test_fraction: float) -> int:
 
 
 def max_clients(test_fraction: float = 0.25, class_counts=DIGITS_CLASS_COUNTS) -> int:
-    """The most clients a pool with ``class_counts`` can give :data:`FIRST_SAMPLES` training samples each."""
+    """The most clients a pool with ``class_counts`` can give :data:`FIRST_SAMPLES` training samples each.
+
+    Parameters
+    ----------
+    test_fraction : float, default 0.25
+        The share of each class held out.
+    class_counts : sequence of int, default DIGITS_CLASS_COUNTS
+        Samples per class of the pool.
+
+    Returns
+    -------
+    int
+        That many clients (a configuration of the ``digits`` family with more is refused).
+    """
     return sum(n - _held_out(n, test_fraction) for n in class_counts) // FIRST_SAMPLES
 
 
@@ -106,6 +119,50 @@ def split_clients(X, q, y, labels, num_clients: int = 8, label_alpha: float | No
     Label skew ``label_alpha`` and size skew ``dirichlet_alpha`` as in the module docstring; a
     held-out test split of ``test_fraction`` per class goes to ``truth``. Client weights are
     ``p_c = N_c / Σ N_c``. ``fresh_samples=True`` splits the test samples instead (same shares).
+
+    Parameters
+    ----------
+    X : array_like, shape (N, n, d)
+        Contexts.
+    q : array_like, shape (N, d)
+        Queries.
+    y : array_like, shape (N, p)
+        Targets.
+    labels : array_like, shape (N,)
+        Class of each sample (what the label skew and the test split are by).
+    num_clients : int, default 8
+        Number of clients ``m``.
+    label_alpha : float, optional
+        Label skew: each class's shares over the clients are ``Dirichlet(α_label · 1_m)`` (small:
+        each client sees few classes); default every class spread evenly.
+    dirichlet_alpha : float, optional
+        Size skew: client weights ``Dirichlet(α · 1_m)`` multiply those shares; default equal.
+    test_fraction : float, default 0.25
+        Share of each class held out as a test split (in ``truth``).
+    seed : int, default 0
+        Seed of the test split and of the shares.
+    fresh_samples : bool, default False
+        Build the clients from the test split, with the same shares (each client's population,
+        for :func:`~linattn_theory.theory.profile.population_value_moments`).
+    family : str, default "custom"
+        The family name the dataset records.
+
+    Returns
+    -------
+    FederatedDataset
+        The clients (every one with at least two training samples), weights ``p_c`` and
+        ``truth`` with the test split (``test_X``, ``test_q``, ``test_y``, ``test_labels``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> X, q = rng.normal(size=(200, 4, 3)), rng.normal(size=(200, 3))
+    >>> labels = np.arange(200) % 5
+    >>> clients = lt.split_clients(X, q, np.eye(5)[labels], labels, num_clients=4, label_alpha=0.5)
+    >>> len(clients.clients), sum(len(c.X) for c in clients.clients), len(clients.truth["test_y"])
+    (4, 150, 50)
     """
     X, q, y, labels = (np.asarray(a) for a in (X, q, y, labels))
     N = X.shape[0]
@@ -134,7 +191,26 @@ def split_clients(X, q, y, labels, num_clients: int = 8, label_alpha: float | No
 
 
 def digit_contexts(images):
-    """8×8 images (values 0..16) → contexts ``(N, 8, 16)``: each row's pixels in ``[0, 1]`` and a one-hot row code."""
+    """8×8 images (values 0..16) → contexts ``(N, 8, 16)``: each row's pixels in ``[0, 1]`` and a one-hot row code.
+
+    Parameters
+    ----------
+    images : array_like, shape (N, 8, 8)
+        Grey levels 0..16 (scikit-learn's ``load_digits().images``).
+
+    Returns
+    -------
+    numpy.ndarray, shape (N, 8, 16)
+        The contexts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.data.digits import digit_contexts
+    >>> X = digit_contexts(np.full((1, 8, 8), 16.0))
+    >>> X.shape, X[0, 2].tolist()
+    ((1, 8, 16), [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    """
     images = np.asarray(images, dtype=np.float64) / 16.0
     N, rows, cols = images.shape
     position = np.broadcast_to(np.eye(rows), (N, rows, rows))
@@ -147,7 +223,26 @@ def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
     """scikit-learn's handwritten digits (1,797 images) as a client family (docs/theory.md §9).
 
     Contexts of 8 row tokens plus a positional code (``n = 8``, ``d = 16``), the fixed query
-    ``1/√d``, one-hot targets (``p = 10``); clients by :func:`split_clients`.
+    ``1/√d``, one-hot targets (``p = 10``); clients by :func:`split_clients`. Needs scikit-learn
+    (the ``[digits]`` extra); nothing is downloaded.
+
+    Parameters
+    ----------
+    num_clients, label_alpha, dirichlet_alpha, test_fraction, seed, fresh_samples
+        The split into clients, as in :func:`split_clients` (defaults: 8 clients, no label or
+        size skew, a quarter of each class held out, seed 0).
+
+    Returns
+    -------
+    FederatedDataset
+        As :func:`split_clients`, family ``"digits"``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.digits_clients(num_clients=4, label_alpha=0.1, seed=0)
+    >>> clients.clients[0].X.shape[1:], clients.clients[0].y.shape[1]
+    ((8, 16), 10)
     """
     try:
         from sklearn.datasets import load_digits
@@ -163,7 +258,38 @@ def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
 
 
 def evaluate(params: Params, X, q, y, attention: str = "linear", temperature: float = 1.0) -> dict:
-    """Mean loss ``½‖ŷ − y‖²`` and accuracy (``argmax ŷ = argmax y``) on samples ``(X, q, y)``."""
+    """Mean loss ``½‖ŷ − y‖²`` and accuracy (``argmax ŷ = argmax y``) on samples ``(X, q, y)``.
+
+    Parameters
+    ----------
+    params : Params
+        The trained layer.
+    X : array_like, shape (N, n, d)
+        Contexts.
+    q : array_like, shape (N, d)
+        Queries.
+    y : array_like, shape (N, p)
+        One-hot targets.
+    attention : {"linear", "softmax"}, default "linear"
+        The attention.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    dict
+        ``{"loss": float, "accuracy": float}``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.digits import evaluate
+    >>> clients = lt.digits_clients(num_clients=4)
+    >>> test = clients.truth
+    >>> scores = evaluate(lt.Params.init(d=16, r=4, p=10), test["test_X"], test["test_q"], test["test_y"])
+    >>> sorted(scores), 0 <= scores["accuracy"] <= 1
+    (['accuracy', 'loss'], True)
+    """
     xp = array_namespace(params.WV)
     X, q, y = (xp.asarray(a, dtype=params.WV.dtype) for a in (X, q, y))
     yhat = to_numpy(predict_from_contexts(params, X, q, attention, temperature))

@@ -26,7 +26,31 @@ FAMILIES = {
 
 
 def make_clients(family: str, seed: int = 0, **options) -> FederatedDataset:
-    """Build the clients of a task family by name (``planted_kernel``, ``in_context_regression``, ``digits``)."""
+    """Build the clients of a task family by name (``planted_kernel``, ``in_context_regression``, ``digits``).
+
+    Parameters
+    ----------
+    family : {"planted_kernel", "in_context_regression", "digits"}
+        The task family (:func:`~linattn_theory.data.tasks.planted_kernel_clients`,
+        :func:`~linattn_theory.data.tasks.in_context_regression_clients`,
+        :func:`~linattn_theory.data.digits.digits_clients`).
+    seed : int, default 0
+        The instance.
+    **options
+        The family's keyword arguments (its ``[task]`` keys, docs/cli.md).
+
+    Returns
+    -------
+    FederatedDataset
+        The clients.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.make_clients("planted_kernel", seed=2, num_clients=3, samples_per_client=10)
+    >>> clients.family, len(clients.clients)
+    ('planted_kernel', 3)
+    """
     try:
         factory = FAMILIES[family]
     except KeyError:

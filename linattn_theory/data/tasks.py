@@ -82,6 +82,59 @@ def planted_kernel_clients(num_clients=8, samples_per_client=256, tokens=16, dim
     ``Σ_c = diag(exp(ζ_X ε_c))`` and ``μ_c = ζ_μ ν_c`` (plus a position-dependent mean when
     ``positional_strength > 0``); the query is the last token (``query="last"``) or a fresh
     token (``"fresh"``); ``y = Σ_h (V*_{c,h})^T Ŝ K*_h^T q + σ ξ``.
+
+    Parameters
+    ----------
+    num_clients : int, default 8
+        Number of clients ``m``.
+    samples_per_client : int, default 256
+        Samples ``N`` per client (the mean size when ``dirichlet_alpha`` is set).
+    tokens : int, default 16
+        Context length ``n``.
+    dim : int, default 8
+        Token dimension ``d``.
+    heads : int, default 1
+        Teacher heads ``H``.
+    rank : int, default 4
+        Rank of each teacher kernel (the width of its factors).
+    outputs : int, default 2
+        Output dimension ``p``.
+    zeta_value : float, default 0.5
+        Heterogeneity ``ζ_V`` of the clients' value maps.
+    zeta_covariate : float, default 0.5
+        Heterogeneity ``ζ_X`` of the clients' token covariances.
+    zeta_mean : float, default 0.0
+        Heterogeneity ``ζ_μ`` of the clients' token means.
+    noise : float, default 0.1
+        Label noise ``σ``.
+    dirichlet_alpha : float, optional
+        Client sizes in Dirichlet(α) proportions (at least one sample each, ``m·N`` in all);
+        default equal sizes.
+    query : {"last", "fresh"}, default "last"
+        The query: the context's last token, or a fresh token of the same client.
+    positional_strength : float, default 0.0
+        Scale of a position-dependent token mean (positional structure for softmax attention).
+    seed : int, default 0
+        The instance: teacher, clients and samples are drawn from it.
+    fresh_samples : bool, default False
+        Draw new samples of the same clients (an independent evaluation set: same teacher and
+        client distributions, every client ``samples_per_client`` samples).
+
+    Returns
+    -------
+    FederatedDataset
+        The clients, weights ``p_c = N_c / Σ N_c`` and ``truth``: the teacher ``kernel``
+        ``(H, d, d)``, ``value_mean``, ``value_maps`` and the clients' token statistics.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=4, samples_per_client=32, dim=6, seed=1)
+    >>> X, q, y = clients.clients[0]
+    >>> X.shape, q.shape, y.shape, clients.truth["kernel"].shape
+    ((32, 16, 6), (32, 6), (32, 2), (1, 6, 6))
+    >>> clients.weights.tolist()
+    [0.25, 0.25, 0.25, 0.25]
     """
     d, n, p, H = dim, tokens, outputs, heads
     teacher = np.random.default_rng(seed_sequence(seed, SEED_TEACHER))
@@ -126,6 +179,33 @@ def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=
     Tokens ``z_i = (x_i, y_i)`` with ``x_i ~ N(0, Λ_c)``, ``Λ_c = diag(exp(ζ_X ε_c))``,
     ``y_i = w^T x_i + σ ξ_i`` and a fresh task ``w ~ N(μ_c, I)``, ``μ_c = ζ_w ν_c``, per
     sample; query ``(x_q, 0)``, target ``y_q = w^T x_q``. ``Ŝ`` averages the context only.
+
+    Parameters
+    ----------
+    num_clients, samples_per_client, tokens, dirichlet_alpha, seed, fresh_samples
+        The clients and their samples, as in :func:`planted_kernel_clients` (defaults: 8
+        clients of 256 samples, contexts of 16 tokens, equal sizes, seed 0).
+    dim : int, default 4
+        Dimension of the covariates ``x`` (tokens have ``dim + 1``).
+    zeta_covariate : float, default 0.5
+        Heterogeneity ``ζ_X`` of the clients' covariate spectra.
+    zeta_task : float, default 0.5
+        Heterogeneity ``ζ_w`` of the clients' task means.
+    noise : float, default 0.0
+        Noise ``σ`` of the context labels.
+
+    Returns
+    -------
+    FederatedDataset
+        The clients, weights and ``truth`` (``task_means``, ``spectra``).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.in_context_regression_clients(num_clients=3, samples_per_client=16, tokens=8, dim=4)
+    >>> X, q, y = clients.clients[0]
+    >>> X.shape, q.shape, y.shape
+    ((16, 8, 5), (16, 5), (16, 1))
     """
     d, n = dim, tokens
     rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(num_clients)]

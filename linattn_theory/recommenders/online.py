@@ -40,6 +40,27 @@ class FreezeForecast:
     With ``k`` frozen rounds, ``V_T = V_FA + M^k (V_s − V_FA)`` exactly (docs/theory.md §5), and
     the final objective is ``F_λ(K_s, V_T) = Φ_λ(K_s) + ½‖V_T − V*_λ‖²_Ã``. ``M`` is symmetric;
     it is kept as its eigendecomposition ``M = Q diag(μ) Qᵀ``.
+
+    Parameters
+    ----------
+    round : int
+        ``s``.
+    profile : float
+        ``Φ_λ(K_s)``.
+    drift_floor : float
+        ``D(K_s) = ½‖V_FA − V*_λ‖²_Ã``.
+    contraction_rate : float
+        ``ρ(K_s) = max |μ|``.
+    offset : numpy.ndarray, shape (H·d, p)
+        ``V_FA − V*_λ``.
+    start : numpy.ndarray, shape (H·d, p)
+        ``Qᵀ (V_s − V_FA)``.
+    basis : numpy.ndarray, shape (H·d, H·d)
+        ``Q``.
+    eigenvalues : numpy.ndarray, shape (H·d,)
+        ``μ``.
+    curvature : numpy.ndarray, shape (H·d, H·d)
+        ``Ã``.
     """
 
     round: int
@@ -86,6 +107,37 @@ def freeze_forecast(params: Params, data: StackedClients, fed, round_index: int 
     Exact for full batches and full participation; otherwise the forecast of the mean dynamics.
     A state that is no longer finite, or whose moments overflow (a run on its way to diverge),
     forecasts ``+∞`` for every ``k``.
+
+    Parameters
+    ----------
+    params : Params
+        ``θ`` (host or device arrays).
+    data : StackedClients
+        The clients.
+    fed : FederatedConfig
+        Step sizes, local steps, ridge and server step.
+    round_index : int, default 0
+        The round ``s`` the forecast is of.
+
+    Returns
+    -------
+    FreezeForecast
+        Its ``final_objective(k)`` is ``F_λ(K_s, V_T)`` after ``k`` frozen rounds.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.recommenders.online import freeze_forecast
+    >>> from linattn_theory.sim.engine import prepare_run
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 10, "warmup_rounds": 4}})
+    >>> data, params = prepare_run(config)
+    >>> warm = lt.simulate(config).warmup_params                   # θ^4, then 6 frozen rounds
+    >>> forecast = freeze_forecast(warm, data, config.federated, round_index=4)
+    >>> final = lt.simulate(config).table["loss_regularized"].iloc[-1]
+    >>> bool(np.isclose(forecast.final_objective(6), final, rtol=1e-8))
+    True
     """
     lam, eta, E, s = fed.ridge, fed.learning_rate, fed.local_steps, fed.server_learning_rate
     K = np.asarray(to_numpy(kernel(params)), dtype=np.float64)
@@ -131,6 +183,21 @@ class OnlineDecision:
     ``forecast_error`` the error that forecast is allowed (``NaN`` where a step was not reached).
     ``test`` names the step that decided (``escape``, ``gain``, ``descent``, ``drift``, ``no_harm``,
     ``budget``).
+
+    Parameters
+    ----------
+    round : int
+        ``t``.
+    stop : bool
+        Freeze now.
+    kernel_round : int
+        ``s*``.
+    freeze_objective, gain, cost, fedavg_forecast, forecast_error : float
+        As above.
+    test : str
+        The deciding step.
+    reason : str
+        The verdict in a sentence.
     """
 
     round: int
@@ -182,6 +249,28 @@ class OnlineRule:
     ``z_d = 8`` are what the pre-registered criterion of ``benchmarks/predictive_regret.py``
     (``choose_rule``) picked from the design table of round 3; they are scored there on fresh
     evaluation instances (``descent_confidence=None`` is round 2's rule).
+
+    Parameters
+    ----------
+    window : int, default 10
+        ``w``: rounds of the slope fits and of the escape and drift-turn tests.
+    horizon : int, default 1
+        ``h``: rounds of warm-up the gain test weighs.
+    confidence : float, default 2.0
+        ``z`` of the no-harm test.
+    gain_confidence : float, default 3.0
+        ``z_g`` of the gain test.
+    descent_confidence : float or None, default 8.0
+        ``z_d`` of the descent test (``None``: no descent test, round 2's rule).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 12}})
+    >>> patient = lt.run_online(config, rule=lt.OnlineRule(window=4, confidence=3.0))
+    >>> patient.kernel_round <= patient.stop_round <= 12
+    True
     """
 
     window: int = 10
@@ -248,7 +337,26 @@ def _line_fit(values) -> tuple[float, float, float]:
 
 def escape_round(risk, window: int) -> int | None:
     """The first round ``t`` at which the escape test passes: ``R_freeze`` first fell below
-    ``R_freeze(0)`` at round ``u`` and ``t = u + window`` (``None`` while it has not fallen)."""
+    ``R_freeze(0)`` at round ``u`` and ``t = u + window`` (``None`` while it has not fallen).
+
+    Parameters
+    ----------
+    risk : sequence of float
+        ``R_freeze(0..t)``.
+    window : int
+        ``w``.
+
+    Returns
+    -------
+    int or None
+        The round.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import escape_round
+    >>> escape_round([1.0, 1.2, 0.9, 0.8], window=2), escape_round([1.0, 1.1], window=2)
+    (4, None)
+    """
     below = np.flatnonzero(np.asarray(risk) < risk[0])
     return None if len(below) == 0 else int(below[0]) + window
 
@@ -256,13 +364,41 @@ def escape_round(risk, window: int) -> int | None:
 def gain_and_cost(risk, now, later, window: int, horizon: int) -> tuple[float, float]:
     """``(gain, cost)`` of ``horizon`` more warm-up rounds at round ``t = len(risk) − 1``:
     ``gain = −horizon × slope(R_freeze(t − window..t))`` and ``cost = min(later) − min(now)`` with
-    ``now = J(·, T − t)`` and ``later = J(·, T − t − horizon)`` over the stored rounds."""
+    ``now = J(·, T − t)`` and ``later = J(·, T − t − horizon)`` over the stored rounds.
+
+    Parameters
+    ----------
+    risk : sequence of float
+        ``R_freeze(0..t)``.
+    now, later : sequence of float
+        ``J(s, T − t)`` and ``J(s, T − t − horizon)`` of the stored rounds ``s ≤ t``.
+    window, horizon : int
+        ``w`` and ``h``.
+
+    Returns
+    -------
+    tuple of (float, float)
+        ``(gain, cost)``.
+    """
     return _gain_cost_and_error(risk, now, later, window, horizon)[0]
 
 
 def gain_error(risk, window: int, horizon: int) -> float:
     """The standard error of the gain: ``horizon × σ/√Σ(u − ū)²``, the least-squares slope's
-    standard error over rounds ``t − window..t`` (``σ`` the fit's residual standard deviation)."""
+    standard error over rounds ``t − window..t`` (``σ`` the fit's residual standard deviation).
+
+    Parameters
+    ----------
+    risk : sequence of float
+        ``R_freeze(0..t)``.
+    window, horizon : int
+        ``w`` and ``h``.
+
+    Returns
+    -------
+    float
+        ``se(gain)``.
+    """
     return _gain_and_error(risk, window, horizon)[1]
 
 
@@ -280,20 +416,63 @@ def _gain_cost_and_error(risk, now, later, window: int, horizon: int):
 
 def still_descending(gain: float, error: float, descent_confidence: float | None) -> bool:
     """True while ``R_freeze`` still falls significantly: ``gain > z_d · se(gain)`` (``z_d =
-    descent_confidence``; ``None``: the test is off, never true)."""
+    descent_confidence``; ``None``: the test is off, never true).
+
+    Parameters
+    ----------
+    gain, error : float
+        The gain and its standard error.
+    descent_confidence : float or None
+        ``z_d``.
+
+    Returns
+    -------
+    bool
+        The verdict.
+    """
     return descent_confidence is not None and bool(gain > descent_confidence * error)
 
 
 def drift_turn(profile, drift_floor, window: int) -> bool:
     """True when ``Φ_λ(K_t) − Φ_λ(K_{t−w}) ≤ max(0, D(K_t) − D(K_{t−w}))`` (``w = window``): over
-    the window the kernel's profile rose no more than the drift floor did."""
+    the window the kernel's profile rose no more than the drift floor did.
+
+    Parameters
+    ----------
+    profile, drift_floor : sequence of float
+        ``Φ_λ(K_u)`` and ``D(K_u)`` for ``u = 0..t``.
+    window : int
+        ``w``.
+
+    Returns
+    -------
+    bool
+        The verdict.
+    """
     return bool(profile[-1] - profile[-window - 1] <= max(0.0, drift_floor[-1] - drift_floor[-window - 1]))
 
 
 def fedavg_forecast(objective, T: int, window: int, confidence: float) -> tuple[float, float]:
     """``(F̂_T, z σ)``: the straight-line forecast of plain FedAvg's final objective from
     ``F_λ(θ_u)``, ``u = t − w..t`` (``t = len(objective) − 1``, ``w = window``), decreases only,
-    and ``confidence`` times the residual standard deviation of the fit."""
+    and ``confidence`` times the residual standard deviation of the fit.
+
+    Parameters
+    ----------
+    objective : sequence of float
+        ``F_λ(θ_u)``, ``u = 0..t``.
+    T : int
+        Rounds of the run.
+    window : int
+        ``w``.
+    confidence : float
+        ``z``.
+
+    Returns
+    -------
+    tuple of (float, float)
+        ``(F̂_T, z σ)``.
+    """
     b, sigma, _ = _line_fit(np.asarray(objective)[-window - 1:])
     t = len(objective) - 1
     return float(objective[-1] + (T - t) * min(b, 0.0)), float(confidence * sigma)
@@ -316,6 +495,24 @@ def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon:
     stored round at once (a record's table, :class:`~linattn_theory.recommenders.scoring.StoredForecasts`). ``checks`` names the
     tests applied after the escape (default all of :data:`CHECKS`; fewer only to show what each
     test does, as the design table of ``benchmarks/predictive_regret.py`` does).
+
+    Parameters
+    ----------
+    forecasts : sequence of FreezeForecast
+        Rounds ``0..t``.
+    T : int
+        Rounds of the run.
+    window, horizon, confidence
+        ``w``, ``h``, ``z`` (:class:`OnlineRule`).
+    gain_confidence, descent_confidence
+        ``z_g``, ``z_d``.
+    checks : tuple of str, default CHECKS
+        The tests applied after the escape.
+
+    Returns
+    -------
+    OnlineDecision
+        The verdict.
     """
     t = len(forecasts) - 1
     if not 0 <= t <= T:
@@ -373,6 +570,19 @@ class OnlineRun:
     was frozen (``T0``), ``stop_round`` the round at which the rule decided (``≥ kernel_round``; the
     frozen stage runs ``T − stop_round`` rounds); ``predicted_objective`` the forecast
     ``F_λ(K_{T0}, V_T)``; ``decisions`` one row per warm-up round.
+
+    Parameters
+    ----------
+    result : RunResult
+        The run.
+    kernel_round : int
+        ``T0``.
+    stop_round : int
+        The round of the decision.
+    predicted_objective : float
+        The forecast final objective.
+    decisions : pandas.DataFrame
+        One row per round the rule saw.
     """
 
     result: object
@@ -389,6 +599,13 @@ class OnlineControl:
     which sees rounds ``0..t`` only; when it stops, the run freezes the kernel of its
     ``kernel_round`` (a stored round: roll-back). ``finish`` records ``kernel_round`` (the ``T0``),
     ``stop_round`` and the forecast; ``decisions`` keeps one row per round observed.
+
+    Parameters
+    ----------
+    rule : OnlineRule
+        The rule.
+    fed : FederatedConfig
+        The run's schedule.
     """
 
     def __init__(self, rule: OnlineRule, fed):
@@ -434,6 +651,20 @@ def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineC
     fed.adaptive_horizon, fed.adaptive_confidence, fed.adaptive_gain_confidence,
     fed.adaptive_descent_confidence)``). ``warmup_rounds`` is ignored: the rule chooses ``T0``. Registered
     by the package (``linattn_theory/__init__.py``).
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The run's schedule.
+    warmup_rounds : int, optional
+        Ignored.
+    control : OnlineControl, optional
+        The control; default from ``fed``.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
     """
     from ..sim.strategies import Control, Strategy
     from ..sim.strategies.base import freeze_after, local_sgd, server_sgd
@@ -453,6 +684,36 @@ def run_online(config, clients=None, rule: OnlineRule | None = None, *, params: 
     round ``t`` with kernel round ``s``, the run continues from ``θ^s`` with the kernel frozen for
     the remaining ``T − t`` rounds (the table keeps the rows of the rounds spent). Full batches and
     full participation make the forecast exact; otherwise it is the forecast of the mean dynamics.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance; its strategy and ``warmup_rounds`` are not used.
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+    rule : OnlineRule, optional
+        The rule; default from the config's ``adaptive_*`` settings.
+    params : Params, optional
+        Initial parameters; default drawn from ``config``.
+    max_bytes : int, str or None, default "auto"
+        As in :func:`~linattn_theory.sim.engine.simulate`.
+    progress : bool, default False
+        Show a progress bar over the rounds.
+
+    Returns
+    -------
+    OnlineRun
+        The run, the round whose kernel was frozen, the round the rule decided, its forecast and
+        its decisions round by round.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 12, "warmup_rounds": 4}})
+    >>> online = lt.run_online(config)
+    >>> online.kernel_round <= online.stop_round <= 12, len(online.result.table)
+    (True, 13)
     """
     from ..sim.engine import simulate
 

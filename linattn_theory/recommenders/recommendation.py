@@ -54,7 +54,24 @@ INFORMATION = {
 # pilot, transfer and a-posteriori recommenders (docs/theory.md §6, §8)
 # --------------------------------------------------------------------------------------
 def default_pilot_rounds(T: int) -> int:
-    """``T_p = ⌊T/4⌋`` (at least 2 rounds, so that a trend exists; at most ``T``)."""
+    """``T_p = ⌊T/4⌋`` (at least 2 rounds, so that a trend exists; at most ``T``).
+
+    Parameters
+    ----------
+    T : int
+        Rounds.
+
+    Returns
+    -------
+    int
+        ``T_p``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.recommendation import default_pilot_rounds
+    >>> default_pilot_rounds(40), default_pilot_rounds(5)
+    (10, 2)
+    """
     return min(T, max(2, T // 4))
 
 
@@ -67,6 +84,18 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
     contraction ``ρ`` and the transient ``τ`` stay at their round-``T_p`` values. Rounds
     ``≤ T_p`` use the measured terms. Returns columns ``round``, ``U``, ``bias_bound``,
     ``drift_floor``, ``frozen_bound``.
+
+    Parameters
+    ----------
+    terms : pandas.DataFrame
+        :func:`~linattn_theory.theory.bound.path_terms` of the pilot rounds.
+    T : int
+        Rounds of the run.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``U_pilot``, one row per ``T0 = 0..T``.
     """
     from ..theory.bound import _drift_growth, fit_inexact_pl, frozen_stage_bound, tradeoff_bound
 
@@ -92,7 +121,20 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
 
 
 def pilot_path(config, clients, pilot_rounds: int):
-    """The pilot: the first ``T_p`` FedAvg rounds of the run (:func:`~linattn_theory.theory.bound.warmup_path`)."""
+    """The pilot: the first ``T_p`` FedAvg rounds of the run (:func:`~linattn_theory.theory.bound.warmup_path`).
+
+    Parameters
+    ----------
+    config, clients
+        The instance (:class:`~linattn_theory.sim.config.RunConfig`) and its clients.
+    pilot_rounds : int
+        ``T_p``.
+
+    Returns
+    -------
+    WarmupPath
+        ``θ^0 … θ^{T_p}``.
+    """
     from ..theory.bound import warmup_path
     path = warmup_path(config.with_updates({"federated.rounds": pilot_rounds, "federated.warmup_rounds": 0}),
                        clients)
@@ -106,6 +148,22 @@ def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFra
 
     The pilot rounds are the run's own first rounds, so ``T0 < T_p`` is not offered. ``optimum``
     is ``Φ*_λ``, a property of the clients' data (docs/theory.md §8).
+
+    Parameters
+    ----------
+    config, clients
+        The instance and its clients, as in :func:`pilot_path`.
+    path : WarmupPath
+        The pilot (:func:`pilot_path`).
+    optimum : float
+        ``Φ*_λ``.
+
+    Returns
+    -------
+    T0 : int
+        The recommendation.
+    U_pilot : pandas.DataFrame
+        The extrapolated bound (:func:`pilot_bound`).
     """
     from ..theory.bound import path_terms
     Tp = len(path.params) - 1
@@ -124,6 +182,36 @@ class Recommendation:
     a-posteriori :class:`~linattn_theory.theory.bound.TradeoffBound` (``a_posteriori`` only), whose
     ``violated`` assumption checks are reported first. ``measured`` holds the simulated excess
     risks of the recommendation and of plain FedAvg (``R(T0_theory)``, ``R(T)``) when asked.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    mode : str
+        ``"online"``, ``"pilot"``, ``"transfer"`` or ``"a_posteriori"``.
+    T0_theory : int
+        The recommended warm-up length.
+    information : str
+        The information set, in a sentence.
+    curve : pandas.DataFrame, optional
+        The bound minimised, or the online rule's decisions.
+    stop_round : int, optional
+        The round at which the online rule decided.
+    bound : TradeoffBound, optional
+        The a-posteriori bound.
+    details : dict, optional
+        What else the mode computed (pilot rounds, transfer seeds and their ``T0``, …).
+    measured : pandas.DataFrame, optional
+        ``R(T0_theory)`` and ``R(T)`` when measured.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
+    >>> advice = lt.recommend(config, mode="pilot", pilot_rounds=2, restarts=2, measure=False)
+    >>> advice.mode, 2 <= advice.T0_theory <= 8, advice.measured is None
+    ('pilot', True, True)
     """
 
     config: object
@@ -167,7 +255,26 @@ def _a_posteriori_T0(config, clients, restarts: int):
 
 
 def default_transfer_seeds(seed: int, count: int = 3) -> list[int]:
-    """``count`` seeds after ``seed`` (never ``seed`` itself): the other instances a transfer uses."""
+    """``count`` seeds after ``seed`` (never ``seed`` itself): the other instances a transfer uses.
+
+    Parameters
+    ----------
+    seed : int
+        The instance's own seed.
+    count : int, default 3
+        How many.
+
+    Returns
+    -------
+    list of int
+        The seeds.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.recommendation import default_transfer_seeds
+    >>> default_transfer_seeds(5)
+    [6, 7, 8]
+    """
     return [seed + i for i in range(1, count + 1)]
 
 
@@ -198,6 +305,42 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
 
     With ``measure``, simulates the recommendation and plain FedAvg against one ``Φ*_λ``. A step scale
     (``federated.step_scale``) is resolved to the instance's ``η`` first, and to each transfer seed's own.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance; its ``federated.warmup_rounds`` is not used.
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+    mode : {"online", "pilot", "transfer", "a_posteriori"}, default "online"
+        The information set (above).
+    measure : bool, default True
+        Also simulate the recommendation and plain FedAvg and report their excess risks (``measured``).
+    pilot_rounds : int, optional
+        Pilot rounds ``T_p`` (``"pilot"``); default ``⌊T/4⌋``.
+    transfer_seeds : iterable of int, optional
+        The other instances' seeds (``"transfer"``); default the three after ``config.seed``.
+    rule : OnlineRule, optional
+        The online rule (``"online"``); default from the config.
+    restarts : int, default 8
+        Random starts of the centralised optimum ``Φ*_λ``.
+
+    Returns
+    -------
+    Recommendation
+        ``T0_theory``, the information it used, the curve or decisions it came from and, with
+        ``measure``, the measured excess risks.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 12, "warmup_rounds": 4}})
+    >>> advice = lt.recommend(config, measure=False)
+    >>> advice.mode, 0 <= advice.T0_theory <= advice.stop_round <= 12
+    ('online', True)
+    >>> lt.recommend(config, mode="a_posteriori", restarts=2).measured["run"].tolist()
+    ['recommended', 'fedavg']
     """
     from ..sim.engine import clients_from_config
 

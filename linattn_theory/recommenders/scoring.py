@@ -30,14 +30,46 @@ __all__ = ["best_warmup", "regret", "instance_truth", "instance_truths", "score_
 
 
 def best_warmup(excess_risk) -> int:
-    """``T0_best = argmin_{T0} R(T0)``, the smallest on ties; non-finite ``R`` (diverged) never wins."""
+    """``T0_best = argmin_{T0} R(T0)``, the smallest on ties; non-finite ``R`` (diverged) never wins.
+
+    Parameters
+    ----------
+    excess_risk : array_like
+        ``R(T0)`` for ``T0 = 0..T``.
+
+    Returns
+    -------
+    int
+        ``T0_best``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.recommenders.scoring import best_warmup, regret
+    >>> R = [0.5, 0.2, np.nan, 0.2, 0.4]
+    >>> best_warmup(R), round(regret(0.3, R), 12)
+    (1, 0.5)
+    """
     R = np.asarray(excess_risk, dtype=float)
     R = np.where(np.isfinite(R), R, np.inf)
     return int(np.argmin(R))
 
 
 def regret(risk, excess_risk) -> float:
-    """``risk / min_{T0} R(T0) − 1`` (``inf`` for a diverged recommendation)."""
+    """``risk / min_{T0} R(T0) − 1`` (``inf`` for a diverged recommendation).
+
+    Parameters
+    ----------
+    risk : float
+        The recommendation's excess risk.
+    excess_risk : array_like
+        ``R(T0)`` for ``T0 = 0..T``.
+
+    Returns
+    -------
+    float
+        The relative regret (0: the best warm-up).
+    """
     R = np.asarray(excess_risk, dtype=float)
     best = R[best_warmup(R)]
     return float(risk / best - 1.0) if np.isfinite(risk) else float("inf")
@@ -50,6 +82,18 @@ def instance_truth(config, clients, restarts: int = 8) -> dict:
     ``restarts`` random kernels and the best kernel the sweep reached (so ``R ≥ 0`` on the sweep).
     Returns ``{"excess_risk": array, "optimum": float, "diverged": array of bool}``; the one-instance
     case of :func:`instance_truths`.
+
+    Parameters
+    ----------
+    config, clients
+        The instance (:class:`~linattn_theory.sim.config.RunConfig`) and its clients.
+    restarts : int, default 8
+        Random starts of ``Φ*_λ``.
+
+    Returns
+    -------
+    dict
+        ``excess_risk``, ``optimum``, ``diverged``.
     """
     return instance_truths([config], [clients], restarts)[0]
 
@@ -58,7 +102,22 @@ def instance_truths(configs, clients=None, restarts: int = 8) -> list[dict]:
     """:func:`instance_truth` of many instances at once: their warm-up sweeps as ensembles
     (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep_many`) and their centralised optima as one
     batched program (:func:`~linattn_theory.theory.profile.centralized_optima`). A truth does not
-    depend on which instances are computed with it (bit for bit on the CPU)."""
+    depend on which instances are computed with it (bit for bit on the CPU).
+
+    Parameters
+    ----------
+    configs : sequence of RunConfig
+        The instances.
+    clients : sequence of FederatedDataset or None, optional
+        One entry per config (``None``: built from it).
+    restarts : int, default 8
+        Random starts of each ``Φ*_λ``.
+
+    Returns
+    -------
+    list of dict
+        One truth per config, in order.
+    """
     return _truths_and_paths(configs, clients, restarts)[0]
 
 
@@ -96,7 +155,18 @@ def _truths_and_paths(configs, clients, restarts: int):
 
 def is_noisy(fed) -> bool:
     """True with minibatches or partial participation: the frozen stage is then a noisy version of
-    the affine map of docs/theory.md §5, and the forecasts forecast its mean."""
+    the affine map of docs/theory.md §5, and the forecasts forecast its mean.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule.
+
+    Returns
+    -------
+    bool
+        The verdict.
+    """
     return fed.batch_size is not None or fed.participation < 1.0
 
 
@@ -105,7 +175,24 @@ def fedavg_path(config, clients, *, with_divergence: bool = False):
     FedAvg for ``T`` rounds (``states[t].params = θ^t``; fewer when the run diverges). Minibatches
     and participants are drawn per round, so ``θ^t`` is the state every run of ``config`` with a
     warm-up of at least ``t`` rounds reaches, the online rule's included. With ``with_divergence``
-    also the run's :class:`~linattn_theory.sim.engine.Divergence` (``None`` when it did not diverge)."""
+    also the run's :class:`~linattn_theory.sim.engine.Divergence` (``None`` when it did not diverge).
+
+    Parameters
+    ----------
+    config, clients
+        The instance (:class:`~linattn_theory.sim.config.RunConfig`) and its clients.
+    with_divergence : bool, default False
+        Also return the divergence report.
+
+    Returns
+    -------
+    data : StackedClients
+        The clients.
+    states : list of RunState
+        ``θ^0 … θ^T``.
+    divergence : Divergence or None
+        With ``with_divergence`` only.
+    """
     import dataclasses
 
     from ..sim.engine import prepare_run, run_schedule
@@ -131,6 +218,22 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     ``freeze_objective[s][t − s] = J(s, T − t) − Φ*_λ`` (``t = s..T``), ``profile[s] = Φ_λ(K_s) − Φ*_λ``
     and ``drift_floor[s] = D(K_s)``: what an online rule sees (:func:`replay_online`). Nothing in
     it depends on a rule.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+    pilot_rounds : int, optional
+        ``T_p`` of the pilot recommender; default ``⌊T/4⌋``.
+    restarts : int, default 8
+        Random starts of ``Φ*_λ``.
+
+    Returns
+    -------
+    dict
+        The record.
     """
     return score_instances([config], None if clients is None else [clients], pilot_rounds=pilot_rounds,
                            restarts=restarts)[0]
@@ -140,7 +243,22 @@ def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, r
     """:func:`score_instance` of many instances: their truths together (:func:`instance_truths`),
     the rest one instance at a time. A record's FedAvg path (its forecasts; with full batches also
     its pilot and bound) is the truth's FedAvg run itself, not a second run. A record does not
-    depend on which instances are scored with it."""
+    depend on which instances are scored with it.
+
+    Parameters
+    ----------
+    configs : sequence of RunConfig
+        The instances.
+    clients : sequence of FederatedDataset or None, optional
+        One entry per config.
+    pilot_rounds, restarts
+        As in :func:`score_instance`.
+
+    Returns
+    -------
+    list of dict
+        One record per config, in order.
+    """
     from ..sim.engine import clients_from_config
 
     configs = list(configs)
@@ -201,7 +319,15 @@ class StoredForecast:
     """A :class:`~linattn_theory.recommenders.online.FreezeForecast` replayed from a record of
     :func:`score_instance`: ``final_objective(k) = J(s, k) − Φ*_λ`` for ``k = 0..T − s``,
     ``profile = Φ_λ(K_s) − Φ*_λ`` and ``drift_floor = D(K_s)`` (``Φ*_λ`` cancels in every
-    comparison the rule makes)."""
+    comparison the rule makes).
+
+    Parameters
+    ----------
+    record : dict
+        A record of :func:`score_instance`.
+    s : int
+        The round.
+    """
 
     def __init__(self, record: dict, s: int):
         self.round = s
@@ -217,7 +343,20 @@ class StoredForecast:
 def replay_online(record: dict, rule) -> tuple[int, int, object]:
     """``(stop_round, kernel_round, decision)`` of ``rule`` (``.decide(forecasts, T)``) on the
     FedAvg path of ``record``, deciding at each round from rounds ``≤ t`` as in training. A path
-    that ends before the rule stops (it diverged) ends the warm-up at its last round."""
+    that ends before the rule stops (it diverged) ends the warm-up at its last round.
+
+    Parameters
+    ----------
+    record : dict
+        A record of :func:`score_instance`.
+    rule : OnlineRule
+        Any object with ``decide(forecasts, T)``.
+
+    Returns
+    -------
+    tuple of (int, int, OnlineDecision)
+        ``(stop_round, kernel_round, decision)``.
+    """
     T = len(record["excess_risk"]) - 1
     forecasts = stored_forecasts(record)
     decision = None
@@ -234,7 +373,15 @@ class StoredForecasts(Sequence):
     (:func:`~linattn_theory.recommenders.online.online_decision` asks ``column(k)``, ``diagonal(T)``,
     ``profiles`` and ``drift_floors`` when a sequence has them): the same numbers as asking each
     round's :class:`StoredForecast`. ``[:t + 1]`` is the table of rounds ``0..t``; an index is a
-    :class:`StoredForecast`."""
+    :class:`StoredForecast`.
+
+    Parameters
+    ----------
+    record : dict
+        A record of :func:`score_instance`.
+    rounds : int, optional
+        Rounds ``0..rounds − 1`` of the path; default all.
+    """
 
     def __init__(self, record: dict, rounds: int | None = None, *, _table=None):
         self._record = record
@@ -281,14 +428,33 @@ class StoredForecasts(Sequence):
 
 def stored_forecasts(record: dict) -> StoredForecasts:
     """The forecasts of every round of the record's FedAvg path (:class:`StoredForecasts`, a sequence
-    of :class:`StoredForecast`)."""
+    of :class:`StoredForecast`).
+
+    Parameters
+    ----------
+    record : dict
+        A record of :func:`score_instance`.
+
+    Returns
+    -------
+    StoredForecasts
+        The forecasts.
+    """
     return StoredForecasts(record)
 
 
 @dataclass(frozen=True)
 class ScriptedRule:
     """A rule that freezes the kernel of round ``kernel_round`` at round ``stop_round`` (for
-    :func:`realised_risk`: the simulator realises a decision taken elsewhere)."""
+    :func:`realised_risk`: the simulator realises a decision taken elsewhere).
+
+    Parameters
+    ----------
+    stop_round : int
+        ``t``.
+    kernel_round : int
+        ``s ≤ t``.
+    """
 
     stop_round: int
     kernel_round: int
@@ -311,6 +477,24 @@ def realised_risk(record: dict, stop_round: int, kernel_round: int, config=None,
     round, so this is the run's own outcome). A roll-back ``s < t`` with full batches and full
     participation: the stored exact forecast ``J(s, T − t) − Φ*_λ``; otherwise the simulator's run
     of the decision (:class:`ScriptedRule`, needs ``config``).
+
+    Parameters
+    ----------
+    record : dict
+        A record of :func:`score_instance`.
+    stop_round : int
+        ``t``.
+    kernel_round : int
+        ``s``.
+    config : RunConfig, optional
+        The instance (needed to simulate a noisy roll-back).
+    clients : FederatedDataset, optional
+        Its clients.
+
+    Returns
+    -------
+    float
+        The excess risk.
     """
     s, t = int(kernel_round), int(stop_round)
     R = record["excess_risk"]

@@ -42,7 +42,18 @@ def _pct(value: float) -> str:
 def headline_numbers(figures) -> pd.DataFrame:
     """Per ζ_V, from ``best_warmup.csv`` (instances whose FedAvg run did not diverge) and
     ``tradeoff_gain.csv`` (how many diverged): instances, diverged instances, how many FedFrozen at
-    its best warm-up beats FedAvg in, the gain's and the best warm-up's median and quartiles."""
+    its best warm-up beats FedAvg in, the gain's and the best warm-up's median and quartiles.
+
+    Parameters
+    ----------
+    figures : str or path-like
+        The folder of the figures' CSVs.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per ``ζ_V``.
+    """
     best = read_csv_exact(Path(figures) / "best_warmup.csv")
     diverged = read_csv_exact(Path(figures) / "tradeoff_gain.csv").set_index("zeta_value")["diverged_instances"]
     rows = []
@@ -193,7 +204,18 @@ def _conditions(rows: pd.DataFrame) -> str:
 
 def figure_times(figures) -> pd.DataFrame:
     """``timings.csv`` (written by ``benchmarks/figure_times.py``): one row per figure script and mode
-    (``full``, ``quick``), its seconds from an empty sweep cache and the runs it stored in sweeps."""
+    (``full``, ``quick``), its seconds from an empty sweep cache and the runs it stored in sweeps.
+
+    Parameters
+    ----------
+    figures : str or path-like
+        The folder holding ``timings.csv``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The timings.
+    """
     return read_csv_exact(Path(figures) / "timings.csv")
 
 
@@ -225,19 +247,54 @@ _MAKERS = {"headline-caption": _caption, "headline": _headline, "heatmaps": _hea
 
 
 def blocks(figures="figures") -> dict[str, str]:
-    """``{block name: Markdown}`` of every quoted block, from the CSVs in ``figures``."""
+    """``{block name: Markdown}`` of every quoted block, from the CSVs in ``figures``.
+
+    Parameters
+    ----------
+    figures : str or path-like, default "figures"
+        The folder of the figures' CSVs.
+
+    Returns
+    -------
+    dict of str to str
+        The blocks' Markdown, by name.
+    """
     figures = Path(figures)
     return {name: make(figures) for name, make in _MAKERS.items()}
 
 
 def replace_blocks(text: str, generated: dict[str, str]) -> str:
-    """``text`` with the body of every quoted block it has replaced by ``generated[name]``."""
+    """``text`` with the body of every quoted block it has replaced by ``generated[name]``.
+
+    Parameters
+    ----------
+    text : str
+        A page with ``<!-- BEGIN quoted: NAME -->`` … ``<!-- END quoted: NAME -->`` blocks.
+    generated : dict of str to str
+        The new bodies (:func:`blocks`).
+
+    Returns
+    -------
+    str
+        The page.
+    """
     return _BLOCK.sub(lambda m: m.group(1) + generated[m.group("name")] + m.group(4), text)
 
 
 def main(argv=None) -> int:
     """Rewrite the quoted blocks of :data:`QUOTED_FILES` under the root (default: the checkout around
-    the working directory, :func:`~linattn_theory.report.figures.find_root`)."""
+    the working directory, :func:`~linattn_theory.report.figures.find_root`).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        ``[ROOT]``, the checkout to rewrite; default the command line's.
+
+    Returns
+    -------
+    int
+        0 once every file is rewritten.
+    """
     from .figures import find_root
 
     args = argv if argv is not None else sys.argv[1:]

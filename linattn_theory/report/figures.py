@@ -32,7 +32,18 @@ _BACKEND: str | None = None
 
 @contextlib.contextmanager
 def figure_backend(backend: str | None):
-    """Run the figure sweeps started inside the ``with`` block on ``backend`` (``None``: as configured)."""
+    """Run the figure sweeps started inside the ``with`` block on ``backend`` (``None``: as configured).
+
+    Parameters
+    ----------
+    backend : str or None
+        ``"numpy"``, ``"cupy"``, ``"array_api_strict"`` or ``None``.
+
+    Returns
+    -------
+    contextlib.AbstractContextManager
+        The ``with`` block.
+    """
     global _BACKEND
     previous, _BACKEND = _BACKEND, backend
     try:
@@ -53,6 +64,16 @@ def find_root(start=None) -> Path:
     The working directory comes first, so figure scripts of one's own are never mistaken for the
     package's checkout (whose committed figures would then be overwritten). Raises
     :class:`ConfigError` when none is found.
+
+    Parameters
+    ----------
+    start : str or path-like, optional
+        Where to look first; default the working directory.
+
+    Returns
+    -------
+    pathlib.Path
+        The root.
     """
     here = Path.cwd() if start is None else Path(start)
     for folder in (here.resolve(), *here.resolve().parents):
@@ -67,7 +88,20 @@ def find_root(start=None) -> Path:
 
 def discover(root=None, only=None) -> dict[str, Path]:
     """``{name: path}`` of the figure scripts in ``root/simulations`` (files defining ``make``; ``root``
-    defaults to :func:`find_root`)."""
+    defaults to :func:`find_root`).
+
+    Parameters
+    ----------
+    root : str or path-like, optional
+        The folder holding ``simulations/``; default :func:`find_root`.
+    only : iterable of str, optional
+        Keep these scripts (an unknown name is refused).
+
+    Returns
+    -------
+    dict of str to pathlib.Path
+        The scripts, by name, in alphabetical order.
+    """
     folder = Path(find_root() if root is None else root) / "simulations"
     if not folder.is_dir():
         raise ArgumentError(f"--root {str(root)!r}: no simulations/ folder there")
@@ -104,6 +138,28 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
     Options a script's ``make`` does not take (e.g. ``executor`` for a script that runs no sweep)
     are not passed; ``make`` may return a list of paths or a ``{kind: path}`` dict. ``backend``
     runs every figure sweep on that array library (:func:`figure_backend`).
+
+    Parameters
+    ----------
+    scripts : dict of str to pathlib.Path
+        The scripts (:func:`discover`).
+    out_dir : str or path-like
+        Where the figures go.
+    quick : bool, default False
+        Run the sweeps' ``[quick]`` grids.
+    executor : {"serial", "processes", "dask"}, default "processes"
+        How the sweeps run (:func:`~linattn_theory.sim.sweep.run_sweep`).
+    workers : int, optional
+        Their workers; default one per core.
+    progress : bool, default False
+        Show progress bars.
+    backend : str, optional
+        Array library of every figure sweep; default as configured.
+
+    Returns
+    -------
+    dict of str to tuple of (list of pathlib.Path, float)
+        Per script, the files written and the seconds taken.
     """
     made = {}
     options = {"quick": quick, "executor": executor, "workers": workers, "progress": progress}
@@ -120,12 +176,38 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
 
 def analysis_workers(executor: str = "processes", workers: int | None = None) -> int:
     """Processes for a figure's per-instance analysis: one with ``executor="serial"``, else ``workers``
-    (default one per core), as for the sweep itself."""
+    (default one per core), as for the sweep itself.
+
+    Parameters
+    ----------
+    executor : str, default "processes"
+        The figure's executor.
+    workers : int, optional
+        Its workers.
+
+    Returns
+    -------
+    int
+        Processes (``≥ 1``).
+    """
     return 1 if executor == "serial" else int(workers or os.cpu_count() or 1)
 
 
 def config_path(script_file, name: str) -> Path:
-    """``simulations/configs/NAME.toml`` next to a figure script."""
+    """``simulations/configs/NAME.toml`` next to a figure script.
+
+    Parameters
+    ----------
+    script_file : str or path-like
+        The script (its ``__file__``).
+    name : str
+        The config's stem.
+
+    Returns
+    -------
+    pathlib.Path
+        The config file.
+    """
     return Path(script_file).resolve().parent / "configs" / f"{name}.toml"
 
 
@@ -137,6 +219,28 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
     (then ``quick`` only names the folder). ``results`` is :func:`linattn_theory.load_results`
     of the sweep folder ``out_dir/_sweeps/<config stem>[-quick]``; with ``rounds=True`` also the
     per-round table, as ``(summary, per_round)``.
+
+    Parameters
+    ----------
+    config : str, path-like or Sweep
+        The sweep file (or the sweep read from it).
+    out_dir : str or path-like
+        The figures' folder (the sweep goes to ``out_dir/_sweeps/``).
+    quick : bool, default False
+        Run the ``[quick]`` grid.
+    executor, workers, progress
+        As in :func:`~linattn_theory.sim.sweep.run_sweep`.
+    rounds : bool, default False
+        Also read the per-round table.
+
+    Returns
+    -------
+    sweep : Sweep
+        The sweep.
+    results : pandas.DataFrame or tuple of pandas.DataFrame
+        Its runs (with ``rounds``: ``(summary, per_round)``).
+    sweep_dir : pathlib.Path
+        Its folder.
     """
     from .results import load_results
     from ..sim.sweep import Sweep, load_sweep, run_sweep, with_backend
@@ -163,6 +267,24 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
     :func:`~linattn_theory.report.sweep_analysis.excess_risk_table`; ``best``: per instance (the columns
     ``by``), the best warm-up and the gain over FedAvg (a diverged run counts as ``R = ∞``);
     ``left_out``: the instances left out.
+
+    Parameters
+    ----------
+    config, out_dir, quick, executor, workers, progress
+        As in :func:`figure_sweep`.
+    by : list of str
+        The columns that name an instance.
+    bound : bool, default False
+        Also fit the bound (:func:`~linattn_theory.report.sweep_analysis.excess_risk_table`).
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        The kept instances' non-diverged runs, decomposed.
+    best : pandas.DataFrame
+        Per instance, the best warm-up and the gain.
+    left_out : pandas.DataFrame
+        The instances left out.
     """
     from .sweep_analysis import excess_risk_table, select_instances
 
@@ -174,7 +296,22 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
 
 def script_main(make, doc: str | None = None, argv=None) -> int:
     """The command line of one figure script: ``[--quick] [--out DIR] [--executor E] [--workers N]
-    [--backend B]``."""
+    [--backend B]``.
+
+    Parameters
+    ----------
+    make : callable
+        The script's ``make(out_dir, *, quick, …)``.
+    doc : str, optional
+        The script's docstring (the ``--help`` text).
+    argv : list of str, optional
+        The arguments; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     from ..sim.limits import workers_note
     from ..sim.sweep import EXECUTORS
 

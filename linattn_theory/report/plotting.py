@@ -83,7 +83,19 @@ LABELS = {
 
 @dataclass(frozen=True)
 class Style:
-    """How one meaning is drawn in every figure: its legend name, colour, marker and line style."""
+    """How one meaning is drawn in every figure: its legend name, colour, marker and line style.
+
+    Parameters
+    ----------
+    label : str
+        The legend name.
+    color : str
+        The colour.
+    marker : str, default "o"
+        The marker.
+    linestyle : str, default "-"
+        The line style.
+    """
 
     label: str
     color: str
@@ -151,7 +163,18 @@ _CMAP_SPAN = (0.4, 0.95)
 
 
 def heterogeneity_color(zeta_value: float):
-    """The colour of the concept-heterogeneity level ``ζ_V`` (the same in every figure; clipped to 0..3)."""
+    """The colour of the concept-heterogeneity level ``ζ_V`` (the same in every figure; clipped to 0..3).
+
+    Parameters
+    ----------
+    zeta_value : float
+        ``ζ_V``.
+
+    Returns
+    -------
+    str
+        A hex colour.
+    """
     low, high = HETEROGENEITY_RANGE
     share = (min(max(float(zeta_value), low), high) - low) / (high - low)
     position = _CMAP_SPAN[0] + share * (_CMAP_SPAN[1] - _CMAP_SPAN[0])
@@ -159,17 +182,50 @@ def heterogeneity_color(zeta_value: float):
 
 
 def heterogeneity_label(zeta_value: float) -> str:
-    """The legend name of a heterogeneity level: ``$\\zeta_V = 3$``."""
+    """The legend name of a heterogeneity level: ``$\\zeta_V = 3$``.
+
+    Parameters
+    ----------
+    zeta_value : float
+        ``ζ_V``.
+
+    Returns
+    -------
+    str
+        The label (mathtext).
+    """
     return rf"$\zeta_V = {float(zeta_value):g}$"
 
 
 def heterogeneity_style(zeta_value: float) -> Style:
-    """:class:`Style` of a heterogeneity level (its colour, name, circles and solid lines)."""
+    """:class:`Style` of a heterogeneity level (its colour, name, circles and solid lines).
+
+    Parameters
+    ----------
+    zeta_value : float
+        ``ζ_V``.
+
+    Returns
+    -------
+    Style
+        Its style.
+    """
     return Style(heterogeneity_label(zeta_value), heterogeneity_color(zeta_value))
 
 
 def method_style(name: str) -> Style:
-    """:class:`Style` of a method (strategy or static arm); raises ``KeyError`` naming the known ones."""
+    """:class:`Style` of a method (strategy or static arm); raises ``KeyError`` naming the known ones.
+
+    Parameters
+    ----------
+    name : str
+        A strategy (``fedavg``, ``fedfrozen``, …) or static arm.
+
+    Returns
+    -------
+    Style
+        Its style.
+    """
     if name not in METHODS:
         raise KeyError(f"method {name!r} has no style; expected one of {', '.join(METHODS)}")
     return METHODS[name]
@@ -180,12 +236,28 @@ SEED_MARKERS = "osD^v<>ph"
 
 
 def label(key: str) -> str:
-    """The axis label of a column (the key itself when it has none)."""
+    """The axis label of a column (the key itself when it has none).
+
+    Parameters
+    ----------
+    key : str
+        A column (``task.zeta_value``, ``excess_risk``, …).
+
+    Returns
+    -------
+    str
+        Its label (mathtext where it names a symbol).
+    """
     return LABELS.get(key, key)
 
 
 def apply_style() -> None:
-    """Seaborn ``ticks`` theme, the colour-blind palette, print sizes (7–8 pt text); idempotent."""
+    """Seaborn ``ticks`` theme, the colour-blind palette, print sizes (7–8 pt text); idempotent.
+
+    Returns
+    -------
+    None
+    """
     sns.set_theme(context="paper", style="ticks", palette=PALETTE_NAME,
                   rc={"figure.dpi": 110, "savefig.dpi": 300, "axes.grid": True,
                       "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
@@ -199,7 +271,18 @@ def apply_style() -> None:
 def palette(n: int):
     """``n`` colours of the colour-blind palette (cycled when ``n`` > 10), for categories that have no
     entry of their own; methods, heterogeneity levels and attention types take theirs from
-    :data:`METHODS`, :func:`heterogeneity_color` and :data:`ATTENTION`."""
+    :data:`METHODS`, :func:`heterogeneity_color` and :data:`ATTENTION`.
+
+    Parameters
+    ----------
+    n : int
+        How many colours.
+
+    Returns
+    -------
+    list
+        ``n`` colours.
+    """
     base = sns.color_palette(PALETTE_NAME)
     return [base[i % len(base)] for i in range(n)]
 
@@ -211,6 +294,26 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: str = "full", height: float
     ``width`` is ``"full"`` (two-column paper width, 7 in) or ``"column"`` (3.5 in); ``height`` is
     per row, in inches. With ``quick`` the figure carries :data:`QUICK_MARK` across it (and in the
     PDF's keywords), so that a smoke-test figure is never mistaken for the result.
+
+    Parameters
+    ----------
+    ncols, nrows : int, default 1
+        The grid of axes.
+    width : {"full", "column"}, default "full"
+        The figure's width.
+    height : float, default 2.4
+        Inches per row.
+    quick : bool, default False
+        Mark it as a quick (smoke-test) figure.
+    **kwargs
+        Passed to :func:`matplotlib.pyplot.subplots`.
+
+    Returns
+    -------
+    fig : matplotlib.figure.Figure
+        The figure.
+    axes : matplotlib.axes.Axes or numpy.ndarray
+        Its axes.
     """
     widths = {"full": FULL_WIDTH, "column": COLUMN_WIDTH}
     if width not in widths:
@@ -225,7 +328,24 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: str = "full", height: float
 
 
 def legend_below(fig, handles=None, labels=None, ncols: int | None = None, **kwargs):
-    """One legend for the whole figure, under the axes (never on the data)."""
+    """One legend for the whole figure, under the axes (never on the data).
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure.
+    handles, labels : list, optional
+        The entries; default those of the first axes.
+    ncols : int, optional
+        Columns; default as many as fit.
+    **kwargs
+        Passed to :meth:`matplotlib.figure.Figure.legend`.
+
+    Returns
+    -------
+    matplotlib.legend.Legend
+        The legend.
+    """
     if handles is None:
         handles, labels = [], []
         for ax in fig.axes:
@@ -240,7 +360,20 @@ def legend_below(fig, handles=None, labels=None, ncols: int | None = None, **kwa
 
 
 def check_print_ready(fig, name: str = "figure") -> None:
-    """Raise unless ``fig`` is 3.5 in or 7 in wide and every visible text is at least 7 pt."""
+    """Raise unless ``fig`` is 3.5 in or 7 in wide and every visible text is at least 7 pt.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure.
+    name : str, default "figure"
+        Its name in the error.
+
+    Raises
+    ------
+    ValueError
+        Naming the width or the text that is too small.
+    """
     width = round(float(fig.get_size_inches()[0]), 3)
     if width not in (COLUMN_WIDTH, FULL_WIDTH):
         raise ValueError(f"figure {name!r}: {width} in wide; expected {COLUMN_WIDTH} in (one column) "
@@ -279,6 +412,24 @@ def save_figure(fig, name: str, out_dir, data: pd.DataFrame | None = None,
     ``data`` must be non-empty and finite (a figure is drawn from data, never a placeholder); the
     figure must be print-ready (:func:`check_print_ready`). The files carry fixed metadata (no
     date), so the same figure gives the same bytes. Closes ``fig``; returns the written paths.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure.
+    name : str
+        The files' stem.
+    out_dir : str or path-like
+        Their folder.
+    data : pandas.DataFrame, optional
+        The plotted numbers (``name.csv``).
+    formats : tuple of str, default ("png", "pdf")
+        The image formats.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files written.
     """
     out = Path(out_dir)
     paths = []
@@ -299,7 +450,20 @@ def save_figure(fig, name: str, out_dir, data: pd.DataFrame | None = None,
 
 
 def drop_diverged(results: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """``(results without diverged runs, how many were dropped)``."""
+    """``(results without diverged runs, how many were dropped)``.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        Runs with a ``diverged`` column.
+
+    Returns
+    -------
+    kept : pandas.DataFrame
+        The runs that did not diverge.
+    dropped : int
+        How many did.
+    """
     if "diverged" not in results:
         return results, 0
     keep = ~results["diverged"].astype(bool)
@@ -307,21 +471,72 @@ def drop_diverged(results: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 
 def dropped_text(dropped: int, what: str = "diverged run") -> str:
-    """``"N diverged runs not shown"`` (``""`` when 0)."""
+    """``"N diverged runs not shown"`` (``""`` when 0).
+
+    Parameters
+    ----------
+    dropped : int
+        How many.
+    what : str, default "diverged run"
+        What was dropped (singular).
+
+    Returns
+    -------
+    str
+        The note.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import dropped_text
+    >>> dropped_text(2), dropped_text(1), dropped_text(0)
+    ('2 diverged runs not shown', '1 diverged run not shown', '')
+    """
     if not dropped:
         return ""
     return f"{dropped} {what if dropped == 1 else what + 's'} not shown"
 
 
 def note_dropped(ax, dropped: int, what: str = "diverged run") -> None:
-    """Say on the axes that ``dropped`` runs are not shown (nothing when 0)."""
+    """Say on the axes that ``dropped`` runs are not shown (nothing when 0).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    dropped : int
+        How many.
+    what : str, default "diverged run"
+        What was dropped (singular).
+
+    Returns
+    -------
+    None
+    """
     if dropped:
         ax.text(0.99, 0.01, dropped_text(dropped, what), transform=ax.transAxes,
                 ha="right", va="bottom", color="0.35")
 
 
 def mark_x(ax, x: float, text: str, color, linestyle: str = "--") -> None:
-    """A vertical marker at ``x`` with its legend entry ``text``."""
+    """A vertical marker at ``x`` with its legend entry ``text``.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    x : float
+        Where.
+    text : str
+        Its legend entry.
+    color : color
+        Its colour.
+    linestyle : str, default "--"
+        Its line style.
+
+    Returns
+    -------
+    None
+    """
     ax.axvline(x, color=color, linestyle=linestyle, linewidth=1.2, label=text)
 
 
@@ -334,6 +549,17 @@ def log_scale(ax, axis: str = "y") -> None:
 
     Minor ticks are labelled where few decades are shown: those at 2, 3 and 5 within about one
     decade, at 2 and 5 within two, none beyond (labels must not collide at print size).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    axis : {"x", "y"}, default "y"
+        The axis.
+
+    Returns
+    -------
+    None
     """
     from matplotlib.ticker import FuncFormatter
     getattr(ax, f"set_{axis}scale")("log")
@@ -351,14 +577,42 @@ def log_scale(ax, axis: str = "y") -> None:
 
 
 def symlog_scale(ax, linthresh: float, axis: str = "y") -> None:
-    """A symmetric log axis (linear within ``±linthresh``) labelled in plain numbers (``-0.1``, ``0``, ``10``)."""
+    """A symmetric log axis (linear within ``±linthresh``) labelled in plain numbers (``-0.1``, ``0``, ``10``).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    linthresh : float
+        The linear range's half-width.
+    axis : {"x", "y"}, default "y"
+        The axis.
+
+    Returns
+    -------
+    None
+    """
     getattr(ax, f"set_{axis}scale")("symlog", linthresh=linthresh)
     target = ax.xaxis if axis == "x" else ax.yaxis
     target.set_major_formatter(matplotlib.ticker.FuncFormatter(_plain))
 
 
 def data_ticks(ax, values, axis: str = "x") -> None:
-    """Ticks of a log axis at the data values, labelled as plain numbers (``0.005``, not ``5×10⁻³``)."""
+    """Ticks of a log axis at the data values, labelled as plain numbers (``0.005``, not ``5×10⁻³``).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    values : array_like
+        The data values.
+    axis : {"x", "y"}, default "x"
+        The axis.
+
+    Returns
+    -------
+    None
+    """
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
     values = sorted(set(float(v) for v in values))
     target = ax.xaxis if axis == "x" else ax.yaxis
@@ -370,7 +624,25 @@ def data_ticks(ax, values, axis: str = "x") -> None:
 
 def stacked_bars(ax, x, parts: dict, colors, width: float = 0.8) -> None:
     """Bars of ``parts`` (``{label: values}``) stacked at ``x``: positive values upwards from 0,
-    negative ones downwards, so that a signed decomposition reads off exactly."""
+    negative ones downwards, so that a signed decomposition reads off exactly.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    x : array_like
+        Bar positions.
+    parts : dict of str to array_like
+        The signed parts.
+    colors : sequence
+        One colour per part.
+    width : float, default 0.8
+        Bar width.
+
+    Returns
+    -------
+    None
+    """
     x = np.asarray(x, dtype=float)
     up, down = np.zeros(len(x)), np.zeros(len(x))
     for (name, values), color in zip(parts.items(), colors):
@@ -382,7 +654,24 @@ def stacked_bars(ax, x, parts: dict, colors, width: float = 0.8) -> None:
 
 
 def curve_rows(x: str, series: pd.Series, count: int, **labels) -> pd.DataFrame:
-    """A plotted line (``series`` indexed by ``x``) in :func:`instance_band`'s table format, for the CSV."""
+    """A plotted line (``series`` indexed by ``x``) in :func:`instance_band`'s table format, for the CSV.
+
+    Parameters
+    ----------
+    x : str
+        The name of the index's column.
+    series : pandas.Series
+        The line, indexed by ``x``.
+    count : int
+        Instances behind it.
+    **labels
+        Constant columns (e.g. ``method="fedavg"``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The rows.
+    """
     values = series.to_numpy(dtype=float)
     return pd.DataFrame({x: series.index, "median": values, "q25": values, "q75": values,
                          "count": count, **labels})
@@ -393,6 +682,28 @@ def instance_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str |
     """Median of ``y`` over instances against ``x``, with a band over the interquartile range.
 
     Returns the plotted summary (``x``, median, q25, q75, count) for the figure's CSV.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    data : pandas.DataFrame
+        One row per (instance, ``x``).
+    x, y : str
+        The columns.
+    color : color
+        The line's and band's colour.
+    label : str, optional
+        The legend entry.
+    marker : str, default "o"
+        The median's marker.
+    linestyle : str, default "-"
+        The median's line style.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The plotted summary.
     """
     grouped = data.groupby(x)[y]
     stats = pd.DataFrame({"median": grouped.median(), "q25": grouped.quantile(0.25),
@@ -406,7 +717,20 @@ def instance_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str |
 
 def strip_offsets(values, width: float = 0.5) -> np.ndarray:
     """Deterministic horizontal offsets in ``[−width/2, width/2]`` for ``len(values)`` dots, by rank
-    (a strip plot of one dot per instance that hides none)."""
+    (a strip plot of one dot per instance that hides none).
+
+    Parameters
+    ----------
+    values : array_like
+        The dots' values.
+    width : float, default 0.5
+        The strip's width.
+
+    Returns
+    -------
+    numpy.ndarray
+        One offset per value.
+    """
     n = len(values)
     if n < 2:
         return np.zeros(n)
@@ -422,7 +746,25 @@ def mark_best_T0(ax, quartiles: dict, *, color, row: int = 0, marker: str = "D")
     """The per-instance best warm-up over instances, at the top of ``ax``: a diamond at the median and a
     bar over the interquartile range (``quartiles``: ``median``, ``q25``, ``q75``, as
     :func:`~linattn_theory.report.sweep_analysis.quartiles` gives them); ``row`` stacks several levels.
-    Another ``marker`` marks another per-instance warm-up the same way (e.g. the online rule's)."""
+    Another ``marker`` marks another per-instance warm-up the same way (e.g. the online rule's).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    quartiles : dict
+        ``median``, ``q25``, ``q75`` of the best warm-up over instances.
+    color : color
+        The level's colour.
+    row : int, default 0
+        The row (0 at the top).
+    marker : str, default "D"
+        The median's marker.
+
+    Returns
+    -------
+    None
+    """
     from matplotlib.transforms import blended_transform_factory
 
     top = blended_transform_factory(ax.transData, ax.transAxes)
@@ -434,7 +776,18 @@ def mark_best_T0(ax, quartiles: dict, *, color, row: int = 0, marker: str = "D")
 
 
 def best_T0_handle(color=REFERENCE_COLOR):
-    """The legend entry of :func:`mark_best_T0`."""
+    """The legend entry of :func:`mark_best_T0`.
+
+    Parameters
+    ----------
+    color : color, default "0.35"
+        The entry's colour.
+
+    Returns
+    -------
+    matplotlib.lines.Line2D
+        The handle.
+    """
     from matplotlib.lines import Line2D
 
     return Line2D([], [], marker="D", color=color, markeredgecolor="black", markersize=4, linewidth=2.5,
@@ -443,7 +796,19 @@ def best_T0_handle(color=REFERENCE_COLOR):
 
 def room_on_top(ax, rows: int) -> None:
     """Raise the top of ``ax``'s y range so that ``rows`` rows of :func:`mark_best_T0` sit above the data
-    (on a linear, log or symmetric-log axis alike: the room is made in the axis's own scale)."""
+    (on a linear, log or symmetric-log axis alike: the room is made in the axis's own scale).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes.
+    rows : int
+        Rows of markers.
+
+    Returns
+    -------
+    None
+    """
     fraction = 0.92 - 0.065 * rows
     scale = ax.yaxis.get_transform()
     low, high = scale.transform(np.array([ax.get_ylim()]).T)[:, 0]
@@ -453,7 +818,26 @@ def room_on_top(ax, rows: int) -> None:
 
 def band_text(count, what: str = "instances") -> str:
     """How every band of the figures reads: ``"median and interquartile range over 20 instances"``
-    (``count`` a number, or one per level: ``"over 19, 18, 18 instances"``)."""
+    (``count`` a number, or one per level: ``"over 19, 18, 18 instances"``).
+
+    Parameters
+    ----------
+    count : int or sequence of int
+        Instances (per level).
+    what : str, default "instances"
+        What the band is over.
+
+    Returns
+    -------
+    str
+        The phrase.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import band_text
+    >>> band_text(20), band_text([19, 18])
+    ('median and interquartile range over 20 instances', 'median and interquartile range over 19, 18 instances')
+    """
     counts = [int(c) for c in np.atleast_1d(count)]
     said = str(counts[0]) if len(set(counts)) == 1 else ", ".join(map(str, counts))
     return f"median and interquartile range over {said} {what}"
@@ -461,7 +845,18 @@ def band_text(count, what: str = "instances") -> str:
 
 def left_out_text(left_out: int) -> str:
     """``"N instances left out (their FedAvg run diverged)"`` (``""`` when 0): the rule of
-    :func:`~linattn_theory.report.sweep_analysis.select_instances`, said on the figure."""
+    :func:`~linattn_theory.report.sweep_analysis.select_instances`, said on the figure.
+
+    Parameters
+    ----------
+    left_out : int
+        Instances left out.
+
+    Returns
+    -------
+    str
+        The note.
+    """
     if not left_out:
         return ""
     return f"{left_out} instance{'s' if left_out != 1 else ''} left out (FedAvg diverged)"

@@ -35,6 +35,32 @@ def load_results(out, *, rounds: bool = False) -> pd.DataFrame:
     broken run (its files do not match their recorded hashes) raises
     :class:`~linattn_theory.core.errors.RunIntegrityError` naming its folder. A path that is
     neither a sweep folder nor a run folder raises :class:`FileNotFoundError`.
+
+    Parameters
+    ----------
+    out : str or path-like
+        A sweep folder (:func:`~linattn_theory.sim.sweep.run_sweep`, ``linattn sweep``) or a run
+        folder (``linattn simulate --out``).
+    rounds : bool, default False
+        One row per (run, round) instead of one per run.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The runs' summary (or per-round) table, in grid order.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.io import write_run
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> _ = write_run(lt.simulate(config), folder)
+    >>> lt.load_results(folder)[["federated.warmup_rounds", "rounds_completed", "diverged"]].values.tolist()
+    [[2, 4, False]]
+    >>> len(lt.load_results(folder, rounds=True))    # rounds 0..4
+    5
     """
     out = Path(out)
     if not out.is_dir():
@@ -48,9 +74,37 @@ def load_results(out, *, rounds: bool = False) -> pd.DataFrame:
 def load_run(out, run_id: str | None = None) -> RunResult:
     """One stored run as a :class:`~linattn_theory.sim.engine.RunResult` (table, final and round-T0 parameters).
 
-    ``out`` is a run folder, or a sweep folder together with ``run_id``. Raises
-    :class:`FileNotFoundError` for an unfinished run and
-    :class:`~linattn_theory.core.errors.RunIntegrityError` for a broken one.
+    Parameters
+    ----------
+    out : str or path-like
+        A run folder, or a sweep folder together with ``run_id``.
+    run_id : str, optional
+        The run's id in a sweep folder (its config hash: the ``run_id`` column of :func:`load_results`).
+
+    Returns
+    -------
+    RunResult
+        The stored table, parameters, divergence report and metadata.
+
+    Raises
+    ------
+    FileNotFoundError
+        For an unfinished run.
+    RunIntegrityError
+        For a broken one (its files do not match their recorded hashes).
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.io import write_run
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> result = lt.simulate(config)
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = write_run(result, folder)
+    >>> stored = lt.load_run(folder)
+    >>> stored.table["loss"].tolist() == result.table["loss"].tolist()
+    True
     """
     path = Path(out) if run_id is None else Path(out) / "runs" / run_id
     metadata, files = read_run(path)

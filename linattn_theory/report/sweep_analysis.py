@@ -117,6 +117,20 @@ def runs_by_instance(folder, results: pd.DataFrame):
     The clients are built once per instance (same task, seed, student shape and ridge λ); for
     softmax attention they come stacked with their contexts and temperature, so that every
     theory function uses the softmax features (docs/theory.md §9).
+
+    Parameters
+    ----------
+    folder : str or path-like
+        The sweep folder.
+    results : pandas.DataFrame
+        Its runs (:func:`~linattn_theory.report.results.load_results`), or a subset of them.
+
+    Yields
+    ------
+    clients : FederatedDataset or StackedClients
+        The instance's clients.
+    runs : dict of str to tuple of (RunConfig, RunResult)
+        Its runs.
     """
     for run_ids in _instance_groups(folder, results):
         yield _load_instance(folder, run_ids)
@@ -155,6 +169,16 @@ def frozen_stage_table(folder, results: pd.DataFrame) -> pd.DataFrame:
     and ``measured_drift_floor`` ``F_λ(θ_T) − Φ_λ(K_{T0})`` (equal to ``D`` once the frozen stage
     has converged). Diverged runs get NaN and must be dropped before plotting
     (``table.attrs["dropped"]`` names them).
+
+    Parameters
+    ----------
+    folder, results
+        The sweep folder and its runs, as in :func:`runs_by_instance`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``results`` with the columns above.
     """
     from ..theory.bound import gradient_dissimilarity
     from ..theory.frozen_stage import contraction_rate, value_drift_floor
@@ -195,6 +219,20 @@ def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False,
     ``T0_theory`` are an a posteriori fit (descriptive), not a prediction. Diverged runs get NaN
     (``table.attrs["dropped"]`` says how many, which and why).
     Instances are analysed in ``workers`` processes (default: in this one).
+
+    Parameters
+    ----------
+    folder, results
+        The sweep folder and its runs, as in :func:`runs_by_instance`.
+    bound : bool, default False
+        Also fit the bound.
+    workers : int, optional
+        Processes; default this one.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``results`` with the columns above.
     """
     both = []     # with bound: one pass over the instances gives both tables (each instance loaded once)
 
@@ -274,7 +312,25 @@ def _bounds(clients, runs, optimum: dict) -> list[dict]:
 
 def quartiles(values) -> dict:
     """``{"median", "q25", "q75", "count", "dropped"}`` of the finite ``values`` (NaN when there are
-    none); ``dropped``: how many values were left out as non-finite (diverged runs' NaN)."""
+    none); ``dropped``: how many values were left out as non-finite (diverged runs' NaN).
+
+    Parameters
+    ----------
+    values : array_like
+        Numbers (non-finite ones ignored).
+
+    Returns
+    -------
+    dict
+        The statistics.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.report.sweep_analysis import quartiles
+    >>> quartiles([1.0, 2.0, 3.0, np.nan, 5.0])
+    {'median': 2.5, 'q25': 1.75, 'q75': 3.5, 'count': 4}
+    """
     values = np.asarray(values, dtype=float)
     finite = values[np.isfinite(values)]
     dropped = int(values.size - finite.size)
@@ -295,6 +351,31 @@ def best_warmup(table: pd.DataFrame, by, risk: str = "excess_risk") -> pd.DataFr
     (≥ 0; NaN without ``R_fedavg``), ``T`` and ``diverged_runs``. ``risk`` names the column of ``R``
     (the argmin is the same for any column that differs from ``R`` by a constant per instance, such
     as the final loss ``F_λ(θ_T) = R + Φ*_λ``; the gain is then relative to that column).
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        Runs with ``T0`` (the effective warm-up), ``federated.rounds``, ``diverged`` and ``risk``
+        (:func:`excess_risk_table`).
+    by : list of str
+        The columns that name an instance (e.g. ``["task.zeta_value", "seed"]``).
+    risk : str, default "excess_risk"
+        The column of ``R``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per instance.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.sweep_analysis import best_warmup
+    >>> runs = pd.DataFrame({"seed": 0, "federated.rounds": 4, "diverged": False,
+    ...                      "T0": [0, 2, 4], "excess_risk": [0.5, 0.2, 0.4]})
+    >>> best = best_warmup(runs, by=["seed"])
+    >>> int(best["best_T0"].iloc[0]), float(best["R_fedavg"].iloc[0]), float(best["gain"].iloc[0])
+    (2, 0.4, 0.5)
     """
     from ..recommenders.scoring import best_warmup as argmin_smallest
 
@@ -326,6 +407,20 @@ def select_instances(table: pd.DataFrame, by, risk: str = "excess_risk"):
     non-diverged runs of the kept instances; ``best``: :func:`best_warmup` of the kept instances;
     ``left_out``: the best-warm-up rows of the instances left out (``diverged_runs`` says how many of
     their runs diverged).
+
+    Parameters
+    ----------
+    table, by, risk
+        As in :func:`best_warmup`.
+
+    Returns
+    -------
+    runs : pandas.DataFrame
+        The runs drawn.
+    best : pandas.DataFrame
+        The kept instances' best warm-ups.
+    left_out : pandas.DataFrame
+        The instances left out.
     """
     by = list(by)
     best = best_warmup(table, by, risk)
@@ -341,6 +436,20 @@ def paired_ratios(table: pd.DataFrame, by, column: str = "excess_risk") -> pd.Da
     same instance (the columns ``by``); instances whose FedAvg run diverged are left out. ``column``
     names ``R`` (e.g. the final loss, for data without a known optimum). ``attrs["dropped"]``: the
     runs left out (diverged, or of an instance without a FedAvg run), how many of how many, and why.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        Runs (:func:`excess_risk_table`).
+    by : list of str
+        The columns that name an instance.
+    column : str, default "excess_risk"
+        The column of ``R``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The runs with ``ratio``.
     """
     by = list(by)
     ok = table[~table["diverged"].astype(bool)]
@@ -360,7 +469,22 @@ def gain_summary(best: pd.DataFrame, level, left_out: pd.DataFrame | None = None
     ``share_beats``, the gain's median and quartiles (``gain_median``, ``gain_q25``, ``gain_q75``)
     and the best warm-up's (``best_T0_median``, ``best_T0_q25``, ``best_T0_q75``); instances whose
     FedAvg run diverged (a NaN gain in ``best``, or a row of ``left_out``, :func:`select_instances`)
-    are left out of both and counted in ``diverged_instances``."""
+    are left out of both and counted in ``diverged_instances``.
+
+    Parameters
+    ----------
+    best : pandas.DataFrame
+        :func:`best_warmup`'s table.
+    level : str or list of str
+        The column(s) to group by (e.g. ``"task.zeta_value"``).
+    left_out : pandas.DataFrame, optional
+        :func:`select_instances`' left-out instances.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per level.
+    """
     columns = [level] if isinstance(level, str) else list(level)
     lost = (left_out.groupby(columns).size() if left_out is not None and len(left_out)
             else pd.Series(dtype=int))
@@ -387,6 +511,24 @@ def spearman_interval(x, y, instances, *, level: float = 0.95, resamples: int = 
     percentile interval of ``level`` (2000 resamples, a fixed ``seed``: the same interval on a
     rerun). Returns ``{"rho", "low", "high", "instances", "pairs"}`` (NaN where ``x`` or ``y`` is
     constant).
+
+    Parameters
+    ----------
+    x, y : array_like
+        The paired values.
+    instances : array_like
+        The instance of each pair.
+    level : float, default 0.95
+        Coverage of the interval.
+    resamples : int, default 2000
+        Bootstrap resamples.
+    seed : int, default 0
+        Seed of the bootstrap.
+
+    Returns
+    -------
+    dict
+        ``rho``, ``low``, ``high``, ``instances``, ``pairs``.
     """
     from scipy.stats import rankdata
 

@@ -44,6 +44,25 @@ def check_exercise(name: str, answer, verify) -> None:
     ``NotImplementedError`` means "not answered yet"; any other exception, in the answer or in
     ``verify(result) -> (passed, detail)``, is a ``FAIL`` that names the error. Never raises, so an
     unanswered or wrong exercise does not stop the rest of the notebook.
+
+    Parameters
+    ----------
+    name : str
+        The exercise.
+    answer : callable
+        ``answer()`` returns the student's result.
+    verify : callable
+        ``verify(result) -> (passed, detail)``.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> from linattn_theory.report.teaching import check_exercise
+    >>> check_exercise("square", lambda: 3 ** 2, lambda r: (r == 9, f"got {r}"))
+    EXERCISE square: PASS  got 9
     """
     try:
         result = answer()
@@ -63,21 +82,55 @@ def check_exercise(name: str, answer, verify) -> None:
 
 
 def theorem(name: str, holds: bool, detail: str = "") -> None:
-    """Print ``THEOREM <name>: holds`` or raise :class:`TheoremViolation` (an exact identity failed)."""
+    """Print ``THEOREM <name>: holds`` or raise :class:`TheoremViolation` (an exact identity failed).
+
+    Parameters
+    ----------
+    name : str
+        The identity.
+    holds : bool
+        Whether it holds on these numbers.
+    detail : str, default ""
+        The numbers compared.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TheoremViolation
+        When it does not hold.
+    """
     if not holds:
         raise TheoremViolation(f"THEOREM {name} is violated: {detail}")
     print(f"THEOREM {name}: holds  {detail}")
 
 
 def tendency(name: str, holds: bool, detail: str = "") -> None:
-    """Print whether a tendency of the theory holds on these numbers (never raises)."""
+    """Print whether a tendency of the theory holds on these numbers (never raises).
+
+    Parameters
+    ----------
+    name, holds, detail
+        As in :func:`theorem`.
+
+    Returns
+    -------
+    None
+    """
     verdict = "holds" if holds else "does NOT hold"
     print(f"TENDENCY {name}: {verdict} on these numbers  {detail}")
 
 
 def notebook_style() -> None:
     """The figures' style (:func:`~linattn_theory.report.plotting.apply_style`: the same colours for the
-    same methods and heterogeneity levels) at screen size: :data:`NOTEBOOK_DPI` dpi, 8–9 pt text."""
+    same methods and heterogeneity levels) at screen size: :data:`NOTEBOOK_DPI` dpi, 8–9 pt text.
+
+    Returns
+    -------
+    None
+    """
     import matplotlib.pyplot as plt
 
     from .plotting import apply_style
@@ -90,7 +143,18 @@ def notebook_style() -> None:
 
 def check_legible(fig) -> None:
     """Raise ``ValueError`` unless ``fig`` is drawn at :data:`NOTEBOOK_DPI` or more and all its visible
-    text (legends included) is at least :data:`NOTEBOOK_MIN_FONT_SIZE` points."""
+    text (legends included) is at least :data:`NOTEBOOK_MIN_FONT_SIZE` points.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure to check.
+
+    Raises
+    ------
+    ValueError
+        Naming the resolution or the text that is too small.
+    """
     import matplotlib.text
 
     if fig.dpi < 120:
@@ -104,7 +168,17 @@ def check_legible(fig) -> None:
 
 def show(fig) -> None:
     """Check that ``fig`` is legible (:func:`check_legible`), display it in Jupyter (a plain script just
-    closes it)."""
+    closes it).
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        A figure drawn in the notebook's style (:func:`notebook_style`).
+
+    Returns
+    -------
+    None
+    """
     import matplotlib.pyplot as plt
 
     check_legible(fig)
@@ -127,6 +201,22 @@ def excess_risk_curve(config, clients, optimum=None, *, restarts: int = 2) -> pd
     of lowest ``Φ_λ``). ``R`` is the simulator's measured loss and the parts come from the moments,
     so ``identity_residual`` checks one against the other. Raises ``ValueError`` if the FedAvg
     trajectory diverged (its excess risk is undefined).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    clients : FederatedDataset
+        Its clients.
+    optimum : float or CentralizedOptimum, optional
+        ``Φ*_λ``.
+    restarts : int, default 2
+        Random starts of the optimum.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per ``T0``.
     """
     from ..core.model import kernel
     from ..core.clients import stack_clients
@@ -155,6 +245,23 @@ def best_warmup(excess_risk) -> int:
     """The best warm-up length: ``argmin_{T0} R(T0)``, the smallest such ``T0`` on ties (docs/theory.md §6).
 
     ``excess_risk`` is a Series indexed by ``T0`` (or an array indexed ``0..T``).
+
+    Parameters
+    ----------
+    excess_risk : pandas.Series or array_like
+        ``R(T0)``.
+
+    Returns
+    -------
+    int
+        ``T0_best``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.teaching import best_warmup
+    >>> best_warmup(pd.Series([0.4, 0.1, 0.1], index=[10, 20, 30]))
+    20
     """
     series = pd.Series(np.asarray(excess_risk, dtype=float)) if not isinstance(excess_risk, pd.Series) \
         else excess_risk.astype(float)

@@ -152,7 +152,32 @@ class FederatedConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A whole run: ``seed`` and the ``task``, ``model`` and ``federated`` sections."""
+    """A whole run: ``seed`` and the ``task``, ``model`` and ``federated`` sections.
+
+    Build one with :func:`config_from_dict` or :func:`load_config` (validated); every field of
+    every section is listed in docs/cli.md.
+
+    Parameters
+    ----------
+    seed : int, default 0
+        The root seed: the instance (teacher, clients, initialisation, minibatches).
+    task : TaskConfig
+        The task family and its sizes and heterogeneity.
+    model : ModelConfig
+        The layer: heads, rank, attention, initialisation, backend and dtype.
+    federated : FederatedConfig
+        The schedule: strategy, rounds, warm-up ``T0``, local steps, step sizes, participation.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 30, "warmup_rounds": 10}})
+    >>> later = config.with_updates({"federated.warmup_rounds": 20, "seed": 4})
+    >>> later.federated.warmup_rounds, later.seed, config.federated.warmup_rounds
+    (20, 4, 10)
+    >>> lt.config_from_dict(later.to_dict()) == later
+    True
+    """
 
     seed: int = _spec(0, low=0, doc="root seed")
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -270,7 +295,35 @@ def _build_section(cls, data, path: str):
 
 
 def config_from_dict(data: dict) -> RunConfig:
-    """Validate a nested dictionary (as read from TOML) and return a :class:`RunConfig`."""
+    """Validate a nested dictionary (as read from TOML) and return a :class:`RunConfig`.
+
+    Parameters
+    ----------
+    data : dict
+        ``{"seed": …, "task": {…}, "model": {…}, "federated": {…}}``; every key optional (its
+        default, docs/cli.md), an unknown key, a value of the wrong type or out of range refused.
+
+    Returns
+    -------
+    RunConfig
+        The validated configuration, every field filled in.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key and the expected values.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"seed": 1, "federated": {"rounds": 20, "warmup_rounds": 5}})
+    >>> config.federated.rounds, config.federated.warmup_rounds, config.task.family
+    (20, 5, 'planted_kernel')
+    >>> lt.config_from_dict({"federated": {"round": 20}})
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ConfigError: federated.round: unknown key...
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"configuration: expected a table, got {type(data).__name__}")
     data = _drop_none(data)   # a recorded config (metadata.json) writes absent options as null
@@ -371,7 +424,18 @@ def warmup_family_key(config: RunConfig) -> str | None:
 def ignored_settings(config: RunConfig) -> list[str]:
     """One message per federated setting that ``config`` moves off its default although its
     strategy never reads it (e.g. ``prox_mu`` with ``fedavg``); the command line prints them as
-    warnings."""
+    warnings.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    list of str
+        The messages (empty when every setting is read).
+    """
     fed = config.federated
     defaults = {f.name: f.default for f in fields(FederatedConfig)}
     notes = []
@@ -388,6 +452,18 @@ def read_toml(path, what: str = "config file") -> dict:
 
     A missing file, a folder, an unreadable, binary, non-UTF-8 or empty file and invalid TOML
     are each a :class:`ConfigError` naming the file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    what : str, default "config file"
+        What it is, for the messages.
+
+    Returns
+    -------
+    dict
+        Its top-level table.
     """
     path = Path(path)
     if str(path) == "":
@@ -420,7 +496,31 @@ def read_toml(path, what: str = "config file") -> dict:
 
 def load_config(path, overrides: dict | None = None) -> RunConfig:
     """Read and validate a TOML configuration file, with dotted-key ``overrides`` applied
-    (:func:`parse_overrides`). A sweep file (``[grid]``) is refused, saying what reads it."""
+    (:func:`parse_overrides`). A sweep file (``[grid]``) is refused, saying what reads it.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A TOML file with the sections of :func:`config_from_dict` (``simulations/configs/*.toml``).
+    overrides : dict, optional
+        ``{"section.key": value}`` applied over the file before validation (``--set KEY=VALUE``,
+        :func:`parse_overrides`).
+
+    Returns
+    -------
+    RunConfig
+        The validated configuration.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.toml"
+    >>> _ = path.write_text("seed = 3\\n[federated]\\nrounds = 20\\nwarmup_rounds = 5\\n")
+    >>> config = lt.load_config(path, {"federated.local_steps": 2})
+    >>> config.seed, config.federated.rounds, config.federated.local_steps
+    (3, 20, 2)
+    """
     data = read_toml(path)
     sweep_keys = [k for k in ("grid", "quick", "figure") if k in data]
     if sweep_keys:
@@ -432,7 +532,23 @@ def load_config(path, overrides: dict | None = None) -> RunConfig:
 
 
 def set_dotted(data: dict, key: str, value, where: str) -> None:
-    """``data[a][b] = value`` for ``key = "a.b"``, creating tables as needed."""
+    """``data[a][b] = value`` for ``key = "a.b"``, creating tables as needed.
+
+    Parameters
+    ----------
+    data : dict
+        A nested configuration, changed in place.
+    key : str
+        A dotted key.
+    value : object
+        The value.
+    where : str
+        Where the setting comes from, for the messages.
+
+    Returns
+    -------
+    None
+    """
     if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"{where}: {key!r} is not a dotted key such as 'federated.local_steps'")
     node = data
@@ -449,6 +565,22 @@ def parse_overrides(texts) -> dict:
 
     Each value is read as a TOML value (a number, ``true``/``false``, a quoted string, a list
     such as ``[0, 1]``), and otherwise taken as a bare string; a later setting of a key wins.
+
+    Parameters
+    ----------
+    texts : iterable of str
+        ``KEY=VALUE`` settings (``--set``).
+
+    Returns
+    -------
+    dict
+        ``{dotted key: value}``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.config import parse_overrides
+    >>> parse_overrides(["federated.rounds=20", "seed=[0, 1]", "task.family=digits"])
+    {'federated.rounds': 20, 'seed': [0, 1], 'task.family': 'digits'}
     """
     overrides = {}
     for text in texts or ():
@@ -465,7 +597,22 @@ def parse_overrides(texts) -> dict:
 
 
 def apply_overrides(data: dict, overrides: dict, where: str = "--set") -> dict:
-    """A copy of the nested ``data`` with the dotted-key ``overrides`` set."""
+    """A copy of the nested ``data`` with the dotted-key ``overrides`` set.
+
+    Parameters
+    ----------
+    data : dict
+        A nested configuration.
+    overrides : dict
+        ``{dotted key: value}``.
+    where : str, default "--set"
+        Where they come from, for the messages.
+
+    Returns
+    -------
+    dict
+        The new configuration (``data`` is unchanged).
+    """
     import copy
 
     data = copy.deepcopy(data)
@@ -475,7 +622,18 @@ def apply_overrides(data: dict, overrides: dict, where: str = "--set") -> dict:
 
 
 def to_toml(data: dict) -> str:
-    """``data`` (a config or sweep as nested dictionaries) as TOML text; absent options (``None``) left out."""
+    """``data`` (a config or sweep as nested dictionaries) as TOML text; absent options (``None``) left out.
+
+    Parameters
+    ----------
+    data : dict
+        Nested tables of TOML values.
+
+    Returns
+    -------
+    str
+        The TOML text.
+    """
     import tomli_w
 
     return tomli_w.dumps(_drop_none(data))
@@ -487,6 +645,26 @@ def config_hash(config: RunConfig) -> str:
     ``model.engine = "auto"`` is left out, so that adding the option kept every earlier key; so
     are the online rule's settings for every strategy but ``fedfrozen_adaptive`` (which alone reads
     them), so that redesigning the rule kept the other strategies' keys.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    str
+        The key (a run's folder name in a sweep).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> config = lt.config_from_dict({"seed": 1})
+    >>> len(config_hash(config)), config_hash(config) == config_hash(config.with_updates({}))
+    (16, True)
+    >>> config_hash(config) == config_hash(config.with_updates({"seed": 2}))
+    False
     """
     data = config.to_dict()
     if data["model"]["engine"] == "auto":   # the default engine leaves earlier runs' keys unchanged
@@ -506,7 +684,18 @@ def config_hash(config: RunConfig) -> str:
 
 
 def field_docs(cls) -> dict[str, str]:
-    """``{name: description}`` of a section, for docs and ``--help``."""
+    """``{name: description}`` of a section, for docs and ``--help``.
+
+    Parameters
+    ----------
+    cls : type
+        ``TaskConfig``, ``ModelConfig`` or ``FederatedConfig``.
+
+    Returns
+    -------
+    dict of str to str
+        The descriptions, in field order.
+    """
     return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
 
 

@@ -42,7 +42,19 @@ __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", 
 
 @dataclass(frozen=True)
 class Divergence:
-    """A run stopped because ``F`` became non-finite or exceeded the threshold."""
+    """A run stopped because ``F`` became non-finite or exceeded the threshold.
+
+    Parameters
+    ----------
+    round : int
+        The round at which it stopped.
+    loss : float
+        ``F`` there.
+    stable_learning_rate : float
+        The value block's stability limit at the initial kernel (:func:`stable_learning_rate`).
+    message : str
+        What happened and what to try.
+    """
 
     round: int
     loss: float
@@ -52,7 +64,31 @@ class Divergence:
 
 @dataclass
 class RunResult:
-    """The outcome of one run: the per-round table, the final and the round-``T0`` parameters."""
+    """The outcome of one run: the per-round table, the final and the round-``T0`` parameters.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        One row per round ``t = 0..T`` (``θ^t``): ``loss``, ``loss_regularized``, drift columns,
+        participants, ``client_loss_c`` … (docs/cli.md, "What a run writes").
+    params : Params
+        The final parameters ``θ^T``.
+    warmup_params : Params
+        The parameters at round ``T0``, ``θ^{T0}`` (the frozen kernel's).
+    divergence : Divergence, optional
+        Where and why the run diverged (``None``: it did not; ``diverged`` says so).
+    metadata : dict, optional
+        The configuration, seed, version, provenance and the engine used.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> result = lt.simulate(lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}))
+    >>> result.table["round"].tolist(), result.params.WV.shape, result.diverged
+    ([0, 1, 2, 3, 4], (1, 6, 2), False)
+    >>> bool((result.warmup_params.WQ == result.params.WQ).all())    # FedFrozen: W_Q frozen after T0
+    True
+    """
 
     table: pd.DataFrame
     params: Params
@@ -73,6 +109,25 @@ class RunState(NamedTuple):
     ``best`` (the iterate of least ``F_λ`` so far, ``best_loss``) feed the divergence report;
     ``warmup_params`` is ``θ^{T0}`` once reached (else ``None``); ``client_state`` and
     ``server_state`` are the strategy's (control variates, server momentum, ...).
+
+    Parameters
+    ----------
+    round : int
+        The round reached.
+    params : Params
+        ``θ^round``.
+    rows : tuple of dict
+        The table rows so far.
+    initial : Params
+        ``θ^0``.
+    best : Params
+        The iterate of least ``F_λ`` so far.
+    best_loss : float
+        Its ``F_λ``.
+    warmup_params : Params or None
+        ``θ^{T0}`` once reached.
+    client_state, server_state : object
+        The strategy's states.
     """
 
     round: int
@@ -87,7 +142,18 @@ class RunState(NamedTuple):
 
 
 def clients_from_config(config: RunConfig):
-    """The clients of ``config.task`` (docs/theory.md §2), seeded by ``config.seed``."""
+    """The clients of ``config.task`` (docs/theory.md §2), seeded by ``config.seed``.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+
+    Returns
+    -------
+    FederatedDataset
+        Its clients (:func:`~linattn_theory.data.families.make_clients`).
+    """
     from .config import FAMILY_KEYS
     task = config.task
     options = {k: getattr(task, k) for k in FAMILY_KEYS[task.family]}
@@ -95,14 +161,42 @@ def clients_from_config(config: RunConfig):
 
 
 def initial_params(config: RunConfig, d: int, p: int) -> Params:
-    """``θ^0``: :meth:`Params.init` seeded from the run's ``SeedSequence`` (purpose ``init``)."""
+    """``θ^0``: :meth:`Params.init` seeded from the run's ``SeedSequence`` (purpose ``init``).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run (its model and seed).
+    d, p : int
+        Token and output dimensions of the clients.
+
+    Returns
+    -------
+    Params
+        ``θ^0`` (NumPy, float64).
+    """
     m = config.model
     return Params.init(d, m.rank, p, heads=m.heads, scale=m.init_scale,
                        seed=seed_sequence(config.seed, SEED_INIT), dtype=np.dtype(m.dtype))
 
 
 def value_curvature(K, data: StackedClients, ridge: float = 0.0):
-    """``λ_max(Ã_c)`` per client, ``Ã_c = Σ_i w_i φ_i φ_i^T + λ I`` (docs/theory.md §5); host array ``(m,)``."""
+    """``λ_max(Ã_c)`` per client, ``Ã_c = Σ_i w_i φ_i φ_i^T + λ I`` (docs/theory.md §5); host array ``(m,)``.
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Kernels.
+    data : StackedClients
+        The clients.
+    ridge : float, default 0.0
+        ``λ``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (m,)
+        The largest eigenvalues.
+    """
     xp = array_namespace(data.S)
     phi = _flat(xp, data.features(K), 2)
     A = xp.matmul(xp.matrix_transpose(phi), phi * data.sample_weight[..., None])
@@ -110,7 +204,30 @@ def value_curvature(K, data: StackedClients, ridge: float = 0.0):
 
 
 def stable_learning_rate(K, data: StackedClients, ridge: float = 0.0) -> float:
-    """The value block's stability limit ``2 / max_c λ_max(Ã_c)`` (docs/theory.md §5)."""
+    """The value block's stability limit ``2 / max_c λ_max(Ã_c)`` (docs/theory.md §5).
+
+    Parameters
+    ----------
+    K : array, shape (H, d, d)
+        The kernels (frozen, or the current ones).
+    data : StackedClients
+        The clients (:func:`~linattn_theory.core.clients.stack_clients`).
+    ridge : float, default 0.0
+        Ridge ``λ``.
+
+    Returns
+    -------
+    float
+        The largest client step size ``η`` for which every client's local value steps are stable.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> eta = lt.stable_learning_rate(clients.truth["kernel"], lt.stack_clients(clients))
+    >>> bool(lt.contraction_rate(clients.truth["kernel"], clients, eta=0.9 * eta, E=1) < 1)
+    True
+    """
     return float(2.0 / np.max(value_curvature(K, data, ridge)))
 
 
@@ -122,6 +239,24 @@ def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
     ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``, ``ε = 10⁻⁵ max(1, max|θ|)``; all clients are iterated at
     once. ``params`` may also be a sequence of points ``θ``: then all points and clients are iterated
     at once and the result is ``(points, m)``, each row what ``θ`` alone gives, bit for bit.
+
+    Parameters
+    ----------
+    params : Params or sequence of Params
+        The point(s) ``θ``.
+    data : StackedClients
+        The clients.
+    ridge : float, default 0.0
+        ``λ``.
+    iterations : int, default 50
+        Power iterations.
+    seed : int, default 0
+        Seed of the starting vectors.
+
+    Returns
+    -------
+    numpy.ndarray, shape (m,) or (points, m)
+        The largest eigenvalues.
     """
     xp = array_namespace(data.S)
     single = isinstance(params, Params)
@@ -166,7 +301,24 @@ def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
 
 
 def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
-    """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
+    """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+    clients : FederatedDataset, optional
+        Its clients; default :func:`clients_from_config`.
+    params : Params, optional
+        ``θ^0``; default :func:`initial_params` (a given one is checked against the clients' shapes).
+
+    Returns
+    -------
+    data : StackedClients
+        The clients, on ``model.backend`` in ``model.dtype``.
+    params : Params
+        ``θ^0`` there.
+    """
     xp = get_namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
     data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype),
@@ -183,7 +335,18 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
 def run_metadata(config: RunConfig) -> dict:
     """The metadata record of a run of ``config``: full config, seed, version, git revision and
     whether the tree was modified, and ``provenance`` (host, platform, library versions;
-    :func:`~linattn_theory.core.io.provenance`)."""
+    :func:`~linattn_theory.core.io.provenance`).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+
+    Returns
+    -------
+    dict
+        The record.
+    """
     from .. import __version__
 
     record = provenance()
@@ -207,6 +370,46 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     Given ``clients`` are checked first (:func:`~linattn_theory.core.clients.check_clients`:
     shapes, finite values; a ``ValueError`` names the client and the array), and settings to
     revisit are warned about (:func:`~linattn_theory.sim.limits.setting_notes`).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run: task family and its sizes, model, federated schedule and seed
+        (:func:`~linattn_theory.sim.config.config_from_dict`, :func:`~linattn_theory.sim.config.load_config`).
+    clients : FederatedDataset, optional
+        The clients to train on (e.g. your own data, :class:`~linattn_theory.core.clients.FederatedDataset`);
+        default: those ``config.task`` describes, drawn from ``config.seed``.
+    progress : bool, default False
+        Show a progress bar over the rounds.
+    params : Params, optional
+        Initial parameters ``θ^0``; default: drawn from ``config`` (``model.init_scale``, ``seed``).
+    frozen_features : callable, optional
+        ``frozen_features(params) -> φ`` of shape ``(m, N, H·d)``: the features of the frozen stage
+        instead of those of the frozen kernel (static heads; passed to :func:`run_schedule`).
+    max_bytes : int, str or None, default "auto"
+        Bound on a round's working set (see :func:`run_schedule`; ``"auto"``: cache-sized chunks
+        of clients on the CPU when the round does not fit in cache, one chunk on a GPU,
+        :func:`~linattn_theory.core.backend.resolve_max_bytes`); results do not depend on it.
+    strategy : Strategy, optional
+        Overrides the one ``config`` names (built by :func:`~linattn_theory.sim.strategies.make_strategy`),
+        e.g. to keep its control's record.
+
+    Returns
+    -------
+    RunResult
+        The per-round table (row ``t`` describes ``θ^t``), the final parameters ``θ^T``, those
+        of round ``T0`` (``warmup_params``), the divergence report (``None`` if none) and the
+        metadata (configuration, provenance, engine).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 5, "warmup_rounds": 2}})
+    >>> result = lt.simulate(config)
+    >>> len(result.table), result.diverged
+    (6, False)
+    >>> bool(result.table["loss_regularized"].iloc[-1] < result.table["loss_regularized"].iloc[0])
+    True
     """
     from .limits import setting_notes, warn_settings
     from .step_size import resolve_step_scale
@@ -262,6 +465,26 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     applies and one instance's step has ``m·N·d² ≥`` :data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK`
     (the ensemble repays loading the kernels): a rule of the instance alone, so that an
     instance's engine does not depend on the others in its ensemble.
+
+    Parameters
+    ----------
+    engine : {"auto", "array_api", "fused"}
+        The engine asked for (``model.engine``).
+    xp : module
+        The array namespace.
+    data : StackedClients
+        The clients.
+    fed : FederatedConfig
+        The schedule.
+    strategy : Strategy
+        The strategy.
+    instances : bool, default False
+        ``data`` is an ensemble's.
+
+    Returns
+    -------
+    FusedEngine or None
+        The engine.
     """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
@@ -404,6 +627,49 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
 
     Returns the per-round table (row ``t`` describes ``θ^t``; drift columns describe the round
     that produced it), the final parameters and those at round ``T0``.
+
+    Parameters
+    ----------
+    params : Params
+        Initial parameters ``θ^0`` (on the namespace of ``data``).
+    data : StackedClients
+        The clients.
+    fed : FederatedConfig
+        The federated schedule (``config.federated``): rounds, strategy, step sizes, batches.
+    warmup_rounds : int
+        ``T0``.
+    seed : int, default 0
+        Seed of the minibatches and of the participating clients.
+    progress : bool, default False
+        Show a progress bar over the rounds.
+    strategy : Strategy, optional
+        Overrides the one named in ``fed``.
+    frozen_features : callable, optional
+        ``frozen_features(params) -> φ`` ``(m, N, H·d)``, the frozen stage's features.
+    max_bytes : int, optional
+        Bound on a round's working set; ``None``: one chunk of clients.
+    prefix : RunState, optional
+        Continue a run from this state.
+    on_round : callable, optional
+        ``on_round(state)``, called with every round's :class:`RunState`.
+    engine : {"auto", "array_api", "fused"}, default "auto"
+        What runs the local steps.
+
+    Returns
+    -------
+    RunResult
+        The table, the final parameters, those at round ``T0``, the divergence report and the
+        metadata.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.engine import prepare_run
+    >>> config = lt.config_from_dict({"federated": {"rounds": 5, "warmup_rounds": 2}})
+    >>> data, params = prepare_run(config)
+    >>> run = lt.run_schedule(params, data, config.federated, warmup_rounds=2, seed=config.seed)
+    >>> run.table["loss"].tolist() == lt.simulate(config).table["loss"].tolist()
+    True
     """
     xp = array_namespace(data.S)
     m, Nmax = data.S.shape[0], data.S.shape[1]

@@ -731,6 +731,38 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
     during the run (a per-round control) are run one by one by :func:`simulate`.
     Given clients are checked before any round, and settings to revisit warned about once each,
     as :func:`simulate` does.
+
+    Parameters
+    ----------
+    configs : sequence of RunConfig
+        The runs, of any sizes and settings (runs of equal shapes form one ensemble).
+    clients : sequence of FederatedDataset or None, optional
+        One entry per config; ``None`` (or a ``None`` entry): built from the config, as
+        :func:`simulate` does.
+    params : sequence of Params or None, optional
+        Initial parameters, one entry per config; ``None`` (entries): drawn from the config.
+    max_bytes : int, str or None, default "auto"
+        Bound on the data of one ensemble (more instances form more ensembles, run one after
+        another; ``"auto"``: 1 GiB on NumPy, half the free memory of a GPU; ``None``: no bound);
+        results do not depend on it.
+    progress : bool, default False
+        Show a progress bar over the ensembles' rounds.
+
+    Returns
+    -------
+    list of RunResult
+        One per config, in the configs' order.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 5, "warmup_rounds": 2}})
+    >>> results = lt.simulate_many([config.with_updates({"seed": seed}) for seed in range(3)])
+    >>> [len(result.table) for result in results]
+    [6, 6, 6]
+    >>> alone = lt.simulate(config.with_updates({"seed": 1})).table["loss"]
+    >>> bool(abs(results[1].table["loss"] - alone).max() < 1e-9 * alone.abs().max())
+    True
     """
     configs, clients = _checked(configs, clients)
     with warnings.catch_warnings():                  # said once above, not again per run

@@ -37,7 +37,20 @@ _EXACT_SIZES_UP_TO = 10_000
 def check_output_folder(out, flag: str = "--out") -> Path:
     """``Path(out)`` if results can be written there: not empty, not a file, and the folder or
     its nearest existing parent a writable folder. Creates nothing; raises :class:`ConfigError`
-    (an :class:`~linattn_theory.core.errors.ArgumentError` when ``flag`` is a command-line flag)."""
+    (an :class:`~linattn_theory.core.errors.ArgumentError` when ``flag`` is a command-line flag).
+
+    Parameters
+    ----------
+    out : str or path-like
+        The folder.
+    flag : str, default "--out"
+        The option that named it, for the message.
+
+    Returns
+    -------
+    pathlib.Path
+        ``Path(out)``.
+    """
     error = ArgumentError if flag.startswith("--") else ConfigError
     if out is None or str(out).strip() == "":
         raise error(f"{flag} {str(out or '')!r}: expected a folder name (use {flag} . for "
@@ -58,7 +71,13 @@ def check_output_folder(out, flag: str = "--out") -> Path:
 
 
 def default_memory_limit() -> float:
-    """80% of this machine's physical memory, in bytes (``--max-memory-gb``)."""
+    """80% of this machine's physical memory, in bytes (``--max-memory-gb``).
+
+    Returns
+    -------
+    float
+        Bytes.
+    """
     try:
         return 0.8 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):       # pragma: no cover - not POSIX
@@ -67,7 +86,15 @@ def default_memory_limit() -> float:
 
 @dataclass(frozen=True)
 class RunEstimate:
-    """Peak memory (bytes) and running time (seconds) of one run, estimated from its config."""
+    """Peak memory (bytes) and running time (seconds) of one run, estimated from its config.
+
+    Parameters
+    ----------
+    bytes : float
+        Peak memory.
+    seconds : float
+        Running time.
+    """
 
     bytes: float
     seconds: float
@@ -95,6 +122,16 @@ def estimate_run(config: RunConfig) -> RunEstimate:
     the parameters and per-client copies, and the table (``T·m`` entries). Time: ``E`` local
     steps per round of ``8Hd² + 4Hdp`` flops per sample over all clients while the kernel
     trains (``T0`` rounds) and ``4Hdp`` once it is frozen, at :data:`FLOP_RATE`.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+
+    Returns
+    -------
+    RunEstimate
+        The estimate.
     """
     task, model, fed = config.task, config.model, config.federated
     m, N, n = task.num_clients, task.samples_per_client, task.tokens
@@ -144,6 +181,22 @@ def check_resources(configs, *, workers: int = 1, max_memory_gb: float | None = 
     Memory: the largest run times the runs held at once (``workers``) against
     ``max_memory_gb`` (default :func:`default_memory_limit`); time: the sum over the runs
     divided by ``workers`` against ``max_hours`` (``None``: no time limit).
+
+    Parameters
+    ----------
+    configs : iterable of RunConfig
+        The runs.
+    workers : int, default 1
+        Runs at once.
+    max_memory_gb : float, optional
+        The memory limit, in GB.
+    max_hours : float or None, default 24.0
+        The time limit.
+
+    Returns
+    -------
+    list of RunEstimate
+        One per run.
     """
     configs = list(configs)
     estimates = [estimate_run(c) for c in configs]
@@ -180,6 +233,20 @@ def float32_step_note(config: RunConfig, data, params) -> str | None:
 
     ``data`` and ``params`` are the run's stacked clients and initial parameters
     (:func:`~linattn_theory.sim.engine.prepare_run`); the blocks are those the first round trains.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run (its ``model.dtype``).
+    data : StackedClients
+        Its clients.
+    params : Params
+        Its initial parameters.
+
+    Returns
+    -------
+    str or None
+        The warning.
     """
     import numpy as np
 

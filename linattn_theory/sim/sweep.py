@@ -76,7 +76,23 @@ _SECTIONS = ("grid", "quick", "figure")
 
 @dataclass(frozen=True)
 class Sweep:
-    """An expanded grid: the validated runs in grid order (duplicates removed), their grid points."""
+    """An expanded grid: the validated runs in grid order (duplicates removed), their grid points.
+
+    Parameters
+    ----------
+    configs : tuple of RunConfig
+        The runs, validated.
+    points : tuple of dict
+        Each run's grid point (``{dotted key: value}``).
+    grid : dict or list of dict
+        The grid(s) as written.
+    base : dict
+        The base configuration as written.
+    figure : dict, optional
+        The ``[figure]`` table.
+    source : str, optional
+        The file it was read from.
+    """
 
     configs: tuple[RunConfig, ...]
     points: tuple[dict, ...]
@@ -110,7 +126,21 @@ class SweepSummary:
     """What :func:`run_sweep` did: runs in the sweep, already finished before, computed now
     (``broken`` of them recomputed because their files did not match their hashes), diverged
     of those computed now; ``table``: the summary table it wrote (:func:`summary_table` of
-    ``out``); ``divergences``: every diverged run of the sweep (:class:`DivergedRun`, grid order)."""
+    ``out``); ``divergences``: every diverged run of the sweep (:class:`DivergedRun`, grid order).
+
+    Parameters
+    ----------
+    total, skipped, computed, diverged : int
+        Runs in the sweep, already finished, computed now, diverged.
+    seconds : float
+        Wall time.
+    out : pathlib.Path
+        The sweep folder.
+    broken : int, default 0
+        Runs recomputed because their files did not match their hashes.
+    table : pandas.DataFrame, optional
+        The summary table written.
+    """
 
     total: int
     skipped: int
@@ -247,6 +277,28 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
     ``overrides`` (dotted keys, :func:`~linattn_theory.sim.config.parse_overrides`) apply by the
     same rule. A grid of more than ``max_runs`` runs is refused from the list lengths alone,
     before anything is expanded.
+
+    Parameters
+    ----------
+    data : dict
+        A sweep file's tables (a run configuration with ``grid``, optionally ``quick`` and ``figure``).
+    quick, max_runs, overrides
+        As in :func:`load_sweep`.
+    source : str, optional
+        Where ``data`` comes from, for the messages.
+
+    Returns
+    -------
+    Sweep
+        The validated sweep.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2},
+    ...                          "grid": [{"seed": [0, 1]}, {"seed": [1, 2]}]})
+    >>> [config.seed for config in sweep.configs]                # the union, each run once
+    [0, 1, 2]
     """
     if not isinstance(data, dict):
         raise ConfigError(f"sweep: expected a table, got {type(data).__name__}")
@@ -286,7 +338,36 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
 
 def load_sweep(path, *, quick: bool = False, max_runs: int | None = MAX_RUNS,
                overrides: dict | None = None) -> Sweep:
-    """Read and validate a sweep TOML file (see the module docstring and :func:`sweep_from_dict`)."""
+    """Read and validate a sweep TOML file (see the module docstring and :func:`sweep_from_dict`).
+
+    Parameters
+    ----------
+    path : str or path-like
+        A sweep file: a run configuration plus ``[grid]`` (or ``[[grid]]``), optionally
+        ``[quick]`` and ``[figure]`` (``simulations/configs/*.toml``).
+    quick : bool, default False
+        Apply the file's ``[quick]`` table (``--quick``; refused when it has none).
+    max_runs : int or None, default MAX_RUNS
+        Refuse a grid of more runs (``None``: no limit).
+    overrides : dict, optional
+        ``{"section.key": value}``, applied last (``--set``): a key of a grid gets a new list,
+        any other key a new base value.
+
+    Returns
+    -------
+    Sweep
+        The validated sweep: its base configuration, grid and every run's :class:`RunConfig`.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "sweep.toml"
+    >>> _ = path.write_text('[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\nseed = [0, 1]\\n')
+    >>> sweep = lt.load_sweep(path)
+    >>> [(c.federated.warmup_rounds, c.seed) for c in sweep.configs]
+    [(0, 0), (0, 1), (2, 0), (2, 1), (4, 0), (4, 1)]
+    """
     return sweep_from_dict(read_toml(path, "sweep file"), quick=quick, source=str(path),
                            max_runs=max_runs, overrides=overrides)
 
@@ -812,6 +893,47 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
     ``SweepSummary.divergences`` lists the sweep's diverged runs (computed now or before;
     :meth:`SweepSummary.divergence_report` says it in one line); ``fail_on_divergence=True``
     raises :class:`SweepDiverged` when there are any, after every run is stored and the summary written.
+
+    Parameters
+    ----------
+    sweep : Sweep
+        The runs (:func:`load_sweep`, :func:`sweep_from_dict`).
+    out : str or path-like
+        The sweep folder; run ``i`` is stored in ``out/runs/<config_hash>/``.
+    executor : {"serial", "processes", "dask"}, default "serial"
+        In-process, ``workers`` forked processes (each exiting as soon as the calling process is
+        gone), or Dask (``scheduler``, or a local cluster of ``workers`` processes bound to
+        127.0.0.1 whose scratch folder is removed afterwards).
+    workers : int, optional
+        Worker processes of ``"processes"`` or a local Dask cluster; default one per core.
+    scheduler : str, optional
+        Address of a running Dask scheduler (``"dask"``; checked first).
+    progress : bool, default False
+        Show a progress bar over the runs.
+    existing : {"refuse", "add", "replace"}, default "refuse"
+        When ``out`` holds a sweep with other runs: refuse (a :class:`ConfigError`), add this
+        sweep's runs to it, or replace its manifest (runs stay on disk under their hashes).
+    wait : bool, default False
+        Wait for another sweep writing to ``out`` instead of refusing.
+
+    Returns
+    -------
+    SweepSummary
+        How many runs the sweep has, were finished before, were computed now (``broken`` of them
+        recomputed) and diverged, the seconds taken, and the summary table written.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "sweep.toml").write_text('[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 4]\\n')
+    >>> sweep = lt.load_sweep(folder / "sweep.toml")
+    >>> summary = lt.run_sweep(sweep, folder / "out")
+    >>> summary.total, summary.computed, summary.diverged
+    (2, 2, 0)
+    >>> lt.run_sweep(sweep, folder / "out").skipped       # finished runs are not run again
+    2
     """
     from tqdm.auto import tqdm
 

@@ -214,8 +214,41 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     (its table rows and ``θ^{T0}``); the frozen stages run in moment space
     (:func:`frozen_stage_from_moments`) when batches are full and explicitly otherwise
     (``frozen_stage = "auto"``; ``"moments"`` or ``"explicit"`` force one). A run whose warm-up
-    diverges shares the trajectory's divergence. ``max_bytes`` chunks clients as in
-    :func:`~linattn_theory.sim.engine.simulate`.
+    diverges shares the trajectory's divergence.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance; its strategy and ``warmup_rounds`` are replaced by each run's.
+    warmups : iterable of int, optional
+        The warm-up lengths ``T0`` (each in ``0..T``); default every one, ``0..T``.
+    clients : FederatedDataset, optional
+        The clients; default: those of ``config``.
+    params : Params, optional
+        Initial parameters; default: drawn from ``config``.
+    frozen_stage : {"auto", "moments", "explicit"}, default "auto"
+        How the frozen stages run: in moment space, explicitly, or the former where batches are full.
+    max_bytes : int, str or None, default "auto"
+        Chunks clients as in :func:`~linattn_theory.sim.engine.simulate`; results do not depend on it.
+    progress : bool, default False
+        Show a progress bar.
+
+    Returns
+    -------
+    dict of int to RunResult
+        ``{T0: RunResult}`` in the order of ``warmups``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 6, "warmup_rounds": 6}})
+    >>> runs = lt.warmup_sweep(config, warmups=[0, 3, 6])
+    >>> sorted(runs)
+    [0, 3, 6]
+    >>> final = {T0: run.table["loss_regularized"].iloc[-1] for T0, run in runs.items()}
+    >>> alone = lt.simulate(config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": 3}))
+    >>> bool(abs(final[3] - alone.table["loss_regularized"].iloc[-1]) < 1e-9 * final[3])
+    True
     """
     fed = config.federated
     warmups, use_moments = _sweep_configs(config, warmups, frozen_stage)
@@ -281,8 +314,35 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
     program (:func:`frozen_stages_from_moments`) when batches are full, or explicitly as
     ensembles continuing from those states otherwise (``frozen_stage`` as in
     :func:`warmup_sweep`). Each result equals ``warmup_sweep(config)[T0]`` to rounding (the
-    ensemble runs the fused CPU engine wherever it applies and pays). ``clients`` is ``None`` or one entry
-    per config; ``max_bytes`` bounds an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
+    ensemble runs the fused CPU engine wherever it applies and pays).
+
+    Parameters
+    ----------
+    configs : sequence of RunConfig
+        The instances.
+    warmups : iterable of int, optional
+        The warm-up lengths ``T0``, the same for every instance; default ``0..T`` of each.
+    clients : sequence of FederatedDataset or None, optional
+        One entry per config (``None``: built from the config).
+    frozen_stage : {"auto", "moments", "explicit"}, default "auto"
+        As in :func:`warmup_sweep`.
+    max_bytes : int, str or None, default "auto"
+        Bound on an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
+    progress : bool, default False
+        Show a progress bar.
+
+    Returns
+    -------
+    list of dict of int to RunResult
+        ``[{T0: RunResult}]`` in the configs' order.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 6, "warmup_rounds": 6}})
+    >>> grids = lt.warmup_sweep_many([config, config.with_updates({"seed": 1})], warmups=[0, 6])
+    >>> [sorted(grid) for grid in grids]
+    [[0, 6], [0, 6]]
     """
     return warmup_sweeps_and_paths(configs, warmups, clients, frozen_stage=frozen_stage, max_bytes=max_bytes,
                                    progress=progress)[0]

@@ -90,6 +90,17 @@ class AssumptionCheck:
 
     ``holds`` says whether it held; ``measured`` is the measured quantity and ``detail`` says
     what was compared with what. A violated assumption is reported, never dropped.
+
+    Parameters
+    ----------
+    name : str
+        The assumption, as docs/theory.md §6 states it.
+    holds : bool
+        Whether it held along the path.
+    measured : float
+        The measured quantity.
+    detail : str, default ""
+        What was compared with what.
     """
 
     name: str
@@ -110,6 +121,25 @@ class BoundConstants:
     ``tau``, ``drift_floor`` at ``K_{T0_theory}``; ``rho_max``/``tau_max`` over the path;
     ``drift_growth`` ``γ`` (least-squares slope of ``D(K_t)`` in ``t``) and ``drift_floor_initial``
     ``D(K_0)``; ``optimum`` ``Φ*_λ``.
+
+    Parameters
+    ----------
+    T, eta, local_steps, lam
+        Rounds ``T``, client step size ``η``, local steps ``E`` and ridge ``λ`` of the instance.
+    optimum : float
+        ``Φ*_λ``.
+    b0, burn_in, b_start, burn_in_level, b_floor, q
+        The bias term's constants (above; :func:`fit_inexact_pl`).
+    mu, L, epsilon
+        PL constant, smoothness and per-round inexactness implied by them.
+    zeta2, curvature_spread2, lambda_min
+        Client dissimilarity, curvature spread and smallest eigenvalue of ``Ã`` at ``K_{T0_theory}``.
+    rho, tau, drift_floor
+        Contraction rate, transient factor and drift floor at ``K_{T0_theory}``.
+    rho_max, tau_max
+        Their largest values along the path.
+    drift_growth, drift_floor_initial
+        ``γ`` and ``D(K_0)``.
     """
 
     T: int
@@ -150,6 +180,30 @@ class TradeoffBound:
     term) and the measured path quantities (``bias``, ``drift_floor``, ``contraction_rate``,
     ``value_lag``, ``tau``, …). ``T0_closed_form`` is the two-term model's closed-form minimiser
     (a real number, possibly outside ``[0, T]``).
+
+    Parameters
+    ----------
+    T0_theory : int
+        ``argmin_{T0} U(T0)`` over ``0..T``.
+    T0_closed_form : float
+        The two-term model's closed-form minimiser.
+    curve : pandas.DataFrame
+        ``U`` and its terms, one row per ``T0``.
+    constants : BoundConstants
+        The fitted constants of ``U`` (docs/theory.md §6).
+    checks : tuple of AssumptionCheck
+        Each assumption of the bound, checked along the path (``violated`` first to read).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
+    >>> bound = lt.estimate_bound(config, restarts=2)
+    >>> len(bound.U), bound.T0_theory == int(bound.U.argmin())
+    (9, True)
+    >>> [check.name for check in bound.checks if not check.holds] == [check.name for check in bound.violated]
+    True
     """
 
     T0_theory: int
@@ -178,6 +232,15 @@ class WarmupPath:
 
     ``table`` is the simulator's per-round table of the whole run; ``divergence`` is set when the
     run stopped early (``params`` then ends at the last finite state).
+
+    Parameters
+    ----------
+    params : tuple of Params
+        ``θ^0 … θ^T`` (fewer when the run diverged).
+    table : pandas.DataFrame
+        The per-round table.
+    divergence : Divergence, optional
+        Where the run diverged.
     """
 
     params: tuple[Params, ...]
@@ -194,6 +257,29 @@ def warmup_path(config: RunConfig, clients=None) -> WarmupPath:
     :func:`~linattn_theory.simulate`. With minibatches or client sampling, or when the run diverges
     (to report the round), each round is one ``run_schedule`` call that re-draws from the streams
     of round 0 (the bound's full-batch assumption is then reported as violated).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance (its ``federated.rounds``).
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+
+    Returns
+    -------
+    WarmupPath
+        The trajectory.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.bound import warmup_path
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> path = warmup_path(config)
+    >>> final = lt.simulate(config).params               # T0 = T: plain FedAvg
+    >>> len(path.params), bool(np.allclose(lt.kernel(path.params[-1]), lt.kernel(final)))
+    (5, True)
     """
     clients = clients_from_config(config) if clients is None else clients
     data = config_stacked(config, clients, np.dtype(config.model.dtype))
@@ -233,7 +319,18 @@ def path_from_states(states) -> WarmupPath:
     """The :class:`WarmupPath` of one FedAvg run from its states after rounds ``0..T`` (what
     :func:`~linattn_theory.sim.engine.run_schedule` passes to ``on_round``): with full batches and
     full participation the same ``θ^t`` and table, bit for bit, as ``T`` one-round runs
-    (:func:`warmup_path` uses it there). A prefix of the states is the path of a pilot of that many rounds."""
+    (:func:`warmup_path` uses it there). A prefix of the states is the path of a pilot of that many rounds.
+
+    Parameters
+    ----------
+    states : sequence of RunState
+        The states after rounds ``0..T``, in order.
+
+    Returns
+    -------
+    WarmupPath
+        The trajectory.
+    """
     table = pd.DataFrame(states[-1].rows).iloc[1:].reset_index(drop=True)
     table["cumulative_kernel_drift"] = np.cumsum(table["kernel_drift"].to_numpy())
     table["strategy"] = "fedavg"          # a FedFrozen run still warming up is plain FedAvg
@@ -278,7 +375,22 @@ def _client_gradients_at_optimum(K, data, lam):
 
 
 def gradient_dissimilarity(K, clients, lam: float = 0.0) -> float:
-    """Client dissimilarity ``ζ²(K) = Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ(K))‖_F²`` at the value optimum (docs/theory.md §6)."""
+    """Client dissimilarity ``ζ²(K) = Σ_c p_c ‖∇_V F_{λ,c}(K, V*_λ(K))‖_F²`` at the value optimum (docs/theory.md §6).
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Kernels.
+    clients : FederatedDataset or StackedClients
+        The clients.
+    lam : float, default 0.0
+        Ridge ``λ``.
+
+    Returns
+    -------
+    float
+        ``ζ²(K)``; 0 when every client has the same value optimum.
+    """
     data = _stacked(clients)
     g, _, w, _ = _client_gradients_at_optimum(K, data, lam)
     return float(np.sum(w * np.sum(g * g, axis=(-2, -1))))
@@ -294,6 +406,27 @@ def drift_floor_leading_order(K, clients, eta: float, E: int, lam: float = 0.0) 
     with ``g_c`` the client gradients at ``V*_λ``, ``ζ² = Σ_c p_c ‖g_c‖²`` and
     ``σ_A² = Σ_c p_c ‖Ã_c − Ã‖₂²`` (Cauchy–Schwarz). Returns ``leading_order`` (``D₂``),
     ``upper`` (the right-hand bound), ``zeta2``, ``curvature_spread2`` and ``lambda_min``.
+
+    Parameters
+    ----------
+    K, clients, eta, E, lam
+        As in :func:`~linattn_theory.theory.frozen_stage.value_drift_floor`.
+
+    Returns
+    -------
+    dict
+        ``leading_order``, ``upper``, ``zeta2``, ``curvature_spread2``, ``lambda_min``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.bound import drift_floor_leading_order
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> small = drift_floor_leading_order(K, clients, eta=1e-3, E=5)
+    >>> exact = lt.value_drift_floor(K, clients, eta=1e-3, E=5)
+    >>> bool(abs(small["leading_order"] - exact) < 0.01 * exact), bool(exact <= small["upper"])
+    (True, True)
     """
     data = _stacked(clients)
     return _leading_order(*_client_gradients_at_optimum(K, data, lam), eta, E)
@@ -332,6 +465,30 @@ def frozen_stage_bound(drift_floor, lag, contraction, gap=None, complement=None)
     ``drift_floor`` ``D(K_{T0})``, ``lag`` ``u = ½‖V_{T0} − V_FA‖²_Ã``, ``contraction``
     ``c = ‖M^k‖_Ã = τ ρ^k``; optionally ``gap`` ``g = ½‖V_{T0} − V*‖²_Ã = F_λ(θ_{T0}) − Φ_λ(K_{T0})`` and
     ``complement`` ``c̄ = ‖I − M^k‖_Ã``, in which case the smaller of the two bounds is returned.
+
+    Parameters
+    ----------
+    drift_floor : float or array_like
+        ``D(K_{T0})``.
+    lag : float or array_like
+        ``u``.
+    contraction : float or array_like
+        ``c = τ ρ^k``.
+    gap : float or array_like, optional
+        ``g``.
+    complement : float or array_like, optional
+        ``c̄``.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The bound (elementwise over arrays).
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.bound import frozen_stage_bound
+    >>> float(frozen_stage_bound(drift_floor=4.0, lag=1.0, contraction=0.0))   # converged: D alone
+    4.0
     """
     first = (np.sqrt(drift_floor) + np.asarray(contraction) * np.sqrt(lag)) ** 2
     if gap is None:
@@ -350,6 +507,28 @@ def tradeoff_bound(T0, T, b_start, b_floor, q, drift_floor, lag, rho, tau, burn_
     (``max_{t ≤ t_s} bias(K_t)``). ``drift_floor``, ``lag``, ``rho`` and ``tau`` may be arrays over ``T0``;
     with ``gap`` and ``complement`` the frozen-stage term is the smaller of the two bounds of
     :func:`frozen_stage_bound`.
+
+    Parameters
+    ----------
+    T0 : int or array_like
+        Warm-up lengths.
+    T : int
+        Rounds.
+    b_start, b_floor, q
+        ``b_s``, ``b_∞`` and the rate ``q`` of the bias term (:func:`fit_inexact_pl`).
+    drift_floor, lag, rho, tau
+        ``D``, ``u``, ``ρ`` and ``τ`` at ``K_{T0}`` (numbers or arrays over ``T0``).
+    burn_in : int, default 0
+        ``t_s``.
+    burn_in_level : float, optional
+        The bias bound before ``t_s``; default ``b_start``.
+    gap, complement : float or array_like, optional
+        For the second frozen-stage bound (:func:`frozen_stage_bound`).
+
+    Returns
+    -------
+    float or numpy.ndarray
+        ``U(T0)``.
     """
     T0 = np.asarray(T0, dtype=float)
     tail = b_floor + (b_start - b_floor) * np.power(q, np.maximum(T0 - burn_in, 0.0))
@@ -365,6 +544,28 @@ def closed_form_warmup(b_start: float, b_floor: float, q: float, drift_growth: f
     dropped) is convex; derivations/tradeoff.py derives this stationary point with sympy. It is
     interior iff ``(b_s − b_∞) q^{T − t_s} ln(1/q) < γ < (b_s − b_∞) ln(1/q)``; returns ``nan``
     when ``γ ≤ 0`` or ``q ∉ (0, 1)`` (no stationary point: the model says warm up to the end).
+
+    Parameters
+    ----------
+    b_start, b_floor, q
+        ``b_s``, ``b_∞``, ``q`` of the bias term.
+    drift_growth : float
+        ``γ``.
+    burn_in : float, default 0
+        ``t_s``.
+
+    Returns
+    -------
+    float
+        ``T0*`` (a real number, possibly outside ``[0, T]``), or ``nan``.
+
+    Examples
+    --------
+    >>> import math
+    >>> from linattn_theory.theory.bound import closed_form_warmup
+    >>> T0 = closed_form_warmup(b_start=1.0, b_floor=0.0, q=0.5, drift_growth=0.01)
+    >>> round(T0, 6) == round(math.log(0.01 / math.log(2)) / math.log(0.5), 6)
+    True
     """
     if not (0.0 < q < 1.0) or drift_growth <= 0 or b_start <= b_floor:
         return float("nan")
@@ -410,6 +611,22 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     ``‖∇_{(W_Q,W_K)}Φ_λ‖²``, ``factor_step`` ``‖θ_{t+1} − θ_t‖`` and ``gradient_change``,
     ``zeta2``, ``curvature_spread2``, ``lambda_min``, ``drift_leading_order``, ``drift_upper``,
     ``curvature_max`` (``max_c λ_max(Ã_c)``).
+
+    Parameters
+    ----------
+    path : WarmupPath
+        The FedAvg path.
+    clients : FederatedDataset or StackedClients
+        Its clients.
+    config : RunConfig
+        The instance (step sizes, ridge, ``T``).
+    optimum : float
+        ``Φ*_λ``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per round of the path.
     """
     fed = config.federated
     T, eta, E, lam, s = fed.rounds, fed.learning_rate, fed.local_steps, fed.ridge, fed.server_learning_rate
@@ -456,6 +673,30 @@ def fit_inexact_pl(bias, frozen_bound=None, grid: int = FLOOR_GRID) -> tuple[int
     these, the triple minimising ``min_{T0} [bias bound + frozen_bound]`` (the smallest certified
     excess risk) is returned; without ``frozen_bound``, the one minimising
     ``Σ_t log(bias bound / bias_t)`` (tightest in relative terms).
+
+    Parameters
+    ----------
+    bias : array_like
+        ``bias(K_t)`` for ``t = 0..T``.
+    frozen_bound : array_like, optional
+        The frozen-stage part of ``U`` for every ``T0``.
+    grid : int, default FLOOR_GRID
+        Floors ``b_∞`` tried per burn-in round.
+
+    Returns
+    -------
+    tuple of (int, float, float)
+        ``(t_s, b_∞, q)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.bound import fit_inexact_pl
+    >>> bias = 0.1 + 0.9 * 0.5 ** np.arange(12)          # an exact geometric descent to 0.1
+    >>> t_s, floor, q = fit_inexact_pl(bias)
+    >>> bound = floor + (bias[t_s] - floor) * q ** (np.arange(12) - t_s)
+    >>> bool((bound >= bias - 1e-12)[t_s:].all())                # a valid bound from t_s on
+    True
     """
     b = np.asarray(bias, dtype=float)
     n = len(b)
@@ -502,7 +743,24 @@ def _drift_growth(drift_floor, burn_in: int = 0) -> float:
 
 def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int = 8):
     """``Φ*_λ`` by :func:`~linattn_theory.theory.profile.centralized_optimum`, also started from the path's
-    best and last kernels (so ``Φ*_λ ≤ Φ_λ(K_t)`` on the whole path)."""
+    best and last kernels (so ``Φ*_λ ≤ Φ_λ(K_t)`` on the whole path).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    clients : FederatedDataset or StackedClients
+        Its clients.
+    path : WarmupPath
+        The FedAvg path.
+    restarts : int, default 8
+        Random starts.
+
+    Returns
+    -------
+    CentralizedOptimum
+        The optimum.
+    """
     fed = config.federated
     data = config_stacked(config, clients)
     phis = [profile_objective(_host(kernel(p)), data, fed.ridge)[0] for p in path.params]
@@ -519,6 +777,36 @@ def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None =
     :func:`~linattn_theory.theory.profile.centralized_optimum` (also started from the path's best and
     last kernels, so ``bias ≥ 0`` along the path) unless ``optimum`` (a number or a
     ``CentralizedOptimum``) is given. Every assumption is checked along the path.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance (``T``, step sizes, ridge).
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+    path : WarmupPath, optional
+        A FedAvg path already computed (:func:`warmup_path`); default: run one.
+    optimum : float or CentralizedOptimum, optional
+        ``Φ*_λ``; default computed as above.
+    restarts : int, default 8
+        Random starts of the centralised optimum.
+
+    Returns
+    -------
+    TradeoffBound
+        ``curve`` (``U(T0)`` and its terms for ``T0 = 0..T``), its minimiser ``T0_theory``, the
+        fitted constants and the assumption checks.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
+    >>> bound = lt.estimate_bound(config, restarts=2)
+    >>> len(bound.curve), 0 <= bound.T0_theory <= 8
+    (9, True)
+    >>> bool(bound.curve["U"].min() == bound.curve.loc[bound.curve["round"] == bound.T0_theory, "U"].iloc[0])
+    True
     """
     clients = config_stacked(config, clients_from_config(config) if clients is None else clients)
     path = warmup_path(config, clients) if path is None else path

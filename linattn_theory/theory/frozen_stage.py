@@ -42,6 +42,40 @@ def frozen_stage_map(K, clients, eta: float, E: int, lam: float = 0.0, server_le
 
     ``M = Σ_c p_c (I − ηÃ_c)^E`` ``(Hd, Hd)``, ``b = Σ_c p_c Σ_{j<E} (I − ηÃ_c)^j η B_c`` ``(Hd, p)``;
     with a server step size ``η_s``: ``M ← (1 − η_s) I + η_s M``, ``b ← η_s b``.
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        The frozen attention kernels.
+    clients : FederatedDataset or StackedClients
+        The clients (weights ``p_c``; full batches).
+    eta : float
+        Client step size ``η > 0``.
+    E : int
+        Local steps per round (``≥ 1``).
+    lam : float, default 0.0
+        Ridge ``λ ≥ 0`` on the value block.
+    server_learning_rate : float, default 1.0
+        Server step size ``η_s`` (``1``: plain averaging).
+
+    Returns
+    -------
+    M : numpy.ndarray, shape (H·d, H·d)
+        The linear part of the round.
+    b : numpy.ndarray, shape (H·d, p)
+        Its constant part.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> M, b = lt.frozen_stage_map(clients.truth["kernel"], clients, eta=0.05, E=5)
+    >>> M.shape, b.shape
+    ((4, 4), (4, 2))
+    >>> V = lt.fedavg_fixed_point(clients.truth["kernel"], clients, eta=0.05, E=5)
+    >>> bool(np.allclose(M @ V + b, V))                 # V_FA is the round's fixed point
+    True
     """
     _check_ridge(lam)
     _check_schedule(eta, E, server_learning_rate)
@@ -59,12 +93,53 @@ def fedavg_fixed_point(K, clients, eta: float, E: int, lam: float = 0.0):
 
     Computed as ``(I − M)^{-1} b``, which needs no ``Ã_c^{-1}``; ``E = 1`` gives ``V*_λ(K)``.
     Returns the stacked value block ``(Hd, p)``.
+
+    Parameters
+    ----------
+    K, clients, eta, E, lam
+        Kernels ``(H, d, d)``, clients, step size, local steps and ridge, as in :func:`frozen_stage_map`.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H·d, p)
+        ``V_FA(K)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> V_1 = lt.fedavg_fixed_point(K, clients, eta=0.05, E=1, lam=0.1)    # one local step: no drift
+    >>> bool(np.allclose(V_1, lt.profile_objective(K, clients, lam=0.1)[1]))
+    True
     """
     return _fixed_point(*frozen_stage_map(K, clients, eta, E, lam))
 
 
 def contraction_rate(K, clients, eta: float, E: int, lam: float = 0.0, server_learning_rate: float = 1.0) -> float:
-    """``ρ(K)``, the spectral radius of ``M`` (docs/theory.md §5): ``‖V^t − V_FA‖`` shrinks like ``ρ^{t−T0}``."""
+    """``ρ(K)``, the spectral radius of ``M`` (docs/theory.md §5): ``‖V^t − V_FA‖`` shrinks like ``ρ^{t−T0}``.
+
+    Parameters
+    ----------
+    K, clients, eta, E, lam
+        Kernels ``(H, d, d)``, clients, step size, local steps and ridge, as in :func:`frozen_stage_map`.
+    server_learning_rate : float, default 1.0
+        Server step size ``η_s``.
+
+    Returns
+    -------
+    float
+        ``ρ(K)``; below 1 when the frozen stage converges.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> rho = lt.contraction_rate(clients.truth["kernel"], clients, eta=0.05, E=5)
+    >>> bool(0 < rho < 1)
+    True
+    """
     return _spectral_radius(frozen_stage_map(K, clients, eta, E, lam, server_learning_rate)[0])
 
 
@@ -81,7 +156,28 @@ def _drift_floor(V_FA, V_star, moments: ValueMoments, lam: float) -> float:
 
 
 def value_drift_floor(K, clients, eta: float, E: int, lam: float = 0.0) -> float:
-    """``D(K) = F_λ(K, V_FA) − Φ_λ(K) = ½ tr((V_FA − V*_λ)^T Ã (V_FA − V*_λ))`` (docs/theory.md §5)."""
+    """``D(K) = F_λ(K, V_FA) − Φ_λ(K) = ½ tr((V_FA − V*_λ)^T Ã (V_FA − V*_λ))`` (docs/theory.md §5).
+
+    Parameters
+    ----------
+    K, clients, eta, E, lam
+        Kernels ``(H, d, d)``, clients, step size, local steps and ridge, as in :func:`frozen_stage_map`.
+
+    Returns
+    -------
+    float
+        ``D(K) ≥ 0``: what the frozen stage's end stays above the profile objective.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> bool(lt.value_drift_floor(K, clients, eta=0.05, E=5) > 0)
+    True
+    >>> bool(lt.value_drift_floor(K, clients, eta=0.05, E=1) < 1e-20)   # no local drift with E = 1
+    True
+    """
     _check_ridge(lam)
     _check_schedule(eta, E)
     data = _stacked(clients)

@@ -28,6 +28,26 @@ def local_steps(params: Params, clients, eta: float, E: int, lam: float = 0.0, *
     parameters with a leading client axis ``(m, …)``), or, with ``centralized=True``, the same
     steps on the global ``F_λ = Σ_c p_c F_{λ,c}`` (returns unbatched parameters). The ridge
     ``λ`` acts on ``W_V`` only.
+
+    Parameters
+    ----------
+    params : Params
+        The starting parameters.
+    clients : FederatedDataset or StackedClients
+        The clients.
+    eta : float
+        Step size ``η``.
+    E : int
+        Steps.
+    lam : float, default 0.0
+        Ridge ``λ`` on ``W_V``.
+    centralized : bool, default False
+        Step on the global objective instead.
+
+    Returns
+    -------
+    Params
+        Every client's parameters ``(m, …)``, or the centralised ones.
     """
     data = _stacked(clients)
     xp = array_namespace(data.S)
@@ -62,6 +82,28 @@ def replay_round(params: Params, clients, eta: float, E: int, lam: float = 0.0,
 
     Returns ``(θ^{t+1}, client_params)``: the server's new parameters and every client's model
     after its ``E`` local steps (leading client axis). Equals the simulator's round.
+
+    Parameters
+    ----------
+    params : Params
+        ``θ^t``.
+    clients : FederatedDataset or StackedClients
+        The clients.
+    eta : float
+        Client step size ``η``.
+    E : int
+        Local steps.
+    lam : float, default 0.0
+        Ridge ``λ``.
+    server_learning_rate : float, default 1.0
+        Server step size ``η_s``.
+
+    Returns
+    -------
+    next_params : Params
+        ``θ^{t+1}``.
+    client_params : Params
+        The clients' models ``(m, …)``.
     """
     _check_ridge(lam)
     _check_schedule(eta, E, server_learning_rate)
@@ -150,6 +192,35 @@ def warmup_inexactness(config_or_params, clients=None, *, rounds: int | None = N
     ``config_or_params`` is a :class:`~linattn_theory.sim.config.RunConfig` (its initial parameters,
     clients, settings and ``T0`` rounds) or :class:`~linattn_theory.core.model.Params` (then pass
     ``clients``, ``rounds``, ``lam``, ``eta``, ``local_steps``). One row per round.
+
+    Parameters
+    ----------
+    config_or_params : RunConfig or Params
+        The instance, or the initial parameters ``θ^0`` (then pass the settings below).
+    clients : FederatedDataset, optional
+        The clients (default those of the config; needed with ``Params``).
+    rounds : int, optional
+        Warm-up rounds to analyse; default the config's ``T0``.
+    lam, eta, local_steps, server_learning_rate : float or int, optional
+        Ridge, client step size, local steps ``E`` and server step size; default the config's.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per round: the columns above, with ``profile_objective``, ``gradient_norm`` and
+        the distance of ``V^t`` to ``V*_λ(K^t)``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
+    >>> table = lt.warmup_inexactness(config)
+    >>> len(table)
+    4
+    >>> parts = table[["value_lag", "client_drift", "factor_averaging", "remainder"]].sum(axis=1)
+    >>> bool((parts - table["gap"]).abs().max() < 1e-12)
+    True
     """
     from ..sim.config import RunConfig
     if isinstance(config_or_params, RunConfig):

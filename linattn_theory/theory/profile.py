@@ -32,7 +32,35 @@ def profile_objective(K, clients, lam: float = 0.0):
 
     ``Φ_λ(K) = min_V F_λ(K, V) = ½ y2 − ½ tr(B^T Ã^{-1} B)``, ``V*_λ(K) = Ã^{-1} B``, with
     ``Ã = A + λI`` (a minimum-norm pseudo-inverse when ``λ = 0`` and ``A`` is singular).
-    Returns ``(Φ_λ(K), V*_λ(K))``: a float and the stacked value block ``(Hd, p)``.
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Attention kernels, one per head.
+    clients : FederatedDataset or StackedClients
+        The clients (a list of ``(X, q, y)`` tuples is accepted too).
+    lam : float, default 0.0
+        Ridge ``λ ≥ 0`` on the value block.
+
+    Returns
+    -------
+    objective : float
+        ``Φ_λ(K)``.
+    value : numpy.ndarray, shape (H·d, p)
+        ``V*_λ(K)``, the stacked value block.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]                  # the teacher's
+    >>> phi, V = lt.profile_objective(K, clients, lam=1e-3)
+    >>> V.shape
+    (4, 2)
+    >>> phi_2, _ = lt.profile_objective(2 * K, clients)  # λ = 0: a kernel counts only up to scale
+    >>> bool(np.isclose(phi_2, lt.profile_objective(K, clients)[0]))
+    True
     """
     _check_ridge(lam)
     data = _stacked(clients)
@@ -41,7 +69,30 @@ def profile_objective(K, clients, lam: float = 0.0):
 
 
 def profile_gradient(K, clients, lam: float = 0.0):
-    """``∇_K Φ_λ(K) = ∇_K F(K, V*_λ(K))`` by the envelope theorem (docs/theory.md §4); ``(H, d, d)``."""
+    """``∇_K Φ_λ(K) = ∇_K F(K, V*_λ(K))`` by the envelope theorem (docs/theory.md §4); ``(H, d, d)``.
+
+    Parameters
+    ----------
+    K, clients, lam
+        Kernels ``(H, d, d)``, clients and ridge, as in :func:`profile_objective`.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H, d, d)
+        The gradient.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> G = lt.profile_gradient(K, clients, lam=1e-3)
+    >>> step = 1e-6 * G / np.linalg.norm(G)             # a directional derivative, by finite differences
+    >>> change = lt.profile_objective(K + step, clients, 1e-3)[0] - lt.profile_objective(K - step, clients, 1e-3)[0]
+    >>> bool(np.isclose(change / 2e-6, np.linalg.norm(G), rtol=1e-5))
+    True
+    """
     _check_ridge(lam)
     data = _stacked(clients)
     K = _check_kernel(K, data)
@@ -60,6 +111,35 @@ class CentralizedOptimum:
     ``kernel`` ``K*`` ``(H, d, d)``, ``value`` ``V*_0(K*)`` ``(Hd, p)``, ``objective`` ``Φ*_λ``;
     ``starts`` has one row per start (label, initial and final objective, iterations,
     convergence flag and solver message); ``best_start`` names the winning start.
+
+    Parameters
+    ----------
+    kernel : numpy.ndarray, shape (H, d, d)
+        ``K*``.
+    value : numpy.ndarray, shape (H·d, p)
+        ``V*_0(K*)``.
+    objective : float
+        ``Φ*_λ``.
+    lam : float
+        The ridge ``λ`` asked for.
+    rank : int
+        The rank per head optimised over.
+    converged : bool
+        Whether the winning start's L-BFGS converged.
+    factor_gradient_norm : float
+        The norm of the factors' gradient at the optimum.
+    best_start : str
+        The winning start (``"teacher"``, ``"random_3"``, ``"initial_kernel_0"``, …).
+    starts : pandas.DataFrame
+        One row per start.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> optimum = lt.centralized_optimum(clients, rank=2, restarts=2)
+    >>> optimum.best_start in optimum.starts["start"].tolist(), bool(optimum.objective == optimum.starts["objective"].min())
+    (True, True)
     """
 
     kernel: np.ndarray
@@ -104,6 +184,43 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
 
     The starts run concurrently, their objectives evaluated together (:func:`centralized_optima`);
     each follows the path it would follow alone.
+
+    Parameters
+    ----------
+    clients : FederatedDataset or StackedClients
+        The clients (their pooled objective is the centralised one).
+    lam : float, default 0.0
+        Ridge ``λ ≥ 0`` (``objective`` is the infimum over kernels, see above).
+    rank : int, optional
+        Rank ``r`` of each head's kernel; default ``d`` (full).
+    heads : int, optional
+        Heads ``H``; default those of ``initial_kernels``, else of the teacher, else one.
+    restarts : int, default 8
+        Random starts (besides the teacher and ``initial_kernels``).
+    seed : int, default 0
+        Seed of the random starts.
+    initial_kernels : sequence of array_like, optional
+        More starting kernels ``(H, d, d)`` (e.g. those simulations reached).
+    max_iterations : int, default 1000
+        L-BFGS iterations per start.
+    tolerance : float, default 1e-10
+        L-BFGS's tolerance on the relative change of the objective and on the gradient.
+
+    Returns
+    -------
+    CentralizedOptimum
+        ``kernel`` ``K*``, ``value``, ``objective`` ``Φ*_λ``, whether it converged, the winning
+        start and a table of every start.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> optimum = lt.centralized_optimum(clients, rank=2, restarts=2)
+    >>> optimum.kernel.shape, optimum.converged, len(optimum.starts)
+    ((1, 4, 4), True, 3)
+    >>> bool(optimum.objective <= lt.profile_objective(clients.truth["kernel"], clients)[0])
+    True
     """
     return centralized_optima([dict(clients=clients, lam=lam, rank=rank, heads=heads, restarts=restarts,
                                     seed=seed, initial_kernels=initial_kernels,
@@ -246,6 +363,26 @@ def centralized_optima(problems) -> list[CentralizedOptimum]:
     evaluations wait for each other and are computed in batches, one array program per problem
     (a leading axis of kernels, :func:`_profile_batch`). Each start follows exactly its
     sequential path, so every optimum equals the one-at-a-time result, bit for bit.
+
+    Parameters
+    ----------
+    problems : iterable of dict
+        Keyword arguments of :func:`centralized_optimum`, one dict per problem.
+
+    Returns
+    -------
+    list of CentralizedOptimum
+        In the problems' order.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> problems = [dict(clients=lt.planted_kernel_clients(num_clients=2, samples_per_client=32, tokens=4,
+    ...                                                    dim=3, rank=1, seed=seed), rank=1, restarts=1)
+    ...             for seed in (0, 1)]
+    >>> together = lt.centralized_optima(problems)
+    >>> [o.objective for o in together] == [lt.centralized_optimum(**p).objective for p in problems]
+    True
     """
     problems = [_problem(**dict(problem)) for problem in problems]
     jobs = [(i, j) for i, problem in enumerate(problems) for j in range(len(problem.inits))]
@@ -312,6 +449,29 @@ def population_value_moments(K, config, samples: int = 4096) -> ValueMoments:
     from the evaluation stream (``fresh_samples=True``), independent of the training
     samples, while the teacher and every client's distribution are unchanged (checked through
     ``truth``). Weights are the training ``p_c``. Returns host :class:`~linattn_theory.core.moments.ValueMoments`.
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Attention kernels.
+    config : RunConfig
+        The instance (its ``task`` and ``seed``).
+    samples : int, default 4096
+        Fresh samples per client.
+
+    Returns
+    -------
+    ValueMoments
+        The estimated moments, on the host.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "dim": 4, "rank": 2}})
+    >>> K = lt.sim.engine.clients_from_config(config).truth["kernel"]
+    >>> moments = lt.population_value_moments(K, config, samples=1000)
+    >>> moments.A.shape, moments.B.shape, moments.weights.tolist()
+    ((3, 4, 4), (3, 4, 2), [0.333..., 0.333..., 0.333...])
     """
     from ..sim.engine import clients_from_config
     from ..data.families import make_clients

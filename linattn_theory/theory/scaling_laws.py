@@ -28,6 +28,19 @@ def drift_floor_two_clients():
     ``P_c = 1 − (1 − η a_c)^E``, ``V* = Σ p_c a_c v_c / Ã``; ``D = ½ Ã (N/P)²``;
     ``ζ² = Σ_c p_c g_c²``, ``g_c = a_c (V* − v_c)``. Returns a dict of sympy expressions
     (``D``, ``N``, ``P``, ``A``, ``zeta``) and symbols (``a, alpha, v, delta, eta, E``).
+
+    Returns
+    -------
+    dict
+        The expressions and symbols.
+
+    Examples
+    --------
+    >>> import sympy
+    >>> from linattn_theory.theory.scaling_laws import drift_floor_two_clients
+    >>> law = drift_floor_two_clients()
+    >>> law["D"].subs(law["E"], 1).simplify()                 # one local step: no drift
+    0
     """
     import sympy as sp
 

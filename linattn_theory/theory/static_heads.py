@@ -42,7 +42,22 @@ PATTERNS = ("uniform", "mean", "decay")
 
 def attention_scores(K, X, q):
     """``s_h(q, x_i) = q^T K_h x_i`` for kernels ``K`` ``(H, d, d)``, ``X`` ``(..., N, n, d)``, ``q``
-    ``(..., N, d)``; returns ``(..., N, H, n)`` (docs/theory.md §1)."""
+    ``(..., N, d)``; returns ``(..., N, H, n)`` (docs/theory.md §1).
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Kernels.
+    X : array_like, shape (..., N, n, d)
+        Contexts.
+    q : array_like, shape (..., N, d)
+        Queries.
+
+    Returns
+    -------
+    array, shape (..., N, H, n)
+        The scores.
+    """
     xp = array_namespace(K, X, q)
     H, d = K.shape[-3], K.shape[-1]
     k = xp.matmul(q, _heads_to_columns(xp, K))               # (..., N, H·d): (K_h^T q)
@@ -55,6 +70,27 @@ def input_independent_share(K, X, q):
 
     Positions are weighted equally; ``E`` and ``Var`` are means over the ``N`` samples. Returns a
     host array ``(H,)`` in ``[0, 1]`` (0 where a head's scores do not vary at all).
+
+    Parameters
+    ----------
+    K, X, q
+        Kernels and calibration samples, as in :func:`attention_scores`.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H,)
+        ``ω_h``: 1 for a head whose scores depend on the position only.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import input_independent_share
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(200, 4, 3)) + 5 * np.eye(4, 3)     # tokens with position-dependent means
+    >>> q = np.ones((200, 3))
+    >>> shares = input_independent_share(np.stack([np.eye(3), np.zeros((3, 3))]), X, q)
+    >>> bool(0 < shares[0] < 1), float(shares[1])             # the zero kernel's scores do not vary
+    (True, 0.0)
     """
     s = to_numpy(attention_scores(K, X, q))                  # (N, H, n)
     position_means = s.mean(axis=0)                          # (H, n): E[s_h | i]
@@ -64,7 +100,28 @@ def input_independent_share(K, X, q):
 
 
 def select_static_heads(shares, count: int | None = None, threshold: float | None = None) -> tuple[int, ...]:
-    """The heads to make static: the ``count`` largest shares, or every head with share ``≥ threshold``."""
+    """The heads to make static: the ``count`` largest shares, or every head with share ``≥ threshold``.
+
+    Parameters
+    ----------
+    shares : array_like, shape (H,)
+        ``ω_h`` (:func:`input_independent_share`).
+    count : int, optional
+        How many heads.
+    threshold : float, optional
+        The least share (give ``count`` or ``threshold``).
+
+    Returns
+    -------
+    tuple of int
+        The heads, in increasing order.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.static_heads import select_static_heads
+    >>> select_static_heads([0.1, 0.9, 0.5], count=2), select_static_heads([0.1, 0.9, 0.5], threshold=0.6)
+    ((1, 2), (1,))
+    """
     shares = np.asarray(shares, dtype=float)
     H = shares.shape[0]
     if (count is None) == (threshold is None):
@@ -82,18 +139,60 @@ def select_static_heads(shares, count: int | None = None, threshold: float | Non
 # -- patterns ----------------------------------------------------------------------------------
 
 def uniform_pattern(n: int) -> np.ndarray:
-    """``a_i = 1/n``: attention to the context mean."""
+    """``a_i = 1/n``: attention to the context mean.
+
+    Parameters
+    ----------
+    n : int
+        Context length.
+
+    Returns
+    -------
+    numpy.ndarray, shape (n,)
+        The pattern.
+    """
     return np.full(n, 1.0 / n)
 
 
 def mean_score_pattern(K, X, q) -> np.ndarray:
-    """``a_{h,i} = E[s_h(q, x_i)] / n`` on calibration data: each head's mean attention, ``(H, n)``."""
+    """``a_{h,i} = E[s_h(q, x_i)] / n`` on calibration data: each head's mean attention, ``(H, n)``.
+
+    Parameters
+    ----------
+    K, X, q
+        Kernels and calibration samples, as in :func:`attention_scores`.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H, n)
+        The patterns.
+    """
     s = to_numpy(attention_scores(K, X, q))
     return s.mean(axis=0) / X.shape[-2]
 
 
 def decay_pattern(n: int, gamma: float) -> np.ndarray:
-    """``a_i ∝ exp(−γ (n − i))``, ``i = 1..n``, normalised to ``Σ_i a_i = 1`` (``γ = 0``: uniform)."""
+    """``a_i ∝ exp(−γ (n − i))``, ``i = 1..n``, normalised to ``Σ_i a_i = 1`` (``γ = 0``: uniform).
+
+    Parameters
+    ----------
+    n : int
+        Context length.
+    gamma : float
+        Decay rate ``γ ≥ 0`` towards the start of the context.
+
+    Returns
+    -------
+    numpy.ndarray, shape (n,)
+        The pattern.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.static_heads import decay_pattern
+    >>> a = decay_pattern(3, gamma=0.0)
+    >>> a.tolist() == [1 / 3] * 3, bool(decay_pattern(3, gamma=1.0)[-1] > 1 / 3)
+    (True, True)
+    """
     if not np.isfinite(gamma) or gamma < 0:
         raise ValueError(f"decay_pattern: gamma={gamma!r}; expected a finite number >= 0")
     a = np.exp(-gamma * (n - np.arange(1, n + 1)))
@@ -101,7 +200,22 @@ def decay_pattern(n: int, gamma: float) -> np.ndarray:
 
 
 def static_patterns(kind: str, K, X, q, gamma: float = 0.5) -> np.ndarray:
-    """Patterns ``(H, n)`` of one ``kind`` (``uniform``, ``mean`` or ``decay``) for every head."""
+    """Patterns ``(H, n)`` of one ``kind`` (``uniform``, ``mean`` or ``decay``) for every head.
+
+    Parameters
+    ----------
+    kind : {"uniform", "mean", "decay"}
+        The pattern.
+    K, X, q
+        Kernels and calibration samples (``mean``; the shapes elsewhere).
+    gamma : float, default 0.5
+        ``γ`` of ``decay``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H, n)
+        One pattern per head.
+    """
     H, n = K.shape[-3], X.shape[-2]
     if kind == "uniform":
         return np.tile(uniform_pattern(n), (H, 1))
@@ -114,20 +228,54 @@ def static_patterns(kind: str, K, X, q, gamma: float = 0.5) -> np.ndarray:
 
 @dataclass(frozen=True)
 class StaticHeads:
-    """Which heads are static and their patterns ``(H, n)`` (rows of dynamic heads are ignored)."""
+    """Which heads are static and their patterns ``(H, n)`` (rows of dynamic heads are ignored).
+
+    Parameters
+    ----------
+    heads : tuple of int
+        The static heads.
+    patterns : numpy.ndarray, shape (H, n)
+        Their attention patterns.
+    """
 
     heads: tuple[int, ...]
     patterns: np.ndarray
 
 
 def static_features(X, patterns):
-    """``ψ_h = Σ_i a_{h,i} x_i = X^T a_h`` for ``X`` ``(..., N, n, d)`` and patterns ``(H, n)``; ``(..., N, H, d)``."""
+    """``ψ_h = Σ_i a_{h,i} x_i = X^T a_h`` for ``X`` ``(..., N, n, d)`` and patterns ``(H, n)``; ``(..., N, H, d)``.
+
+    Parameters
+    ----------
+    X : array_like, shape (..., N, n, d)
+        Contexts.
+    patterns : array_like, shape (H, n)
+        The heads' patterns.
+
+    Returns
+    -------
+    array, shape (..., N, H, d)
+        ``ψ_h``.
+    """
     xp = array_namespace(X)
     return xp.matmul(xp.asarray(patterns, dtype=X.dtype), X)
 
 
 def head_features(K, X, q, static: StaticHeads):
-    """Per-head features ``(..., N, H, d)``: ``ψ_h`` for the static heads, ``φ_h = Ŝ K_h^T q`` for the others."""
+    """Per-head features ``(..., N, H, d)``: ``ψ_h`` for the static heads, ``φ_h = Ŝ K_h^T q`` for the others.
+
+    Parameters
+    ----------
+    K, X, q
+        Kernels, contexts and queries, as in :func:`attention_scores`.
+    static : StaticHeads
+        Which heads are static, with their patterns.
+
+    Returns
+    -------
+    array, shape (..., N, H, d)
+        The features.
+    """
     xp = array_namespace(K, X, q)
     phi = features(K, context_second_moment(X), q)
     if not static.heads:
@@ -139,7 +287,24 @@ def head_features(K, X, q, static: StaticHeads):
 
 
 def predict_static(params, static: StaticHeads, X, q):
-    """``ŷ = Σ_{h static} (W_V^h)^T X^T a_h + Σ_{h dynamic} (W_V^h)^T Ŝ K_h^T q``, ``(N, p)``."""
+    """``ŷ = Σ_{h static} (W_V^h)^T X^T a_h + Σ_{h dynamic} (W_V^h)^T Ŝ K_h^T q``, ``(N, p)``.
+
+    Parameters
+    ----------
+    params : Params
+        The layer (the static heads' ``W_Q``, ``W_K`` are not used).
+    static : StaticHeads
+        The static heads.
+    X : array_like, shape (N, n, d)
+        Contexts.
+    q : array_like, shape (N, d)
+        Queries.
+
+    Returns
+    -------
+    array, shape (N, p)
+        ``ŷ``.
+    """
     from ..core.model import kernel
 
     xp = array_namespace(X, q, params.WV)
@@ -149,7 +314,22 @@ def predict_static(params, static: StaticHeads, X, q):
 
 def stack_contexts(clients, xp=None, dtype=np.float64):
     """Contexts ``X`` of every client padded to a common ``N``: ``(m, N, n, d)`` (same layout as
-    :func:`~linattn_theory.core.clients.stack_clients`; padding rows are zero and carry no weight)."""
+    :func:`~linattn_theory.core.clients.stack_clients`; padding rows are zero and carry no weight).
+
+    Parameters
+    ----------
+    clients : FederatedDataset or sequence of (X, q, y)
+        The clients.
+    xp : module, optional
+        Array namespace; default NumPy.
+    dtype : dtype, default numpy.float64
+        Floating-point type.
+
+    Returns
+    -------
+    array, shape (m, N, n, d)
+        The padded contexts.
+    """
     data = as_federated(clients)
     n, d, _ = data.dims
     X = np.zeros((len(data), int(data.sizes.max()), n, d), dtype=dtype)
@@ -163,7 +343,36 @@ def static_profile_objective(K, clients, ridge: float = 0.0, static: StaticHeads
     ``Ã = Σ_c p_c A_c + λI``, ``A_c = E_c[φφ^T]``, ``B_c = E_c[φ y^T]``, ``y2 = Σ_c p_c E_c‖y‖²`` on the
     features of :func:`head_features` (docs/theory.md §4 with ``φ`` replaced); ``V*`` is ``(H·d, p)``.
     The best ``F_λ`` any value block reaches with these heads; ``static=None``: every head attends
-    (the kernel-profile objective ``Φ_λ(K)`` itself)."""
+    (the kernel-profile objective ``Φ_λ(K)`` itself).
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Kernels (of the dynamic heads).
+    clients : FederatedDataset
+        The clients.
+    ridge : float, default 0.0
+        Ridge ``λ``.
+    static : StaticHeads, optional
+        The static heads; default none.
+
+    Returns
+    -------
+    objective : float
+        ``Φ_λ``.
+    value : numpy.ndarray, shape (H·d, p)
+        ``V*``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.static_heads import static_profile_objective
+    >>> clients = lt.planted_kernel_clients(num_clients=2, samples_per_client=32, tokens=4, dim=3, rank=1)
+    >>> K = clients.truth["kernel"]
+    >>> bool(np.isclose(static_profile_objective(K, clients, 0.1)[0], lt.profile_objective(K, clients, 0.1)[0]))
+    True
+    """
     data = as_federated(clients)
     static = StaticHeads((), None) if static is None else static
     A, B, y2 = 0.0, 0.0, 0.0
@@ -186,6 +395,24 @@ def static_head_features(clients, kind: str, *, count: int | None = None, gamma:
     contexts ``(X, q)`` (default: every client's training contexts), become static and the others
     keep ``K_{T0}`` (the selection rule of docs/theory.md §7). The mean pattern is also measured at
     ``K_{T0}``. Uses nothing but the frozen kernel and the training contexts.
+
+    Parameters
+    ----------
+    clients : FederatedDataset
+        The clients of the run.
+    kind : {"uniform", "mean", "decay"}
+        The static pattern.
+    count : int, optional
+        How many heads become static; default all.
+    gamma : float, default 0.5
+        ``γ`` of ``decay``.
+    calibration : tuple of (X, q), optional
+        Calibration contexts and queries; default every client's training contexts.
+
+    Returns
+    -------
+    callable
+        ``frozen_features(params) -> φ`` ``(m, N, H·d)``.
     """
     from ..core.model import kernel
 
@@ -212,7 +439,24 @@ def head_static_loss_change(K, clients, ridge: float = 0.0, *, kind: str = "mean
     static, ``Δ_h = Φ_λ(K; h static) − Φ_λ(K)`` (:func:`static_profile_objective`, the best ``F_λ`` a value
     block reaches; docs/theory.md §7); the pattern ``kind`` is measured at ``K`` on ``calibration``
     (default: every client's training contexts). Columns ``head``, ``share``, ``loss_change``,
-    ``relative_loss_change`` (``Δ_h / Φ_λ(K)``)."""
+    ``relative_loss_change`` (``Δ_h / Φ_λ(K)``).
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Kernels.
+    clients : FederatedDataset
+        The clients.
+    ridge : float, default 0.0
+        Ridge ``λ``.
+    kind, gamma, calibration
+        The static pattern (default ``"mean"``), as in :func:`static_head_features`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per head.
+    """
     clients = as_federated(clients)
     if calibration is None:
         calibration = (np.concatenate([c.X for c in clients]), np.concatenate([c.q for c in clients]))
@@ -244,6 +488,24 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
     ``loss_regularized`` (F_λ), ``profile_loss`` (the best ``F_λ`` any value block reaches with that
     arm's final heads, :func:`static_profile_objective`), the static heads, the shares and whether
     the run diverged.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance (its ``warmup_rounds`` is the freeze).
+    clients : FederatedDataset, optional
+        Its clients; default those of ``config``.
+    count : int, default 1
+        How many heads become static.
+    patterns : iterable of str, default ("uniform", "mean", "decay")
+        The static patterns compared.
+    gamma, calibration
+        As in :func:`static_head_features`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per arm (``full``, ``fedfrozen``, ``static_<pattern>``).
     """
     from ..sim.engine import clients_from_config, simulate
     from ..core.model import kernel
@@ -310,6 +572,20 @@ def head_pattern_statistics(params, clients, temperature: float = 1.0) -> pd.Dat
     ``F(θ with head h static at ā_h) − F(θ)`` (its feature ``X^T a_h`` replaced by ``X^T ā_h``,
     ``W_V`` unchanged). One row per head and group: ``head``, ``client`` (``-1`` for all clients),
     ``pattern_variance``, ``mean_kl``, ``loss_change`` and ``loss`` (the group's ``F(θ)``).
+
+    Parameters
+    ----------
+    params : Params
+        A softmax-attention layer.
+    clients : FederatedDataset
+        The clients.
+    temperature : float, default 1.0
+        Softmax temperature ``τ``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per head and group.
     """
     from ..core.model import kernel, predict_from_contexts, softmax_weights
 

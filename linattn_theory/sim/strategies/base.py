@@ -43,6 +43,23 @@ class Round(NamedTuple):
 
     ``participants`` are host indices of the clients of this round, ``client_weights`` their
     ``p_c`` (as in the objective) and ``weights`` the same renormalised to sum to one (``p̃_c``).
+
+    Parameters
+    ----------
+    t : int
+        The round.
+    blocks : tuple of str
+        The blocks it trains.
+    participants : numpy.ndarray
+        The clients taking part.
+    num_clients : int
+        All clients ``m``.
+    client_weights, weights : array
+        ``p_c`` and ``p̃_c`` of the participants.
+    local_steps : int
+        ``E``.
+    learning_rate : float
+        ``η``.
     """
 
     t: int
@@ -56,7 +73,19 @@ class Round(NamedTuple):
 
 
 class ClientRule(NamedTuple):
-    """Client side: a gradient correction during the local steps and a state update after them."""
+    """Client side: a gradient correction during the local steps and a state update after them.
+
+    Parameters
+    ----------
+    init : callable
+        ``init(params, num_clients) -> state``.
+    correction : callable
+        ``correction(state, rnd, anchor, local) -> {block: term}``, at every local step: terms
+        added to the gradients (``anchor``: the round's broadcast blocks, ``local``: the
+        clients' current ones).
+    update : callable
+        ``update(state, rnd, anchor, local) -> state``, after the local steps.
+    """
 
     init: Callable[[Params, int], Any]
     correction: Callable[[Any, Round, dict, dict], dict]
@@ -64,7 +93,15 @@ class ClientRule(NamedTuple):
 
 
 class ServerRule(NamedTuple):
-    """Server side: the step ``θ_b ← θ_b + step_b`` taken from the weighted mean delta ``Δ_b``."""
+    """Server side: the step ``θ_b ← θ_b + step_b`` taken from the weighted mean delta ``Δ_b``.
+
+    Parameters
+    ----------
+    init : callable
+        ``init(params) -> state``.
+    update : callable
+        ``update(state, rnd, delta) -> (step, state)``.
+    """
 
     init: Callable[[Params], Any]
     update: Callable[[Any, Round, dict], tuple[dict, Any]]
@@ -75,6 +112,13 @@ class Freeze(NamedTuple):
 
     The run continues from ``params`` (``θ^{kernel_round}``, a stored earlier state when the rule
     rolls back) with only ``W_V`` training; the rounds already spent stay counted against ``T``.
+
+    Parameters
+    ----------
+    kernel_round : int
+        The round whose kernel is frozen.
+    params : Params
+        ``θ^{kernel_round}``.
     """
 
     kernel_round: int
@@ -88,6 +132,13 @@ class Control(NamedTuple):
     of every round the run reaches (round 0 included) and the stacked clients, until it returns a
     :class:`Freeze` (applied while rounds remain); ``finish(result) -> dict`` is merged into the
     run's metadata at the end.
+
+    Parameters
+    ----------
+    observe : callable
+        ``observe(state, data) -> Freeze | None``.
+    finish : callable
+        ``finish(result) -> dict``.
     """
 
     observe: Callable[[Any, Any], "Freeze | None"]
@@ -96,7 +147,21 @@ class Control(NamedTuple):
 
 class Strategy(NamedTuple):
     """A federated strategy: which blocks train when, the client rule, the server rule and an
-    optional per-round :class:`Control` (then ``schedule`` is followed until it freezes)."""
+    optional per-round :class:`Control` (then ``schedule`` is followed until it freezes).
+
+    Parameters
+    ----------
+    name : str
+        Its name (``federated.strategy``).
+    schedule : callable
+        ``schedule(t) -> blocks`` trained in round ``t``.
+    client : ClientRule
+        The client side.
+    server : ServerRule
+        The server side.
+    control : Control, optional
+        The per-round hook.
+    """
 
     name: str
     schedule: Callable[[int], tuple[str, ...]]
@@ -108,12 +173,43 @@ class Strategy(NamedTuple):
 # -- schedules ----------------------------------------------------------------------------
 
 def train_all(t: int) -> tuple[str, ...]:
-    """Every block trains in every round (FedAvg and the optimisers built on it)."""
+    """Every block trains in every round (FedAvg and the optimisers built on it).
+
+    Parameters
+    ----------
+    t : int
+        The round.
+
+    Returns
+    -------
+    tuple of str
+        ``("WQ", "WK", "WV")``.
+    """
     return BLOCKS
 
 
 def freeze_after(warmup_rounds: int, keep: tuple[str, ...]) -> Callable[[int], tuple[str, ...]]:
-    """All blocks for ``t < T0``, then only ``keep`` (FedFrozen: ``keep = ("WV",)``)."""
+    """All blocks for ``t < T0``, then only ``keep`` (FedFrozen: ``keep = ("WV",)``).
+
+    Parameters
+    ----------
+    warmup_rounds : int
+        ``T0``.
+    keep : tuple of str
+        The blocks that train after it.
+
+    Returns
+    -------
+    callable
+        ``schedule(t) -> blocks``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import freeze_after
+    >>> schedule = freeze_after(2, keep=("WV",))
+    >>> [schedule(t) for t in range(4)]
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WV',), ('WV',)]
+    """
     keep = tuple(b for b in BLOCKS if b in keep)
 
     def schedule(t: int) -> tuple[str, ...]:
@@ -137,12 +233,29 @@ def _keep_state(state, rnd: Round, anchor: dict, local: dict):
 
 
 def local_sgd() -> ClientRule:
-    """Plain local gradient descent ``θ_c ← θ_c − η ∇F_{λ,c}(θ_c)``: no correction, no state."""
+    """Plain local gradient descent ``θ_c ← θ_c − η ∇F_{λ,c}(θ_c)``: no correction, no state.
+
+    Returns
+    -------
+    ClientRule
+        The rule.
+    """
     return ClientRule(_no_state, _no_correction, _keep_state)
 
 
 def server_sgd(learning_rate: float = 1.0) -> ServerRule:
-    """FedAvg's server: ``θ ← θ + η_s Δ`` (``η_s = 1``: the weighted average of the client models)."""
+    """FedAvg's server: ``θ ← θ + η_s Δ`` (``η_s = 1``: the weighted average of the client models).
+
+    Parameters
+    ----------
+    learning_rate : float, default 1.0
+        ``η_s``.
+
+    Returns
+    -------
+    ServerRule
+        The rule.
+    """
 
     def update(state, rnd: Round, delta: dict):
         return {b: learning_rate * d for b, d in delta.items()}, state
@@ -167,7 +280,20 @@ def _client_axis(rnd_or_weights) -> int:
 
 def zeros_like_blocks(params: Params, clients: int | None = None) -> dict:
     """``{block: 0}`` shaped like each block of ``params``; with ``clients``, one per client
-    (``(clients, H, d, r)`` for one run, ``(I, clients, H, d, r)`` for an ensemble's ``(I, 1, H, d, r)``)."""
+    (``(clients, H, d, r)`` for one run, ``(I, clients, H, d, r)`` for an ensemble's ``(I, 1, H, d, r)``).
+
+    Parameters
+    ----------
+    params : Params
+        The shapes.
+    clients : int, optional
+        A leading client axis of that size.
+
+    Returns
+    -------
+    dict of str to array
+        The zeros.
+    """
     xp = array_namespace(params.WV)
 
     def shape(a):
@@ -188,6 +314,20 @@ def scatter_clients(full, part_values, rnd: Round):
 
     Array-API clean (no item assignment): a gather through each client's position among the
     participants, then a masked select.
+
+    Parameters
+    ----------
+    full : array
+        Values of all clients (client axis first, after an ensemble's instance axis).
+    part_values : array
+        Values of the participants.
+    rnd : Round
+        The round (its participants).
+
+    Returns
+    -------
+    array
+        The updated values.
     """
     part = np.asarray(rnd.participants)
     k, m = part.shape[-1], rnd.num_clients
@@ -211,7 +351,20 @@ def scatter_clients(full, part_values, rnd: Round):
 
 def weighted_sum(weights, a):
     """``Σ_c w_c a_c`` over the client axis: ``weights`` ``(k,)`` and ``a`` ``(k, ...)`` give ``(...)``;
-    an ensemble's ``(I, k)`` and ``(I, k, ...)`` give ``(I, 1, ...)`` (the client axis kept)."""
+    an ensemble's ``(I, k)`` and ``(I, k, ...)`` give ``(I, 1, ...)`` (the client axis kept).
+
+    Parameters
+    ----------
+    weights : array, shape (k,) or (I, k)
+        The weights.
+    a : array, shape (k, ...) or (I, k, ...)
+        The values.
+
+    Returns
+    -------
+    array
+        The sum.
+    """
     xp = array_namespace(weights, a)
     axis = _client_axis(weights)
     w = xp.reshape(weights, tuple(weights.shape) + (1,) * (a.ndim - weights.ndim))
@@ -219,7 +372,20 @@ def weighted_sum(weights, a):
 
 
 def take_clients(full, rnd: Round):
-    """The participants' rows of ``full`` (client axis: all clients)."""
+    """The participants' rows of ``full`` (client axis: all clients).
+
+    Parameters
+    ----------
+    full : array
+        Values of all clients.
+    rnd : Round
+        The round.
+
+    Returns
+    -------
+    array
+        The participants' values.
+    """
     part = np.asarray(rnd.participants)
     if part.shape[-1] == rnd.num_clients:
         return full

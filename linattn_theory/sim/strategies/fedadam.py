@@ -21,7 +21,22 @@ NAME = "fedadam"
 
 
 def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> ServerRule:
-    """The FedAdam server rule; state ``(m, v)``, each ``{block: array}``."""
+    """The FedAdam server rule; state ``(m, v)``, each ``{block: array}``.
+
+    Parameters
+    ----------
+    learning_rate : float
+        ``η_s``.
+    beta1, beta2 : float
+        The moments' decay rates.
+    epsilon : float
+        ``τ``, added to ``√v``.
+
+    Returns
+    -------
+    ServerRule
+        The rule.
+    """
 
     def init(params):
         zeros = zeros_like_blocks(params)

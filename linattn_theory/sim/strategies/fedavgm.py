@@ -20,7 +20,20 @@ NAME = "fedavgm"
 
 
 def momentum(learning_rate: float, beta: float) -> ServerRule:
-    """The heavy-ball server rule ``m ← β m + Δ``, ``step = η_s m``; state ``{block: m}``."""
+    """The heavy-ball server rule ``m ← β m + Δ``, ``step = η_s m``; state ``{block: m}``.
+
+    Parameters
+    ----------
+    learning_rate : float
+        ``η_s``.
+    beta : float
+        ``β``.
+
+    Returns
+    -------
+    ServerRule
+        The rule.
+    """
 
     def update(state, rnd, delta):
         state = dict(state)

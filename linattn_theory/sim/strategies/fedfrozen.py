@@ -23,7 +23,20 @@ FROZEN = ("WV",)
 
 
 def strategy(fed, warmup_rounds: int) -> Strategy:
-    """FedFrozen with warm-up ``T0 = warmup_rounds`` (``T0 = T``: FedAvg)."""
+    """FedFrozen with warm-up ``T0 = warmup_rounds`` (``T0 = T``: FedAvg).
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int
+        ``T0``.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+    """
     return Strategy(NAME, freeze_after(warmup_rounds, FROZEN), local_sgd(),
                     server_sgd(fed.server_learning_rate))
 

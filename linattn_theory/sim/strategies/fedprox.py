@@ -30,7 +30,20 @@ NAME = "fedprox"
 def proximal(mu: float, stage: tuple[str, ...] | None = None) -> ClientRule:
     """Add ``μ(θ_c − θ^t)`` to every local gradient of the trained blocks: in every round, or
     (``stage``) only in the rounds that train exactly the blocks ``stage`` (FedFrozen's frozen
-    stage: ``("WV",)``)."""
+    stage: ``("WV",)``).
+
+    Parameters
+    ----------
+    mu : float
+        ``μ ≥ 0``.
+    stage : tuple of str, optional
+        The blocks of the rounds it acts in; default every round.
+
+    Returns
+    -------
+    ClientRule
+        The rule.
+    """
 
     def correction(state, rnd, anchor, local):
         if stage is not None and tuple(rnd.blocks) != tuple(stage):
@@ -51,6 +64,36 @@ def frozen_fixed_point(K, clients, learning_rate: float, local_steps: int, ridge
 
     ``S_c = Σ_{j<E} (I − η(Ã_c + μI))^j`` (derivations/fedprox.py); ``μ = 0`` gives FedAvg's
     ``V_FA`` (docs/theory.md §5). Returns the stacked value block ``(H·d, p)`` (host array).
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        The frozen kernels.
+    clients : FederatedDataset or StackedClients
+        The clients.
+    learning_rate : float
+        ``η``.
+    local_steps : int
+        ``E``.
+    ridge : float, default 0.0
+        ``λ``.
+    mu : float, default 0.0
+        ``μ``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H·d, p)
+        ``V_prox``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedprox import frozen_fixed_point
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> bool(np.allclose(frozen_fixed_point(K, clients, 0.05, 5), lt.fedavg_fixed_point(K, clients, 0.05, 5)))
+    True
     """
     from ...core.moments import value_moments
 

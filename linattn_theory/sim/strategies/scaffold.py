@@ -25,7 +25,18 @@ NAME = "scaffold"
 def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
     """SCAFFOLD's client rule, in every round or (``stage``) only in the rounds that train exactly
     the blocks ``stage`` (the control variates stay zero before); state ``(c, c_i)`` as
-    ``{block: array}`` dicts."""
+    ``{block: array}`` dicts.
+
+    Parameters
+    ----------
+    stage : tuple of str, optional
+        The blocks of the rounds it acts in; default every round.
+
+    Returns
+    -------
+    ClientRule
+        The rule.
+    """
 
     def active(rnd):
         return stage is None or tuple(rnd.blocks) == tuple(stage)
