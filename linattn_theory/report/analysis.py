@@ -118,6 +118,37 @@ def analyze_sweep(folder, out=None, *, bound: bool = False, workers: int | None 
     :data:`INSTANCES_FILE`, while the folder's lock is held (no sweep writes meanwhile).
     ``workers`` processes analyse the instances (the same numbers for any count). A folder that is
     not a sweep, or holds unfinished runs, is refused (:class:`ConfigError`).
+
+    Parameters
+    ----------
+    folder : str or path-like
+        A finished sweep's folder (:func:`~linattn_theory.sim.sweep.run_sweep`, ``linattn sweep``).
+    out : str or path-like, optional
+        Where the tables are written; default ``folder``.
+    bound : bool, default False
+        Also the a posteriori bound ``U(T0)`` per run (descriptive).
+    workers : int, optional
+        Processes that analyse the instances; default one per core.
+    write : bool, default True
+        Write :data:`RUNS_FILE` and :data:`INSTANCES_FILE`.
+
+    Returns
+    -------
+    SweepAnalysis
+        The per-run and per-instance tables, the grid columns, what was dropped and the paths written.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "sweep.toml").write_text(
+    ...     '[task]\\nnum_clients = 3\\nsamples_per_client = 32\\ndim = 4\\nrank = 2\\n'
+    ...     '[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\n')
+    >>> _ = lt.run_sweep(lt.load_sweep(folder / "sweep.toml"), folder / "out")
+    >>> found = lt.analyze_sweep(folder / "out", workers=1, write=False)
+    >>> len(found.runs), len(found.instances), int(found.instances["T"].iloc[0])
+    (3, 1, 4)
     """
     folder = Path(folder)
     manifest = _manifest(folder)

@@ -329,7 +329,7 @@ def quartiles(values) -> dict:
     >>> import numpy as np
     >>> from linattn_theory.report.sweep_analysis import quartiles
     >>> quartiles([1.0, 2.0, 3.0, np.nan, 5.0])
-    {'median': 2.5, 'q25': 1.75, 'q75': 3.5, 'count': 4}
+    {'median': 2.5, 'q25': 1.75, 'q75': 3.5, 'count': 4, 'dropped': 1}
     """
     values = np.asarray(values, dtype=float)
     finite = values[np.isfinite(values)]

@@ -140,6 +140,8 @@ class SweepSummary:
         Runs recomputed because their files did not match their hashes.
     table : pandas.DataFrame, optional
         The summary table written.
+    divergences : tuple of DivergedRun, default ()
+        Every diverged run of the sweep, in grid order.
     """
 
     total: int
@@ -915,6 +917,9 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
         sweep's runs to it, or replace its manifest (runs stay on disk under their hashes).
     wait : bool, default False
         Wait for another sweep writing to ``out`` instead of refusing.
+    fail_on_divergence : bool, default False
+        Raise :class:`SweepDiverged` when any run of the sweep diverged (after every run is stored
+        and the summary written; ``linattn sweep --fail-on-divergence`` exits 3).
 
     Returns
     -------
