@@ -22,10 +22,11 @@ EXPECTED = {"kernel_bias_drift", "tradeoff", "excess_risk_decomposition", "heatm
 #: every figure drawn in the shared style: issue 4's, the strategy comparison (issue 5), issue 11's
 #: per-instance best warm-up and static heads, and issue 12's softmax figures (digits needs the
 #: optional scikit-learn)
-STYLED = (EXPECTED | {"strategies", "best_warmup", "static_heads", "softmax_static_heads", "tradeoff_attention"}
+STYLED = (EXPECTED | {"strategies", "best_warmup", "static_heads", "softmax_static_heads", "tradeoff_attention",
+                      "phase_diagram"}
           | ({"digits"} if find_spec("sklearn") else set()))
 #: the CSV of the plotted numbers where NAME.csv is another table (strategies.csv: issue 5's summary)
-PLOT_DATA = {"strategies": "strategies_plot"}
+PLOT_DATA = {"strategies": "strategies_plot", "phase_diagram": "phase_diagram_plot"}
 
 
 @pytest.fixture(scope="module")

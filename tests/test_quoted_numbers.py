@@ -16,7 +16,8 @@ FIGURES = ROOT / "figures"
 EXPECTED_BLOCKS = {"README.md": {"headline-caption", "figure-times"},
                    "figures/README.md": {"headline", "heatmaps", "drift-scaling", "static-heads",
                                          "softmax-static-heads", "tradeoff-attention", "digits",
-                                         "figure-times-table"}}
+                                         "figure-times-table", "phase-diagram"},
+                   "docs/theory.md": {"phase-diagram"}}
 
 
 @pytest.mark.parametrize("name", QUOTED_FILES)

@@ -23,10 +23,10 @@ import pandas as pd
 
 from ..core.io import read_csv_exact
 
-__all__ = ["headline_numbers", "figure_times", "blocks", "replace_blocks", "QUOTED_FILES", "main"]
+__all__ = ["headline_numbers", "figure_times", "dominant_parts", "blocks", "replace_blocks", "QUOTED_FILES", "main"]
 
 #: the Markdown files (relative to the repository root) with quoted blocks
-QUOTED_FILES = ("README.md", "figures/README.md")
+QUOTED_FILES = ("README.md", "figures/README.md", "docs/theory.md")
 _BLOCK = re.compile(r"(<!-- BEGIN quoted: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END quoted: (?P=name) -->)", re.S)
 
 
@@ -240,10 +240,84 @@ def _times_table(figures: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gain(row) -> str:
+    """``+14 % [6, 27], 17/20`` of a row of ``phase_diagram_cells.csv``."""
+    if not np.isfinite(row["gain_median"]):
+        return f"diverged ({int(row['wins'])}/{int(row['instances'])} wins)"
+    low = "−∞" if not np.isfinite(row["gain_low"]) else f"{100 * row['gain_low']:.0f}"
+    return (f"{100 * row['gain_median']:+.0f} % [{low}, {100 * row['gain_high']:.0f}], "
+            f"{int(row['wins'])}/{int(row['instances'])}")
+
+
+def dominant_parts(attribution: pd.DataFrame) -> pd.Series:
+    """Per win of ``phase_diagram_attribution.csv``, its largest part: ``"FedAvg diverged"``, or the
+    largest of ``step``, ``late_rise``, ``drift_floor``, ``unfinished`` (``value`` where the drift floor
+    and the unfinished part are not split, a frozen map with ``ρ ≥ 1``)."""
+    def largest(row):
+        if row["fedavg_diverged"]:
+            return "FedAvg diverged"
+        parts = ["step", "late_rise"] + (["drift_floor", "unfinished"] if np.isfinite(row["drift_floor"]) else ["value"])
+        return max(parts, key=lambda k: row[k])
+    return attribution.apply(largest, axis=1)
+
+
+def _phase_diagram(figures: Path) -> str:
+    cells = pd.read_csv(figures / "phase_diagram_cells.csv", dtype={"column": str})
+    score = pd.read_csv(figures / "phase_diagram_predictor.csv").set_index("subset")
+    attribution = pd.read_csv(figures / "phase_diagram_attribution.csv")
+    edge = f"{cells[cells['column'] != 'tuned']['step_scale'].max():g}"
+    pick = {(r.arm, r.zeta_value, r.local_steps, r.column): r._asdict() for r in cells.itertuples(index=False)}
+    lines = ["| `E` | `ζ_V` | tuned FedAvg's `c` | FedFrozen, best `T0`, own tuned `c` | FedFrozen, best `T0`, "
+             f"`c = {edge}` | value solve after FedAvg, own tuned `c` | FedAvg's best iterate (oracle) |",
+             "|---|---|---|---|---|---|---|"]
+    for (E, zeta), _ in cells.groupby(["local_steps", "zeta_value"], sort=True):
+        ff, fe = pick[("fedfrozen_best", zeta, E, "tuned")], pick[("fedfrozen_best", zeta, E, edge)]
+        vs, orc = pick[("value_solve_final", zeta, E, "tuned")], pick[("fedavg_tuned_oracle", zeta, E, "tuned")]
+        lines.append(f"| {E} | {zeta:g} | {ff['tuned_fedavg_step']:g} | {_gain(ff)} (`c = {ff['step_scale']:g}`) | "
+                     f"{_gain(fe)} | {_gain(vs)} (`c = {vs['step_scale']:g}`) | {_gain(orc)} |")
+    def span(arm, column, E, zetas=None):
+        part = cells[(cells["arm"] == arm) & (cells["column"] == column) & (cells["local_steps"] == E)]
+        values = 100 * part[part["zeta_value"].isin(zetas if zetas else part["zeta_value"])]["gain_median"]
+        return f"{values.min():+.0f} to {values.max():+.0f} %"
+    E_low, E_high = sorted(cells["local_steps"].unique())[0], sorted(cells["local_steps"].unique())[-1]
+    tuned = cells[cells["column"] == "tuned"]
+    lines.append("\nMedian gains over tuned FedAvg: FedFrozen (own tuned step) " +
+                 f"{span('fedfrozen_best', 'tuned', E_low)} at `E = {E_low}`, {span('fedfrozen_best', 'tuned', E_high)} "
+                 f"at `E = {E_high}`; FedFrozen at `c = {edge}`, `E = {E_high}`: {span('fedfrozen_best', edge, E_high)}; "
+                 f"the value solve (own tuned step): {100 * tuned[tuned['arm'] == 'value_solve_final']['gain_median'].min():+.0f} "
+                 f"to {100 * tuned[tuned['arm'] == 'value_solve_final']['gain_median'].max():+.0f} %; FedAvg's best iterate: "
+                 f"{100 * tuned[tuned['arm'] == 'fedavg_tuned_oracle']['gain_median'].min():+.0f} to "
+                 f"{100 * tuned[tuned['arm'] == 'fedavg_tuned_oracle']['gain_median'].max():+.0f} %.")
+    all_, clean = score.loc["all"], score.loc["clean"]
+    base = 1 - all_["positives"] / all_["instances"]
+    kinds = dominant_parts(attribution)
+    names = {"unfinished": "the unfinished value optimisation", "step": "the step (FedAvg at the cell's step is "
+             "worse than at its tuned one)", "drift_floor": "the drift floor", "late_rise": "FedAvg's late rise",
+             "value": "the value block (drift floor and unfinished part not separable, `ρ ≥ 1`)",
+             "FedAvg diverged": "FedAvg diverging at the cell's step"}
+    counts = "; ".join(f"{names[k]} in **{n}**" for k, n in kinds.value_counts().items())
+    by_E = attribution.assign(kind=kinds).groupby("local_steps")["kind"].agg(lambda k: (k == "unfinished").sum())
+    late = attribution.loc[~attribution["fedavg_diverged"], "late_rise"] / attribution.loc[~attribution["fedavg_diverged"], "gap"]
+    return ("\n".join(lines) + "\n\n"
+            f"Cells: median gain over tuned FedAvg [bootstrap 95 % interval], wins above 2 % out of the held-out "
+            f"instances. The a-priori predictor (pays iff `c > 1/3`) is right on **{100 * all_['accuracy']:.1f} %** "
+            f"of the {int(all_['instances'])} held-out (instance, cell) pairs ({100 * clean['accuracy']:.1f} % of the "
+            f"{int(clean['instances'])} unflagged), against {100 * base:.1f} % for always answering “does not pay”; "
+            f"balanced accuracy {all_['balanced_accuracy']:.2f}, AUC {all_['auc_step']:.2f} for `2 − m = 2c` and "
+            f"{all_['auc_drift_share']:.2f} for `D₂(K⁰)/Φ_λ(K⁰)`; it predicts {int(all_['predicted_positives'])} wins "
+            f"where {int(all_['positives'])} occur ({int(all_['true_positives'])} of them right). Its best `T0` has a "
+            f"median regret of **{100 * all_['regret_median']:.1f} %** against {100 * all_['regret_median_fedavg']:.1f} % "
+            f"for `T0 = T`. Of the {len(attribution)} unflagged wins of FedFrozen at its best `T0`, the largest part "
+            f"of the gap `R_tuned − R(T0*)` is {counts} (unfinished: " +
+            ", ".join(f"{int(n)} at `E = {E}`" for E, n in by_E.items()) +
+            f"); the kernel-profile bias of FedAvg's `K_T` is below that of `K_{{T0*}}` in "
+            f"**{int((late < 0).sum())} of {len(late)}** (median share of the gap {100 * late.median():.0f} %).\n")
+
+
 _MAKERS = {"headline-caption": _caption, "headline": _headline, "heatmaps": _heatmaps,
            "drift-scaling": _drift, "static-heads": _static, "softmax-static-heads": _softmax_static,
            "tradeoff-attention": _tradeoff_attention, "digits": _digits, "figure-times": _times,
-           "figure-times-table": _times_table}
+           "figure-times-table": _times_table, "phase-diagram": _phase_diagram}
 
 
 def blocks(figures="figures") -> dict[str, str]:
