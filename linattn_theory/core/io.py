@@ -122,8 +122,8 @@ def write_json(path, data: dict) -> Path:
     return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
 
 
-def read_csv_exact(source):
-    """``pandas.read_csv`` of a path or of bytes, every float read back bit for bit.
+def read_csv_exact(source, **options):
+    """``pandas.read_csv`` of a path or of bytes (``options`` passed on), every float read back bit for bit.
 
     Tables are written with ``%.17g`` (:func:`write_run`) and must read back exactly, whatever the
     pandas release: pandas 3's default parser does; before it the default (``"high"``) is an ulp off
@@ -132,7 +132,7 @@ def read_csv_exact(source):
     import pandas as pd
 
     exact = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
-    return pd.read_csv(io.BytesIO(source) if isinstance(source, bytes) else source, **exact)
+    return pd.read_csv(io.BytesIO(source) if isinstance(source, bytes) else source, **exact, **options)
 
 
 def _file_record(data: bytes) -> dict:

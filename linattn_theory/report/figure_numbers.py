@@ -262,9 +262,9 @@ def dominant_parts(attribution: pd.DataFrame) -> pd.Series:
 
 
 def _phase_diagram(figures: Path) -> str:
-    cells = pd.read_csv(figures / "phase_diagram_cells.csv", dtype={"column": str})
-    score = pd.read_csv(figures / "phase_diagram_predictor.csv").set_index("subset")
-    attribution = pd.read_csv(figures / "phase_diagram_attribution.csv")
+    cells = read_csv_exact(figures / "phase_diagram_cells.csv", dtype={"column": str})
+    score = read_csv_exact(figures / "phase_diagram_predictor.csv").set_index("subset")
+    attribution = read_csv_exact(figures / "phase_diagram_attribution.csv")
     edge = f"{cells[cells['column'] != 'tuned']['step_scale'].max():g}"
     pick = {(r.arm, r.zeta_value, r.local_steps, r.column): r._asdict() for r in cells.itertuples(index=False)}
     lines = ["| `E` | `ζ_V` | tuned FedAvg's `c` | FedFrozen, best `T0`, own tuned `c` | FedFrozen, best `T0`, "
