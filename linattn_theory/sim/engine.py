@@ -37,7 +37,7 @@ from ..data.families import make_clients
 
 __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
            "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
-           "stable_learning_rate", "hessian_curvature", "select_engine"]
+           "stable_learning_rate", "hessian_curvature", "select_engine", "objective"]
 
 
 @dataclass(frozen=True)
@@ -345,6 +345,19 @@ def _sq_norm(xp, a):
     return xp.sum(xp.reshape(a * a, (a.shape[0], -1)), axis=1)
 
 
+def objective(xp, weights, losses, WV, ridge):
+    """``F = Σ_c p_c F_c`` and ``F_λ = F + ½λ‖W_V‖²`` (docs/theory.md §1), in the run's dtype.
+
+    ``weights`` and ``losses`` ``(..., m)``, ``WV`` with the same leading axes ``(...)`` and
+    ``ridge`` ``λ`` an array of the run's dtype, ``()`` or ``(...)``: one run, an ensemble
+    (leading instance axis) and the moment-space frozen stages compute the table's ``F`` and
+    ``F_λ`` with this one function, so that they agree bit for bit in every dtype.
+    """
+    F = xp.sum(weights * losses, axis=-1)
+    WV = xp.reshape(WV, tuple(F.shape) + (-1,))
+    return F, F + 0.5 * ridge * xp.sum(WV * WV, axis=-1)
+
+
 def _client_losses(xp, params: Params, data: StackedClients, phi=None):
     """``F_c(θ)`` for every client (weighted sample means), shape ``(m,)``; an ensemble's
     ``(I, m)`` from parameters ``(I, 1, H, d, r)`` and data ``(I, m, ...)``."""
@@ -410,8 +423,8 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
             losses = xp.asarray(fused.client_losses(params))
         else:
             losses = _client_losses(xp, params, data, phi)
-        F = float(to_numpy(xp.sum(data.weights * losses)))
-        return F, F + 0.5 * lam * float(to_numpy(xp.sum(params.WV * params.WV))), to_numpy(losses)
+        F, F_reg = objective(xp, data.weights, losses, params.WV, xp.asarray(lam, dtype=losses.dtype))
+        return float(to_numpy(F)), float(to_numpy(F_reg)), to_numpy(losses)
 
     if prefix is None:
         F0, F0_reg, losses0 = global_loss(params)

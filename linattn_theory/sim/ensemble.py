@@ -51,7 +51,7 @@ from ..core.model import BLOCKS, Params, _flat, kernel
 from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
 from .engine import (RunResult, RunState, _client_losses, _divergence, _local_steps,
                      _minibatch_indices, _participants, _result, _row, _stage, _test_metrics,
-                     _warn_small_clients, clients_from_config, prepare_run, run_metadata, select_engine)
+                     _warn_small_clients, clients_from_config, objective, prepare_run, run_metadata, select_engine)
 from .strategies import Round, make_strategy
 from .strategies.base import _instance_rows, weighted_sum
 
@@ -373,11 +373,8 @@ class _Ensemble:
 
     def objective(self, P: Params, losses, lo: int, hi: int):
         """``(F, F_λ)`` per instance: ``Σ_c p_c F_c`` and ``+ ½λ‖W_V‖²``."""
-        xp = self.xp
-        F = xp.sum(self.data.weights[lo:hi, ...] * losses, axis=-1)
-        lam = xp.asarray(self.lam[lo:hi], dtype=self.dtype)
-        WV = xp.reshape(P.WV, (hi - lo, -1))
-        return F, F + 0.5 * lam * xp.sum(WV * WV, axis=-1)
+        return objective(self.xp, self.data.weights[lo:hi, ...], losses, P.WV,
+                         self.xp.asarray(self.lam[lo:hi], dtype=self.dtype))
 
     def round_of_group(self, t, lo, hi, key, blocks, P, client_state, server_state):
         """Round ``t`` of the instances ``lo..hi-1`` (one rule group, one phase)."""

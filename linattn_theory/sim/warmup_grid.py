@@ -25,7 +25,7 @@ from ..core._array import array_namespace, to_numpy
 from ..core.backend import resolve_max_bytes
 from ..core.errors import ConfigError
 from .config import RunConfig
-from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, prepare_run, run_metadata,
+from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, objective, prepare_run, run_metadata,
                      run_schedule)
 from ..core.model import Params, _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
@@ -153,8 +153,7 @@ def _frozen_stages(stages) -> list[RunResult]:
         V_previous = V
         V = xp.where(mask(running), V + server * (average - V), V)
         losses = value_objective(V, moments)                           # (P, m)
-        F = xp.sum(weights * losses, axis=-1)
-        F_reg = F + 0.5 * lam_p * xp.sum(xp.reshape(V * V, (count, -1)), axis=-1)
+        F, F_reg = objective(xp, weights, losses, V, lam_p)
         records.append((F, F_reg, losses, drift))
         counts.append(k)
         better = running & (F_reg < best_loss)
