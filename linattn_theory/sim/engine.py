@@ -250,11 +250,18 @@ def _why_not(xp, data, fed, strategy) -> str | None:
 def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False) -> "_fused.FusedEngine | None":
     """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc).
 
-    ``instances=True``: ``data`` is an ensemble's (leading instance axis,
-    :mod:`linattn_theory.sim.ensemble`), and ``engine="auto"`` takes the fused engine where it
-    applies and one instance's step has ``m·N·d² ≥`` :data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK`
-    (the ensemble repays loading the kernels): a rule of the instance alone, so that an
-    instance's engine does not depend on the others in its ensemble.
+    ``engine="auto"`` takes the fused engine where it applies and one instance's local step is
+    large enough: ``m·N·d²`` (its clients ``m``, padded samples ``N``, dimension ``d``: the
+    multiply-adds of one product with every ``Ŝ``) at least
+    :data:`~linattn_theory.core.fused.MIN_STEP_WORK` (``2¹⁸``) for a run alone, at least
+    :data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK` (``2¹⁴``) for an instance of an ensemble
+    (``instances=True``: ``data`` has a leading instance axis, :mod:`linattn_theory.sim.ensemble`),
+    whose instances share the cost of loading the kernels. Either is a rule of the instance
+    alone, so that its engine does not depend on the others in its ensemble. (One threshold
+    for both would move committed float64 tables: at ``2¹⁴`` the fitted bounds' FedAvg paths,
+    which run alone at ``2¹⁶``, would take the fused engine and ``figures/tradeoff.csv``,
+    ``kernel_bias_drift.csv`` and ``excess_risk_decomposition.csv`` change; at ``2¹⁸`` the
+    figures' ensembles would leave it.)
     """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
