@@ -188,7 +188,7 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
 
     With ``measure``, simulates the recommendation and plain FedAvg against one ``Φ*_λ``.
     """
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
 
     _check_mode(mode)
     T = config.federated.rounds

@@ -69,7 +69,7 @@ def _truths_and_paths(configs, clients, restarts: int):
     from ..theory.profile import centralized_optima, profile_objective
     from ..sim.warmup_grid import warmup_sweeps_and_paths
 
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
 
     configs = list(configs)
     clients = [None] * len(configs) if clients is None else list(clients)
@@ -141,7 +141,7 @@ def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, r
     the rest one instance at a time. A record's FedAvg path (its forecasts; with full batches also
     its pilot and bound) is the truth's FedAvg run itself, not a second run. A record does not
     depend on which instances are scored with it."""
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
 
     configs = list(configs)
     clients = [clients_from_config(c) for c in configs] if clients is None else list(clients)

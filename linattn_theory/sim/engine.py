@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..core._array import array_namespace, to_numpy
+from ..core._array import array_namespace, sq_norms, to_numpy
 from ..core.backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
 from .config import FederatedConfig, RunConfig
 from ..core import fused as _fused
@@ -33,7 +33,8 @@ from .strategies import Round, Strategy, make_strategy
 from .strategies.base import local_sgd, weighted_sum
 from ..core.seeds import SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
 from ..core.clients import StackedClients, stack_clients
-from ..data.families import make_clients
+from ..core.curvature import hessian_curvature, stable_learning_rate, value_curvature
+from ..data.families import clients_from_config
 
 __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
            "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
@@ -86,83 +87,11 @@ class RunState(NamedTuple):
     server_state: Any
 
 
-def clients_from_config(config: RunConfig):
-    """The clients of ``config.task`` (docs/theory.md §2), seeded by ``config.seed``."""
-    from .config import FAMILY_KEYS
-    task = config.task
-    options = {k: getattr(task, k) for k in FAMILY_KEYS[task.family]}
-    return make_clients(task.family, seed=config.seed, **options)
-
-
 def initial_params(config: RunConfig, d: int, p: int) -> Params:
     """``θ^0``: :meth:`Params.init` seeded from the run's ``SeedSequence`` (purpose ``init``)."""
     m = config.model
     return Params.init(d, m.rank, p, heads=m.heads, scale=m.init_scale,
                        seed=seed_sequence(config.seed, SEED_INIT), dtype=np.dtype(m.dtype))
-
-
-def value_curvature(K, data: StackedClients, ridge: float = 0.0):
-    """``λ_max(Ã_c)`` per client, ``Ã_c = Σ_i w_i φ_i φ_i^T + λ I`` (docs/theory.md §5); host array ``(m,)``."""
-    xp = array_namespace(data.S)
-    phi = _flat(xp, data.features(K), 2)
-    A = xp.matmul(xp.matrix_transpose(phi), phi * data.sample_weight[..., None])
-    return np.linalg.eigvalsh(to_numpy(A))[:, -1] + ridge
-
-
-def stable_learning_rate(K, data: StackedClients, ridge: float = 0.0) -> float:
-    """The value block's stability limit ``2 / max_c λ_max(Ã_c)`` (docs/theory.md §5)."""
-    return float(2.0 / np.max(value_curvature(K, data, ridge)))
-
-
-def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
-                      iterations: int = 50, seed: int = 0) -> np.ndarray:
-    """``λ_max(∇²F_{λ,c}(θ))`` per client for the full model, by power iteration (host array ``(m,)``).
-
-    Hessian-vector products are central differences of the closed-form gradients,
-    ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``, ``ε = 10⁻⁵ max(1, max|θ|)``; all clients are iterated at
-    once. ``params`` may also be a sequence of points ``θ``: then all points and clients are iterated
-    at once and the result is ``(points, m)``, each row what ``θ`` alone gives, bit for bit.
-    """
-    xp = array_namespace(data.S)
-    single = isinstance(params, Params)
-    points = [params] if single else list(params)
-    m, count = data.S.shape[0], len(points)
-    rng = np.random.default_rng(seed)
-
-    def tile(a):                         # the clients' rows once per point: (count·m, ...)
-        return a if count == 1 else xp.concat([a] * count, axis=0)
-
-    stacked = Params(*(xp.concat([xp.broadcast_to(getattr(P, b), (m,) + tuple(getattr(P, b).shape))
-                                  for P in points], axis=0) for b in BLOCKS))
-    inputs, q, y, weight = (tile(a) for a in (data.inputs, data.q, data.y, data.sample_weight))
-
-    def grad(P):
-        _, g = _loss_and_grad(P, inputs, q, y, weight, attention=data.attention, temperature=data.temperature)
-        return g.replace(WV=g.WV + ridge * P.WV)
-
-    def norm(v):
-        return xp.sqrt(sum(_sq_norm(xp, getattr(v, b)) for b in BLOCKS))
-
-    def rows(c, a):                      # a per-row factor c as a column that broadcasts against a
-        return xp.reshape(c, (-1,) + (1,) * (a.ndim - 1))
-
-    def scale(v, c):
-        return v.map(lambda a: a * rows(c, a))
-
-    v = Params(*(tile(xp.asarray(rng.normal(size=(m,) + tuple(getattr(points[0], b).shape)),
-                                 dtype=getattr(stacked, b).dtype)) for b in BLOCKS))
-    v = scale(v, 1.0 / norm(v))
-    sizes = [max(float(to_numpy(xp.max(xp.abs(getattr(P, b))))) for b in BLOCKS) for P in points]
-    eps = xp.asarray(np.repeat([1e-5 * max(size, 1.0) for size in sizes], m), dtype=data.S.dtype)
-    estimate = xp.zeros((count * m,), dtype=data.S.dtype)
-    for _ in range(iterations):
-        plus = grad(stacked.map(lambda a, u: a + rows(eps, u) * u, v))
-        minus = grad(stacked.map(lambda a, u: a - rows(eps, u) * u, v))
-        hv = plus.map(lambda a, b: (a - b) / rows(2 * eps, a), minus)
-        estimate = norm(hv)
-        v = scale(hv, 1.0 / xp.maximum(estimate, xp.asarray(1e-300, dtype=estimate.dtype)))
-    estimate = to_numpy(estimate)
-    return estimate if single else estimate.reshape(count, m)
 
 
 def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
@@ -347,11 +276,6 @@ def _weighted_sum(xp, weights, a):
     return weighted_sum(weights, a)
 
 
-def _sq_norm(xp, a):
-    """``‖a_c‖_F²`` per leading index."""
-    return xp.sum(xp.reshape(a * a, (a.shape[0], -1)), axis=1)
-
-
 def objective(xp, weights, losses, WV, ridge):
     """``F = Σ_c p_c F_c`` and ``F_λ = F + ½λ‖W_V‖²`` (docs/theory.md §1), in the run's dtype.
 
@@ -496,14 +420,14 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
         for b in blocks:
             average = _weighted_sum(xp, pw, local[b])
             delta[b] = average - anchor[b]
-            drift[b] = float(to_numpy(xp.sum(pw * _sq_norm(xp, local[b] - average))))
+            drift[b] = float(to_numpy(xp.sum(pw * sq_norms(xp, local[b] - average))))
         step, server_state = strategy.server.update(server_state, rnd, delta)
         start, params = params, params.replace(**{b: anchor[b] + step[b] for b in blocks})
         kernel_drift = 0.0
         if not kernel_frozen:
             WQ_c, WK_c = (local[b] if b in local else getattr(start, b) for b in ("WQ", "WK"))
             K_c = xp.matmul(WQ_c, xp.matrix_transpose(WK_c))
-            kernel_drift = float(to_numpy(xp.sum(pw * _sq_norm(xp, K_c - kernel(params)))))
+            kernel_drift = float(to_numpy(xp.sum(pw * sq_norms(xp, K_c - kernel(params)))))
             gamma += kernel_drift
         F, F_reg, losses = global_loss(params, phi_frozen if kernel_frozen else None)
         if F_reg < best_loss:

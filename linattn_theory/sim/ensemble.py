@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core._array import array_namespace, to_numpy
+from ..core._array import array_namespace, sq_norms, to_numpy
 from ..core.backend import client_chunks, client_working_bytes, get_namespace
 from ..core.clients import StackedClients
 from ..core.io import timed_run
@@ -51,7 +51,8 @@ from ..core.model import BLOCKS, Params, _flat, kernel
 from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
 from .engine import (RunResult, RunState, _client_losses, _divergence, _local_steps,
                      _minibatch_indices, _participants, _result, _row, _stage, _test_metrics,
-                     _warn_small_clients, clients_from_config, objective, prepare_run, run_metadata, select_engine)
+                     _warn_small_clients, objective, prepare_run, run_metadata, select_engine)
+from ..data.families import clients_from_config
 from .strategies import Round, make_strategy
 from .strategies.base import _instance_rows, weighted_sum
 
@@ -190,11 +191,6 @@ def _per_instance(xp, values, dtype, ndim: int = 5):
     if len(set(values)) == 1:
         return values[0]
     return xp.reshape(xp.asarray(np.asarray(values, dtype=np.float64), dtype=dtype), (-1,) + (1,) * (ndim - 1))
-
-
-def _sq_norms(xp, a):
-    """``‖a_{i,c}‖²`` over the trailing block axes of ``(I, k, ...)``; shape ``(I, k)``."""
-    return xp.sum(xp.reshape(a * a, (a.shape[0], a.shape[1], -1)), axis=-1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,14 +415,14 @@ class _Ensemble:
             if b in blocks:
                 average = weighted_sum(pw, local[b])
                 delta[b] = average - anchor[b]
-                drift[j] = xp.sum(pw * _sq_norms(xp, local[b] - average), axis=-1)
+                drift[j] = xp.sum(pw * sq_norms(xp, local[b] - average, 2), axis=-1)
         step, ss = rule.server.update(ss, rnd, delta)
         Pn = Pg.replace(**{b: anchor[b] + step[b] for b in blocks})
         kernel_drift = zero
         if not kernel_frozen:
             WQ_c, WK_c = (local[b] if b in local else getattr(Pg, b) for b in ("WQ", "WK"))
             K_c = xp.matmul(WQ_c, xp.matrix_transpose(WK_c))
-            kernel_drift = xp.sum(pw * _sq_norms(xp, K_c - kernel(Pn)), axis=-1)
+            kernel_drift = xp.sum(pw * sq_norms(xp, K_c - kernel(Pn), 2), axis=-1)
         losses = self.client_losses(Pn, lo, hi, phi)
         F, F_reg = self.objective(Pn, losses, lo, hi)
         return Pn, cs, ss, (F, F_reg, losses, kernel_drift, xp.stack(drift, axis=-1)), k

@@ -21,7 +21,7 @@ import dataclasses
 
 import numpy as np
 
-from ..core._array import array_namespace, to_numpy
+from ..core._array import array_namespace, sq_norms, to_numpy
 from ..core.backend import resolve_max_bytes
 from ..core.errors import ConfigError
 from .config import RunConfig
@@ -80,7 +80,7 @@ def frozen_stages_from_moments(stages) -> list[RunResult]:
 def _frozen_stages(stages) -> list[RunResult]:
     """:func:`frozen_stages_from_moments` of compatible stages: one program."""
     from ..core.moments import ValueMoments
-    from .ensemble import _per_instance, _sq_norms
+    from .ensemble import _per_instance
     from .strategies.base import _instance_rows, weighted_sum
 
     if not stages:
@@ -148,7 +148,7 @@ def _frozen_stages(stages) -> list[RunResult]:
         pw = pw / xp.sum(pw, axis=1, keepdims=True)
         V_c = xp.matmul(Mt, V) + bt                                    # (P, k, n, p)
         average = weighted_sum(pw, V_c)                                # (P, 1, n, p)
-        drift = xp.sum(pw * _sq_norms(xp, V_c - average), axis=-1)
+        drift = xp.sum(pw * sq_norms(xp, V_c - average, 2), axis=-1)
         running = alive & xp.asarray(active)
         V_previous = V
         V = xp.where(mask(running), V + server * (average - V), V)

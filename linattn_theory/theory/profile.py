@@ -313,7 +313,7 @@ def population_value_moments(K, config, samples: int = 4096) -> ValueMoments:
     samples, while the teacher and every client's distribution are unchanged (checked through
     ``truth``). Weights are the training ``p_c``. Returns host :class:`~linattn_theory.core.moments.ValueMoments`.
     """
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
     from ..data.families import make_clients
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
         raise ValueError(f"samples = {samples!r}; expected an integer >= 1")

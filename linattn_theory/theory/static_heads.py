@@ -245,7 +245,8 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
     arm's final heads, :func:`static_profile_objective`), the static heads, the shares and whether
     the run diverged.
     """
-    from ..sim.engine import clients_from_config, simulate
+    from ..data.families import clients_from_config
+    from ..sim.engine import simulate
     from ..core.model import kernel
 
     if config.model.attention != "linear":
