@@ -14,7 +14,7 @@ thread's work, on its own data).
 
 It applies to NumPy arrays of float32 or float64, full batches, and client rules without a
 gradient correction (FedAvg, FedFrozen, FedAvgM, FedAdam, value-frozen, random kernel).
-The round engine chooses it (:func:`linattn_theory.sim.engine.select_engine`): ``engine="auto"``
+The round engine chooses it (:func:`linattn_theory.sim.rounds.select_engine`): ``engine="auto"``
 uses it where it applies, numba is installed and a local step is large enough
 (``m·N·d² ≥`` :data:`MIN_STEP_WORK`) to repay loading the compiled kernels — in an ensemble,
 whose instances share that cost, from :data:`MIN_ENSEMBLE_WORK`;

@@ -404,12 +404,13 @@ def loss_and_grad_from_contexts(params: Params, X, q, y, sample_weight=None, blo
 
 
 def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, blocks=BLOCKS, *,
-                              attention: str = "linear", temperature: float = 1.0):
-    """:func:`loss_and_grad_from_moments` (``inputs = Ŝ``) or its softmax form (``inputs = X``)."""
+                              attention: str = "linear", temperature: float = 1.0, with_loss: bool = True):
+    """:func:`loss_and_grad_from_moments` (``inputs = Ŝ``) or its softmax form (``inputs = X``);
+    ``with_loss=False`` skips the linear path's loss (local steps need only the gradients)."""
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
                                            attention=attention, temperature=temperature)
-    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks)
+    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks=blocks, with_loss=with_loss)
 
 
 def kernel_gradient_from_inputs(params: Params, inputs, q, y, sample_weight=None, *,

@@ -1,90 +1,27 @@
-"""The federated round engine: FedAvg, FedFrozen and the other strategies (docs/theory.md §3).
-
-Round ``t``: the server sends ``θ^t``; each participating client runs ``E`` local gradient
-steps with step ``η`` on its own ``F_{λ,c}`` (full batch or minibatches of size ``b``), plus the
-strategy's gradient correction (FedProx, SCAFFOLD); the server takes the strategy's step on the
-weighted mean delta ``Δ = Σ_c p̃_c θ_c − θ^t`` (``p̃_c`` the weights renormalised over the
-participants; FedAvg: ``θ^t + η_s Δ``). The strategy's schedule says which blocks train in round
-``t``: FedFrozen ("FedFrozen: Two-Stage Federated Optimization via Attention Kernel Freezing", arXiv:2605.06446) updates every block for ``t < T0``
-and only ``W_V`` afterwards (``W_Q``, ``W_K`` are never touched, so they stay bit-identical);
-FedAvg (McMahan et al. 2017) is ``T0 = T``. The strategies live in
-:mod:`linattn_theory.sim.strategies`, one module each.
-
-All clients' local steps run at once as batched array operations (leading client axis), or,
-with the fused CPU engine (:mod:`linattn_theory.core.fused`), client by client in compiled kernels.
+"""One run: :func:`simulate` (a config end to end) and :func:`run_schedule` (the rounds from given
+parameters on stacked clients), an ensemble of one of :mod:`linattn_theory.sim.rounds`' round
+loop (docs/theory.md §3), with its hooks: a strategy object, frozen-stage features, ``on_round``
+and a strategy's :class:`~linattn_theory.sim.strategies.Control`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
-
 import numpy as np
-import pandas as pd
 
-from ..core._array import array_namespace, sq_norms, to_numpy
-from ..core.backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
-from .config import FederatedConfig, RunConfig
-from ..core import fused as _fused
-from ..core.errors import ConfigError
-from ..core.io import provenance, timed_run
-from ..core.model import (BLOCKS, Params, _flat, _value_matrix, kernel, loss_and_grad_from_contexts, loss_and_grad_from_moments)
-from .strategies import Round, Strategy, make_strategy
-from .strategies.base import local_sgd, weighted_sum
-from ..core.seeds import SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
+from ..core.backend import get_namespace, resolve_max_bytes
 from ..core.clients import StackedClients, stack_clients
 from ..core.curvature import hessian_curvature, stable_learning_rate, value_curvature
+from ..core.io import provenance, timed_run
+from ..core.model import Params
+from ..core.seeds import SEED_INIT, seed_sequence
 from ..data.families import clients_from_config
+from .config import FederatedConfig, ModelConfig, RunConfig
+from .rounds import Divergence, Member, RunResult, RunState, objective, run_ensemble, select_engine
+from .strategies import Strategy, make_strategy
 
 __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
            "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
            "stable_learning_rate", "hessian_curvature", "select_engine", "objective"]
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """A run stopped because ``F`` became non-finite or exceeded the threshold."""
-
-    round: int
-    loss: float
-    stable_learning_rate: float
-    message: str
-
-
-@dataclass
-class RunResult:
-    """The outcome of one run: the per-round table, the final and the round-``T0`` parameters."""
-
-    table: pd.DataFrame
-    params: Params
-    warmup_params: Params
-    divergence: Divergence | None = None
-    metadata: dict = field(default_factory=dict)
-
-    @property
-    def diverged(self) -> bool:
-        return self.divergence is not None
-
-
-class RunState(NamedTuple):
-    """Everything the round loop carries into round ``round``; a run continues from it exactly.
-
-    :func:`run_schedule` passes one to ``on_round`` after every round and continues from one
-    given as ``prefix``. ``rows`` are the table rows ``0..round``; ``initial`` (``θ^0``),
-    ``best`` (the iterate of least ``F_λ`` so far, ``best_loss``) feed the divergence report;
-    ``warmup_params`` is ``θ^{T0}`` once reached (else ``None``); ``client_state`` and
-    ``server_state`` are the strategy's (control variates, server momentum, ...).
-    """
-
-    round: int
-    params: Params
-    rows: tuple
-    initial: Params
-    best: Params
-    best_loss: float
-    warmup_params: Params | None
-    client_state: Any
-    server_state: Any
 
 
 def initial_params(config: RunConfig, d: int, p: int) -> Params:
@@ -156,59 +93,6 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     return result
 
 
-def _why_not(xp, data, fed, strategy) -> str | None:
-    """The reason the fused engine does not apply to this run, or ``None`` when it does."""
-    from array_api_compat import is_numpy_namespace
-
-    if not is_numpy_namespace(xp):
-        return "it runs on NumPy arrays only (use the Array-API engine on other backends)"
-    if getattr(data, "attention", "linear") != "linear":
-        return "it runs linear attention only (softmax needs the contexts X, docs/theory.md §9)"
-    if np.dtype(data.S.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-        return f"dtype {data.S.dtype} is not float32 or float64"
-    if fed.batch_size is not None:
-        return "it runs full-batch local steps only (federated.batch_size is set)"
-    if strategy.client.correction is not local_sgd().correction:
-        return (f"strategy {strategy.name!r} corrects the local gradients (FedProx, SCAFFOLD); "
-                f"the fused engine runs plain local steps only")
-    if not _fused.numba_available():
-        return "numba is not installed (pip install numba)"
-    return None
-
-
-def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False) -> "_fused.FusedEngine | None":
-    """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc).
-
-    ``engine="auto"`` takes the fused engine where it applies and one instance's local step is
-    large enough: ``m·N·d²`` (its clients ``m``, padded samples ``N``, dimension ``d``: the
-    multiply-adds of one product with every ``Ŝ``) at least
-    :data:`~linattn_theory.core.fused.MIN_STEP_WORK` (``2¹⁸``) for a run alone, at least
-    :data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK` (``2¹⁴``) for an instance of an ensemble
-    (``instances=True``: ``data`` has a leading instance axis, :mod:`linattn_theory.sim.ensemble`),
-    whose instances share the cost of loading the kernels. Either is a rule of the instance
-    alone, so that its engine does not depend on the others in its ensemble. (One threshold
-    for both would move committed float64 tables: at ``2¹⁴`` the fitted bounds' FedAvg paths,
-    which run alone at ``2¹⁶``, would take the fused engine and ``figures/tradeoff.csv``,
-    ``kernel_bias_drift.csv`` and ``excess_risk_decomposition.csv`` change; at ``2¹⁸`` the
-    figures' ensembles would leave it.)
-    """
-    if engine not in _fused.ENGINES:
-        raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
-    if engine == "array_api":
-        return None
-    reason = _why_not(xp, data, fed, strategy)
-    if engine == "fused":
-        if reason is not None:
-                raise ConfigError(f"engine = 'fused' does not apply: {reason}; use engine = 'auto' "
-                              f"or 'array_api'")
-        return _fused.FusedEngine(data, instances)
-    m, N, d = data.S.shape[-4], data.S.shape[-3], data.S.shape[-1]
-    least = _fused.MIN_ENSEMBLE_WORK if instances else _fused.MIN_STEP_WORK
-    if reason is not None or m * N * d * d < least:
-        return None
-    return _fused.FusedEngine(data, instances)
-
-
 def _warn_small_clients(batch_size: int | None, sizes) -> None:
     """Warn when a minibatch is larger than some client's sample count (then drawn with replacement)."""
     if batch_size is None:
@@ -239,65 +123,6 @@ def _test_metrics(clients, config: RunConfig):
         with np.errstate(all="ignore"):
             records[state.round] = evaluate(state.params, *test, model.attention, model.temperature)
     return records, on_round
-
-
-def _participants(t: int, m: int, fraction: float, seed: int) -> np.ndarray:
-    """Clients of round ``t``: all, or ``max(1, round(fraction·m))`` drawn without replacement."""
-    if fraction >= 1.0:
-        return np.arange(m)
-    k = max(1, int(round(fraction * m)))
-    rng = np.random.default_rng(seed_sequence(seed, SEED_PARTICIPATION, t))
-    return np.sort(rng.choice(m, size=k, replace=False))
-
-
-def _minibatch_indices(t, clients, sizes, Nmax, steps, batch, seed) -> np.ndarray:
-    """Flat sample indices ``(k, E, b)`` into the ``(m·Nmax)`` stacked samples, one stream per (round, client)."""
-    out = np.empty((len(clients), steps, batch), dtype=np.int64)
-    for i, c in enumerate(clients):
-        rng = np.random.default_rng(seed_sequence(seed, SEED_MINIBATCH, t, c))
-        N = int(sizes[c])
-        if batch <= N:
-            idx = np.argsort(rng.random((steps, N)), axis=1)[:, :batch]
-        else:
-            idx = rng.integers(0, N, size=(steps, batch))
-        out[i] = c * Nmax + idx
-    return out
-
-
-def _take(xp, a, idx):
-    """Rows ``idx`` (host integer array of any shape) of ``a`` flattened over its first two axes."""
-    flat = xp.reshape(a, (a.shape[0] * a.shape[1],) + tuple(a.shape[2:]))
-    rows = xp.take(flat, xp.asarray(idx.reshape(-1)), axis=0)
-    return xp.reshape(rows, idx.shape + tuple(a.shape[2:]))
-
-
-def _weighted_sum(xp, weights, a):
-    """``Σ_c w_c a_c`` over the leading axis."""
-    return weighted_sum(weights, a)
-
-
-def objective(xp, weights, losses, WV, ridge):
-    """``F = Σ_c p_c F_c`` and ``F_λ = F + ½λ‖W_V‖²`` (docs/theory.md §1), in the run's dtype.
-
-    ``weights`` and ``losses`` ``(..., m)``, ``WV`` with the same leading axes ``(...)`` and
-    ``ridge`` ``λ`` an array of the run's dtype, ``()`` or ``(...)``: one run, an ensemble
-    (leading instance axis) and the moment-space frozen stages compute the table's ``F`` and
-    ``F_λ`` with this one function, so that they agree bit for bit in every dtype.
-    """
-    F = xp.sum(weights * losses, axis=-1)
-    WV = xp.reshape(WV, tuple(F.shape) + (-1,))
-    return F, F + 0.5 * ridge * xp.sum(WV * WV, axis=-1)
-
-
-def _client_losses(xp, params: Params, data: StackedClients, phi=None):
-    """``F_c(θ)`` for every client (weighted sample means), shape ``(m,)``; an ensemble's
-    ``(I, m)`` from parameters ``(I, 1, H, d, r)`` and data ``(I, m, ...)``."""
-    if phi is None:
-        loss, _ = _loss_and_grad(params, data.inputs, data.q, data.y, data.sample_weight, blocks=(),
-                                 attention=data.attention, temperature=data.temperature)
-        return loss
-    e = xp.matmul(phi, _value_matrix(xp, params.WV)) - data.y
-    return 0.5 * xp.sum(e * e * data.sample_weight[..., None], axis=(-2, -1))
 
 
 @np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
@@ -342,143 +167,14 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     Returns the per-round table (row ``t`` describes ``θ^t``; drift columns describe the round
     that produced it), the final parameters and those at round ``T0``.
     """
-    xp = array_namespace(data.S)
-    m, Nmax = data.S.shape[0], data.S.shape[1]
-    H = params.WV.shape[-3]
-    T, T0, E, eta, lam = fed.rounds, warmup_rounds, fed.local_steps, fed.learning_rate, fed.ridge
-    strategy = make_strategy(fed, T0) if strategy is None else strategy
-    fused = select_engine(engine, xp, data, fed, strategy)
-
-    def global_loss(params, phi=None):
-        if fused is not None and phi is None:
-            losses = xp.asarray(fused.client_losses(params))
-        else:
-            losses = _client_losses(xp, params, data, phi)
-        F, F_reg = objective(xp, data.weights, losses, params.WV, xp.asarray(lam, dtype=losses.dtype))
-        return float(to_numpy(F)), float(to_numpy(F_reg)), to_numpy(losses)
-
-    if prefix is None:
-        F0, F0_reg, losses0 = global_loss(params)
-        rows = [_row(0, "init", F0, F0_reg, losses0, 0.0, 0.0, {b: 0.0 for b in BLOCKS}, m,
-                     strategy.name)]
-        state = RunState(0, params, tuple(rows), params, params, F0_reg,
-                         params if T0 == 0 else None, strategy.client.init(params, m),
-                         strategy.server.init(params))
-    else:
-        state = _check_prefix(prefix, params, T, T0)
-        rows = list(state.rows)
-    start_round = state.round
-    warm_params = state.warmup_params if start_round > T0 else None   # else set at round T0
-    initial, best, best_loss = state.initial, state.best, state.best_loss
-    client_state, server_state = state.client_state, state.server_state
-    F0_reg = float(rows[0]["loss_regularized"])
-    gamma = float(rows[-1]["cumulative_kernel_drift"])
-    working = client_working_bytes(data, H, fed.batch_size)
-    phi_frozen = None
-    divergence = None
-    if on_round is not None:
-        on_round(state)
-    schedule, control = strategy.schedule, strategy.control
-    if control is not None:
-        params, warm_params, schedule, control = _observe(control, state, data, T, params,
-                                                          warm_params, schedule)
-    for t in _rounds(start_round, T, progress):
-        if t == T0:
-            warm_params = params
-        blocks = schedule(t)
-        kernel_frozen = "WQ" not in blocks and "WK" not in blocks
-        if not kernel_frozen:
-            phi_frozen = None          # the kernel moves: features are recomputed when it freezes
-        elif phi_frozen is None:
-            phi_frozen = (_flat(xp, data.features(kernel(params)), 2)   # (m, N, Hd)
-                          if frozen_features is None else frozen_features(params))
-        part = _participants(t, m, fed.participation, seed)
-        client_weights = data.weights if len(part) == m else xp.take(data.weights, xp.asarray(part), axis=0)
-        pw = client_weights / xp.sum(client_weights)
-        batches = None
-        if fed.batch_size is not None:
-            batches = _minibatch_indices(t, part, data.sizes, Nmax, E, fed.batch_size, seed)
-        k = len(part)
-        rnd = Round(t, blocks, part, m, client_weights, pw, E, eta)
-
-        # clients: E local steps from θ^t, all participants at once (in chunks within max_bytes)
-        anchor = {b: getattr(params, b) for b in blocks}
-        if fused is not None:
-            local = fused.local_training(params, blocks, part, E, eta, lam,
-                                         phi_frozen if kernel_frozen else None)
-        else:
-            inputs = (phi_frozen,) if kernel_frozen else (data.inputs, data.q)
-            pieces = [_local_training(xp, params, rnd, lo, hi, strategy.client, client_state, inputs,
-                                      data, batches, fed)
-                      for lo, hi in client_chunks(k, working, max_bytes)]
-            local = pieces[0] if len(pieces) == 1 else {
-                b: xp.concat([piece[b] for piece in pieces], axis=0) for b in blocks}
-        client_state = strategy.client.update(client_state, rnd, anchor, local)
-
-        # server: Δ_b = Σ p̃_c θ_{c,b} − θ_b, θ_b ← θ_b + step_b; untrained blocks are left untouched
-        delta, drift = {}, {b: 0.0 for b in BLOCKS}
-        for b in blocks:
-            average = _weighted_sum(xp, pw, local[b])
-            delta[b] = average - anchor[b]
-            drift[b] = float(to_numpy(xp.sum(pw * sq_norms(xp, local[b] - average))))
-        step, server_state = strategy.server.update(server_state, rnd, delta)
-        start, params = params, params.replace(**{b: anchor[b] + step[b] for b in blocks})
-        kernel_drift = 0.0
-        if not kernel_frozen:
-            WQ_c, WK_c = (local[b] if b in local else getattr(start, b) for b in ("WQ", "WK"))
-            K_c = xp.matmul(WQ_c, xp.matrix_transpose(WK_c))
-            kernel_drift = float(to_numpy(xp.sum(pw * sq_norms(xp, K_c - kernel(params)))))
-            gamma += kernel_drift
-        F, F_reg, losses = global_loss(params, phi_frozen if kernel_frozen else None)
-        if F_reg < best_loss:
-            best, best_loss = params, F_reg
-        rows.append(_row(t + 1, _stage(blocks), F, F_reg, losses, kernel_drift, gamma, drift, k,
-                         strategy.name))
-        if on_round is not None or control is not None:
-            reached = warm_params if t + 1 > T0 else params if t + 1 == T0 else None
-            state = RunState(t + 1, params, tuple(rows), initial, best, best_loss, reached,
-                             client_state, server_state)
-            if on_round is not None:
-                on_round(state)
-        if not np.isfinite(F_reg) or F_reg > fed.divergence_factor * max(F0_reg, 1e-12):
-            divergence = _divergence(t + 1, F_reg, [initial, best, start], data, lam, eta, blocks)
-            break
-        if control is not None:
-            params, warm_params, schedule, control = _observe(control, state, data, T, params,
-                                                              warm_params, schedule)
-    if warm_params is None:
-        warm_params = params
-    result = _result(rows, params, warm_params, divergence, T0, strategy.name)
-    result.metadata["engine"] = "array_api" if fused is None else "fused"
-    if strategy.control is not None:
-        result.metadata.update(strategy.control.finish(result))
+    if prefix is not None:
+        _check_prefix(prefix, params, fed.rounds, warmup_rounds)
+    config = RunConfig(seed=seed, model=ModelConfig(heads=int(params.WV.shape[-3])), federated=fed)
+    strategy = make_strategy(fed, warmup_rounds) if strategy is None else strategy
+    member = Member(config, data, params, prefix=prefix, strategy=strategy, T0=warmup_rounds,
+                    frozen_features=frozen_features, on_round=on_round)
+    [(result, _, _)] = run_ensemble([member], max_bytes=max_bytes, engine=engine, progress=progress, alone=True)
     return result
-
-
-def _observe(control, state: RunState, data, rounds: int, params, warm_params, schedule):
-    """Ask a strategy's control about ``state``; on a :class:`Freeze` (while rounds remain) switch
-    to the frozen stage from its parameters. Returns ``(params, warm_params, schedule, control)``,
-    ``control`` ``None`` once it has frozen."""
-    decision = control.observe(state, data)
-    if decision is None:
-        return params, warm_params, schedule, control
-    if state.round >= rounds:
-        return params, warm_params, schedule, None
-    frozen = decision.params
-    return frozen, frozen, _frozen_schedule, None
-
-
-def _frozen_schedule(t: int) -> tuple[str, ...]:
-    """After a control's freeze: only the value block trains (docs/theory.md §5)."""
-    return ("WV",)
-
-
-def _rounds(start: int, stop: int, progress: bool):
-    """``range(start, stop)``, with a tqdm progress bar when asked (tqdm imported only then)."""
-    if not progress:
-        return range(start, stop)
-    from tqdm.auto import tqdm
-    return tqdm(range(start, stop), desc="rounds", unit="round", leave=False)
 
 
 def _check_prefix(prefix: RunState, params: Params, rounds: int, warmup_rounds: int) -> RunState:
@@ -497,152 +193,3 @@ def _check_prefix(prefix: RunState, params: Params, rounds: int, warmup_rounds: 
     return prefix
 
 
-def _local_training(xp, params: Params, rnd: Round, lo: int, hi: int, client_rule, client_state,
-                    inputs: tuple, data: StackedClients, batches, fed: FederatedConfig) -> dict:
-    """``E`` local steps from ``θ^t`` of the participants ``rnd.participants[lo:hi]``, all at once.
-
-    ``inputs`` are ``(φ,)`` with the kernel frozen, else ``(Ŝ, q)``, for all clients; returns the
-    trained blocks ``{b: θ_{c,b}}`` of the chunk. The client rule sees the chunk's ``Round``.
-    """
-    part, m = rnd.participants, rnd.num_clients
-    k = hi - lo
-    if k < len(part):
-        rnd = rnd._replace(participants=part[lo:hi], client_weights=rnd.client_weights[lo:hi],
-                           weights=rnd.weights[lo:hi])
-
-    def select(a):
-        if len(part) == m:
-            return a if k == m else a[lo:hi, ...]
-        return xp.take(a, xp.asarray(part[lo:hi]), axis=0)
-
-    anchor = {b: getattr(params, b) for b in rnd.blocks}
-    broadcast = {b: xp.broadcast_to(getattr(params, b), (k,) + tuple(getattr(params, b).shape))
-                 for b in BLOCKS}
-    batch = tuple(select(a) for a in inputs + (data.y, data.sample_weight))
-
-    def minibatch(e):
-        step = tuple(_take(xp, a, batches[lo:hi, e, :]) for a in inputs + (data.y,))
-        return step + (xp.full(step[0].shape[:2], 1.0 / fed.batch_size, dtype=step[0].dtype),)
-    return _local_steps(xp, rnd, client_rule, client_state, anchor, broadcast, batch,
-                        None if batches is None else minibatch, rnd.learning_rate, fed.ridge, data)
-
-
-def _local_steps(xp, rnd: Round, client_rule, client_state, anchor: dict, broadcast: dict, batch: tuple,
-                 minibatch, eta, lam, data: StackedClients) -> dict:
-    """``E`` local steps ``θ_c ← θ_c − η (∇F_{λ,c}(θ_c) + correction)`` of a chunk of clients (docs/theory.md §3).
-
-    ``broadcast`` holds ``θ^t`` per client (every block), ``anchor`` the trained blocks of ``θ^t``,
-    ``batch`` the chunk's ``(φ, y, w)`` (kernel frozen) or ``(Ŝ, q, y, w)`` / ``(X, q, y, w)``;
-    ``minibatch(e)``, when given, returns step ``e``'s batch instead. One run's clients (leading
-    client axis) or an ensemble's (instance and client axes, :mod:`linattn_theory.sim.ensemble`).
-    """
-    blocks = rnd.blocks
-    local = {b: broadcast[b] for b in blocks}
-    kernel_frozen = len(batch) == 3
-    for e in range(rnd.local_steps):
-        if minibatch is not None:
-            batch = minibatch(e)
-        grads = _local_gradients(xp, {**broadcast, **local}, blocks, batch, kernel_frozen,
-                                 data.attention, data.temperature)
-        correction = client_rule.correction(client_state, rnd, anchor, local)
-        for b in blocks:
-            g = grads[b] + lam * local[b] if b == "WV" else grads[b]
-            if b in correction:
-                g = g + correction[b]
-            local[b] = local[b] - eta * g
-    return local
-
-
-def _result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> RunResult:
-    """The :class:`RunResult` of a finished run: table from ``rows``, parameters moved to the host."""
-    table = pd.DataFrame(rows)
-    host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
-    meta = {"diverged": divergence is not None,
-            "divergence": None if divergence is None else divergence.__dict__,
-            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": warmup_rounds,
-            "strategy": strategy}
-    return RunResult(table, host(params), host(warm_params), divergence, meta)
-
-
-def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool,
-                     attention: str = "linear", temperature: float = 1.0) -> dict:
-    """``∇F_c`` of the trained blocks for every participant (without ridge and corrections).
-
-    With the kernel frozen ``batch = (φ, y, w)`` and the model is linear, ``ŷ = V^T φ``:
-    ``∇_V = Σ_i w_i φ_i e_i^T``; otherwise ``batch = (Ŝ, q, y, w)`` and the closed-form gradients
-    of :func:`~linattn_theory.core.model.loss_and_grad_from_moments` apply (softmax attention:
-    ``batch = (X, q, y, w)``, :func:`~linattn_theory.core.model.loss_and_grad_from_contexts`).
-    """
-    if kernel_frozen:
-        phi, y, w = batch
-        WV = local["WV"]
-        err = (xp.matmul(phi, _value_matrix(xp, WV)) - y) * w[..., None]
-        return {"WV": xp.reshape(xp.matmul(xp.matrix_transpose(phi), err), WV.shape)}
-    S, q, y, w = batch
-    _, g = _loss_and_grad(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
-                          blocks=blocks, attention=attention, temperature=temperature,
-                          with_loss=False)
-    return {b: getattr(g, b) for b in blocks}
-
-
-def _loss_and_grad(params: Params, inputs, q, y, sample_weight, blocks=BLOCKS, *,
-                   attention: str = "linear", temperature: float = 1.0, with_loss: bool = True):
-    """The model's loss and gradients on ``inputs``: ``Ŝ`` (linear attention) or ``X`` (softmax, docs/theory.md §9).
-
-    (:func:`~linattn_theory.core.model.loss_and_grad_from_inputs` with the linear path looked up in this
-    module, so that it stays the one call the engine makes, as before softmax attention existed.)
-    """
-    if attention == "softmax":
-        return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
-                                           attention=attention, temperature=temperature)
-    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks=blocks, with_loss=with_loss)
-
-
-def _stage(blocks) -> str:
-    """Row label of a round: ``warmup`` (every block trains), ``frozen`` (only ``W_V``), ``value_frozen``."""
-    if tuple(blocks) == BLOCKS:
-        return "warmup"
-    return "frozen" if tuple(blocks) == ("WV",) else "value_frozen"
-
-
-@np.errstate(over="ignore", invalid="ignore")
-def _divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergence:
-    """Report a divergence at round ``t`` with a stable step: the smallest ``2/λ_max`` over ``points``.
-
-    ``points`` are finite iterates of the run (the start, the best so far, the last finite
-    one): in the factorised model the curvature grows as the kernel is learned, so the step
-    must be stable where the run was heading, not only where it started.
-    """
-    points = [P for P in points if all(np.all(np.isfinite(to_numpy(getattr(P, b)))) for b in BLOCKS)]
-    kernel_trains = "WQ" in blocks or "WK" in blocks
-    safe, where = float("nan"), "2/λ_max(Ã_c), the value block's curvature (docs/theory.md §5)"
-    try:                    # the curvature itself may overflow at a runaway kernel
-        safe = min(stable_learning_rate(kernel(P), data, lam) for P in points)
-        if kernel_trains:
-            curvature = max(float(np.max(row)) for row in hessian_curvature(points, data, lam))
-            if 2.0 / curvature < safe:
-                safe, where = 2.0 / curvature, "2/λ_max(∇²F_c), the full model's curvature at that round"
-    except (np.linalg.LinAlgError, ValueError):
-        pass
-    where += ", largest over the clients and the run's finite iterates"
-    if not safe < eta:          # the bound does not explain this divergence (or is unknown): below η
-        bound = f"the curvature bound {safe:.3g} is not below η" if np.isfinite(safe) else \
-            "the curvature could not be computed"
-        safe, where = eta / 2, f"half the step that diverged: {bound}, so it does not explain this divergence"
-    stage = _stage(blocks)
-    stage = {"warmup": "warm-up", "frozen": "frozen stage"}.get(stage, stage.replace("_", " ") + " stage")
-    msg = (f"diverged at round {t} ({stage}): F = {F:.3g} with learning_rate η = {eta:g}; "
-           f"try η < {safe:.3g} ({where})")
-    if kernel_trains:
-        msg += ("; below the value-block bound the frozen stage is guaranteed stable, while the "
-                "warm-up's curvature can grow as the kernel is learned: if it still diverges, halve η")
-    return Divergence(t, float(F), safe, msg)
-
-
-def _row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants, strategy):
-    row = {"round": t, "stage": stage, "loss": F, "loss_regularized": F_reg,
-           "kernel_drift": kernel_drift, "cumulative_kernel_drift": gamma,
-           "drift_WQ": drift["WQ"], "drift_WK": drift["WK"], "drift_WV": drift["WV"],
-           "participants": participants, "strategy": strategy}
-    row.update({f"client_loss_{c}": float(v) for c, v in enumerate(losses)})
-    return row

@@ -25,8 +25,9 @@ from ..core._array import array_namespace, sq_norms, to_numpy
 from ..core.backend import resolve_max_bytes
 from ..core.errors import ConfigError
 from .config import RunConfig
-from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, objective, prepare_run, run_metadata,
-                     run_schedule)
+from .engine import prepare_run, run_metadata, run_schedule
+from .rounds import (RunResult, RunState, _divergence, _participants, _per_instance, _result, _row,
+                     objective)
 from ..core.model import Params, _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
 from ..core.frozen_map import frozen_client_map
@@ -41,7 +42,7 @@ def frozen_stage_from_moments(prefix: RunState, data, fed, warmup_rounds: int,
                               seed: int) -> RunResult:
     """Rounds ``T0..T−1`` of a full-batch FedFrozen frozen stage, in moment space (docs/theory.md §5).
 
-    ``prefix`` is the :class:`~linattn_theory.sim.engine.RunState` of the run at round ``T0``
+    ``prefix`` is the :class:`~linattn_theory.sim.rounds.RunState` of the run at round ``T0``
     (``prefix.params = θ^{T0}``, whose kernel is frozen). Each round draws the participants as
     the simulator does, maps every participant's value block through
     :func:`~linattn_theory.core.frozen_map.frozen_client_map` and applies the server step
@@ -80,7 +81,6 @@ def frozen_stages_from_moments(stages) -> list[RunResult]:
 def _frozen_stages(stages) -> list[RunResult]:
     """:func:`frozen_stages_from_moments` of compatible stages: one program."""
     from ..core.moments import ValueMoments
-    from .ensemble import _per_instance
     from .strategies.base import _instance_rows, weighted_sum
 
     if not stages:
