@@ -148,18 +148,20 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
     free memory of a GPU; ``None``: no bound); results do not depend on it. FedFrozen runs that
     differ only in ``T0`` share their warm-up, and so does the online rule's run of their instance
     when its ``T0 = T`` run is among them (module docstring); other runs of a strategy that decides
-    during the run (a per-round control) are run one by one by :func:`simulate`.
+    during the run (a per-round control) run in ensembles too, their control deciding in the round
+    loop (:func:`~linattn_theory.sim.rounds.run_ensemble`).
     """
     return _simulate_many(configs, clients, params, max_bytes, progress)
 
 
 @timed_run
-def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajectories: dict | None = None):
+def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajectories: dict | None = None,
+                   alone: bool = False):
     """:func:`simulate_many`; with a dict ``trajectories``, also ``trajectories[i] = (data, states)``
     for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
     its states after rounds ``0..T`` (up to its divergence round), as
-    :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``."""
-    from .engine import simulate
+    :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``; ``alone``: a run
+    alone's ``engine="auto"`` rule (:func:`~linattn_theory.sim.rounds.select_engine`)."""
     configs = list(configs)
     count = len(configs)
     for i, config in enumerate(configs):
@@ -171,45 +173,35 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
     families: dict = {}
     for i, config in enumerate(configs):
         key = _family_key(config, clients[i], params[i])
-        if key is None and _decides_during_the_run(config):
-            results[i] = simulate(config, clients[i], params=params[i], max_bytes=max_bytes)
-            continue
         families.setdefault(key if key is not None else ("run", i), []).append(i)
     for key, indices in list(families.items()):
         # the online rule's run shares the warm-up of the FedFrozen run with T0 = T (the trajectory
-        # it follows until it freezes); without one in the family it runs alone
-        if not any(configs[i].warmup_rounds == configs[i].federated.rounds and not _is_online(configs[i])
-                   for i in indices):
-            for i in indices:
-                if _is_online(configs[i]):
-                    results[i] = simulate(configs[i], clients[i], params=params[i], max_bytes=max_bytes)
-            families[key] = [i for i in indices if results[i] is None]
+        # it follows until it freezes); without one in the family it is a run of its own, its
+        # control deciding in the round loop
+        if len(indices) > 1 and not any(configs[i].warmup_rounds == configs[i].federated.rounds
+                                        and not _is_online(configs[i]) for i in indices):
+            families[key] = [i for i in indices if not _is_online(configs[i])]
+            families.update({("run", i): [i] for i in indices if _is_online(configs[i])})
             if not families[key]:
                 del families[key]
-    first = next((i for i in range(count) if results[i] is None), None)
-    if first is None:
+    if not families:
         return results
-    xp = get_namespace(configs[first].model.backend)
+    xp = get_namespace(configs[next(iter(families.values()))[0]].model.backend)
     plan = _Plan(ensemble_bytes(max_bytes, xp))
-    for indices in families.values():
-        runs = [i for i in indices if not _is_online(configs[i])]
+    for key, indices in families.items():
+        online = [i for i in indices if _is_online(configs[i])] if len(indices) > 1 else []
+        runs = [i for i in indices if i not in online]
         config = configs[runs[0]]
         built = clients_from_config(config) if clients[runs[0]] is None else clients[runs[0]]
         data, theta0 = prepare_run(config, built, params[runs[0]])
         _warn_small_clients(config.federated.batch_size, data.sizes)
         warmups = sorted({configs[i].warmup_rounds for i in runs})
         family = _Family(runs, configs, data, theta0, built, warmups if len(warmups) > 1 else None,
-                         [i for i in indices if _is_online(configs[i])], trajectories)
+                         online, trajectories)
         if plan.add(ensemble_key(config, data), family, 2 * _data_bytes(data)):
-            _run_wave(plan.drain(), results, progress)
-    _run_wave(plan.drain(), results, progress)
+            _run_wave(plan.drain(), results, progress, alone)
+    _run_wave(plan.drain(), results, progress, alone)
     return results
-
-
-def _decides_during_the_run(config: RunConfig) -> bool:
-    """A strategy with a per-round :class:`~linattn_theory.sim.strategies.Control` (the online
-    rule): its schedule depends on host decisions every round, so it runs alone (:func:`simulate`)."""
-    return make_strategy(config.federated, config.warmup_rounds).control is not None
 
 
 def _per_config(values, count: int, what: str) -> list:
@@ -259,7 +251,7 @@ class _Family:
                                      and lead.warmup_rounds == lead.federated.rounds)
 
 
-def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> None:
+def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone: bool) -> None:
     """Run the families of each bucket: their leading runs as one ensemble, then the frozen stages
     of the shared warm-ups as a second; store each result at its configs' positions."""
     for families in buckets:
@@ -270,7 +262,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
         model, fed = families[0].lead().model, families[0].lead().federated
         chunk = _local_chunk_bytes(xp, families[0].data, model.heads, fed.batch_size, len(members))
         keep = any(_has_test_split(f.clients) for f in families)
-        outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress)
+        outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress, alone=alone)
         second, owners = [], []
         for family, (result, states, history) in zip(families, outcomes):
             lead = family.lead().warmup_rounds
@@ -296,7 +288,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool) -> No
                     owners.append((family, ("online", i)))
         if second:
             for (family, T0), (result, _, history) in zip(owners, run_ensemble(
-                    second, max_bytes=chunk, keep_history=keep, progress=progress)):
+                    second, max_bytes=chunk, keep_history=keep, progress=progress, alone=alone)):
                 family.by_T0[T0] = result
                 if keep:                  # the shared warm-up's θ^0..θ^T0, then the run's own
                     lead = family.lead().warmup_rounds

@@ -523,9 +523,7 @@ class _Ensemble:
         self.eta = np.array([f.learning_rate for f in feds])
         self.lam = np.array([f.ridge for f in feds])
         self.rule_keys = [_rule_key(mb) for mb in members]
-        cache: dict = {}
-        strategies = [cache.setdefault((key, mb.warmup_rounds), mb.make_strategy())
-                      for key, mb in zip(self.rule_keys, members)]
+        strategies = [mb.make_strategy() for mb in members]     # a control holds one run's state
         self.rules = {key: strategies[self.rule_keys.index(key)] for key in self.rule_keys}
         self.names = [strategy.name for strategy in strategies]
         self.schedules = [strategy.schedule for strategy in strategies]
