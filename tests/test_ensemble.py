@@ -7,6 +7,7 @@ which instances share its ensemble, on the chunking or on the number of threads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -103,6 +104,24 @@ def test_simulate_and_simulate_many_agree_bit_for_bit_with_a_ridge_in_every_dtyp
         assert_identical(many, one)
         assert many.table["loss_regularized"].iloc[-1] > many.table["loss"].iloc[-1] or \
             many.metadata["config"]["federated"]["ridge"] == 0.0
+
+
+def test_the_hooks_of_simulate_run_in_an_ensemble():
+    # frozen-stage features (static heads) and a strategy object, per config, beside a plain run
+    from linattn_theory.sim.strategies import make_strategy
+    runs = [config(seed=s, warmup_rounds=2) for s in (3, 4, 5)]
+    data, _ = prepare_run(runs[0])
+    phi = np.random.default_rng(0).normal(size=(data.S.shape[0], data.S.shape[1], 2 * data.S.shape[-1]))
+    value_frozen = make_strategy(dataclasses.replace(runs[2].federated, strategy="value_frozen"), 2)
+    hooks = {"frozen_features": [lambda params: phi, None, None], "strategies": [None, None, value_frozen]}
+    many = simulate_many(runs, **hooks)
+    alone = [simulate(runs[0], frozen_features=lambda params: phi), simulate(runs[1]),
+             simulate(runs[2], strategy=value_frozen)]
+    for a, b in zip(many, alone):
+        assert_identical(a, b)
+    plain = simulate(runs[0])
+    assert not np.array_equal(many[0].params.WV, plain.params.WV)                  # the features were used
+    assert list(many[2].table["stage"])[3:] == ["value_frozen"] * 4 and many[2].metadata["strategy"] == "value_frozen"
 
 
 @needs_numba

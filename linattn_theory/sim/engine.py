@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.backend import get_namespace, resolve_max_bytes
-from ..core.clients import StackedClients, stack_clients
+from ..core.clients import StackedClients
 from ..core.curvature import hessian_curvature, stable_learning_rate, value_curvature
-from ..core.io import provenance, timed_run
+from ..core.io import timed_run
 from ..core.model import Params
-from ..core.seeds import SEED_INIT, seed_sequence
 from ..data.families import clients_from_config
 from .config import FederatedConfig, ModelConfig, RunConfig
+from .ensemble import _simulate_many, initial_params, prepare_run, run_metadata
 from .rounds import Divergence, Member, RunResult, RunState, objective, run_ensemble, select_engine
 from .strategies import Strategy, make_strategy
 
@@ -24,105 +23,24 @@ __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", 
            "stable_learning_rate", "hessian_curvature", "select_engine", "objective"]
 
 
-def initial_params(config: RunConfig, d: int, p: int) -> Params:
-    """``θ^0``: :meth:`Params.init` seeded from the run's ``SeedSequence`` (purpose ``init``)."""
-    m = config.model
-    return Params.init(d, m.rank, p, heads=m.heads, scale=m.init_scale,
-                       seed=seed_sequence(config.seed, SEED_INIT), dtype=np.dtype(m.dtype))
-
-
-def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
-    """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
-    xp = get_namespace(config.model.backend)
-    clients = clients_from_config(config) if clients is None else clients
-    data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype),
-                         attention=config.model.attention, temperature=config.model.temperature)
-    d, p = data.q.shape[-1], data.y.shape[-1]
-    if params is None:
-        params = initial_params(config, d, p)
-    else:
-        from ..core.model import _validate_params
-        _validate_params(params, d, p)
-    return data, params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
-
-
-def run_metadata(config: RunConfig) -> dict:
-    """The metadata record of a run of ``config``: full config, seed, version, git revision and
-    whether the tree was modified, and ``provenance`` (host, platform, library versions;
-    :func:`~linattn_theory.core.io.provenance`)."""
-    from .. import __version__
-
-    record = provenance()
-    top = {key: record.pop(key) for key in ("version", "git_revision", "git_dirty")}
-    top["version"] = top["version"] or __version__          # a source tree that is not installed
-    return {"config": config.to_dict(), "seed": config.seed, **top, "provenance": record}
-
-
 @timed_run
 def simulate(config: RunConfig, clients=None, *, progress: bool = False,
              params: Params | None = None, frozen_features=None,
              max_bytes: int | str | None = "auto", strategy: Strategy | None = None) -> RunResult:
     """Run ``config`` end to end: build the clients, initialise, run the schedule.
 
-    ``frozen_features`` is passed to :func:`run_schedule` (features of the frozen stage).
+    ``simulate_many([config])[0]`` (:func:`~linattn_theory.sim.ensemble.simulate_many`, an
+    ensemble of one) with a run alone's ``engine="auto"`` rule and the hooks of
+    :func:`run_schedule`: ``frozen_features`` (features of the frozen stage) and ``strategy``
+    (overrides the one ``config`` names, built by
+    :func:`~linattn_theory.sim.strategies.make_strategy`, e.g. to keep its control's record).
     ``max_bytes`` bounds a round's working set (see :func:`run_schedule`; ``"auto"``:
     cache-sized chunks of clients on the CPU when the round does not fit in cache, one chunk
     on a GPU, :func:`~linattn_theory.core.backend.resolve_max_bytes`); results do not depend on it.
-    ``strategy`` overrides the one ``config`` names (built by
-    :func:`~linattn_theory.sim.strategies.make_strategy`), e.g. to keep its control's record.
     """
-    clients = clients_from_config(config) if clients is None else clients
-    data, params = prepare_run(config, clients, params)
-    _warn_small_clients(config.federated.batch_size, data.sizes)
-    if config.model.dtype == "float32":
-        from .limits import float32_step_note
-        note = float32_step_note(config, data, params)
-        if note:
-            import warnings
-            warnings.warn(note, RuntimeWarning, stacklevel=3)
-    max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, config.federated.batch_size)
-    test, on_round = _test_metrics(clients, config)
-    result = run_schedule(params, data, config.federated, config.warmup_rounds, config.seed,
-                          progress=progress, strategy=strategy, frozen_features=frozen_features,
-                          max_bytes=max_bytes, on_round=on_round, engine=config.model.engine)
-    result.metadata.update(run_metadata(config))
-    if test:
-        for key in ("loss", "accuracy"):
-            result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
-        result.metadata["test"] = test[int(result.table["round"].iloc[-1])]
+    [result] = _simulate_many([config], [clients], [params], max_bytes, progress, alone=True,
+                              strategies=[strategy], frozen_features=[frozen_features])
     return result
-
-
-def _warn_small_clients(batch_size: int | None, sizes) -> None:
-    """Warn when a minibatch is larger than some client's sample count (then drawn with replacement)."""
-    if batch_size is None:
-        return
-    small = int(np.sum(np.asarray(sizes) < batch_size))
-    if small:
-        import warnings
-        warnings.warn(f"federated.batch_size = {batch_size} exceeds the sample count of {small} "
-                      f"client(s) (smallest N_c = {int(np.min(sizes))}); their minibatches are drawn "
-                      f"with replacement", RuntimeWarning, stacklevel=3)
-
-
-def _test_metrics(clients, config: RunConfig):
-    """``(records, on_round)``: test loss and accuracy per round when the clients hold a test split.
-
-    Clients with ``truth["test_X"]`` (real data, :mod:`linattn_theory.data.digits`) get the columns
-    ``test_loss`` and ``test_accuracy``; otherwise ``({}, None)``.
-    """
-    truth = getattr(clients, "truth", None) or {}
-    if "test_X" not in truth:
-        return {}, None
-    from ..data.digits import evaluate
-    records = {}
-    test = (truth["test_X"], truth["test_q"], truth["test_y"])
-    model = config.model
-
-    def on_round(state):
-        with np.errstate(all="ignore"):
-            records[state.round] = evaluate(state.params, *test, model.attention, model.temperature)
-    return records, on_round
 
 
 @np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence

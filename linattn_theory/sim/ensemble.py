@@ -28,16 +28,18 @@ from typing import Any
 import numpy as np
 
 from ..core._array import array_namespace
-from ..core.backend import client_working_bytes, get_namespace
-from ..core.clients import StackedClients
-from ..core.io import timed_run
+from ..core.backend import client_working_bytes, get_namespace, resolve_max_bytes
+from ..core.clients import StackedClients, stack_clients
+from ..core.io import provenance, timed_run
+from ..core.model import Params
+from ..core.seeds import SEED_INIT, seed_sequence
 from ..data.families import clients_from_config
 from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
-from .engine import _test_metrics, _warn_small_clients, prepare_run, run_metadata
 from .rounds import Member, RunResult, RunState, run_ensemble
 from .strategies import make_strategy
 
-__all__ = ["simulate_many", "ensemble_key", "run_ensemble", "Member"]
+__all__ = ["simulate_many", "ensemble_key", "run_ensemble", "Member", "initial_params", "prepare_run",
+           "run_metadata"]
 
 #: on NumPy an ensemble holds at most this many bytes of stacked data (more instances form more
 #: ensembles, one after the other); on a GPU half the free device memory
@@ -47,6 +49,72 @@ CPU_ENSEMBLE_BYTES = 1 << 30
 # --------------------------------------------------------------------------------------------
 # what an ensemble is
 # --------------------------------------------------------------------------------------------
+def initial_params(config: RunConfig, d: int, p: int) -> Params:
+    """``θ^0``: :meth:`Params.init` seeded from the run's ``SeedSequence`` (purpose ``init``)."""
+    m = config.model
+    return Params.init(d, m.rank, p, heads=m.heads, scale=m.init_scale,
+                       seed=seed_sequence(config.seed, SEED_INIT), dtype=np.dtype(m.dtype))
+
+
+def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
+    """``(data, θ^0)`` of ``config``: stacked clients and initial parameters on ``model.backend``."""
+    xp = get_namespace(config.model.backend)
+    clients = clients_from_config(config) if clients is None else clients
+    data = stack_clients(clients, xp=xp, dtype=np.dtype(config.model.dtype),
+                         attention=config.model.attention, temperature=config.model.temperature)
+    d, p = data.q.shape[-1], data.y.shape[-1]
+    if params is None:
+        params = initial_params(config, d, p)
+    else:
+        from ..core.model import _validate_params
+        _validate_params(params, d, p)
+    return data, params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
+
+
+def run_metadata(config: RunConfig) -> dict:
+    """The metadata record of a run of ``config``: full config, seed, version, git revision and
+    whether the tree was modified, and ``provenance`` (host, platform, library versions;
+    :func:`~linattn_theory.core.io.provenance`)."""
+    from .. import __version__
+
+    record = provenance()
+    top = {key: record.pop(key) for key in ("version", "git_revision", "git_dirty")}
+    top["version"] = top["version"] or __version__          # a source tree that is not installed
+    return {"config": config.to_dict(), "seed": config.seed, **top, "provenance": record}
+
+
+def _warn_small_clients(batch_size: int | None, sizes) -> None:
+    """Warn when a minibatch is larger than some client's sample count (then drawn with replacement)."""
+    if batch_size is None:
+        return
+    small = int(np.sum(np.asarray(sizes) < batch_size))
+    if small:
+        import warnings
+        warnings.warn(f"federated.batch_size = {batch_size} exceeds the sample count of {small} "
+                      f"client(s) (smallest N_c = {int(np.min(sizes))}); their minibatches are drawn "
+                      f"with replacement", RuntimeWarning, stacklevel=3)
+
+
+def _test_metrics(clients, config: RunConfig):
+    """``(records, on_round)``: test loss and accuracy per round when the clients hold a test split.
+
+    Clients with ``truth["test_X"]`` (real data, :mod:`linattn_theory.data.digits`) get the columns
+    ``test_loss`` and ``test_accuracy``; otherwise ``({}, None)``.
+    """
+    truth = getattr(clients, "truth", None) or {}
+    if "test_X" not in truth:
+        return {}, None
+    from ..data.digits import evaluate
+    records = {}
+    test = (truth["test_X"], truth["test_q"], truth["test_y"])
+    model = config.model
+
+    def on_round(state):
+        with np.errstate(all="ignore"):
+            records[state.round] = evaluate(state.params, *test, model.attention, model.temperature)
+    return records, on_round
+
+
 def ensemble_key(config: RunConfig, data: StackedClients) -> str:
     """The settings and shapes that instances of one ensemble share (as a string key).
 
@@ -104,12 +172,16 @@ def ensemble_bytes(max_bytes, xp) -> int | None:
     return None
 
 
-def _local_chunk_bytes(xp, data: StackedClients, heads: int, batch_size, count: int) -> int | None:
-    """A round's local-step chunk budget (:func:`~linattn_theory.core.backend.resolve_max_bytes`'s policy
-    applied to the ensemble's round working set)."""
+def _chunk_bytes(data: StackedClients, config: RunConfig, count: int, alone=None) -> int | None:
+    """A round's local-step chunk budget: a run alone's ``max_bytes`` (``alone``) resolved by
+    :func:`~linattn_theory.core.backend.resolve_max_bytes`, else its policy applied to the
+    ensemble's round working set."""
     from array_api_compat import is_numpy_namespace
     from ..core.backend import CPU_CHUNK_BYTES
-    if not is_numpy_namespace(xp):
+    heads, batch_size = config.model.heads, config.federated.batch_size
+    if alone is not None:
+        return resolve_max_bytes(alone, data, heads, batch_size)
+    if not is_numpy_namespace(array_namespace(data.S)):
         return None
     total = count * data.S.shape[0] * client_working_bytes(data, heads, batch_size)
     return None if total <= 2 * CPU_CHUNK_BYTES else CPU_CHUNK_BYTES
@@ -134,8 +206,8 @@ class _Plan:
         return list(buckets.values())
 
 
-def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | None = "auto",
-                  progress: bool = False) -> list[RunResult]:
+def simulate_many(configs, clients=None, *, params=None, frozen_features=None, strategies=None,
+                  max_bytes: int | str | None = "auto", progress: bool = False) -> list[RunResult]:
     """Run every config, in ensembles of equal shapes; the results in the configs' order.
 
     Each result equals ``simulate(config)`` (:func:`~linattn_theory.sim.engine.simulate`) to
@@ -143,7 +215,8 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
     names the engine that ran it: in an ensemble the fused CPU engine wherever it applies and an
     instance's step is not tiny, :func:`~linattn_theory.sim.rounds.select_engine`).
     ``clients`` and ``params`` are ``None`` or one entry per config (``None`` entries: built from
-    the config, as :func:`simulate` does). ``max_bytes`` bounds the data of one ensemble (more
+    the config, as :func:`simulate` does), and so are :func:`simulate`'s hooks ``frozen_features``
+    and ``strategies`` (a run with a hook is an instance of its own: it shares no warm-up). ``max_bytes`` bounds the data of one ensemble (more
     instances form more ensembles, run one after another; ``"auto"``: 1 GiB on NumPy, half the
     free memory of a GPU; ``None``: no bound); results do not depend on it. FedFrozen runs that
     differ only in ``T0`` share their warm-up, and so does the online rule's run of their instance
@@ -151,17 +224,22 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
     during the run (a per-round control) run in ensembles too, their control deciding in the round
     loop (:func:`~linattn_theory.sim.rounds.run_ensemble`).
     """
-    return _simulate_many(configs, clients, params, max_bytes, progress)
+    return _simulate_many(configs, clients, params, max_bytes, progress, strategies=strategies,
+                          frozen_features=frozen_features)
 
 
 @timed_run
 def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajectories: dict | None = None,
-                   alone: bool = False):
+                   alone: bool = False, strategies=None, frozen_features=None):
     """:func:`simulate_many`; with a dict ``trajectories``, also ``trajectories[i] = (data, states)``
     for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
     its states after rounds ``0..T`` (up to its divergence round), as
-    :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``; ``alone``: a run
-    alone's ``engine="auto"`` rule (:func:`~linattn_theory.sim.rounds.select_engine`)."""
+    :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``. ``alone``: runs
+    alone (:func:`~linattn_theory.sim.engine.simulate`, :func:`~linattn_theory.sim.warmup_grid.warmup_sweep`):
+    their ``engine="auto"`` rule (:func:`~linattn_theory.sim.rounds.select_engine`), and
+    ``max_bytes`` bounds a round's working set (:func:`~linattn_theory.core.backend.resolve_max_bytes`).
+    ``strategies`` and ``frozen_features``: ``None`` or one hook per config (a
+    :class:`~linattn_theory.sim.rounds.Member`'s; a run with one is a family of its own)."""
     configs = list(configs)
     count = len(configs)
     for i, config in enumerate(configs):
@@ -169,10 +247,11 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
             raise TypeError(f"configs[{i}] is a {type(config).__name__}; expected a RunConfig")
     clients = _per_config(clients, count, "clients")
     params = _per_config(params, count, "params")
+    hooks = list(zip(_per_config(strategies, count, "strategies"), _per_config(frozen_features, count, "frozen_features")))
     results: list[RunResult | None] = [None] * count
     families: dict = {}
     for i, config in enumerate(configs):
-        key = _family_key(config, clients[i], params[i])
+        key = _family_key(config, clients[i], params[i]) if hooks[i] == (None, None) else None
         families.setdefault(key if key is not None else ("run", i), []).append(i)
     for key, indices in list(families.items()):
         # the online rule's run shares the warm-up of the FedFrozen run with T0 = T (the trajectory
@@ -187,7 +266,7 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
     if not families:
         return results
     xp = get_namespace(configs[next(iter(families.values()))[0]].model.backend)
-    plan = _Plan(ensemble_bytes(max_bytes, xp))
+    plan = _Plan(None if alone else ensemble_bytes(max_bytes, xp))
     for key, indices in families.items():
         online = [i for i in indices if _is_online(configs[i])] if len(indices) > 1 else []
         runs = [i for i in indices if i not in online]
@@ -195,13 +274,24 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
         built = clients_from_config(config) if clients[runs[0]] is None else clients[runs[0]]
         data, theta0 = prepare_run(config, built, params[runs[0]])
         _warn_small_clients(config.federated.batch_size, data.sizes)
+        _warn_float32_steps(config, data, theta0)
         warmups = sorted({configs[i].warmup_rounds for i in runs})
         family = _Family(runs, configs, data, theta0, built, warmups if len(warmups) > 1 else None,
-                         online, trajectories)
+                         online, trajectories, *hooks[runs[0]])
         if plan.add(ensemble_key(config, data), family, 2 * _data_bytes(data)):
-            _run_wave(plan.drain(), results, progress, alone)
-    _run_wave(plan.drain(), results, progress, alone)
+            _run_wave(plan.drain(), results, progress, max_bytes if alone else None)
+    _run_wave(plan.drain(), results, progress, max_bytes if alone else None)
     return results
+
+
+def _warn_float32_steps(config: RunConfig, data, theta0) -> None:
+    """Warn when float32 cannot resolve the run's first local steps (:func:`~linattn_theory.sim.limits.float32_step_note`)."""
+    if config.model.dtype == "float32":
+        from .limits import float32_step_note
+        note = float32_step_note(config, data, theta0)
+        if note:
+            import warnings
+            warnings.warn(note, RuntimeWarning, stacklevel=4)
 
 
 def _per_config(values, count: int, what: str) -> list:
@@ -232,6 +322,8 @@ class _Family:
     warmups: list[int] | None          # shared warm-up: the T0 values (largest first runs)
     online: list[int] = dataclasses.field(default_factory=list)  # the online rule's runs (T0 = T leads)
     trajectories: dict | None = None   # where to hand out a T0 = T lead's states (_simulate_many)
+    strategy: Any = None               # a Member's hooks (a family of one run)
+    frozen_features: Any = None
     replays: dict = dataclasses.field(default_factory=dict)   # their _OnlineReplay, by index
     by_T0: dict = dataclasses.field(default_factory=dict)     # the results, by T0
     history: dict = dataclasses.field(default_factory=dict)   # θ^0, θ^1, … of each run (test metrics)
@@ -251,18 +343,19 @@ class _Family:
                                      and lead.warmup_rounds == lead.federated.rounds)
 
 
-def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone: bool) -> None:
+def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone) -> None:
     """Run the families of each bucket: their leading runs as one ensemble, then the frozen stages
-    of the shared warm-ups as a second; store each result at its configs' positions."""
+    of the shared warm-ups as a second; store each result at its configs' positions. ``alone``:
+    ``None``, or the ``max_bytes`` of runs alone (:func:`_simulate_many`)."""
     for families in buckets:
         members = [Member(f.lead(), f.data, f.theta0,
                           checkpoints=tuple(range(f.lead().federated.rounds + 1)) if f.every_state()
-                          else tuple(f.warmups[:-1]) if f.warmups else ()) for f in families]
-        xp = array_namespace(families[0].data.S)
-        model, fed = families[0].lead().model, families[0].lead().federated
-        chunk = _local_chunk_bytes(xp, families[0].data, model.heads, fed.batch_size, len(members))
+                          else tuple(f.warmups[:-1]) if f.warmups else (),
+                          strategy=f.strategy, frozen_features=f.frozen_features) for f in families]
+        chunk = _chunk_bytes(families[0].data, families[0].lead(), len(members), alone)
         keep = any(_has_test_split(f.clients) for f in families)
-        outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress, alone=alone)
+        outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress,
+                                alone=alone is not None)
         second, owners = [], []
         for family, (result, states, history) in zip(families, outcomes):
             lead = family.lead().warmup_rounds
@@ -288,7 +381,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone
                     owners.append((family, ("online", i)))
         if second:
             for (family, T0), (result, _, history) in zip(owners, run_ensemble(
-                    second, max_bytes=chunk, keep_history=keep, progress=progress, alone=alone)):
+                    second, max_bytes=chunk, keep_history=keep, progress=progress, alone=alone is not None)):
                 family.by_T0[T0] = result
                 if keep:                  # the shared warm-up's θ^0..θ^T0, then the run's own
                     lead = family.lead().warmup_rounds

@@ -714,15 +714,15 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
         final = _where(xp, running, P, final)
         bad = running & (~xp.isfinite(F_reg) | (F_reg > threshold))
         diverged_at = xp.where(bad, xp.asarray(t + 1, dtype=xp.int64), diverged_at)
-        if hooks.watched:
-            hooks.record(t, row, blocks, ks)
-            carried = (P, initial, best, best_loss, warm, client_state, server_state)
-            P, warm = hooks.observe(t + 1, carried, np.asarray(to_numpy(running)), np.asarray(to_numpy(bad)))
         alive = alive & ~bad
         if t + 1 in wanted:
             saved[t + 1] = (P, best, best_loss, warm, client_state, server_state)
         if keep_history:
             history.append(P)
+        if hooks.watched:              # the hooks see θ^{t+1}; a freeze sets the next round's start
+            hooks.record(t, row, blocks, ks)
+            carried = (P, initial, best, best_loss, warm, client_state, server_state)
+            P, warm = hooks.observe(t + 1, carried, np.asarray(to_numpy(running)), np.asarray(to_numpy(bad)))
         if _all_diverged(xp, alive, t - first):
             break
     outcome = _Outcome(ens, records, blocks_seen, participants, first, origin, diverged_at, final,

@@ -25,9 +25,8 @@ from ..core._array import array_namespace, sq_norms, to_numpy
 from ..core.backend import get_namespace
 from ..core.errors import ConfigError
 from .config import RunConfig
-from .engine import prepare_run, run_metadata
-from .ensemble import (_data_bytes, _local_chunk_bytes, _per_config, _Plan, _simulate_many, ensemble_bytes,
-                       ensemble_key)
+from .ensemble import (_chunk_bytes, _data_bytes, _per_config, _Plan, _simulate_many, ensemble_bytes,
+                       ensemble_key, prepare_run, run_metadata)
 from .rounds import (Member, RunResult, RunState, _divergence, _participants, _per_instance, _result, _row,
                      objective, run_ensemble)
 from ..core.model import Params, _value_matrix, kernel
@@ -289,7 +288,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     pending = [i for i, (_, moments) in enumerate(checked) if moments]
     if not pending:
         return results, paths
-    plan = _Plan(ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
+    plan = _Plan(None if alone else ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
     waves = []
     for i in pending:
         config, (T0s, _) = configs[i], checked[i]
@@ -306,8 +305,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
         for bucket in buckets:
             members = [member for _, member in bucket]
             first = members[0]
-            xp = array_namespace(first.data.S)
-            chunk = _local_chunk_bytes(xp, first.data, first.config.model.heads, None, len(members))
+            chunk = _chunk_bytes(first.data, first.config, len(members), max_bytes if alone else None)
             for (i, member), (trajectory, states, _) in zip(bucket, run_ensemble(
                     members, max_bytes=chunk, progress=progress, alone=alone)):
                 results[i] = {}
