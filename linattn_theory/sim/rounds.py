@@ -502,8 +502,32 @@ def _sorted_members(members: list[Member]) -> list[int]:
                                                       -members[i].warmup_rounds, -members[i].start))
 
 
+class LoopState(NamedTuple):
+    """What the round loop carries from round to round, every array with a leading instance axis.
+
+    ``params`` ``θ^t`` ``(I, 1, H, d, r)``; ``initial`` ``θ^0`` (or the prefix's); ``best`` and
+    ``best_loss`` the iterate of least ``F_λ`` so far; ``warm`` ``θ^{T0}`` once reached; the
+    strategies' ``client_state`` and ``server_state``; ``final`` each instance's last iterate and
+    ``last_start`` the start of its last round (a divergence report reads them); ``alive`` ``(I,)``
+    and ``diverged_at`` ``(I,)`` (the round, ``−1`` while it has not diverged).
+    """
+
+    params: Params
+    initial: Params
+    best: Params
+    best_loss: Any
+    warm: Params
+    client_state: Any
+    server_state: Any
+    final: Params
+    last_start: Params
+    alive: Any
+    diverged_at: Any
+
+
 class _Ensemble:
-    """The state of an ensemble's run (device arrays with a leading instance axis) and its rounds."""
+    """An ensemble's members, their strategies and stacked data, and its rounds:
+    :meth:`init` and :meth:`round_step` on an explicit :class:`LoopState` (as Optax or FedJAX would)."""
 
     def __init__(self, members: list[Member], max_bytes, engine, keep_history, alone=False):
         self.members = members
@@ -536,6 +560,78 @@ class _Ensemble:
         self.max_bytes = max_bytes
         self.working = client_working_bytes(first, self.model.heads, self.fed.batch_size)
         self.keep_history = keep_history
+
+    # -- the loop's state: init and one round -----------------------------------------------------
+    def init(self) -> tuple["LoopState", Any]:
+        """The :class:`LoopState` at the start round (round 0, or each member's prefix) and
+        ``origin``: round 0's ``(F, F_λ, F_c)`` on the device (``None`` from a prefix)."""
+        xp, count, dtype = self.xp, self.count, self.dtype
+        P = _lift(xp, [mb.params for mb in self.members])                          # (I, 1, H, d, r)
+        if self.members[0].prefix is None:
+            losses0 = self.client_losses(P, 0, count)
+            F0, F0_reg = self.objective(P, losses0, 0, count)
+            initial = best = warm = P
+            best_loss = F0_reg
+            states = {"client": [], "server": []}
+            for lo, hi, key in _groups(self.rule_keys):
+                Pg = self.sub(P, lo, hi)
+                states["client"].append((lo, hi, self.rules[key].client.init(Pg, self.m)))
+                states["server"].append((lo, hi, self.rules[key].server.init(Pg)))
+            client_state = _assemble(xp, states["client"], None, count)
+            server_state = _assemble(xp, states["server"], None, count)
+            factor = xp.asarray([f.divergence_factor for f in self.feds], dtype=dtype)
+            self.threshold = factor * xp.maximum(F0_reg, xp.asarray(1e-12, dtype=dtype))
+            origin = (F0, F0_reg, losses0)
+        else:
+            prefixes = [mb.prefix for mb in self.members]
+            initial, best = _lift(xp, [p.initial for p in prefixes]), _lift(xp, [p.best for p in prefixes])
+            warm = _lift(xp, [p.params if p.warmup_params is None else p.warmup_params for p in prefixes])
+            best_loss = xp.asarray(np.array([p.best_loss for p in prefixes]), dtype=dtype)
+            client_state = _tree_map(lambda *a: xp.concat(a, axis=0), *[p.client_state for p in prefixes])
+            server_state = _tree_map(lambda *a: xp.concat(a, axis=0), *[p.server_state for p in prefixes])
+            F0_reg = np.array([float(p.rows[0]["loss_regularized"]) for p in prefixes])
+            factor = np.array([f.divergence_factor for f in self.feds])
+            self.threshold = xp.asarray(factor * np.maximum(F0_reg, 1e-12), dtype=dtype)
+            origin = None
+        state = LoopState(P, initial, best, best_loss, warm, client_state, server_state, P, P,
+                          xp.ones((count,), dtype=xp.bool), xp.full((count,), -1, dtype=xp.int64))
+        return state, origin
+
+    def round_step(self, state: "LoopState", t: int) -> tuple["LoopState", tuple]:
+        """Round ``t`` of every instance that runs it: ``(state after it, record)``, the record
+        ``(row, blocks, participants, running, diverged)``: the table's ``(F, F_λ, F_c, kernel
+        drift, block drifts)`` on the device, each instance's blocks (``None``: idle) and
+        participant count, and which instances ran it and diverged in it."""
+        xp, count, m, dtype = self.xp, self.count, self.m, self.dtype
+        P, alive, warm = state.params, state.alive, state.warm
+        active = self.start <= t
+        if np.any(active & (self.T0 == t)):           # θ^{T0}, for the instances that reach it
+            warm = _where(xp, alive & _mask(xp, active & (self.T0 == t), 1), P, warm)
+        blocks = [tuple(self.schedules[i](t)) if active[i] else None for i in range(count)]
+        self.features.keep_only(np.array([b is not None and "WQ" not in b and "WK" not in b for b in blocks]))
+        pieces: dict[str, list] = {"P": [], "client": [], "server": [], "row": []}
+        ks = np.zeros(count, dtype=np.int64)
+        for lo, hi, (key, group_blocks) in _groups([None if b is None else (self.rule_keys[i], b)
+                                                    for i, b in enumerate(blocks)]):
+            Pn, cs, ss, row, k = self.round_of_group(t, lo, hi, key, group_blocks, P, state.client_state,
+                                                     state.server_state)
+            for name, value in zip(("P", "client", "server", "row"), (Pn, cs, ss, row)):
+                pieces[name].append((lo, hi, value))
+            ks[lo:hi] = k
+        idle = xp.zeros((count,), dtype=dtype)
+        row = _assemble(xp, pieces["row"], (idle, idle, xp.zeros((count, m), dtype=dtype), idle,
+                                            xp.zeros((count, 3), dtype=dtype)), count)
+        P = _assemble(xp, pieces["P"], P, count)
+        F_reg = row[1]
+        running = alive & _mask(xp, active, 1)
+        better = running & (F_reg < state.best_loss)
+        bad = running & (~xp.isfinite(F_reg) | (F_reg > self.threshold))
+        state = LoopState(P, state.initial, _where(xp, better, P, state.best), xp.where(better, F_reg, state.best_loss),
+                          warm, _assemble(xp, pieces["client"], state.client_state, count),
+                          _assemble(xp, pieces["server"], state.server_state, count),
+                          _where(xp, running, P, state.final), _where(xp, running, state.params, state.last_start),
+                          alive & ~bad, xp.where(bad, xp.asarray(t + 1, dtype=xp.int64), state.diverged_at))
+        return state, (row, blocks, ks, running, bad)
 
     # -- pieces of a round ----------------------------------------------------------------------
     def sub(self, tree, lo, hi):
@@ -633,100 +729,36 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
         raise ValueError("run_ensemble: members start all at round 0 or all from a prefix")
     order = _sorted_members(members)
     ens = _Ensemble([members[i] for i in order], max_bytes, engine, keep_history, alone)
-    xp, count, m, dtype, T = ens.xp, ens.count, ens.m, ens.dtype, ens.fed.rounds
-    P = _lift(xp, [mb.params for mb in ens.members])                              # (I, 1, H, d, r)
-    if ens.members[0].prefix is None:
-        losses0 = ens.client_losses(P, 0, count)
-        F0, F0_reg = ens.objective(P, losses0, 0, count)
-        initial = best = warm = P
-        best_loss = F0_reg
-        states = {"client": [], "server": []}
-        for lo, hi, key in _groups(ens.rule_keys):
-            Pg = ens.sub(P, lo, hi)
-            states["client"].append((lo, hi, ens.rules[key].client.init(Pg, m)))
-            states["server"].append((lo, hi, ens.rules[key].server.init(Pg)))
-        client_state = _assemble(xp, states["client"], None, count)
-        server_state = _assemble(xp, states["server"], None, count)
-        factor = xp.asarray([f.divergence_factor for f in ens.feds], dtype=dtype)
-        threshold = factor * xp.maximum(F0_reg, xp.asarray(1e-12, dtype=dtype))
-        origin = (F0, F0_reg, losses0)
-    else:
-        prefixes = [mb.prefix for mb in ens.members]
-        initial, best = _lift(xp, [p.initial for p in prefixes]), _lift(xp, [p.best for p in prefixes])
-        warm = _lift(xp, [p.params if p.warmup_params is None else p.warmup_params for p in prefixes])
-        best_loss = xp.asarray(np.array([p.best_loss for p in prefixes]), dtype=dtype)
-        client_state = _tree_map(lambda *a: xp.concat(a, axis=0), *[p.client_state for p in prefixes])
-        server_state = _tree_map(lambda *a: xp.concat(a, axis=0), *[p.server_state for p in prefixes])
-        F0_reg = np.array([float(p.rows[0]["loss_regularized"]) for p in prefixes])
-        factor = np.array([f.divergence_factor for f in ens.feds])
-        threshold = xp.asarray(factor * np.maximum(F0_reg, 1e-12), dtype=dtype)
-        origin = None
-
-    alive = xp.ones((count,), dtype=xp.bool)
-    diverged_at = xp.full((count,), -1, dtype=xp.int64)
-    final = last_start = P
-    first = int(ens.start.min())
+    state, origin = ens.init()
+    first, count = int(ens.start.min()), ens.count
     wanted = {r for mb in ens.members for r in mb.checkpoints}
-    saved = {}
-    if first in wanted:
-        saved[first] = (P, best, best_loss, warm, client_state, server_state)
-    history = [P] if keep_history else None
-    records, blocks_seen, participants = [], [], []
+    saved, history, records = {}, [] if keep_history else None, []
+
+    def keep(r: int, state: LoopState) -> None:
+        if r in wanted:
+            saved[r] = state
+        if keep_history:
+            history.append(state.params)
+
+    keep(first, state)
     hooks = _Hooks(ens, origin)
     if hooks.watched:
-        carried = (P, initial, best, best_loss, warm, client_state, server_state)
-        P, warm = hooks.observe(first, carried, np.ones(count, dtype=bool), np.zeros(count, dtype=bool))
-    rounds = range(first, T)
+        state = hooks.observe(first, state, np.ones(count, dtype=bool), np.zeros(count, dtype=bool))
+    rounds = range(first, ens.fed.rounds)
     if progress:
         from tqdm.auto import tqdm
         rounds = tqdm(rounds, desc=f"rounds of {count} runs", unit="round", leave=False)
     for t in rounds:
-        active = ens.start <= t
-        if np.any(active & (ens.T0 == t)):           # θ^{T0}, for the instances that reach it
-            warm = _where(xp, alive & _mask(xp, active & (ens.T0 == t), 1), P, warm)
-        blocks = [tuple(ens.schedules[i](t)) if active[i] else None for i in range(count)]
-        ens.features.keep_only(np.array([b is not None and "WQ" not in b and "WK" not in b for b in blocks]))
-        pieces: dict[str, list] = {"P": [], "client": [], "server": [], "row": []}
-        ks = np.zeros(count, dtype=np.int64)
-        for lo, hi, (key, group_blocks) in _groups([None if b is None else (ens.rule_keys[i], b)
-                                                    for i, b in enumerate(blocks)]):
-            Pn, cs, ss, row, k = ens.round_of_group(t, lo, hi, key, group_blocks, P, client_state,
-                                                    server_state)
-            for name, value in zip(("P", "client", "server", "row"), (Pn, cs, ss, row)):
-                pieces[name].append((lo, hi, value))
-            ks[lo:hi] = k
-        idle = xp.zeros((count,), dtype=dtype)
-        row = _assemble(xp, pieces["row"], (idle, idle, xp.zeros((count, m), dtype=dtype), idle,
-                                            xp.zeros((count, 3), dtype=dtype)), count)
-        start_params = P
-        P = _assemble(xp, pieces["P"], P, count)
-        client_state = _assemble(xp, pieces["client"], client_state, count)
-        server_state = _assemble(xp, pieces["server"], server_state, count)
-        records.append(row)
-        blocks_seen.append(blocks)
-        participants.append(ks)
-        F_reg = row[1]
-        running = alive & _mask(xp, active, 1)
-        better = running & (F_reg < best_loss)
-        best = _where(xp, better, P, best)
-        best_loss = xp.where(better, F_reg, best_loss)
-        last_start = _where(xp, running, start_params, last_start)
-        final = _where(xp, running, P, final)
-        bad = running & (~xp.isfinite(F_reg) | (F_reg > threshold))
-        diverged_at = xp.where(bad, xp.asarray(t + 1, dtype=xp.int64), diverged_at)
-        alive = alive & ~bad
-        if t + 1 in wanted:
-            saved[t + 1] = (P, best, best_loss, warm, client_state, server_state)
-        if keep_history:
-            history.append(P)
+        state, record = ens.round_step(state, t)
+        records.append(record)
+        keep(t + 1, state)
         if hooks.watched:              # the hooks see θ^{t+1}; a freeze sets the next round's start
+            row, blocks, ks, running, bad = record
             hooks.record(t, row, blocks, ks)
-            carried = (P, initial, best, best_loss, warm, client_state, server_state)
-            P, warm = hooks.observe(t + 1, carried, np.asarray(to_numpy(running)), np.asarray(to_numpy(bad)))
-        if _all_diverged(xp, alive, t - first):
+            state = hooks.observe(t + 1, state, np.asarray(to_numpy(running)), np.asarray(to_numpy(bad)))
+        if _all_diverged(ens.xp, state.alive, t - first):
             break
-    outcome = _Outcome(ens, records, blocks_seen, participants, first, origin, diverged_at, final,
-                       warm, initial, best, last_start, saved, history, hooks.frozen)
+    outcome = _Outcome(ens, records, first, origin, state, saved, history, hooks.frozen)
     results = [outcome.member(i) for i in range(count)]
     back = [None] * count
     for position, i in enumerate(order):
@@ -776,17 +808,17 @@ class _Hooks:
                 new, self.gamma[i] = _round_row(t, blocks[i], values, int(ks[i]), self.ens.names[i], self.gamma[i])
                 self.rows[i].append(new)
 
-    def observe(self, r: int, carried, running: np.ndarray, bad: np.ndarray):
+    def observe(self, r: int, loop: "LoopState", running: np.ndarray, bad: np.ndarray) -> "LoopState":
         """``on_round`` and the control of every watched instance that ran round ``r − 1`` (round
-        ``r``: its state after it); the control only where it did not diverge. Returns ``(P, warm)``."""
+        ``r``: its state after it); the control only where it did not diverge. Returns the loop's
+        state with the freezes applied."""
         ens, xp = self.ens, self.ens.xp
-        P, warm = carried[0], carried[4]
         for i in self.watched:
             mb, control = ens.members[i], ens.controls[i]
             if not running[i] or len(self.rows[i]) != r + 1:
                 continue
             state = mb.prefix if mb.prefix is not None and r == mb.start else \
-                _run_state(i, r, mb.warmup_rounds, self.rows[i], carried)
+                _run_state(i, r, mb.warmup_rounds, self.rows[i], loop)
             if mb.on_round is not None:
                 mb.on_round(state)
             if control is None or bad[i]:
@@ -798,9 +830,10 @@ class _Hooks:
             if r < ens.fed.rounds:            # a freeze at round T changes nothing
                 mask = _mask(xp, np.arange(ens.count) == i, 1)
                 frozen = _lift(xp, [decision.params] * ens.count)
-                P, warm = _where(xp, mask, frozen, P), _where(xp, mask, frozen, warm)
+                loop = loop._replace(params=_where(xp, mask, frozen, loop.params),
+                                     warm=_where(xp, mask, frozen, loop.warm))
                 ens.schedules[i], self.frozen[i] = _frozen_schedule, True
-        return P, warm
+        return loop
 
 
 def _first_rows(ens: "_Ensemble", i: int, origin) -> list:
@@ -841,17 +874,15 @@ def _all_diverged(xp, alive, done: int) -> bool:
 class _Outcome:
     """An ensemble's run gathered on the host once, and cut into per-instance results."""
 
-    def __init__(self, ens: _Ensemble, records, blocks_seen, participants, first, origin, diverged_at,
-                 final, warm, initial, best, last_start, saved, history, frozen):
+    def __init__(self, ens: _Ensemble, records, first, origin, loop: LoopState, saved, history, frozen):
         xp = ens.xp
-        self.ens, self.first = ens, first
-        self.blocks, self.participants = blocks_seen, participants
+        self.ens, self.first, self.loop = ens, first, loop
+        self.blocks, self.participants = [r[1] for r in records], [r[2] for r in records]
         host = lambda a: np.asarray(to_numpy(a))  # noqa: E731
         if records:
-            self.records = [host(xp.stack([r[j] for r in records], axis=0)) for j in range(5)]
+            self.records = [host(xp.stack([r[0][j] for r in records], axis=0)) for j in range(5)]
         self.origin = None if origin is None else tuple(host(a) for a in origin)
-        self.diverged_at = host(diverged_at)
-        self.final, self.warm, self.initial, self.best, self.last_start = final, warm, initial, best, last_start
+        self.diverged_at = host(loop.diverged_at)
         self.saved, self.frozen = saved, frozen
         self.history = None
         if history is not None:
@@ -875,12 +906,12 @@ class _Outcome:
         diverged = self.diverged_at[i] >= 0
         end = int(self.diverged_at[i]) if diverged else T
         rows = self.rows(i, end)
-        final = _instance(self.final, i)
-        warm = _instance(self.warm, i) if T0 < end or self.frozen[i] else final
+        final = _instance(self.loop.final, i)
+        warm = _instance(self.loop.warm, i) if T0 < end or self.frozen[i] else final
         divergence = None
         if diverged:
             j = end - 1 - self.first
-            points = [_instance(P, i) for P in (self.initial, self.best, self.last_start)]
+            points = [_instance(P, i) for P in (self.loop.initial, self.loop.best, self.loop.last_start)]
             divergence = _divergence(end, float(self.records[1][j, i]), points, mb.data, float(ens.lam[i]),
                                      float(ens.eta[i]), self.blocks[j][i])
         result = _result(rows, final, warm, divergence, T0, ens.names[i])
@@ -890,8 +921,7 @@ class _Outcome:
         states = {}
         for r in mb.checkpoints:
             if r in self.saved and mb.start <= r <= end:
-                P, best, best_loss, warm_r, cs, ss = self.saved[r]
-                states[r] = _run_state(i, r, T0, rows[:r + 1], (P, self.initial, best, best_loss, warm_r, cs, ss))
+                states[r] = _run_state(i, r, T0, rows[:r + 1], self.saved[r])
         history = None
         if self.history is not None:
             history = [Params(*(getattr(self.history, b)[j, i, 0] for b in BLOCKS))
@@ -899,15 +929,15 @@ class _Outcome:
         return result, states, history
 
 
-def _run_state(i: int, r: int, T0: int, rows, carried) -> RunState:
-    """Instance ``i``'s :class:`RunState` at round ``r`` from what the ensemble carries,
-    ``(P, initial, best, best_loss, warm, client_state, server_state)`` (states in ensemble form)."""
-    P, initial, best, best_loss, warm, cs, ss = carried
-    params = _instance(P, i)
-    reached = _instance(warm, i) if r > T0 else params if r == T0 else None
+def _run_state(i: int, r: int, T0: int, rows, loop: LoopState) -> RunState:
+    """Instance ``i``'s :class:`RunState` at round ``r`` from the loop's state (the strategies'
+    states in ensemble form: an instance axis of length 1)."""
+    params = _instance(loop.params, i)
+    reached = _instance(loop.warm, i) if r > T0 else params if r == T0 else None
     one = lambda a: a[i:i + 1, ...]  # noqa: E731
-    return RunState(r, params, tuple(rows), _instance(initial, i), _instance(best, i),
-                    float(to_numpy(best_loss)[i]), reached, _tree_map(one, cs), _tree_map(one, ss))
+    return RunState(r, params, tuple(rows), _instance(loop.initial, i), _instance(loop.best, i),
+                    float(to_numpy(loop.best_loss)[i]), reached, _tree_map(one, loop.client_state),
+                    _tree_map(one, loop.server_state))
 
 
 def _result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> RunResult:
