@@ -216,9 +216,10 @@ def simulate_many(configs, clients=None, *, params=None, frozen_features=None, s
     instance's step is not tiny, :func:`~linattn_theory.sim.rounds.select_engine`).
     ``clients`` and ``params`` are ``None`` or one entry per config (``None`` entries: built from
     the config, as :func:`simulate` does), and so are :func:`simulate`'s hooks ``frozen_features``
-    and ``strategies`` (a run with a hook is an instance of its own: it shares no warm-up). ``max_bytes`` bounds the data of one ensemble (more
-    instances form more ensembles, run one after another; ``"auto"``: 1 GiB on NumPy, half the
-    free memory of a GPU; ``None``: no bound); results do not depend on it. FedFrozen runs that
+    and ``strategies`` (a run with a hook is an instance of its own: it shares no warm-up).
+    ``max_bytes`` bounds the data of one ensemble (more instances form more ensembles, run one
+    after another; ``"auto"``: 1 GiB on NumPy, half the free memory of a GPU; ``None``: no
+    bound); results do not depend on it. FedFrozen runs that
     differ only in ``T0`` share their warm-up, and so does the online rule's run of their instance
     when its ``T0 = T`` run is among them (module docstring); other runs of a strategy that decides
     during the run (a per-round control) run in ensembles too, their control deciding in the round
@@ -247,7 +248,8 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
             raise TypeError(f"configs[{i}] is a {type(config).__name__}; expected a RunConfig")
     clients = _per_config(clients, count, "clients")
     params = _per_config(params, count, "params")
-    hooks = list(zip(_per_config(strategies, count, "strategies"), _per_config(frozen_features, count, "frozen_features")))
+    hooks = list(zip(_per_config(strategies, count, "strategies"),
+                     _per_config(frozen_features, count, "frozen_features")))
     results: list[RunResult | None] = [None] * count
     families: dict = {}
     for i, config in enumerate(configs):
@@ -285,7 +287,8 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
 
 
 def _warn_float32_steps(config: RunConfig, data, theta0) -> None:
-    """Warn when float32 cannot resolve the run's first local steps (:func:`~linattn_theory.sim.limits.float32_step_note`)."""
+    """Warn when float32 cannot resolve the run's first local steps
+    (:func:`~linattn_theory.sim.limits.float32_step_note`)."""
     if config.model.dtype == "float32":
         from .limits import float32_step_note
         note = float32_step_note(config, data, theta0)

@@ -156,7 +156,6 @@ class Member:
         return make_strategy(self.config.federated, self.warmup_rounds) if self.strategy is None else self.strategy
 
 
-
 def _why_not(xp, data, fed, strategy) -> str | None:
     """The reason the fused engine does not apply to this run, or ``None`` when it does."""
     from array_api_compat import is_numpy_namespace
@@ -747,7 +746,7 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
     rounds = range(first, ens.fed.rounds)
     if progress:
         from tqdm.auto import tqdm
-        rounds = tqdm(rounds, desc=f"rounds of {count} runs", unit="round", leave=False)
+        rounds = tqdm(rounds, desc="rounds" if count == 1 else f"rounds of {count} runs", unit="round", leave=False)
     for t in rounds:
         state, record = ens.round_step(state, t)
         records.append(record)
