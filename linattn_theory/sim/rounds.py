@@ -190,9 +190,9 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     says which rule applies (a run alone is an ensemble of one with ``alone=True``). Either is a rule of the instance
     alone, so that its engine does not depend on the others in its ensemble. (One threshold
     for both would move committed float64 tables: at ``2¹⁴`` the fitted bounds' FedAvg paths,
-    which run alone at ``2¹⁶``, would take the fused engine and ``figures/tradeoff.csv``,
-    ``kernel_bias_drift.csv`` and ``excess_risk_decomposition.csv`` change; at ``2¹⁸`` the
-    figures' ensembles would leave it.)
+    which run alone at ``2¹⁶``, would take the fused engine, and the fitted bound of the
+    near-edge instances (seeds 18 and 19 at ``ζ_V = 1``) changes in ``figures/tradeoff.csv`` and
+    ``kernel_bias_drift.csv``; at ``2¹⁸`` the figures' ensembles would leave it.)
     """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
