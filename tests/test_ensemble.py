@@ -17,7 +17,7 @@ import pytest
 from linattn_theory import config_from_dict, simulate
 from linattn_theory.core.fused import numba_available, set_threads
 from linattn_theory.sim.ensemble import Member, run_ensemble, simulate_many
-from linattn_theory.sim.engine import clients_from_config, prepare_run
+from linattn_theory.sim.engine import clients_from_config, prepare_run, run_schedule
 from linattn_theory.sim.warmup_grid import warmup_sweep, warmup_sweep_many
 
 needs_numba = pytest.mark.skipif(not numba_available(), reason="the fused engine needs numba")
@@ -177,6 +177,23 @@ def test_members_continue_from_a_prefix_exactly(learning_rate, resume):
     [(rest, _, _)] = run_ensemble([Member(c, data, states[resume].params, prefix=states[resume])])
     assert_identical(rest, full)
     assert full.diverged == (learning_rate > 0.1) and (not full.diverged or full.divergence.round > resume)
+
+
+def test_on_round_sees_each_members_rounds_from_its_own_prefix():
+    """Members continuing from prefixes of different rounds: each one's on_round sees its prefix,
+    then every later round's state, as run_schedule continued from that prefix shows them."""
+    c = config(warmup_rounds=4)
+    data, theta0 = prepare_run(c, clients_from_config(c))
+    [(_, states, _)] = run_ensemble([Member(c, data, theta0, checkpoints=(1, 3))])
+    seen = {1: [], 3: []}
+    members = [Member(c, data, states[r].params, prefix=states[r], on_round=seen[r].append) for r in (1, 3)]
+    run_ensemble(members)
+    for r in (1, 3):
+        alone = []
+        run_schedule(states[r].params, data, c.federated, c.warmup_rounds, c.seed, prefix=states[r],
+                     on_round=alone.append)
+        assert [s.round for s in seen[r]] == [s.round for s in alone] == list(range(r, c.federated.rounds + 1))
+        assert seen[r][0] is states[r] and all(np.array_equal(a.params.WV, b.params.WV) for a, b in zip(seen[r], alone))
 
 
 @pytest.mark.parametrize("frozen_stage", ["moments", "explicit"])

@@ -814,8 +814,8 @@ class _Hooks:
         ens, xp = self.ens, self.ens.xp
         for i in self.watched:
             mb, control = ens.members[i], ens.controls[i]
-            if not running[i] or len(self.rows[i]) != r + 1:
-                continue
+            if not (running[i] or r == mb.start) or len(self.rows[i]) != r + 1:
+                continue                      # idle (not started, or diverged) in round r − 1
             state = mb.prefix if mb.prefix is not None and r == mb.start else \
                 _run_state(i, r, mb.warmup_rounds, self.rows[i], loop)
             if mb.on_round is not None:
