@@ -192,7 +192,8 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     for both would move committed float64 tables: at ``2¹⁴`` the fitted bounds' FedAvg paths,
     which run alone at ``2¹⁶``, would take the fused engine, and the fitted bound of the
     near-edge instances (seeds 18 and 19 at ``ζ_V = 1``) changes in ``figures/tradeoff.csv`` and
-    ``kernel_bias_drift.csv``; at ``2¹⁸`` the figures' ensembles would leave it.)
+    ``kernel_bias_drift.csv``, as do the strategies figure's tables (its runs alone at ``2¹⁵·²``);
+    at ``2¹⁸`` the figures' ensembles would leave it.)
     """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
