@@ -259,7 +259,10 @@ def _mask(xp, host_bool, ndim: int):
 
 
 def _where(xp, mask, new, old):
-    """``new`` where ``mask`` (device bool ``(I,)``), else ``old``; for arrays and Params."""
+    """``new`` where ``mask`` (device bool ``(I,)``), else ``old``; for arrays and Params (a NumPy
+    mask that is all true or all false picks one side whole: the same values, no copies)."""
+    if isinstance(mask, np.ndarray) and (mask.all() or not mask.any()):
+        return new if mask.all() else old
     if isinstance(new, Params):
         return new.map(lambda a, b: _where(xp, mask, a, b), old)
     return xp.where(xp.reshape(mask, (-1,) + (1,) * (new.ndim - 1)), new, old)
