@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import linattn_theory.sim.engine as federated
+import linattn_theory.core.model as model_module
 from linattn_theory import config_from_dict, simulate, stack_clients
 from linattn_theory.core.model import Params, kernel
 from linattn_theory.core.moments import value_moments
@@ -64,14 +64,14 @@ def test_full_batch_sweep_equals_explicit_runs_at_every_T0(settings):
 
 def _count_warmup_gradients(monkeypatch):
     calls = []
-    original = federated.loss_and_grad_from_moments
+    original = model_module.loss_and_grad_from_moments
 
-    def counting(params, *args, blocks=federated.BLOCKS, **kwargs):
+    def counting(params, *args, blocks=model_module.BLOCKS, **kwargs):
         if "WQ" in blocks:
             calls.append(1)
         return original(params, *args, blocks=blocks, **kwargs)
 
-    monkeypatch.setattr(federated, "loss_and_grad_from_moments", counting)
+    monkeypatch.setattr(model_module, "loss_and_grad_from_moments", counting)
     return calls
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from array_api_compat import array_namespace, is_cupy_array, is_numpy_array, size
 
-__all__ = ["array_namespace", "to_numpy", "size", "moveaxis"]
+__all__ = ["array_namespace", "to_numpy", "size", "moveaxis", "sq_norms"]
 
 
 def to_numpy(x) -> np.ndarray:
@@ -36,3 +36,9 @@ def moveaxis(xp, x, source: int, destination: int):
     dst = destination % x.ndim
     axes.insert(dst, axes.pop(src))
     return xp.permute_dims(x, tuple(axes))
+
+
+def sq_norms(xp, a, lead: int = 1):
+    """``‖a_i‖_F²`` over the trailing axes of ``a`` for every index ``i`` of its ``lead`` leading
+    axes (a run's clients ``(k, ...)``, an ensemble's ``(I, k, ...)``); shape ``a.shape[:lead]``."""
+    return xp.sum(xp.reshape(a * a, tuple(a.shape[:lead]) + (-1,)), axis=-1)

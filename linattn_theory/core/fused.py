@@ -1,11 +1,11 @@
 """The fused CPU engine: full-batch local steps near the memory floor, clients in parallel.
 
-The Array-API engine of :func:`~linattn_theory.sim.engine.run_schedule` runs each local step
-as batched products over all clients, streaming every sample's ``Ŝ`` from memory twice per
-step. The fused engine runs a client's ``E`` local steps in one numba kernel
+The Array-API engine of the round loop (:func:`~linattn_theory.sim.rounds.run_ensemble`) runs
+each local step as batched products over all clients, streaming every sample's ``Ŝ`` from
+memory twice per step. The fused engine runs a client's ``E`` local steps in one numba kernel
 (:mod:`linattn_theory.core._fused_kernels`) while its data sit in cache, laid out samples last
 so that every inner loop is a long vectorised loop over the samples, and runs chunks of work
-items — one client of one instance of an ensemble (:mod:`linattn_theory.sim.ensemble`; a single
+items — one client of one instance of an ensemble (:mod:`linattn_theory.sim.rounds`; a single
 run is an ensemble of one) — on threads (the kernels release the GIL). It computes the same
 closed forms (docs/theory.md §1, §5) in another order of summation: results equal the
 Array-API engine's to rounding (tests: ≤ 1e-12 relative in float64), and are bit-identical
@@ -14,7 +14,7 @@ thread's work, on its own data).
 
 It applies to NumPy arrays of float32 or float64, full batches, and client rules without a
 gradient correction (FedAvg, FedFrozen, FedAvgM, FedAdam, value-frozen, random kernel).
-The round engine chooses it (:func:`linattn_theory.sim.engine.select_engine`): ``engine="auto"``
+The round engine chooses it (:func:`linattn_theory.sim.rounds.select_engine`): ``engine="auto"``
 uses it where it applies, numba is installed and a local step is large enough
 (``m·N·d² ≥`` :data:`MIN_STEP_WORK`) to repay loading the compiled kernels — in an ensemble,
 whose instances share that cost, from :data:`MIN_ENSEMBLE_WORK`;
@@ -144,7 +144,8 @@ class FusedEngine:
 
     ``data`` is one run's :class:`~linattn_theory.core.clients.StackedClients` or, with
     ``instances=True``, an ensemble's (every array with a leading instance axis,
-    :mod:`linattn_theory.sim.ensemble`); one run is handled as an ensemble of one.
+    :mod:`linattn_theory.sim.rounds`); one run is handled as an ensemble of one (:meth:`train`
+    and :meth:`losses` take the instance axis).
 
     Parameters
     ----------
@@ -181,18 +182,6 @@ class FusedEngine:
     def _per_instance(self, value, count: int):
         return self._cast(np.broadcast_to(np.asarray(value, dtype=self.dtype).reshape(-1), (count,)))
 
-    def local_training(self, params, blocks, participants, steps: int, learning_rate: float,
-                       ridge: float, frozen_features=None) -> dict:
-        """``{b: θ_{c,b}}`` after ``E`` local steps of every participant of one run (leading client axis).
-
-        Same result as the Array-API engine's local steps without a correction; with the
-        kernel frozen (``blocks == ("WV",)``) ``frozen_features`` ``(m, N, H·d)`` are the features.
-        """
-        server = params.map(lambda a: np.asarray(a)[None])
-        phi = None if frozen_features is None else np.asarray(frozen_features)[None]
-        out = self.train(server, blocks, np.asarray(participants)[None], steps, learning_rate, ridge, phi)
-        return {b: a[0] for b, a in out.items()}
-
     def train(self, server, blocks, participants, steps: int, learning_rate, ridge, phi=None,
               first: int = 0) -> dict:
         """``{b: θ_{i,c,b}}`` ``(I, k, ...)`` after ``E`` local steps of the participants ``(I, k)``
@@ -220,10 +209,6 @@ class FusedEngine:
                     (WQ, WK, WV, "WQ" in blocks, "WK" in blocks, "WV" in blocks, steps, eta, lam,
                      outs["WQ"], outs["WK"], outs["WV"], self.dim))
         return {b: outs[b].reshape((I, k) + outs[b].shape[1:]) for b in blocks}
-
-    def client_losses(self, params) -> np.ndarray:
-        """``F_c(θ)`` for every client of one run, shape ``(m,)`` (weighted sample means, docs/theory.md §1)."""
-        return self.losses(params.map(lambda a: np.asarray(a)[None]))[0]
 
     def losses(self, server, first: int = 0) -> np.ndarray:
         """``F_c`` of every client of the instances ``first..first+I-1`` at their ``server``

@@ -698,7 +698,7 @@ def loss_and_grad_from_contexts(params: Params, X, q, y, sample_weight=None, blo
 
 
 def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, blocks=BLOCKS, *,
-                              attention: str = "linear", temperature: float = 1.0):
+                              attention: str = "linear", temperature: float = 1.0, with_loss: bool = True):
     """:func:`loss_and_grad_from_moments` (``inputs = Ŝ``) or its softmax form (``inputs = X``).
 
     Parameters
@@ -709,6 +709,8 @@ def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, 
         ``Ŝ`` ``(..., N, d, d)`` (linear) or ``X`` ``(..., N, n, d)`` (softmax).
     q, y, sample_weight, blocks, attention, temperature
         As in :func:`loss_and_grad_from_contexts`.
+    with_loss : bool, default True
+        ``False`` skips the linear path's loss (local steps need only the gradients; ``loss`` is then ``None``).
 
     Returns
     -------
@@ -718,7 +720,7 @@ def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, 
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
                                            attention=attention, temperature=temperature)
-    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks)
+    return loss_and_grad_from_moments(params, inputs, q, y, sample_weight, blocks=blocks, with_loss=with_loss)
 
 
 def kernel_gradient_from_inputs(params: Params, inputs, q, y, sample_weight=None, *,

@@ -1,7 +1,8 @@
 """Task families: heterogeneous clients by name (docs/theory.md §2, §9).
 
 The planted-kernel and in-context-regression families (:mod:`.tasks`), scikit-learn's digits
-split over clients (:mod:`.digits`), and :func:`make_clients`, which builds either by name.
+split over clients (:mod:`.digits`), and :func:`make_clients`, which builds either by name
+(:func:`clients_from_config`: those of a run configuration's task).
 Imports only :mod:`linattn_theory.core`.
 """
 from ..core._lazy import attach
@@ -9,5 +10,5 @@ from ..core._lazy import attach
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".tasks": ["planted_kernel_clients", "in_context_regression_clients"],
     ".digits": ["split_clients", "digits_clients", "digit_contexts", "evaluate", "SEED_SPLIT"],
-    ".families": ["FAMILIES", "make_clients"],
+    ".families": ["FAMILIES", "make_clients", "clients_from_config"],
 }, submodules=("tasks", "digits", "families",))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..core.clients import FederatedDataset
 from .tasks import in_context_regression_clients, planted_kernel_clients
 
-__all__ = ["FAMILIES", "make_clients"]
+__all__ = ["FAMILIES", "make_clients", "clients_from_config"]
 
 
 def _digits_clients(**options) -> FederatedDataset:
@@ -56,3 +56,23 @@ def make_clients(family: str, seed: int = 0, **options) -> FederatedDataset:
     except KeyError:
         raise ValueError(f"task family {family!r} is unknown; expected one of {sorted(FAMILIES)}") from None
     return factory(seed=seed, **options)
+
+
+def clients_from_config(config) -> FederatedDataset:
+    """The clients of a run configuration's task (docs/theory.md §2), seeded by ``config.seed``.
+
+    ``config`` is a :class:`~linattn_theory.sim.config.RunConfig` (read through ``seed`` and
+    ``to_dict()``, whose ``task`` section holds the family and exactly its keys).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+
+    Returns
+    -------
+    FederatedDataset
+        Its clients (:func:`~linattn_theory.data.families.make_clients`).
+    """
+    options = dict(config.to_dict()["task"])
+    return make_clients(options.pop("family"), seed=config.seed, **options)

@@ -342,7 +342,7 @@ def recommend(config, clients=None, *, mode: str = "online", measure: bool = Tru
     >>> lt.recommend(config, mode="a_posteriori", restarts=2).measured["run"].tolist()
     ['recommended', 'fedavg']
     """
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
 
     _check_mode(mode)
     T = config.federated.rounds

@@ -128,7 +128,7 @@ def _truths_and_paths(configs, clients, restarts: int):
     from ..theory.profile import centralized_optima, profile_objective
     from ..sim.warmup_grid import warmup_sweeps_and_paths
 
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
 
     configs = list(configs)
     clients = [None] * len(configs) if clients is None else list(clients)
@@ -259,7 +259,7 @@ def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, r
     list of dict
         One record per config, in order.
     """
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
 
     configs = list(configs)
     clients = [clients_from_config(c) for c in configs] if clients is None else list(clients)

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..sim.config import RunConfig, config_from_dict
-from ..sim.engine import clients_from_config
+from ..data.families import clients_from_config
 from ..core.model import kernel
 from .results import load_run
 from ..core.clients import StackedClients, stack_clients

@@ -1,9 +1,10 @@
 """The simulator: configurations, strategies, the round engine and sweeps (docs/theory.md §3).
 
 :mod:`.config` (validated run configurations), :mod:`.strategies` (one module per federated
-strategy, a registry, and the per-round control hook), :mod:`.engine` (``simulate`` and the
-round loop ``run_schedule``), :mod:`.ensemble` (many runs as one array program with a leading
-instance axis: ``simulate_many``), :mod:`.warmup_grid` (every warm-up length sharing one FedAvg
+strategy, a registry, and the per-round control hook), :mod:`.rounds` (the round loop, one array
+program with a leading instance axis: ``run_ensemble``), :mod:`.engine` (one run: ``simulate``
+and ``run_schedule``, an ensemble of one), :mod:`.ensemble` (many runs planned into ensembles:
+``simulate_many``), :mod:`.warmup_grid` (every warm-up length sharing one FedAvg
 prefix), :mod:`.sweep` (grids of runs on disk, resumable) and :mod:`.limits` (resource checks
 before work). Imports :mod:`linattn_theory.data` and :mod:`linattn_theory.core`.
 """
@@ -24,4 +25,4 @@ __getattr__, __dir__, __all__ = attach(__name__, {
         "sweep_lock", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"],
     ".limits": ["check_output_folder", "RunEstimate", "estimate_run", "check_resources",
         "default_memory_limit", "DEFAULT_MAX_HOURS", "FLOP_RATE"],
-}, submodules=("config", "engine", "ensemble", "warmup_grid", "sweep", "limits", "strategies",))
+}, submodules=("config", "rounds", "engine", "ensemble", "warmup_grid", "sweep", "limits", "strategies",))

@@ -21,12 +21,14 @@ import dataclasses
 
 import numpy as np
 
-from ..core._array import array_namespace, to_numpy
-from ..core.backend import resolve_max_bytes
+from ..core._array import array_namespace, sq_norms, to_numpy
+from ..core.backend import get_namespace
 from ..core.errors import ConfigError
 from .config import RunConfig
-from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, prepare_run, run_metadata,
-                     run_schedule)
+from .ensemble import (_chunk_bytes, _data_bytes, _per_config, _Plan, _simulate_many, ensemble_bytes,
+                       ensemble_key, prepare_run, run_metadata)
+from .rounds import (Member, RunResult, RunState, _divergence, _participants, _per_instance, _result, _row,
+                     objective, run_ensemble)
 from ..core.model import Params, _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
 from ..core.frozen_map import frozen_client_map
@@ -41,7 +43,7 @@ def frozen_stage_from_moments(prefix: RunState, data, fed, warmup_rounds: int,
                               seed: int) -> RunResult:
     """Rounds ``T0..T−1`` of a full-batch FedFrozen frozen stage, in moment space (docs/theory.md §5).
 
-    ``prefix`` is the :class:`~linattn_theory.sim.engine.RunState` of the run at round ``T0``
+    ``prefix`` is the :class:`~linattn_theory.sim.rounds.RunState` of the run at round ``T0``
     (``prefix.params = θ^{T0}``, whose kernel is frozen). Each round draws the participants as
     the simulator does, maps every participant's value block through
     :func:`~linattn_theory.core.frozen_map.frozen_client_map` and applies the server step
@@ -80,7 +82,6 @@ def frozen_stages_from_moments(stages) -> list[RunResult]:
 def _frozen_stages(stages) -> list[RunResult]:
     """:func:`frozen_stages_from_moments` of compatible stages: one program."""
     from ..core.moments import ValueMoments
-    from .ensemble import _per_instance, _sq_norms
     from .strategies.base import _instance_rows, weighted_sum
 
     if not stages:
@@ -148,13 +149,12 @@ def _frozen_stages(stages) -> list[RunResult]:
         pw = pw / xp.sum(pw, axis=1, keepdims=True)
         V_c = xp.matmul(Mt, V) + bt                                    # (P, k, n, p)
         average = weighted_sum(pw, V_c)                                # (P, 1, n, p)
-        drift = xp.sum(pw * _sq_norms(xp, V_c - average), axis=-1)
+        drift = xp.sum(pw * sq_norms(xp, V_c - average, 2), axis=-1)
         running = alive & xp.asarray(active)
         V_previous = V
         V = xp.where(mask(running), V + server * (average - V), V)
         losses = value_objective(V, moments)                           # (P, m)
-        F = xp.sum(weights * losses, axis=-1)
-        F_reg = F + 0.5 * lam_p * xp.sum(xp.reshape(V * V, (count, -1)), axis=-1)
+        F, F_reg = objective(xp, weights, losses, V, lam_p)
         records.append((F, F_reg, losses, drift))
         counts.append(k)
         better = running & (F_reg < best_loss)
@@ -214,7 +214,9 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     (its table rows and ``θ^{T0}``); the frozen stages run in moment space
     (:func:`frozen_stage_from_moments`) when batches are full and explicitly otherwise
     (``frozen_stage = "auto"``; ``"moments"`` or ``"explicit"`` force one). A run whose warm-up
-    diverges shares the trajectory's divergence.
+    diverges shares the trajectory's divergence. :func:`warmup_sweep_many` of the one config
+    (``params``: its ``θ^0``), with a run alone's ``engine="auto"`` rule as in
+    :func:`~linattn_theory.sim.engine.simulate`; ``max_bytes`` as there.
 
     Parameters
     ----------
@@ -250,43 +252,9 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     >>> bool(abs(final[3] - alone.table["loss_regularized"].iloc[-1]) < 1e-9 * final[3])
     True
     """
-    fed = config.federated
-    warmups, use_moments = _sweep_configs(config, warmups, frozen_stage)
-    T = fed.rounds
-    data, theta0 = prepare_run(config, clients, params)
-    max_bytes = resolve_max_bytes(max_bytes, data, config.model.heads, fed.batch_size)
-
-    checkpoints = {}
-
-    def keep(state):
-        if state.round in warmups:
-            checkpoints[state.round] = state
-
-    longest = warmups[-1]
-    warmup = dataclasses.replace(fed, strategy="fedfrozen", rounds=longest, warmup_rounds=longest)
-    trajectory = run_schedule(theta0, data, warmup, longest, config.seed, progress=progress,
-                              max_bytes=max_bytes, on_round=keep, engine=config.model.engine)
-    metadata = run_metadata(config)
-    results = {}
-    for T0 in warmups:
-        run_config = config.with_updates({"federated.strategy": "fedfrozen",
-                                          "federated.warmup_rounds": T0})
-        if T0 == T or (trajectory.diverged and T0 >= trajectory.divergence.round):
-            # plain FedAvg, or a warm-up that diverges by round T0: the trajectory itself
-            result = dataclasses.replace(trajectory, table=trajectory.table.copy(),
-                                         metadata=dict(trajectory.metadata, warmup_rounds=T0))
-        else:
-            frozen = run_config.federated
-            if use_moments:
-                result = frozen_stage_from_moments(checkpoints[T0], data, frozen, T0, config.seed)
-            else:
-                result = run_schedule(checkpoints[T0].params, data, frozen, T0, config.seed,
-                                      max_bytes=max_bytes, prefix=checkpoints[T0],
-                                      engine=config.model.engine)
-        result.metadata.setdefault("engine", trajectory.metadata["engine"])   # the warm-up's engine
-        result.metadata.update(metadata, config=run_config.to_dict())
-        results[T0] = result
-    return results
+    sweeps, _ = warmup_sweeps_and_paths([config], warmups, [clients], params=[params], frozen_stage=frozen_stage,
+                                        max_bytes=max_bytes, progress=progress, alone=True)
+    return sweeps[0]
 
 
 def _sweep_configs(config: RunConfig, warmups, frozen_stage: str):
@@ -314,7 +282,8 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
     program (:func:`frozen_stages_from_moments`) when batches are full, or explicitly as
     ensembles continuing from those states otherwise (``frozen_stage`` as in
     :func:`warmup_sweep`). Each result equals ``warmup_sweep(config)[T0]`` to rounding (the
-    ensemble runs the fused CPU engine wherever it applies and pays).
+    ensemble runs the fused CPU engine wherever it applies and pays). ``clients`` is ``None`` or one entry
+    per config; ``max_bytes`` bounds an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
 
     Parameters
     ----------
@@ -349,19 +318,19 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
 
 
 def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage: str = "auto",
-                            max_bytes: int | str | None = "auto", progress: bool = False):
+                            max_bytes: int | str | None = "auto", progress: bool = False, params=None,
+                            alone: bool = False):
     """``(sweeps, paths)``: :func:`warmup_sweep_many`'s sweeps and, per config, the FedAvg trajectory
     that ran them, ``(data, states)`` — the stacked clients and the states after rounds ``0..T``
     (what :func:`~linattn_theory.sim.engine.run_schedule` passes to ``on_round``; up to the
     divergence round when it diverged) — when every ``T0 = 0..T`` is swept (the ``T0 = T`` run is
     the FedAvg trajectory, in moment space or explicitly), else ``None``. A consumer of the FedAvg
-    path (the regret benchmark's record) reads it here instead of running it again."""
-    from ..core.backend import get_namespace
-    from .ensemble import (Member, _data_bytes, _local_chunk_bytes, _per_config, _Plan, _simulate_many,
-                           ensemble_bytes, ensemble_key, run_ensemble)
-
+    path (the regret benchmark's record) reads it here instead of running it again. ``params``:
+    ``None`` or one ``θ^0`` (or ``None``) per config; ``alone``: a run alone's ``engine="auto"``
+    rule (:func:`~linattn_theory.sim.rounds.select_engine`)."""
     configs = list(configs)
     clients = _per_config(clients, len(configs), "clients")
+    params = _per_config(params, len(configs), "params")
     checked = [_sweep_configs(c, warmups, frozen_stage) for c in configs]
     run_configs = [[c.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0})
                     for T0 in T0s] for c, (T0s, _) in zip(configs, checked)]
@@ -371,8 +340,8 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     if explicit:
         flat = [(i, rc) for i in explicit for rc in run_configs[i]]
         trajectories: dict = {}
-        runs = _simulate_many([rc for _, rc in flat], [clients[i] for i, _ in flat], None, max_bytes,
-                              progress, trajectories)
+        runs = _simulate_many([rc for _, rc in flat], [clients[i] for i, _ in flat], [params[i] for i, _ in flat],
+                              max_bytes, progress, trajectories, alone)
         for j, ((i, rc), run) in enumerate(zip(flat, runs)):
             results[i] = results[i] or {}
             results[i][rc.federated.warmup_rounds] = run
@@ -381,11 +350,11 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     pending = [i for i, (_, moments) in enumerate(checked) if moments]
     if not pending:
         return results, paths
-    plan = _Plan(ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
+    plan = _Plan(None if alone else ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
     waves = []
     for i in pending:
         config, (T0s, _) = configs[i], checked[i]
-        data, theta0 = prepare_run(config, clients[i])
+        data, theta0 = prepare_run(config, clients[i], params[i])
         longest = T0s[-1]
         trajectory = config.with_updates({"federated.strategy": "fedfrozen", "federated.rounds": longest,
                                           "federated.warmup_rounds": longest})
@@ -398,10 +367,9 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
         for bucket in buckets:
             members = [member for _, member in bucket]
             first = members[0]
-            xp = array_namespace(first.data.S)
-            chunk = _local_chunk_bytes(xp, first.data, first.config.model.heads, None, len(members))
-            for (i, member), (trajectory, states, _) in zip(bucket, run_ensemble(members, max_bytes=chunk,
-                                                                                  progress=progress)):
+            chunk = _chunk_bytes(first.data, first.config, len(members), max_bytes if alone else None)
+            for (i, member), (trajectory, states, _) in zip(bucket, run_ensemble(
+                    members, max_bytes=chunk, progress=progress, alone=alone)):
                 results[i] = {}
                 metadata = run_metadata(configs[i])
                 if list(checked[i][0]) == list(range(configs[i].federated.rounds + 1)):

@@ -50,7 +50,8 @@ import pandas as pd
 
 from ..core._array import to_numpy
 from ..sim.config import RunConfig
-from ..sim.engine import Divergence, clients_from_config, initial_params, run_schedule
+from ..data.families import clients_from_config
+from ..sim.engine import Divergence, initial_params, run_schedule
 from ..core.model import Params, _value_matrix, kernel
 from ..core.clients import StackedClients, stack_clients
 from .profile import centralized_optimum, profile_objective

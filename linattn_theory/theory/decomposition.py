@@ -33,7 +33,7 @@ def _run_clients(run, clients):
     if clients is not None:
         return clients
     from ..sim.config import config_from_dict
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
     try:
         recorded = run.metadata["config"]    # drop unset options (None) as RunConfig.with_updates does
         recorded = {k: ({kk: vv for kk, vv in v.items() if vv is not None} if isinstance(v, dict) else v)
@@ -166,7 +166,8 @@ def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restar
     >>> table["warmup_rounds"].tolist(), bool(table["identity_residual"].abs().max() < 1e-9)
     ([0, 4, 8], True)
     """
-    from ..sim.engine import clients_from_config, simulate
+    from ..data.families import clients_from_config
+    from ..sim.engine import simulate
     clients = clients_from_config(config) if clients is None else clients
     runs = {}
     for T0 in warmups:

@@ -224,7 +224,8 @@ def warmup_inexactness(config_or_params, clients=None, *, rounds: int | None = N
     """
     from ..sim.config import RunConfig
     if isinstance(config_or_params, RunConfig):
-        from ..sim.engine import clients_from_config, initial_params
+        from ..data.families import clients_from_config
+        from ..sim.engine import initial_params
         config = config_or_params
         fed = config.federated
         if fed.batch_size is not None or fed.participation < 1.0:

@@ -473,7 +473,7 @@ def population_value_moments(K, config, samples: int = 4096) -> ValueMoments:
     >>> moments.A.shape, moments.B.shape, moments.weights.tolist()
     ((3, 4, 4), (3, 4, 2), [0.333..., 0.333..., 0.333...])
     """
-    from ..sim.engine import clients_from_config
+    from ..data.families import clients_from_config
     from ..data.families import make_clients
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
         raise ValueError(f"samples = {samples!r}; expected an integer >= 1")

@@ -507,7 +507,8 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
     pandas.DataFrame
         One row per arm (``full``, ``fedfrozen``, ``static_<pattern>``).
     """
-    from ..sim.engine import clients_from_config, simulate
+    from ..data.families import clients_from_config
+    from ..sim.engine import simulate
     from ..core.model import kernel
 
     if config.model.attention != "linear":

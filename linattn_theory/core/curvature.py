@@ -1,0 +1,138 @@
+"""The curvature of the clients' objectives: the value block's and the full model's (docs/theory.md §5).
+
+``F_{λ,c}`` restricted to ``W_V`` at a fixed kernel is a quadratic with Hessian
+``Ã_c = Σ_i w_i φ_i φ_iᵀ + λ I``, so local gradient descent on it is stable for
+``η < 2 / λ_max(Ã_c)``; the full model's curvature ``λ_max(∇²F_{λ,c}(θ))`` is estimated by power
+iteration. The simulator's divergence report and the theory's step-size checks use both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._array import array_namespace, sq_norms, to_numpy
+from .clients import StackedClients
+from .model import BLOCKS, Params, _flat, loss_and_grad_from_inputs
+
+__all__ = ["value_curvature", "stable_learning_rate", "hessian_curvature"]
+
+
+def value_curvature(K, data: StackedClients, ridge: float = 0.0):
+    """``λ_max(Ã_c)`` per client, ``Ã_c = Σ_i w_i φ_i φ_i^T + λ I`` (docs/theory.md §5); host array ``(m,)``.
+
+    Parameters
+    ----------
+    K : array_like, shape (H, d, d)
+        Kernels.
+    data : StackedClients
+        The clients.
+    ridge : float, default 0.0
+        ``λ``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (m,)
+        The largest eigenvalues.
+    """
+    xp = array_namespace(data.S)
+    phi = _flat(xp, data.features(K), 2)
+    A = xp.matmul(xp.matrix_transpose(phi), phi * data.sample_weight[..., None])
+    return np.linalg.eigvalsh(to_numpy(A))[:, -1] + ridge
+
+
+def stable_learning_rate(K, data: StackedClients, ridge: float = 0.0) -> float:
+    """The value block's stability limit ``2 / max_c λ_max(Ã_c)`` (docs/theory.md §5).
+
+    Parameters
+    ----------
+    K : array, shape (H, d, d)
+        The kernels (frozen, or the current ones).
+    data : StackedClients
+        The clients (:func:`~linattn_theory.core.clients.stack_clients`).
+    ridge : float, default 0.0
+        Ridge ``λ``.
+
+    Returns
+    -------
+    float
+        The largest client step size ``η`` for which every client's local value steps are stable.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> eta = lt.stable_learning_rate(clients.truth["kernel"], lt.stack_clients(clients))
+    >>> bool(lt.contraction_rate(clients.truth["kernel"], clients, eta=0.9 * eta, E=1) < 1)
+    True
+    """
+    return float(2.0 / np.max(value_curvature(K, data, ridge)))
+
+
+def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
+                      iterations: int = 50, seed: int = 0) -> np.ndarray:
+    """``λ_max(∇²F_{λ,c}(θ))`` per client for the full model, by power iteration (host array ``(m,)``).
+
+    Hessian-vector products are central differences of the closed-form gradients,
+    ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``, ``ε = 10⁻⁵ max(1, max|θ|)``; all clients are iterated at
+    once. ``params`` may also be a sequence of points ``θ``: then all points and clients are iterated
+    at once and the result is ``(points, m)``, each row what ``θ`` alone gives, bit for bit.
+
+    Parameters
+    ----------
+    params : Params or sequence of Params
+        The point(s) ``θ``.
+    data : StackedClients
+        The clients.
+    ridge : float, default 0.0
+        ``λ``.
+    iterations : int, default 50
+        Power iterations.
+    seed : int, default 0
+        Seed of the starting vectors.
+
+    Returns
+    -------
+    numpy.ndarray, shape (m,) or (points, m)
+        The largest eigenvalues.
+    """
+    xp = array_namespace(data.S)
+    single = isinstance(params, Params)
+    points = [params] if single else list(params)
+    m, count = data.S.shape[0], len(points)
+    rng = np.random.default_rng(seed)
+
+    def tile(a):                         # the clients' rows once per point: (count·m, ...)
+        return a if count == 1 else xp.concat([a] * count, axis=0)
+
+    stacked = Params(*(xp.concat([xp.broadcast_to(getattr(P, b), (m,) + tuple(getattr(P, b).shape))
+                                  for P in points], axis=0) for b in BLOCKS))
+    inputs, q, y, weight = (tile(a) for a in (data.inputs, data.q, data.y, data.sample_weight))
+
+    def grad(P):
+        _, g = loss_and_grad_from_inputs(P, inputs, q, y, weight, attention=data.attention,
+                                         temperature=data.temperature)
+        return g.replace(WV=g.WV + ridge * P.WV)
+
+    def norm(v):
+        return xp.sqrt(sum(sq_norms(xp, getattr(v, b)) for b in BLOCKS))
+
+    def rows(c, a):                      # a per-row factor c as a column that broadcasts against a
+        return xp.reshape(c, (-1,) + (1,) * (a.ndim - 1))
+
+    def scale(v, c):
+        return v.map(lambda a: a * rows(c, a))
+
+    v = Params(*(tile(xp.asarray(rng.normal(size=(m,) + tuple(getattr(points[0], b).shape)),
+                                 dtype=getattr(stacked, b).dtype)) for b in BLOCKS))
+    v = scale(v, 1.0 / norm(v))
+    sizes = [max(float(to_numpy(xp.max(xp.abs(getattr(P, b))))) for b in BLOCKS) for P in points]
+    eps = xp.asarray(np.repeat([1e-5 * max(size, 1.0) for size in sizes], m), dtype=data.S.dtype)
+    estimate = xp.zeros((count * m,), dtype=data.S.dtype)
+    for _ in range(iterations):
+        plus = grad(stacked.map(lambda a, u: a + rows(eps, u) * u, v))
+        minus = grad(stacked.map(lambda a, u: a - rows(eps, u) * u, v))
+        hv = plus.map(lambda a, b: (a - b) / rows(2 * eps, a), minus)
+        estimate = norm(hv)
+        v = scale(hv, 1.0 / xp.maximum(estimate, xp.asarray(1e-300, dtype=estimate.dtype)))
+    estimate = to_numpy(estimate)
+    return estimate if single else estimate.reshape(count, m)

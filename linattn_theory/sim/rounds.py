@@ -1,0 +1,1082 @@
+"""The round loop: every run is an ensemble, one array program with a leading instance axis (docs/theory.md §3).
+
+Round ``t``: the server sends ``θ^t``; each participating client runs ``E`` local gradient
+steps with step ``η`` on its own ``F_{λ,c}`` (full batch or minibatches of size ``b``), plus the
+strategy's gradient correction (FedProx, SCAFFOLD); the server takes the strategy's step on the
+weighted mean delta ``Δ = Σ_c p̃_c θ_c − θ^t`` (``p̃_c`` the weights renormalised over the
+participants; FedAvg: ``θ^t + η_s Δ``). The strategy's schedule says which blocks train in round
+``t``: FedFrozen ("FedFrozen: Two-Stage Federated Optimization via Attention Kernel Freezing",
+arXiv:2605.06446) updates every block for ``t < T0`` and only ``W_V`` afterwards (``W_Q``,
+``W_K`` are never touched, so they stay bit-identical); FedAvg (McMahan et al. 2017) is
+``T0 = T``. The strategies live in :mod:`linattn_theory.sim.strategies`, one module each.
+
+:func:`run_ensemble` runs instances of equal shapes — clients ``m``, samples ``N``, tokens ``n``,
+dimensions ``d, r, p``, heads ``H``, local steps ``E``, rounds ``T``, attention, strategy,
+minibatch size and participation — as one program whose arrays carry a leading instance axis,
+as ``jax.vmap`` would: the server parameters are ``(I, 1, H, d, r)``, the clients' local models
+``(I, k, H, d, r)``, the data ``(I, m, N, ...)``. Everything else is per instance: the seed (so
+the data, the initialisation, the participation and minibatch draws), the step size ``η``, the
+warm-up length ``T0``, the ridge ``λ``, the divergence threshold and the strategy's parameters.
+A run alone (:func:`~linattn_theory.sim.engine.run_schedule`, :func:`~linattn_theory.simulate`)
+is an ensemble of one; many (:func:`~linattn_theory.sim.ensemble.simulate_many`) are planned
+into ensembles of equal shapes.
+
+Each round groups the instances by what they do in it (the blocks their schedule trains: a
+FedFrozen instance past its ``T0`` trains ``W_V`` only, on features computed once at its frozen
+kernel) and runs each group's local steps at once, on the Array-API path (any backend: NumPy,
+CuPy, array-api-strict) or with the fused CPU kernels (:mod:`linattn_theory.core.fused`, one
+thread per (instance, client) work item; :func:`select_engine`). Every instance's arithmetic is
+its own, so a result does not depend on which instances share its ensemble, on the chunking
+(``max_bytes``) or on the number of threads or workers (bit for bit on the CPU).
+
+Nothing is synchronised with the host inside a round, but for the instances whose ``on_round``
+hook or strategy :class:`~linattn_theory.sim.strategies.Control` sees every round's state: the
+table's numbers stay on the device until the run ends, and divergence — ``F_λ`` non-finite or
+above ``divergence_factor·F_λ(θ^0)`` — is detected per instance from them afterwards; a diverged
+instance reports its own round and a stable step size while the others go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from ..core import fused as _fused
+from ..core._array import array_namespace, sq_norms, to_numpy
+from ..core.backend import client_chunks, client_working_bytes
+from ..core.clients import StackedClients
+from ..core.curvature import hessian_curvature, stable_learning_rate
+from ..core.errors import ConfigError
+from ..core.model import BLOCKS, Params, _flat, _value_matrix, kernel, loss_and_grad_from_inputs
+from ..core.seeds import SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
+from .config import RunConfig
+from .strategies import Round, Strategy, make_strategy
+from .strategies.base import _instance_rows, local_sgd, weighted_sum
+
+__all__ = ["run_ensemble", "Member", "RunResult", "RunState", "Divergence", "select_engine", "objective"]
+
+@dataclass(frozen=True)
+class Divergence:
+    """A run stopped because ``F`` became non-finite or exceeded the threshold.
+
+    Parameters
+    ----------
+    round : int
+        The round at which it stopped.
+    loss : float
+        ``F`` there.
+    stable_learning_rate : float
+        The value block's stability limit at the initial kernel (:func:`stable_learning_rate`).
+    message : str
+        What happened and what to try.
+    """
+
+    round: int
+    loss: float
+    stable_learning_rate: float
+    message: str
+
+
+@dataclass
+class RunResult:
+    """The outcome of one run: the per-round table, the final and the round-``T0`` parameters.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        One row per round ``t = 0..T`` (``θ^t``): ``loss``, ``loss_regularized``, drift columns,
+        participants, ``client_loss_c`` … (docs/cli.md, "What a run writes").
+    params : Params
+        The final parameters ``θ^T``.
+    warmup_params : Params
+        The parameters at round ``T0``, ``θ^{T0}`` (the frozen kernel's).
+    divergence : Divergence, optional
+        Where and why the run diverged (``None``: it did not; ``diverged`` says so).
+    metadata : dict, optional
+        The configuration, seed, version, provenance and the engine used.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> result = lt.simulate(lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}))
+    >>> result.table["round"].tolist(), result.params.WV.shape, result.diverged
+    ([0, 1, 2, 3, 4], (1, 6, 2), False)
+    >>> bool((result.warmup_params.WQ == result.params.WQ).all())    # FedFrozen: W_Q frozen after T0
+    True
+    """
+
+    table: pd.DataFrame
+    params: Params
+    warmup_params: Params
+    divergence: Divergence | None = None
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def diverged(self) -> bool:
+        return self.divergence is not None
+
+
+class RunState(NamedTuple):
+    """Everything the round loop carries into round ``round``; a run continues from it exactly.
+
+    :func:`run_schedule` passes one to ``on_round`` after every round and continues from one
+    given as ``prefix``. ``rows`` are the table rows ``0..round``; ``initial`` (``θ^0``),
+    ``best`` (the iterate of least ``F_λ`` so far, ``best_loss``) feed the divergence report;
+    ``warmup_params`` is ``θ^{T0}`` once reached (else ``None``); ``client_state`` and
+    ``server_state`` are the strategy's (control variates, server momentum, ...).
+
+    Parameters
+    ----------
+    round : int
+        The round reached.
+    params : Params
+        ``θ^round``.
+    rows : tuple of dict
+        The table rows so far.
+    initial : Params
+        ``θ^0``.
+    best : Params
+        The iterate of least ``F_λ`` so far.
+    best_loss : float
+        Its ``F_λ``.
+    warmup_params : Params or None
+        ``θ^{T0}`` once reached.
+    client_state, server_state : object
+        The strategy's states.
+    """
+
+    round: int
+    params: Params
+    rows: tuple
+    initial: Params
+    best: Params
+    best_loss: float
+    warmup_params: Params | None
+    client_state: Any
+    server_state: Any
+
+
+#: federated settings that may differ between the instances of one ensemble (the engine's own:
+#: step size, ridge, warm-up length, divergence threshold) — the strategy's parameters may differ
+#: too, but split the rule groups of a round (:func:`_rule_key`)
+ENGINE_SETTINGS = ("learning_rate", "ridge", "warmup_rounds", "divergence_factor")
+
+
+def _rule_key(member: "Member") -> str:
+    """Instances whose strategy rules are the same functions: every federated setting but the
+    engine's (a member's own :class:`~linattn_theory.sim.strategies.Strategy` object: its own group)."""
+    fed = {k: v for k, v in dataclasses.asdict(member.config.federated).items() if k not in ENGINE_SETTINGS}
+    return json.dumps([fed, None if member.strategy is None else id(member.strategy)], sort_keys=True, default=str)
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One instance of an ensemble: its config, stacked clients and parameters at the start round.
+
+    ``prefix``: continue from this :class:`~linattn_theory.sim.rounds.RunState` (``params`` must be
+    ``prefix.params``; its strategy states in ensemble form, as :func:`run_ensemble` returns
+    them); ``checkpoints``: rounds whose state :func:`run_ensemble` returns. The hooks of
+    :func:`~linattn_theory.sim.engine.run_schedule`: ``strategy`` replaces the one the config
+    names, ``T0`` its warm-up length, ``frozen_features(params) -> φ`` ``(m, N, H·d)`` the
+    frozen stage's features, and ``on_round(state)`` sees the member's
+    :class:`~linattn_theory.sim.rounds.RunState` after every round (as does the strategy's
+    :class:`~linattn_theory.sim.strategies.Control`, which may freeze the kernel).
+    """
+
+    config: RunConfig
+    data: StackedClients
+    params: Params
+    prefix: RunState | None = None
+    checkpoints: tuple[int, ...] = ()
+    strategy: Strategy | None = None
+    T0: int | None = None
+    frozen_features: Callable | None = None
+    on_round: Callable | None = None
+
+    @property
+    def start(self) -> int:
+        return 0 if self.prefix is None else self.prefix.round
+
+    @property
+    def warmup_rounds(self) -> int:
+        return self.config.warmup_rounds if self.T0 is None else self.T0
+
+    def make_strategy(self) -> Strategy:
+        return make_strategy(self.config.federated, self.warmup_rounds) if self.strategy is None else self.strategy
+
+
+def _why_not(xp, data, fed, strategy) -> str | None:
+    """The reason the fused engine does not apply to this run, or ``None`` when it does."""
+    from array_api_compat import is_numpy_namespace
+
+    if not is_numpy_namespace(xp):
+        return "it runs on NumPy arrays only (use the Array-API engine on other backends)"
+    if getattr(data, "attention", "linear") != "linear":
+        return "it runs linear attention only (softmax needs the contexts X, docs/theory.md §9)"
+    if np.dtype(data.S.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return f"dtype {data.S.dtype} is not float32 or float64"
+    if fed.batch_size is not None:
+        return "it runs full-batch local steps only (federated.batch_size is set)"
+    if strategy.client.correction is not local_sgd().correction:
+        return (f"strategy {strategy.name!r} corrects the local gradients (FedProx, SCAFFOLD); "
+                f"the fused engine runs plain local steps only")
+    if not _fused.numba_available():
+        return "numba is not installed (pip install numba)"
+    return None
+
+
+def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False,
+                  alone: bool | None = None) -> "_fused.FusedEngine | None":
+    """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc).
+
+    ``engine="auto"`` takes the fused engine where it applies and one instance's local step is
+    large enough: ``m·N·d²`` (its clients ``m``, padded samples ``N``, dimension ``d``: the
+    multiply-adds of one product with every ``Ŝ``) at least
+    :data:`~linattn_theory.core.fused.MIN_STEP_WORK` (``2¹⁸``) for a run alone, at least
+    :data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK` (``2¹⁴``) for an instance of an ensemble
+    (``instances=True``: ``data`` has a leading instance axis, :mod:`linattn_theory.sim.ensemble`),
+    whose instances share the cost of loading the kernels; ``alone`` (default: not ``instances``)
+    says which rule applies (a run alone is an ensemble of one with ``alone=True``). Either is a rule of the instance
+    alone, so that its engine does not depend on the others in its ensemble. (One threshold
+    for both would move committed float64 tables: at ``2¹⁴`` the fitted bounds' FedAvg paths,
+    which run alone at ``2¹⁶``, would take the fused engine, and the fitted bound of the
+    near-edge instances (seeds 18 and 19 at ``ζ_V = 1``) changes in ``figures/tradeoff.csv`` and
+    ``kernel_bias_drift.csv``, as do the strategies figure's tables (its runs alone at ``2¹⁵·²``);
+    at ``2¹⁸`` the figures' ensembles would leave it.)
+
+    Parameters
+    ----------
+    engine : {"auto", "array_api", "fused"}
+        The engine asked for (``model.engine``).
+    xp : module
+        The array namespace.
+    data : StackedClients
+        The clients.
+    fed : FederatedConfig
+        The schedule.
+    strategy : Strategy
+        The strategy.
+    instances : bool, default False
+        ``data`` is an ensemble's.
+
+    Returns
+    -------
+    FusedEngine or None
+        The engine.
+    """
+    if engine not in _fused.ENGINES:
+        raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
+    if engine == "array_api":
+        return None
+    reason = _why_not(xp, data, fed, strategy)
+    if engine == "fused":
+        if reason is not None:
+                raise ConfigError(f"engine = 'fused' does not apply: {reason}; use engine = 'auto' "
+                              f"or 'array_api'")
+        return _fused.FusedEngine(data, instances)
+    m, N, d = data.S.shape[-4], data.S.shape[-3], data.S.shape[-1]
+    least = _fused.MIN_STEP_WORK if (not instances if alone is None else alone) else _fused.MIN_ENSEMBLE_WORK
+    if reason is not None or m * N * d * d < least:
+        return None
+    return _fused.FusedEngine(data, instances)
+
+
+def objective(xp, weights, losses, WV, ridge):
+    """``F = Σ_c p_c F_c`` and ``F_λ = F + ½λ‖W_V‖²`` (docs/theory.md §1), in the run's dtype.
+
+    ``weights`` and ``losses`` ``(..., m)``, ``WV`` with the same leading axes ``(...)`` and
+    ``ridge`` ``λ`` an array of the run's dtype, ``()`` or ``(...)``: one run, an ensemble
+    (leading instance axis) and the moment-space frozen stages compute the table's ``F`` and
+    ``F_λ`` with this one function, so that they agree bit for bit in every dtype.
+    """
+    F = xp.sum(weights * losses, axis=-1)
+    WV = xp.reshape(WV, tuple(F.shape) + (-1,))
+    return F, F + 0.5 * ridge * xp.sum(WV * WV, axis=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# arrays with an instance axis
+# --------------------------------------------------------------------------------------------
+def _stack(xp, arrays):
+    if len(arrays) == 1:                  # an ensemble of one: a view, not a copy
+        return xp.reshape(xp.asarray(arrays[0]), (1,) + tuple(arrays[0].shape))
+    return xp.stack([xp.asarray(a) for a in arrays], axis=0)
+
+
+def _stack_data(xp, members) -> StackedClients:
+    """The members' clients stacked on a leading instance axis (``sizes`` ``(I, m)`` on the host)."""
+    first = members[0].data
+    X = None if first.X is None else _stack(xp, [mb.data.X for mb in members])
+    return StackedClients(*(_stack(xp, [getattr(mb.data, f) for mb in members])
+                            for f in ("S", "q", "y", "sample_weight", "weights")),
+                          np.stack([np.asarray(mb.data.sizes) for mb in members]), X,
+                          first.attention, first.temperature)
+
+
+def _slice_data(data: StackedClients, lo: int, hi: int) -> StackedClients:
+    if lo == 0 and hi == data.S.shape[0]:
+        return data
+    cut = lambda a: None if a is None else a[lo:hi, ...]  # noqa: E731
+    return StackedClients(cut(data.S), cut(data.q), cut(data.y), cut(data.sample_weight),
+                          cut(data.weights), data.sizes[lo:hi], cut(data.X), data.attention,
+                          data.temperature)
+
+
+def _mask(xp, host_bool, ndim: int):
+    """A host boolean ``(I,)`` as a device mask of ``ndim`` dimensions."""
+    return xp.reshape(xp.asarray(np.asarray(host_bool)), (-1,) + (1,) * (ndim - 1))
+
+
+def _where(xp, mask, new, old):
+    """``new`` where ``mask`` (device bool ``(I,)``), else ``old``; for arrays and Params (a NumPy
+    mask that is all true or all false picks one side whole: the same values, no copies)."""
+    if isinstance(mask, np.ndarray) and (mask.all() or not mask.any()):
+        return new if mask.all() else old
+    if isinstance(new, Params):
+        return new.map(lambda a, b: _where(xp, mask, a, b), old)
+    return xp.where(xp.reshape(mask, (-1,) + (1,) * (new.ndim - 1)), new, old)
+
+
+def _tree_map(fn, *trees):
+    """``fn`` on the array leaves of equal-structured trees (dict, tuple, list, Params, None)."""
+    first = trees[0]
+    if first is None:
+        return None
+    if isinstance(first, Params):
+        return Params(*(_tree_map(fn, *(getattr(t, b) for t in trees)) for b in BLOCKS))
+    if isinstance(first, dict):
+        return {k: _tree_map(fn, *(t[k] for t in trees)) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(_tree_map(fn, *parts) for parts in zip(*trees))
+    return fn(*trees)
+
+
+def _assemble(xp, pieces, old, count: int):
+    """The full ``(I, ...)`` tree from group ``pieces`` ``[(lo, hi, tree)]`` (sorted, disjoint);
+    instances in no piece keep ``old`` (which may be ``None`` when the pieces cover everything)."""
+    if len(pieces) == 1 and pieces[0][0] == 0 and pieces[0][1] == count:
+        return pieces[0][2]
+    parts, at = [], 0
+    for lo, hi, tree in pieces:
+        if lo > at:
+            parts.append(_tree_map(lambda a: a[at:lo, ...], old))
+        parts.append(tree)
+        at = hi
+    if at < count:
+        parts.append(_tree_map(lambda a: a[at:count, ...], old))
+    return _tree_map(lambda *a: xp.concat(a, axis=0), *parts)
+
+
+def _per_instance(xp, values, dtype, ndim: int = 5):
+    """One setting of every instance of a group: the number itself when all are equal, else a
+    device array ``(I, 1, …)`` of ``ndim`` dimensions that broadcasts against the blocks
+    ``(I, k, H, d, r)`` (the same arithmetic either way)."""
+    if len(set(values)) == 1:
+        return values[0]
+    return xp.reshape(xp.asarray(np.asarray(values, dtype=np.float64), dtype=dtype), (-1,) + (1,) * (ndim - 1))
+
+
+# --------------------------------------------------------------------------------------------
+# one round of one group
+# --------------------------------------------------------------------------------------------
+def _select_clients(xp, a, part: np.ndarray, lo: int, hi: int):
+    """Rows ``part[:, lo:hi]`` of ``a`` ``(I, m, ...)``: the participants of a chunk, per instance."""
+    I, m = a.shape[0], a.shape[1]
+    if part.shape[1] == m:
+        return a if (lo, hi) == (0, m) else a[:, lo:hi, ...]
+    flat = xp.reshape(a, (I * m,) + tuple(a.shape[2:]))
+    rows = xp.take(flat, xp.asarray(_instance_rows(I, m, part[:, lo:hi])), axis=0)
+    return xp.reshape(rows, (I, hi - lo) + tuple(a.shape[2:]))
+
+
+def _take_samples(xp, a, idx: np.ndarray):
+    """Samples ``idx`` ``(I, k, b)`` (flat into ``I·m·N``) of ``a`` ``(I, m, N, ...)``."""
+    flat = xp.reshape(a, (a.shape[0] * a.shape[1] * a.shape[2],) + tuple(a.shape[3:]))
+    rows = xp.take(flat, xp.asarray(idx.reshape(-1)), axis=0)
+    return xp.reshape(rows, idx.shape + tuple(a.shape[3:]))
+
+
+def _local_training(xp, P: Params, rnd: Round, lo: int, hi: int, client_rule, client_state,
+                    inputs: tuple, data: StackedClients, batches, eta, lam, batch_size) -> dict:
+    """``E`` local steps ``θ_c ← θ_c − η (∇F_{λ,c}(θ_c) + correction)`` from ``θ^t`` of the
+    participants ``[:, lo:hi]`` of every instance of a group (docs/theory.md §3).
+
+    ``P`` blocks ``(I, 1, H, d, r)``, ``inputs`` ``(φ,)`` (kernel frozen) or ``(Ŝ, q)`` / ``(X, q)``
+    for all clients; ``batches`` the minibatches' flat sample indices ``(I, k, E, b)`` (``None``:
+    full batches). Returns the trained blocks ``{b: θ_{c,b}}`` ``(I, hi−lo, ...)`` of the chunk;
+    the client rule sees the chunk's ``Round``.
+    """
+    part = rnd.participants
+    k = hi - lo
+    if k < part.shape[1]:
+        rnd = rnd._replace(participants=part[:, lo:hi], client_weights=rnd.client_weights[:, lo:hi],
+                           weights=rnd.weights[:, lo:hi])
+    I = P.WV.shape[0]
+    anchor = {b: getattr(P, b) for b in rnd.blocks}
+    broadcast = {b: xp.broadcast_to(getattr(P, b), (I, k) + tuple(getattr(P, b).shape[2:]))
+                 for b in BLOCKS}
+    local = {b: broadcast[b] for b in rnd.blocks}
+    if batches is None:
+        batch = tuple(_select_clients(xp, a, part, lo, hi) for a in inputs + (data.y, data.sample_weight))
+    for e in range(rnd.local_steps):
+        if batches is not None:
+            step = tuple(_take_samples(xp, a, batches[:, lo:hi, e, :]) for a in inputs + (data.y,))
+            batch = step + (xp.full(tuple(step[0].shape[:3]), 1.0 / batch_size, dtype=step[0].dtype),)
+        grads = _local_gradients(xp, {**broadcast, **local}, rnd.blocks, batch, len(inputs) == 1,
+                                 data.attention, data.temperature)
+        correction = client_rule.correction(client_state, rnd, anchor, local)
+        for b in rnd.blocks:
+            g = grads[b] + lam * local[b] if b == "WV" else grads[b]
+            if b in correction:
+                g = g + correction[b]
+            local[b] = local[b] - eta * g
+    return local
+
+
+def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool,
+                     attention: str = "linear", temperature: float = 1.0) -> dict:
+    """``∇F_c`` of the trained blocks for every participant (without ridge and corrections).
+
+    With the kernel frozen ``batch = (φ, y, w)`` and the model is linear, ``ŷ = V^T φ``:
+    ``∇_V = Σ_i w_i φ_i e_i^T``; otherwise ``batch = (Ŝ, q, y, w)`` and the closed-form gradients
+    of :func:`~linattn_theory.core.model.loss_and_grad_from_moments` apply (softmax attention:
+    ``batch = (X, q, y, w)``, :func:`~linattn_theory.core.model.loss_and_grad_from_contexts`).
+    """
+    if kernel_frozen:
+        phi, y, w = batch
+        WV = local["WV"]
+        err = (xp.matmul(phi, _value_matrix(xp, WV)) - y) * w[..., None]
+        return {"WV": xp.reshape(xp.matmul(xp.matrix_transpose(phi), err), WV.shape)}
+    S, q, y, w = batch
+    _, g = loss_and_grad_from_inputs(Params(local["WQ"], local["WK"], local["WV"]), S, q, y, w,
+                                     blocks=blocks, attention=attention, temperature=temperature,
+                                     with_loss=False)
+    return {b: getattr(g, b) for b in blocks}
+
+
+def _participants(t: int, m: int, fraction: float, seed: int) -> np.ndarray:
+    """Clients of round ``t``: all, or ``max(1, round(fraction·m))`` drawn without replacement."""
+    if fraction >= 1.0:
+        return np.arange(m)
+    k = max(1, int(round(fraction * m)))
+    rng = np.random.default_rng(seed_sequence(seed, SEED_PARTICIPATION, t))
+    return np.sort(rng.choice(m, size=k, replace=False))
+
+
+def _minibatch_indices(t, clients, sizes, Nmax, steps, batch, seed) -> np.ndarray:
+    """Flat sample indices ``(k, E, b)`` into the ``(m·Nmax)`` stacked samples, one stream per (round, client)."""
+    out = np.empty((len(clients), steps, batch), dtype=np.int64)
+    for i, c in enumerate(clients):
+        rng = np.random.default_rng(seed_sequence(seed, SEED_MINIBATCH, t, c))
+        N = int(sizes[c])
+        if batch <= N:
+            idx = np.argsort(rng.random((steps, N)), axis=1)[:, :batch]
+        else:
+            idx = rng.integers(0, N, size=(steps, batch))
+        out[i] = c * Nmax + idx
+    return out
+
+
+def _client_losses(xp, params: Params, data: StackedClients, phi=None):
+    """``F_c(θ)`` for every client (weighted sample means), shape ``(m,)``; an ensemble's
+    ``(I, m)`` from parameters ``(I, 1, H, d, r)`` and data ``(I, m, ...)``."""
+    if phi is None:
+        loss, _ = loss_and_grad_from_inputs(params, data.inputs, data.q, data.y, data.sample_weight, blocks=(),
+                                            attention=data.attention, temperature=data.temperature)
+        return loss
+    e = xp.matmul(phi, _value_matrix(xp, params.WV)) - data.y
+    return 0.5 * xp.sum(e * e * data.sample_weight[..., None], axis=(-2, -1))
+
+
+# --------------------------------------------------------------------------------------------
+# the ensemble round engine
+# --------------------------------------------------------------------------------------------
+class _Features:
+    """The frozen-stage features ``φ`` ``(I, m, N, Hd)`` of instances whose kernel is frozen,
+    computed once per instance at its frozen kernel (docs/theory.md §5), kept while it stays frozen.
+
+    Array-API path: disjoint pieces ``(lo, hi, φ)`` merged when a group spans several; fused
+    engine (NumPy): one buffer filled in place. An instance with a ``frozen_features`` hook
+    (:class:`Member`) gets the hook's features at its parameters instead.
+    """
+
+    def __init__(self, xp, data: StackedClients, fused, hooks):
+        self.xp, self.data, self.fused, self.hooks = xp, data, fused, hooks
+        self.pieces: list[tuple[int, int, Any]] = []
+        self.buffer = None
+        self.filled = np.zeros(data.S.shape[0], dtype=bool)
+
+    def _compute(self, P: Params, lo: int, hi: int):
+        xp = self.xp
+        if any(self.hooks[i] is not None for i in range(lo, hi)):
+            parts = [xp.asarray(self.hooks[i](Params(*(getattr(P, b)[i, 0, ...] for b in BLOCKS))))[None, ...]
+                     if self.hooks[i] is not None else self._compute(P, i, i + 1) for i in range(lo, hi)]
+            return parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
+        K = kernel(Params(*(getattr(P, b)[lo:hi, ...] for b in BLOCKS)))    # (hi-lo, 1, H, d, d)
+        return _flat(xp, _slice_data(self.data, lo, hi).features(K), 2)
+
+    def keep_only(self, frozen: np.ndarray) -> None:
+        """Forget the features of instances whose kernel is not frozen (it moves, or they idle)."""
+        if np.any(self.filled & ~frozen):
+            self.filled &= frozen
+            self.pieces = [(lo, hi, a) for lo, hi, a in self.pieces if frozen[lo:hi].all()]
+
+    def get(self, P: Params, lo: int, hi: int):
+        """``φ`` of the instances ``lo..hi-1`` (all frozen now), at their kernels in ``P``."""
+        todo = np.flatnonzero(~self.filled[lo:hi]) + lo
+        if self.fused is not None:
+            if self.buffer is None:
+                H, d = P.WV.shape[-3], P.WV.shape[-2]
+                self.buffer = np.zeros(tuple(self.data.q.shape[:3]) + (H * d,), dtype=self.data.S.dtype)
+            for a, b in _runs(todo):
+                self.buffer[a:b] = self._compute(P, a, b)
+            self.filled[lo:hi] = True
+            return self.buffer[lo:hi]
+        inside = sorted(e for e in self.pieces if lo <= e[0] and e[1] <= hi)
+        if len(inside) == 1 and inside[0][:2] == (lo, hi):
+            return inside[0][2]
+        parts = [(a, b, self._compute(P, a, b)) for a, b in _runs(todo)]
+        parts = sorted(inside + parts, key=lambda e: e[0])
+        phi = parts[0][2] if len(parts) == 1 else self.xp.concat([e[2] for e in parts], axis=0)
+        self.pieces = [e for e in self.pieces if e[1] <= lo or e[0] >= hi] + [(lo, hi, phi)]
+        self.filled[lo:hi] = True
+        return phi
+
+
+def _runs(indices) -> list[tuple[int, int]]:
+    """Maximal runs ``[(a, b)]`` of consecutive integers in sorted ``indices``."""
+    out: list[list[int]] = []
+    for i in map(int, indices):
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return [(a, b) for a, b in out]
+
+
+def _groups(keys: list) -> list[tuple[int, int, Any]]:
+    """Maximal runs ``(lo, hi, key)`` of equal keys (``None``: an idle instance, in no group)."""
+    out: list[list] = []
+    for i, key in enumerate(keys):
+        if key is None:
+            continue
+        if out and out[-1][1] == i and out[-1][2] == key:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1, key])
+    return [tuple(g) for g in out]
+
+
+def _sorted_members(members: list[Member]) -> list[int]:
+    """Instances of one rule group and one phase are contiguous: by rule group, then ``T0`` and
+    the start round descending (a FedFrozen instance trains everything while ``t < T0``)."""
+    return sorted(range(len(members)), key=lambda i: (_rule_key(members[i]),
+                                                      -members[i].warmup_rounds, -members[i].start))
+
+
+class LoopState(NamedTuple):
+    """What the round loop carries from round to round, every array with a leading instance axis.
+
+    ``params`` ``θ^t`` ``(I, 1, H, d, r)``; ``initial`` ``θ^0`` (or the prefix's); ``best`` and
+    ``best_loss`` the iterate of least ``F_λ`` so far; ``warm`` ``θ^{T0}`` once reached; the
+    strategies' ``client_state`` and ``server_state``; ``final`` each instance's last iterate and
+    ``last_start`` the start of its last round (a divergence report reads them); ``alive`` ``(I,)``
+    and ``diverged_at`` ``(I,)`` (the round, ``−1`` while it has not diverged).
+    """
+
+    params: Params
+    initial: Params
+    best: Params
+    best_loss: Any
+    warm: Params
+    client_state: Any
+    server_state: Any
+    final: Params
+    last_start: Params
+    alive: Any
+    diverged_at: Any
+
+
+class _Ensemble:
+    """An ensemble's members, their strategies and stacked data, and its rounds:
+    :meth:`init` and :meth:`round_step` on an explicit :class:`LoopState` (as Optax or FedJAX would)."""
+
+    def __init__(self, members: list[Member], max_bytes, engine, keep_history, alone=False):
+        self.members = members
+        config = members[0].config
+        self.fed, self.model = config.federated, config.model
+        first = members[0].data
+        self.xp = xp = array_namespace(first.S)
+        self.dtype = first.S.dtype
+        self.count = len(members)
+        self.data = _stack_data(xp, members)
+        self.m, self.Nmax = self.data.S.shape[1], self.data.S.shape[2]
+        self.T0 = np.array([mb.warmup_rounds for mb in members])
+        self.start = np.array([mb.start for mb in members])
+        self.seeds = [mb.config.seed for mb in members]
+        feds = [mb.config.federated for mb in members]
+        self.feds = feds
+        if any(f.learning_rate is None for f in feds):
+            raise ConfigError("federated.step_scale: resolve it to a learning rate first "
+                              "(linattn_theory.sim.step_size.resolve_step_scale; simulate does)")
+        self.eta = np.array([f.learning_rate for f in feds])
+        self.lam = np.array([f.ridge for f in feds])
+        self.rule_keys = [_rule_key(mb) for mb in members]
+        strategies = [mb.make_strategy() for mb in members]     # a control holds one run's state
+        self.rules = {key: strategies[self.rule_keys.index(key)] for key in self.rule_keys}
+        self.names = [strategy.name for strategy in strategies]
+        self.schedules = [strategy.schedule for strategy in strategies]
+        self.controls = [strategy.control for strategy in strategies]    # None once it froze
+        self.finishers = list(self.controls)
+        choice = self.model.engine if engine is None else engine
+        self.fused = select_engine(choice, xp, self.data, self.fed, self.rules[self.rule_keys[0]],
+                                   instances=True, alone=alone)
+        self.features = _Features(xp, self.data, self.fused, [mb.frozen_features for mb in members])
+        self.max_bytes = max_bytes
+        self.working = client_working_bytes(first, self.model.heads, self.fed.batch_size)
+        self.keep_history = keep_history
+
+    # -- the loop's state: init and one round -----------------------------------------------------
+    def init(self) -> tuple["LoopState", Any]:
+        """The :class:`LoopState` at the start round (round 0, or each member's prefix) and
+        ``origin``: round 0's ``(F, F_λ, F_c)`` on the device (``None`` from a prefix)."""
+        xp, count, dtype = self.xp, self.count, self.dtype
+        P = _lift(xp, [mb.params for mb in self.members])                          # (I, 1, H, d, r)
+        if self.members[0].prefix is None:
+            losses0 = self.client_losses(P, 0, count)
+            F0, F0_reg = self.objective(P, losses0, 0, count)
+            initial = best = warm = P
+            best_loss = F0_reg
+            states = {"client": [], "server": []}
+            for lo, hi, key in _groups(self.rule_keys):
+                Pg = self.sub(P, lo, hi)
+                states["client"].append((lo, hi, self.rules[key].client.init(Pg, self.m)))
+                states["server"].append((lo, hi, self.rules[key].server.init(Pg)))
+            client_state = _assemble(xp, states["client"], None, count)
+            server_state = _assemble(xp, states["server"], None, count)
+            factor = xp.asarray([f.divergence_factor for f in self.feds], dtype=dtype)
+            self.threshold = factor * xp.maximum(F0_reg, xp.asarray(1e-12, dtype=dtype))
+            origin = (F0, F0_reg, losses0)
+        else:
+            prefixes = [mb.prefix for mb in self.members]
+            initial, best = _lift(xp, [p.initial for p in prefixes]), _lift(xp, [p.best for p in prefixes])
+            warm = _lift(xp, [p.params if p.warmup_params is None else p.warmup_params for p in prefixes])
+            best_loss = xp.asarray(np.array([p.best_loss for p in prefixes]), dtype=dtype)
+            client_state = _tree_map(lambda *a: xp.concat(a, axis=0), *[p.client_state for p in prefixes])
+            server_state = _tree_map(lambda *a: xp.concat(a, axis=0), *[p.server_state for p in prefixes])
+            F0_reg = np.array([float(p.rows[0]["loss_regularized"]) for p in prefixes])
+            factor = np.array([f.divergence_factor for f in self.feds])
+            self.threshold = xp.asarray(factor * np.maximum(F0_reg, 1e-12), dtype=dtype)
+            origin = None
+        state = LoopState(P, initial, best, best_loss, warm, client_state, server_state, P, P,
+                          xp.ones((count,), dtype=xp.bool), xp.full((count,), -1, dtype=xp.int64))
+        return state, origin
+
+    def round_step(self, state: "LoopState", t: int) -> tuple["LoopState", tuple]:
+        """Round ``t`` of every instance that runs it: ``(state after it, record)``, the record
+        ``(row, blocks, participants, running, diverged)``: the table's ``(F, F_λ, F_c, kernel
+        drift, block drifts)`` on the device, each instance's blocks (``None``: idle) and
+        participant count, and which instances ran it and diverged in it."""
+        xp, count, m, dtype = self.xp, self.count, self.m, self.dtype
+        P, alive, warm = state.params, state.alive, state.warm
+        active = self.start <= t
+        if np.any(active & (self.T0 == t)):           # θ^{T0}, for the instances that reach it
+            warm = _where(xp, alive & _mask(xp, active & (self.T0 == t), 1), P, warm)
+        blocks = [tuple(self.schedules[i](t)) if active[i] else None for i in range(count)]
+        self.features.keep_only(np.array([b is not None and "WQ" not in b and "WK" not in b for b in blocks]))
+        pieces: dict[str, list] = {"P": [], "client": [], "server": [], "row": []}
+        ks = np.zeros(count, dtype=np.int64)
+        for lo, hi, (key, group_blocks) in _groups([None if b is None else (self.rule_keys[i], b)
+                                                    for i, b in enumerate(blocks)]):
+            Pn, cs, ss, row, k = self.round_of_group(t, lo, hi, key, group_blocks, P, state.client_state,
+                                                     state.server_state)
+            for name, value in zip(("P", "client", "server", "row"), (Pn, cs, ss, row)):
+                pieces[name].append((lo, hi, value))
+            ks[lo:hi] = k
+        idle = xp.zeros((count,), dtype=dtype)
+        row = _assemble(xp, pieces["row"], (idle, idle, xp.zeros((count, m), dtype=dtype), idle,
+                                            xp.zeros((count, 3), dtype=dtype)), count)
+        P = _assemble(xp, pieces["P"], P, count)
+        F_reg = row[1]
+        running = alive & _mask(xp, active, 1)
+        better = running & (F_reg < state.best_loss)
+        bad = running & (~xp.isfinite(F_reg) | (F_reg > self.threshold))
+        state = LoopState(P, state.initial, _where(xp, better, P, state.best), xp.where(better, F_reg, state.best_loss),
+                          warm, _assemble(xp, pieces["client"], state.client_state, count),
+                          _assemble(xp, pieces["server"], state.server_state, count),
+                          _where(xp, running, P, state.final), _where(xp, running, state.params, state.last_start),
+                          alive & ~bad, xp.where(bad, xp.asarray(t + 1, dtype=xp.int64), state.diverged_at))
+        return state, (row, blocks, ks, running, bad)
+
+    # -- pieces of a round ----------------------------------------------------------------------
+    def sub(self, tree, lo, hi):
+        return _tree_map(lambda a: a[lo:hi, ...], tree)
+
+    def host_server(self, P: Params) -> Params:
+        """Server blocks ``(I, H, d, r)`` as NumPy arrays (the fused engine's input)."""
+        return Params(*(np.asarray(getattr(P, b))[:, 0] for b in BLOCKS))
+
+    def client_losses(self, P: Params, lo: int, hi: int, phi=None):
+        """``F_c`` ``(hi-lo, m)`` of the instances ``lo..hi-1`` at their parameters ``P`` (that group's)."""
+        if self.fused is not None and phi is None:
+            return self.fused.losses(self.host_server(P), lo)
+        return _client_losses(self.xp, P, _slice_data(self.data, lo, hi), phi)
+
+    def objective(self, P: Params, losses, lo: int, hi: int):
+        """``(F, F_λ)`` per instance: ``Σ_c p_c F_c`` and ``+ ½λ‖W_V‖²``."""
+        return objective(self.xp, self.data.weights[lo:hi, ...], losses, P.WV,
+                         self.xp.asarray(self.lam[lo:hi], dtype=self.dtype))
+
+    def round_of_group(self, t, lo, hi, key, blocks, P, client_state, server_state):
+        """Round ``t`` of the instances ``lo..hi-1`` (one rule group, one phase)."""
+        xp, m, fed = self.xp, self.m, self.fed
+        rule = self.rules[key]
+        Pg = self.sub(P, lo, hi)
+        data = _slice_data(self.data, lo, hi)
+        cs, ss = self.sub(client_state, lo, hi), self.sub(server_state, lo, hi)
+        kernel_frozen = "WQ" not in blocks and "WK" not in blocks
+        phi = self.features.get(P, lo, hi) if kernel_frozen else None
+        part = np.stack([_participants(t, m, fed.participation, self.seeds[i]) for i in range(lo, hi)])
+        k = part.shape[1]
+        if k == m:
+            cw = data.weights
+        else:
+            rows = xp.asarray(_instance_rows(hi - lo, m, part))
+            cw = xp.reshape(xp.take(xp.reshape(data.weights, (-1,)), rows, axis=0), (hi - lo, k))
+        pw = cw / xp.sum(cw, axis=1, keepdims=True)
+        eta = _per_instance(xp, [float(x) for x in self.eta[lo:hi]], self.dtype)
+        lam = _per_instance(xp, [float(x) for x in self.lam[lo:hi]], self.dtype)
+        rnd = Round(t, blocks, part, m, cw, pw, fed.local_steps, eta)
+        anchor = {b: getattr(Pg, b) for b in blocks}
+        if self.fused is not None:
+            local = self.fused.train(self.host_server(Pg), blocks, part, fed.local_steps,
+                                     self.eta[lo:hi], self.lam[lo:hi], phi, lo)
+        else:
+            inputs = (phi,) if kernel_frozen else (data.inputs, data.q)
+            batches = None
+            if fed.batch_size is not None:
+                batches = np.stack([_minibatch_indices(t, part[j], data.sizes[j], self.Nmax,
+                                                       fed.local_steps, fed.batch_size, self.seeds[lo + j])
+                                    + j * m * self.Nmax for j in range(hi - lo)])
+            chunks = client_chunks(k, (hi - lo) * self.working, self.max_bytes)
+            pieces = [_local_training(xp, Pg, rnd, a, b, rule.client, cs, inputs, data, batches, eta,
+                                      lam, fed.batch_size) for a, b in chunks]
+            local = pieces[0] if len(pieces) == 1 else {
+                b: xp.concat([piece[b] for piece in pieces], axis=1) for b in blocks}
+        cs = rule.client.update(cs, rnd, anchor, local)
+        zero = xp.zeros((hi - lo,), dtype=self.dtype)
+        delta, drift = {}, [zero, zero, zero]
+        for j, b in enumerate(BLOCKS):
+            if b in blocks:
+                average = weighted_sum(pw, local[b])
+                delta[b] = average - anchor[b]
+                drift[j] = xp.sum(pw * sq_norms(xp, local[b] - average, 2), axis=-1)
+        step, ss = rule.server.update(ss, rnd, delta)
+        Pn = Pg.replace(**{b: anchor[b] + step[b] for b in blocks})
+        kernel_drift = zero
+        if not kernel_frozen:
+            WQ_c, WK_c = (local[b] if b in local else getattr(Pg, b) for b in ("WQ", "WK"))
+            K_c = xp.matmul(WQ_c, xp.matrix_transpose(WK_c))
+            kernel_drift = xp.sum(pw * sq_norms(xp, K_c - kernel(Pn), 2), axis=-1)
+        losses = self.client_losses(Pn, lo, hi, phi)
+        F, F_reg = self.objective(Pn, losses, lo, hi)
+        return Pn, cs, ss, (F, F_reg, losses, kernel_drift, xp.stack(drift, axis=-1)), k
+
+
+@np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
+def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine: str | None = None,
+                 keep_history: bool = False, progress: bool = False, alone: bool = False) -> list[tuple]:
+    """Run ``members`` (of one :func:`ensemble_key`) as one ensemble (see the module docstring).
+
+    Returns, in the members' order, ``(RunResult, {round: RunState}, history)``: the result as
+    :func:`~linattn_theory.sim.engine.run_schedule` returns it; the states at the member's
+    ``checkpoints`` it reached (strategy states in ensemble form: instance axis of length 1);
+    with ``keep_history``, the host parameters ``[θ^start, …, θ^end]`` (else ``None``). Members
+    all start at round 0 or all continue from a ``prefix``. ``engine`` overrides ``model.engine``
+    (``alone``: ``engine="auto"``'s rule of a run alone, :func:`select_engine`);
+    ``max_bytes`` bounds the working set of a chunk of one round's local steps (``None``: one chunk).
+    A member's ``on_round`` and its strategy's control see its state after every round (a host
+    synchronisation per round for those members only).
+    """
+    if not members:
+        return []
+    if len({mb.prefix is None for mb in members}) > 1:
+        raise ValueError("run_ensemble: members start all at round 0 or all from a prefix")
+    order = _sorted_members(members)
+    ens = _Ensemble([members[i] for i in order], max_bytes, engine, keep_history, alone)
+    state, origin = ens.init()
+    first, count = int(ens.start.min()), ens.count
+    wanted = {r for mb in ens.members for r in mb.checkpoints}
+    saved, history, records = {}, [] if keep_history else None, []
+
+    def keep(r: int, state: LoopState) -> None:
+        if r in wanted:
+            saved[r] = state
+        if keep_history:
+            history.append(state.params)
+
+    keep(first, state)
+    hooks = _Hooks(ens, origin)
+    if hooks.watched:
+        state = hooks.observe(first, state, np.ones(count, dtype=bool), np.zeros(count, dtype=bool))
+    rounds = range(first, ens.fed.rounds)
+    if progress:
+        from tqdm.auto import tqdm
+        rounds = tqdm(rounds, desc="rounds" if count == 1 else f"rounds of {count} runs", unit="round", leave=False)
+    for t in rounds:
+        state, record = ens.round_step(state, t)
+        records.append(record)
+        keep(t + 1, state)
+        if hooks.watched:              # the hooks see θ^{t+1}; a freeze sets the next round's start
+            row, blocks, ks, running, bad = record
+            hooks.record(t, row, blocks, ks)
+            state = hooks.observe(t + 1, state, np.asarray(to_numpy(running)), np.asarray(to_numpy(bad)))
+        if _all_diverged(ens.xp, state.alive, t - first):
+            break
+    outcome = _Outcome(ens, records, first, origin, state, saved, history, hooks.frozen)
+    results = [outcome.member(i) for i in range(count)]
+    back = [None] * count
+    for position, i in enumerate(order):
+        back[i] = results[position]
+    return back
+
+
+def _lift(xp, points) -> Params:
+    """One :class:`Params` per instance, stacked as ``(I, 1, H, d, r)``."""
+    return Params(*(_stack(xp, [xp.reshape(getattr(p, b), (1,) + tuple(getattr(p, b).shape)) for p in points])
+                    for b in BLOCKS))
+
+
+def _instance(P: Params, i: int) -> Params:
+    """Instance ``i``'s parameters ``(H, d, r)`` of ensemble parameters ``(I, 1, H, d, r)`` (on the device)."""
+    return Params(*(getattr(P, b)[i, 0, ...] for b in BLOCKS))
+
+
+def _frozen_schedule(t: int) -> tuple[str, ...]:
+    """After a control's freeze: only the value block trains (docs/theory.md §5)."""
+    return ("WV",)
+
+
+class _Hooks:
+    """The members whose ``on_round`` or strategy control sees their state after every round: their
+    table rows kept on the host as the rounds go, their :class:`RunState` built, a control's
+    :class:`~linattn_theory.sim.strategies.Freeze` applied (the run goes on from its parameters
+    with only ``W_V`` training; ``θ^{T0}`` are those parameters)."""
+
+    def __init__(self, ens: "_Ensemble", origin):
+        self.ens = ens
+        self.watched = [i for i, mb in enumerate(ens.members)
+                        if mb.on_round is not None or ens.controls[i] is not None]
+        self.frozen = np.zeros(ens.count, dtype=bool)
+        self.rows, self.gamma = {}, {}
+        if self.watched:
+            host = None if origin is None else tuple(np.asarray(to_numpy(a)) for a in origin)
+            for i in self.watched:
+                self.rows[i] = _first_rows(ens, i, host)
+                self.gamma[i] = float(self.rows[i][-1]["cumulative_kernel_drift"])
+
+    def record(self, t: int, row, blocks, ks) -> None:
+        """Round ``t``'s table row of every watched instance that ran it."""
+        for i in self.watched:
+            if blocks[i] is not None and len(self.rows[i]) == t + 1:
+                values = [np.asarray(to_numpy(a[i, ...])) for a in row]
+                new, self.gamma[i] = _round_row(t, blocks[i], values, int(ks[i]), self.ens.names[i], self.gamma[i])
+                self.rows[i].append(new)
+
+    def observe(self, r: int, loop: "LoopState", running: np.ndarray, bad: np.ndarray) -> "LoopState":
+        """``on_round`` and the control of every watched instance that ran round ``r − 1`` (round
+        ``r``: its state after it); the control only where it did not diverge. Returns the loop's
+        state with the freezes applied."""
+        ens, xp = self.ens, self.ens.xp
+        for i in self.watched:
+            mb, control = ens.members[i], ens.controls[i]
+            if not (running[i] or r == mb.start) or len(self.rows[i]) != r + 1:
+                continue                      # idle (not started, or diverged) in round r − 1
+            state = mb.prefix if mb.prefix is not None and r == mb.start else \
+                _run_state(i, r, mb.warmup_rounds, self.rows[i], loop)
+            if mb.on_round is not None:
+                mb.on_round(state)
+            if control is None or bad[i]:
+                continue
+            decision = control.observe(state, mb.data)
+            if decision is None:
+                continue
+            ens.controls[i] = None
+            if r < ens.fed.rounds:            # a freeze at round T changes nothing
+                mask = _mask(xp, np.arange(ens.count) == i, 1)
+                frozen = _lift(xp, [decision.params] * ens.count)
+                loop = loop._replace(params=_where(xp, mask, frozen, loop.params),
+                                     warm=_where(xp, mask, frozen, loop.warm))
+                ens.schedules[i], self.frozen[i] = _frozen_schedule, True
+        return loop
+
+
+def _first_rows(ens: "_Ensemble", i: int, origin) -> list:
+    """Instance ``i``'s table rows before its first round: round 0's, or its prefix's."""
+    mb = ens.members[i]
+    if mb.prefix is not None:
+        return list(mb.prefix.rows)
+    F0, F0_reg, losses0 = origin
+    return [_row(0, "init", float(F0[i]), float(F0_reg[i]), losses0[i], 0.0, 0.0, {b: 0.0 for b in BLOCKS},
+                 ens.m, ens.names[i])]
+
+
+def _round_row(t: int, blocks, values, participants: int, name: str, gamma: float):
+    """The table row of round ``t`` (``θ^{t+1}``) from one instance's host ``(F, F_λ, F_c, kernel
+    drift, block drifts)``, and the cumulative kernel drift after it."""
+    F, F_reg, losses, kernel_drift, drift = values
+    drift = {b: float(drift[q]) if b in blocks else 0.0 for q, b in enumerate(BLOCKS)}
+    moved = 0.0
+    if "WQ" in blocks or "WK" in blocks:
+        moved = float(kernel_drift)
+        gamma += moved
+    return _row(t + 1, _stage(blocks), float(F), float(F_reg), losses, moved, gamma, drift, participants,
+                name), gamma
+
+
+#: how often (rounds) a GPU ensemble asks whether every instance diverged (a host synchronisation)
+SYNC_ROUNDS = 16
+
+
+def _all_diverged(xp, alive, done: int) -> bool:
+    """Whether no instance is left to run; on NumPy every round (free), elsewhere every ``SYNC_ROUNDS``."""
+    from array_api_compat import is_numpy_namespace
+    if not is_numpy_namespace(xp) and (done + 1) % SYNC_ROUNDS:
+        return False
+    return not bool(xp.any(alive))
+
+
+class _Outcome:
+    """An ensemble's run gathered on the host once, and cut into per-instance results."""
+
+    def __init__(self, ens: _Ensemble, records, first, origin, loop: LoopState, saved, history, frozen):
+        xp = ens.xp
+        self.ens, self.first, self.loop = ens, first, loop
+        self.blocks, self.participants = [r[1] for r in records], [r[2] for r in records]
+        host = lambda a: np.asarray(to_numpy(a))  # noqa: E731
+        if records:
+            self.records = [host(xp.stack([r[0][j] for r in records], axis=0)) for j in range(5)]
+        self.origin = None if origin is None else tuple(host(a) for a in origin)
+        self.diverged_at = host(loop.diverged_at)
+        self.saved, self.frozen = saved, frozen
+        self.history = None
+        if history is not None:
+            self.history = Params(*(host(xp.stack([getattr(P, b) for P in history], axis=0))
+                                    for b in BLOCKS))          # (rounds, I, 1, H, d, r)
+
+    def rows(self, i: int, end: int) -> list:
+        ens, mb = self.ens, self.ens.members[i]
+        rows = _first_rows(ens, i, self.origin)
+        gamma = float(rows[-1]["cumulative_kernel_drift"])
+        for t in range(mb.start, end):
+            j = t - self.first
+            row, gamma = _round_row(t, self.blocks[j][i], [a[j, i] for a in self.records],
+                                    int(self.participants[j][i]), ens.names[i], gamma)
+            rows.append(row)
+        return rows
+
+    def member(self, i: int):
+        ens, mb = self.ens, self.ens.members[i]
+        T, T0 = ens.fed.rounds, mb.warmup_rounds
+        diverged = self.diverged_at[i] >= 0
+        end = int(self.diverged_at[i]) if diverged else T
+        rows = self.rows(i, end)
+        final = _instance(self.loop.final, i)
+        warm = _instance(self.loop.warm, i) if T0 < end or self.frozen[i] else final
+        divergence = None
+        if diverged:
+            j = end - 1 - self.first
+            points = [_instance(P, i) for P in (self.loop.initial, self.loop.best, self.loop.last_start)]
+            divergence = _divergence(end, float(self.records[1][j, i]), points, mb.data, float(ens.lam[i]),
+                                     float(ens.eta[i]), self.blocks[j][i])
+        result = _result(rows, final, warm, divergence, T0, ens.names[i])
+        result.metadata["engine"] = "array_api" if ens.fused is None else "fused"
+        if ens.finishers[i] is not None:
+            result.metadata.update(ens.finishers[i].finish(result))
+        states = {}
+        for r in mb.checkpoints:
+            if r in self.saved and mb.start <= r <= end:
+                states[r] = _run_state(i, r, T0, rows[:r + 1], self.saved[r])
+        history = None
+        if self.history is not None:
+            history = [Params(*(getattr(self.history, b)[j, i, 0] for b in BLOCKS))
+                       for j in range(mb.start - self.first, end - self.first + 1)]
+        return result, states, history
+
+
+def _run_state(i: int, r: int, T0: int, rows, loop: LoopState) -> RunState:
+    """Instance ``i``'s :class:`RunState` at round ``r`` from the loop's state (the strategies'
+    states in ensemble form: an instance axis of length 1)."""
+    params = _instance(loop.params, i)
+    reached = _instance(loop.warm, i) if r > T0 else params if r == T0 else None
+    one = lambda a: a[i:i + 1, ...]  # noqa: E731
+    return RunState(r, params, tuple(rows), _instance(loop.initial, i), _instance(loop.best, i),
+                    float(to_numpy(loop.best_loss)[i]), reached, _tree_map(one, loop.client_state),
+                    _tree_map(one, loop.server_state))
+
+
+def _result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> RunResult:
+    """The :class:`RunResult` of a finished run: table from ``rows``, parameters moved to the host."""
+    table = pd.DataFrame(rows)
+    host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
+    meta = {"diverged": divergence is not None,
+            "divergence": None if divergence is None else divergence.__dict__,
+            "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": warmup_rounds,
+            "strategy": strategy}
+    return RunResult(table, host(params), host(warm_params), divergence, meta)
+
+
+def _stage(blocks) -> str:
+    """Row label of a round: ``warmup`` (every block trains), ``frozen`` (only ``W_V``), ``value_frozen``."""
+    if tuple(blocks) == BLOCKS:
+        return "warmup"
+    return "frozen" if tuple(blocks) == ("WV",) else "value_frozen"
+
+
+@np.errstate(over="ignore", invalid="ignore")
+def _divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergence:
+    """Report a divergence at round ``t`` with a stable step: the smallest ``2/λ_max`` over ``points``.
+
+    ``points`` are finite iterates of the run (the start, the best so far, the last finite
+    one): in the factorised model the curvature grows as the kernel is learned, so the step
+    must be stable where the run was heading, not only where it started.
+    """
+    points = [P for P in points if all(np.all(np.isfinite(to_numpy(getattr(P, b)))) for b in BLOCKS)]
+    kernel_trains = "WQ" in blocks or "WK" in blocks
+    safe, where = float("nan"), "2/λ_max(Ã_c), the value block's curvature (docs/theory.md §5)"
+    try:                    # the curvature itself may overflow at a runaway kernel
+        safe = min(stable_learning_rate(kernel(P), data, lam) for P in points)
+        if kernel_trains:
+            curvature = max(float(np.max(row)) for row in hessian_curvature(points, data, lam))
+            if 2.0 / curvature < safe:
+                safe, where = 2.0 / curvature, "2/λ_max(∇²F_c), the full model's curvature at that round"
+    except (np.linalg.LinAlgError, ValueError):
+        pass
+    where += ", largest over the clients and the run's finite iterates"
+    if not safe < eta:          # the bound does not explain this divergence (or is unknown): below η
+        bound = f"the curvature bound {safe:.3g} is not below η" if np.isfinite(safe) else \
+            "the curvature could not be computed"
+        safe, where = eta / 2, f"half the step that diverged: {bound}, so it does not explain this divergence"
+    stage = _stage(blocks)
+    stage = {"warmup": "warm-up", "frozen": "frozen stage"}.get(stage, stage.replace("_", " ") + " stage")
+    msg = (f"diverged at round {t} ({stage}): F = {F:.3g} with learning_rate η = {eta:g}; "
+           f"try η < {safe:.3g} ({where})")
+    if kernel_trains:
+        msg += ("; below the value-block bound the frozen stage is guaranteed stable, while the "
+                "warm-up's curvature can grow as the kernel is learned: if it still diverges, halve η")
+    return Divergence(t, float(F), safe, msg)
+
+
+def _row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants, strategy):
+    row = {"round": t, "stage": stage, "loss": F, "loss_regularized": F_reg,
+           "kernel_drift": kernel_drift, "cumulative_kernel_drift": gamma,
+           "drift_WQ": drift["WQ"], "drift_WK": drift["WK"], "drift_WV": drift["WV"],
+           "participants": participants, "strategy": strategy}
+    row.update({f"client_loss_{c}": float(v) for c, v in enumerate(losses)})
+    return row
