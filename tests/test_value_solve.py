@@ -67,7 +67,8 @@ def test_its_excess_risk_is_the_bias_alone_without_drift_floor():
 
 def test_simulate_many_runs_it_as_simulate_does():
     configs = [config("value_solve"), config("value_solve_final", seed=1), config("fedfrozen"),
-               config("value_solve", warmup_rounds=0)]
+               config("value_solve", warmup_rounds=0), config("value_solve", seed=1),
+               config("value_solve_final", seed=2)]      # other T0 (other rules), other instances
     many = simulate_many(configs)
     for cfg, result in zip(configs, many):
         alone = simulate(cfg)

@@ -168,10 +168,20 @@ class RunState(NamedTuple):
 ENGINE_SETTINGS = ("learning_rate", "ridge", "warmup_rounds", "divergence_factor")
 
 
+#: strategies whose rules (not only their schedule) read ``T0``: the server's exact value solve
+#: steps to ``V*`` in round ``T0`` (:mod:`~linattn_theory.sim.strategies.value_solve`), so its
+#: instances of other ``T0`` run other rules
+RULES_READ_WARMUP = ("value_solve",)
+
+
 def _rule_key(member: "Member") -> str:
     """Instances whose strategy rules are the same functions: every federated setting but the
-    engine's (a member's own :class:`~linattn_theory.sim.strategies.Strategy` object: its own group)."""
-    fed = {k: v for k, v in dataclasses.asdict(member.config.federated).items() if k not in ENGINE_SETTINGS}
+    engine's (a member's own :class:`~linattn_theory.sim.strategies.Strategy` object: its own group;
+    ``T0`` too for :data:`RULES_READ_WARMUP`)."""
+    shared = ENGINE_SETTINGS
+    if member.config.federated.strategy in RULES_READ_WARMUP:
+        shared = tuple(k for k in ENGINE_SETTINGS if k != "warmup_rounds")
+    fed = {k: v for k, v in dataclasses.asdict(member.config.federated).items() if k not in shared}
     return json.dumps([fed, None if member.strategy is None else id(member.strategy)], sort_keys=True, default=str)
 
 
