@@ -40,8 +40,7 @@ from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
 from .rounds import Member, RunResult, RunState, run_ensemble
 from .strategies import make_strategy
 
-__all__ = ["simulate_many", "ensemble_key", "run_ensemble", "Member", "initial_params", "prepare_run",
-           "run_metadata"]
+__all__ = ["simulate_many", "checked_inputs", "ensemble_key", "initial_params", "prepare_run", "run_metadata"]
 
 #: on NumPy an ensemble holds at most this many bytes of stacked data (more instances form more
 #: ensembles, one after the other); on a GPU half the free device memory

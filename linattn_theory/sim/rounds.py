@@ -274,6 +274,8 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
         The strategy.
     instances : bool, default False
         ``data`` is an ensemble's.
+    alone : bool, optional
+        Apply a run alone's threshold (``2¹⁸``) rather than an ensemble instance's; default ``not instances``.
 
     Returns
     -------
