@@ -1,0 +1,282 @@
+"""Round 4's freeze signals and the rules of its information sets, at the arithmetic (docs/theory.md §8).
+
+Every number below is computed by hand on a hand-made history (the docstrings show the sums);
+the histories are those of tests/test_recommenders.py: ``J(s, k) = A_s − c_s k``, ``c_s = 0.03 + 0.001 s``,
+``T = 20``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from linattn_theory.core.curvature import value_curvature
+from linattn_theory.core.model import kernel
+from linattn_theory.recommenders.online import freeze_forecast
+from linattn_theory.recommenders.recommendation import pilot_bound
+from linattn_theory.recommenders.rules import (INFORMATION_SETS, RULES, ServerObservableRule, ValueMomentsRecallRule,
+                                               ValueSolveRule, make_rule, observed_losses)
+from linattn_theory.recommenders.scoring import realised_risk, replay_online, score_instance
+from linattn_theory.recommenders.signals import (decomposition_forecast, margin_crossing, offers, price_of_waiting,
+                                                 recall_margin, stability_margin)
+from linattn_theory.sim.config import config_from_dict
+from linattn_theory.sim.engine import clients_from_config, prepare_run, simulate
+from tests.test_recommenders import SMALL
+
+
+class Hand:
+    """A hand-made forecast of round ``s``: ``J(s, k) = A_s − c_s k``, profile, drift floor and
+    stability margin given."""
+
+    def __init__(self, s, A, profile=0.0, drift_floor=0.0, margin=1.0):
+        self.round, self.A, self.c = s, A, 0.03 + 0.001 * s
+        self.profile, self.drift_floor, self.stability_margin = profile, drift_floor, margin
+
+    def final_objective(self, k):
+        return self.A - self.c * np.asarray(k, dtype=float)
+
+
+A = [5.0, 5.2, 4.9, 4.6, 4.3, 4.06, 4.04, 4.03, 4.02]
+PROFILE = [3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.40]
+FLOOR = [0.1, 0.1, 0.1, 0.1, 0.1, 0.10, 0.11, 0.12, 0.13]
+#: B_u = min_{s ≤ u} (A_s − c_s (20 − u)), by hand: u = 0: 5 − 0.6; u = 1: J(0, 19) = 4.43 < J(1, 19) = 4.611;
+#: u = 2..5: the newest kernel (4.9 − 0.576, 4.6 − 0.561, 4.3 − 0.544, 4.06 − 0.525); u = 6: J(6, 14) =
+#: 4.04 − 0.504 < J(5, 14) = 3.57; u = 7: J(7, 13) = 4.03 − 0.481; u = 8: J(8, 12) = 4.02 − 0.456.
+OFFERS = [4.4, 4.43, 4.324, 4.039, 3.756, 3.535, 3.536, 3.549, 3.564]
+
+
+def hand(A=A, profile=PROFILE, floor=FLOOR, margins=None, upto=8):
+    margins = [1.0] * len(A) if margins is None else margins
+    return [Hand(s, A[s], profile[s], floor[s], margins[s]) for s in range(upto + 1)]
+
+
+# ------------------------------------------------------------------------------- pure signals
+def test_stability_margin_and_its_crossing_by_hand():
+    """2 − 0.02 × 40 = 1.2; the margins 1, 1, 0.9, 0.7, 0.5, 0.3 fall by 0.2 a round over rounds 2..5
+    (w = 3; the least-squares slope of 0.9, 0.7, 0.5, 0.3), so from 0.3 at round 5 they reach 0 at
+    round 5 + 0.3/0.2 = 6.5; a margin already ≤ 0 crosses now; a rising one never."""
+    assert stability_margin([10.0, 40.0, 25.0], 0.02) == pytest.approx(1.2, abs=1e-15)
+    assert stability_margin([10.0, np.inf], 0.02) == -np.inf
+    assert margin_crossing([1.0, 1.0, 0.9, 0.7, 0.5, 0.3], 3) == pytest.approx(6.5, abs=1e-12)
+    assert margin_crossing([1.0, 0.5, -0.1], 2) == 2.0
+    assert margin_crossing([0.5, 0.6, 0.7], 2) == np.inf
+    # the window is exactly rounds t − w..t: with w = 5 the flat start enters, slope Σ x m / Σ x² =
+    # −2.6/17.5 (x = −2.5..2.5), and the crossing is 5 + 0.3 × 17.5/2.6
+    assert margin_crossing([1.0, 1.0, 0.9, 0.7, 0.5, 0.3], 5) == pytest.approx(5 + 0.3 * 17.5 / 2.6, abs=1e-12)
+
+
+def test_offers_price_of_waiting_and_margin_by_hand():
+    """The offers of the hand-made history (OFFERS, computed in its comment); at round 8 the price of
+    waiting is B_8 − min B = 3.564 − 3.535 = 0.029; the gain of the warm-up over freezing K_0 is
+    4.4 − 3.535 = 0.865; the offers of rounds 5..8 have residuals 0.004, −0.005, −0.002, 0.003 about
+    their line, σ_B = √(54e-6/2)."""
+    forecasts = hand()
+    rows = [[f.final_objective(20 - u) for f in forecasts[:u + 1]] for u in range(9)]
+    np.testing.assert_allclose(offers(rows), OFFERS, rtol=0, atol=1e-12)
+    assert offers([[np.inf, 2.0], [np.nan]]).tolist() == [2.0, np.inf]
+    assert price_of_waiting(OFFERS) == pytest.approx(0.029, abs=1e-12)
+    assert price_of_waiting(OFFERS[:6]) == 0.0
+    sigma = np.sqrt(27e-6)
+    assert recall_margin(OFFERS, 4.4, 0.1, 3, 0.0) == pytest.approx(0.0865, abs=1e-12)
+    assert recall_margin(OFFERS, 4.4, 0.0, 3, 2.0) == pytest.approx(2 * sigma, rel=1e-9)
+    assert recall_margin(OFFERS, 4.4, 0.01, 3, 2.0) == pytest.approx(max(0.00865, 2 * sigma), rel=1e-9)
+
+
+def test_decomposition_forecast_by_hand():
+    """Φ = 4, 3, 2.5: steps −1, −0.5, ratio q = 0.5, remaining fall over k = 2 rounds −0.5 (0.5 + 0.25)
+    = −0.375; D grows 0.1 a round: 0.3 + 0.2; lag 3.0 − 2.5 − 0.3 = 0.2; F̂ = 2.125 + 0.5 + 0.2.
+    Steps that do not shrink (q = 1) continue in a straight line; a rising profile is held."""
+    assert decomposition_forecast([4.0, 3.0, 2.5], [0.1, 0.2, 0.3], [5.0, 3.6, 3.0], 4, 2) == pytest.approx(2.825)
+    # q = 1: Φ falls 0.5 a round, 2 rounds more: 2.0 − 1.0; D flat; lag 0.1
+    assert decomposition_forecast([3.0, 2.5, 2.0], [0.2, 0.2, 0.2], [2.3, 2.8, 2.3], 4, 2) == pytest.approx(1.3)
+    # the profile rose in the last step: held at 2.1; D falls (never extrapolated down): 0.2; lag 0.5
+    assert decomposition_forecast([3.0, 2.0, 2.1], [0.4, 0.3, 0.2], [3.0, 3.0, 2.8], 10, 2) == pytest.approx(2.8)
+    # on the hand-made history at round 8 (w = 3): Φ rose in its last step (held at 2.40), D grows 0.01 a
+    # round over rounds 5..8 (12 rounds left: + 0.12), lag 4.02 − 2.40 − 0.13 = 1.49
+    assert decomposition_forecast(PROFILE, FLOOR, A, 20, 3) == pytest.approx(2.40 + 0.13 + 0.12 + 1.49, abs=1e-12)
+
+
+def test_the_pilots_drift_extrapolation_by_hand():
+    """docs/theory.md §8, Pilot: beyond the pilot's T_p rounds the drift floor grows linearly at the
+    pilot's least-squares rate γ. With D(K_t) = 0.1 + 0.02 t on rounds 0..5 (T_p = 5) γ = 0.02 whatever
+    the burn-in, so U_pilot's drift column is D_5 + 0.02 (T0 − 5) = 0.2 + 0.02 j; a falling floor
+    (0.3 − 0.05 t) is extrapolated down to 0 and held there."""
+    Tp, T = 5, 12
+    t = np.arange(Tp + 1, dtype=float)
+
+    def terms(drift):
+        return pd.DataFrame({"bias": 2.0 * 0.7 ** t + 0.1, "drift_floor": drift, "value_lag": 0.01 * np.ones(Tp + 1),
+                             "transient": 0.001 * np.ones(Tp + 1), "contraction_rate": 0.9 * np.ones(Tp + 1),
+                             "tau": 0.001 * np.ones(Tp + 1)})
+
+    rising = pilot_bound(terms(0.1 + 0.02 * t), T)["drift_floor"].to_numpy()
+    np.testing.assert_allclose(rising, 0.1 + 0.02 * np.arange(T + 1), rtol=0, atol=1e-12)
+    falling = pilot_bound(terms(0.3 - 0.05 * t), T)["drift_floor"].to_numpy()
+    np.testing.assert_allclose(falling[:Tp + 1], 0.3 - 0.05 * t, atol=1e-12)
+    np.testing.assert_allclose(falling[Tp + 1:], np.maximum(0.05 - 0.05 * np.arange(1, T - Tp + 1), 0.0), atol=1e-12)
+    assert falling[Tp + 1] == pytest.approx(0.0, abs=1e-12) and falling[-1] == 0.0
+
+
+# ------------------------------------------------------------------------------- (a) recall
+def test_recall_rule_stops_when_the_price_of_waiting_leaves_its_margin():
+    """At round 8 (w = 3; the escape ended at round 2 + 3 = 5): price 0.029 against ε × 0.865:
+    ε = 0.03 tolerates 0.02595 and freezes K_8 (its forecast 3.564 = min B + price), ε = 0.04
+    tolerates 0.0346 and trains on; with ε = 0 the noise term decides: z σ_B ≥ 0.029 for
+    z ≥ 0.029/√27e-6 = 5.581. At round 7 the price is 0.014: ε = 0.03 trains on."""
+    d = ValueMomentsRecallRule(window=3, fraction=0.03, confidence=0.0).decide(hand(), 20)
+    assert d.stop and d.kernel_round == 8 and d.test == "recall" and d.outcome == "freeze"
+    assert d.cost == pytest.approx(0.029, abs=1e-12)
+    assert d.freeze_objective == pytest.approx(min(OFFERS) + d.cost, abs=1e-12)
+    assert not ValueMomentsRecallRule(window=3, fraction=0.04, confidence=0.0).decide(hand(), 20).stop
+    assert ValueMomentsRecallRule(window=3, fraction=0.0, confidence=5.5).decide(hand(), 20).stop
+    assert not ValueMomentsRecallRule(window=3, fraction=0.0, confidence=5.6).decide(hand(), 20).stop
+    held = ValueMomentsRecallRule(window=3, fraction=0.03, confidence=0.0).decide(hand(upto=7), 20)
+    assert not held.stop and held.test == "recall" and held.cost == pytest.approx(0.014, abs=1e-12)
+    # before the escape (rounds 3, 4) it never stops, whatever the price
+    for t in (3, 4):
+        assert ValueMomentsRecallRule(window=3, fraction=0.0, confidence=0.0).decide(hand(upto=t), 20).test == "escape"
+
+
+def test_recall_rule_rolls_back_and_recalls_the_best_iterate_at_the_end():
+    """A_6 = 3.90 is the lowest: at round 8 the options J(s, 12) are 3.64, 3.468, 3.506, 3.544 (s = 5..8),
+    so a stop freezes K_6. At t = T the run ends with the stored iterate of the smallest F_λ(θ_s) = A_s
+    (J(s, 0)): round 6, an ``iterate`` outcome; with a falling path it is θ_T itself, plain FedAvg."""
+    rolled = A[:6] + [3.90, 3.95, 4.00]
+    d = ValueMomentsRecallRule(window=3, fraction=0.0, confidence=0.0).decide(hand(A=rolled), 20)
+    assert d.stop and d.kernel_round == 6 and d.freeze_objective == pytest.approx(3.468, abs=1e-12)
+    end = ValueMomentsRecallRule(window=3).decide(hand(A=rolled), 8)
+    assert end.stop and end.kernel_round == 6 and end.outcome == "iterate" and end.test == "budget"
+    fedavg = ValueMomentsRecallRule(window=3).decide(hand(), 8)
+    assert fedavg.kernel_round == 8 and fedavg.outcome == "freeze"
+
+
+def test_recall_rule_stability_and_no_harm_tests():
+    """With ε = 0.1 the price (0.029 ≤ 0.0865) keeps the rule training; stability margins falling
+    0.2 a round to 0.3 at round 8 cross 0 at round 9.5 ≤ T = 20, so with the stability signal it
+    freezes (test ``stability``), and not when they hold at 1. No harm at round 8: FedAvg's straight
+    line gives F̂ = 3.864 with σ = √1.5e-5 (tests/test_recommenders.py), so B = 3.564 beats it by
+    77.46 σ: z_h = 75 freezes, z_h = 80 trains on; the decomposition forecast is 4.14 (the last sum of
+    test_decomposition_forecast_by_hand), which 3.564 beats by 0.576 = 148.72 σ."""
+    falling = [1.0] * 5 + [0.9, 0.7, 0.5, 0.3]
+    quiet = ValueMomentsRecallRule(window=3, fraction=0.1, confidence=0.0, stability=True)
+    assert not quiet.decide(hand(), 20).stop
+    d = quiet.decide(hand(margins=falling), 20)
+    assert d.stop and d.test == "stability" and d.kernel_round == 8
+    assert not ValueMomentsRecallRule(window=3, fraction=0.1, confidence=0.0).decide(hand(margins=falling), 20).stop
+    rule = dict(window=3, fraction=0.0, confidence=0.0)
+    assert ValueMomentsRecallRule(**rule, no_harm=75.0).decide(hand(), 20).stop
+    blocked = ValueMomentsRecallRule(**rule, no_harm=80.0).decide(hand(), 20)
+    assert not blocked.stop and blocked.test == "no_harm"
+    assert blocked.fedavg_forecast == pytest.approx(3.864, abs=1e-12)
+    assert blocked.forecast_error == pytest.approx(80 * np.sqrt(1.5e-5), rel=1e-9)
+    by_parts = ValueMomentsRecallRule(**rule, no_harm=148.0, forecast="decomposition").decide(hand(), 20)
+    assert by_parts.stop and by_parts.fedavg_forecast == pytest.approx(4.14, abs=1e-12)
+    assert not ValueMomentsRecallRule(**rule, no_harm=149.0, forecast="decomposition").decide(hand(), 20).stop
+
+
+# ------------------------------------------------------------------------------- (b) server observable
+#: Observed losses that fall to 4.04 at round 6 and rise to 4.08 by round 8.
+RISING = A[:6] + [4.04, 4.05, 4.08]
+
+
+def test_server_rule_stops_on_the_observed_rise_by_hand():
+    """L = F_λ(θ_u) = A_u: the best loss is 4.04 (round 6), the rise at round 8 is 0.04, the warm-up's
+    gain L_0 − min L = 0.96: ε = 0.04 tolerates 0.0384 and stops (recalling θ_6), ε = 0.042 tolerates
+    0.04032 and trains on. Rounds 5..8 (4.06, 4.04, 4.05, 4.08) have slope 0.007 and residuals 0.013,
+    −0.014, −0.011, 0.012: σ_L = √(630e-6/2), and z σ_L ≥ 0.04 for z ≥ 2.2538."""
+    d = ServerObservableRule(window=3, fraction=0.04, confidence=0.0).decide(hand(A=RISING), 20)
+    assert d.stop and d.kernel_round == 6 and d.outcome == "iterate" and d.cost == pytest.approx(0.04, abs=1e-12)
+    assert not ServerObservableRule(window=3, fraction=0.042, confidence=0.0).decide(hand(A=RISING), 20).stop
+    assert ServerObservableRule(window=3, fraction=0.0, confidence=2.25).decide(hand(A=RISING), 20).stop
+    assert not ServerObservableRule(window=3, fraction=0.0, confidence=2.26).decide(hand(A=RISING), 20).stop
+    frozen = ServerObservableRule(window=3, fraction=0.04, confidence=0.0, outcome="freeze").decide(hand(A=RISING), 20)
+    assert frozen.stop and frozen.outcome == "freeze" and frozen.kernel_round == 6
+    # the escape reads the losses too: L first falls below 5.0 at round 2, so rounds 3 and 4 escape
+    assert ServerObservableRule(window=3, fraction=0.0, confidence=0.0).decide(hand(A=RISING, upto=4), 20).test \
+        == "escape"
+
+
+def test_server_rule_reads_the_observed_losses_and_nothing_else():
+    """Its information set: replacing every J(s, k > 0) by a history that escapes the saddle at round 1
+    (R_freeze = 100 − s − ...: a rule reading it would end its escape two rounds early) and the profile,
+    drift floor and stability margin by noise leaves each decision unchanged."""
+    rng = np.random.default_rng(0)
+
+    class Scrambled(Hand):
+        def final_objective(self, k):
+            k = np.asarray(k, dtype=float)
+            return np.where(k == 0, self.A, 100.0 - self.round - 0.001 * k + rng.uniform(0, 1e-3, k.shape))
+
+    rule = ServerObservableRule(window=3, fraction=0.02, confidence=1.0)
+    for upto in range(9):
+        plain = rule.decide(hand(A=RISING, upto=upto), 20)
+        noisy = [Scrambled(s, RISING[s], *rng.uniform(0, 10, 2), rng.uniform(-1, 1)) for s in range(upto + 1)]
+        assert repr(rule.decide(noisy, 20)) == repr(plain)       # NaN fields compare equal as text
+    np.testing.assert_array_equal(observed_losses(hand(A=RISING)), RISING)
+    assert rule.information_set == "server_observable"
+
+
+# ------------------------------------------------------------------------------- (c) value solve
+def test_value_solve_rule_waits_and_solves_at_the_smallest_profile():
+    """Φ = 3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.40: with T = 9 it waits until round 8 = T − 1,
+    then solves at K_6 (Φ = 2.39); its forecast is Φ(K_6) itself."""
+    rule = ValueSolveRule()
+    for t in range(8):
+        assert not rule.decide(hand(upto=t), 9).stop
+    d = rule.decide(hand(), 9)
+    assert d.stop and d.kernel_round == 6 and d.outcome == "solve" and d.freeze_objective == 2.39
+
+
+def test_rules_are_registered_with_their_information_sets():
+    assert set(RULES) == {"online", "value_moments_recall", "server_observable", "value_solve"}
+    for name, cls in RULES.items():
+        assert cls.information_set in INFORMATION_SETS, name
+    for cls in (ValueMomentsRecallRule, ServerObservableRule, ValueSolveRule):     # "(a)", "(b)", "(c)"
+        assert f"Information set {INFORMATION_SETS[cls.information_set][:3]}" in cls.__doc__
+    assert make_rule("value_moments_recall", window=4).window == 4
+    with pytest.raises(ValueError, match="unknown"):
+        make_rule("oracle")
+    with pytest.raises(ValueError, match="fraction"):
+        ValueMomentsRecallRule(fraction=-0.1)
+    with pytest.raises(ValueError, match="outcome"):
+        ServerObservableRule(outcome="solve")
+    with pytest.raises(ValueError, match="forecast"):
+        ValueMomentsRecallRule(forecast="spline")
+
+
+# ------------------------------------------------------------------------------- on a real instance
+@pytest.fixture(scope="module")
+def small():
+    config = config_from_dict(SMALL)
+    return config, clients_from_config(config)
+
+
+def test_forecast_stability_margin_is_the_curvatures(small):
+    """FreezeForecast's margin against core.curvature.value_curvature (eigenvalues of the clients'
+    Ã_c, computed from the features there, from the moments here)."""
+    config, clients = small
+    data, params = prepare_run(config, clients)
+    forecast = freeze_forecast(params, data, config.federated)
+    expected = 2.0 - 0.01 * np.max(value_curvature(kernel(params), data, 0.01))
+    assert forecast.stability_margin == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_realised_outcomes_of_recall_and_solve_are_the_simulated_ones(small):
+    """``iterate``: the loss of the record's own iterate θ_s (the FedAvg run's table); ``solve`` at
+    K_{T−1}: strategy value_solve_final's final loss (the solve in round T − 1), to 1e-10."""
+    config, clients = small
+    record = score_instance(config, clients, restarts=2)
+    T = config.federated.rounds
+    fedavg = simulate(config.with_updates({"federated.warmup_rounds": T}), clients).table["loss_regularized"]
+    for s in (2, 5, T):
+        assert realised_risk(record, T, s, outcome="iterate") == pytest.approx(
+            fedavg.iloc[s] - record["optimum"], rel=1e-10)
+    solved = simulate(config.with_updates({"federated.strategy": "value_solve_final"}), clients)
+    assert realised_risk(record, T - 1, T - 1, outcome="solve") == pytest.approx(
+        solved.table["loss_regularized"].iloc[-1] - record["optimum"], rel=1e-10)
+    assert len(record["stability_margin"]) == T + 1
+    t, s, decision = replay_online(record, ValueSolveRule())
+    assert (t, decision.outcome) == (T - 1, "solve") and s == int(np.argmin(record["profile"][:T]))
+    with pytest.raises(ValueError, match="outcome"):
+        realised_risk(record, T, T, outcome="oracle")
