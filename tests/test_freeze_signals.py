@@ -61,6 +61,7 @@ def test_stability_margin_and_its_crossing_by_hand():
     assert margin_crossing([1.0, 1.0, 0.9, 0.7, 0.5, 0.3], 3) == pytest.approx(6.5, abs=1e-12)
     assert margin_crossing([1.0, 0.5, -0.1], 2) == 2.0
     assert margin_crossing([0.5, 0.6, 0.7], 2) == np.inf
+    assert margin_crossing([0.5, -np.inf], 1) == 1.0 and margin_crossing([0.5, np.nan], 1) == np.inf
     # the window is exactly rounds t − w..t: with w = 5 the flat start enters, slope Σ x m / Σ x² =
     # −2.6/17.5 (x = −2.5..2.5), and the crossing is 5 + 0.3 × 17.5/2.6
     assert margin_crossing([1.0, 1.0, 0.9, 0.7, 0.5, 0.3], 5) == pytest.approx(5 + 0.3 * 17.5 / 2.6, abs=1e-12)
@@ -280,3 +281,22 @@ def test_the_realised_outcomes_of_recall_and_solve_are_the_simulated_ones(small)
     assert (t, decision.outcome) == (T - 1, "solve") and s == int(np.argmin(record["profile"][:T]))
     with pytest.raises(ValueError, match="outcome"):
         realised_risk(record, T, T, outcome="oracle")
+
+
+def test_a_records_offers_are_the_rounds_offers_and_the_rules_decide_the_same(small):
+    """A record's table gives B_u at once (StoredForecasts.offers): the same numbers as the loop
+    over its rounds' StoredForecast, and every round-4 rule decides the same on both."""
+    from linattn_theory.recommenders.scoring import stored_forecasts
+
+    config, clients = small
+    record = score_instance(config, clients, restarts=2)
+    table = stored_forecasts(record)
+    T = config.federated.rounds
+    plain = list(table[u] for u in range(len(table)))
+    loop = offers([[f.final_objective(T - u) for f in plain[:u + 1]] for u in range(len(plain))])
+    np.testing.assert_array_equal(table.offers(T), loop)
+    rules = [ValueMomentsRecallRule(window=2, fraction=0.0, confidence=0.0, stability=True, no_harm=0.0),
+             ServerObservableRule(window=2, fraction=0.0, confidence=0.0), ValueSolveRule()]
+    for rule in rules:
+        for t in range(T + 1):
+            assert repr(rule.decide(table[:t + 1], T)) == repr(rule.decide(plain[:t + 1], T))

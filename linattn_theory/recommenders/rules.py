@@ -75,6 +75,13 @@ def observed_losses(forecasts) -> np.ndarray:
     return np.asarray(_options(forecasts, 0), dtype=float)
 
 
+def _offers(forecasts, T: int) -> np.ndarray:
+    """``B_0..B_t`` (:func:`~.signals.offers`; a record's table gives them at once, the same numbers)."""
+    if hasattr(forecasts, "offers"):
+        return forecasts.offers(T)
+    return offers([_options(forecasts[:u + 1], T - u) for u in range(len(forecasts))])
+
+
 def _margins(forecasts) -> list:
     if hasattr(forecasts, "stability_margins"):
         return forecasts.stability_margins
@@ -159,7 +166,7 @@ class ValueMomentsRecallRule:
         ready = escape_round(risk, w)
         if ready is None or t < ready:
             return go_on("escape", f"escaping the saddle: R_freeze has not yet fallen below R_freeze(0) {w} rounds ago")
-        B = offers([_options(forecasts[:u + 1], T - u) for u in range(t + 1)])
+        B = _offers(forecasts, T)
         price = price_of_waiting(B)
         tolerated = recall_margin(B, float(risk[0]), self.fraction, w, self.confidence)
         crossing = margin_crossing(_margins(forecasts), w) if self.stability else float("inf")

@@ -433,6 +433,14 @@ class StoredForecasts(Sequence):
         s = np.arange(self._n)
         return self._table[0][s, T - s]
 
+    def offers(self, T: int) -> np.ndarray:
+        """``B_u = min_{s ≤ u} J(s, T − u)`` for every stored round ``u`` (:func:`~.signals.offers`),
+        from the table at once."""
+        u = np.arange(self._n)
+        J = self._table[0][:self._n][:, T - u]                  # J[s, T − u], rows s, columns u
+        J = np.where((u[:, None] <= u[None, :]) & np.isfinite(J), J, np.inf)
+        return J.min(axis=0)
+
     @property
     def profiles(self) -> list[float]:
         return self._table[1][:self._n]

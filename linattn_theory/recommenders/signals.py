@@ -66,7 +66,8 @@ def stability_margin(curvatures, learning_rate: float) -> float:
 def margin_crossing(margins, window: int) -> float:
     """The round at which the straight line through the stability margins ``m_u``, ``u = t − w..t``
     (``t = len(margins) − 1``, ``w = window``), reaches zero: ``t + m_t/(−b)`` for a falling margin
-    (slope ``b < 0``), ``t`` when ``m_t ≤ 0`` already, ``+∞`` when the margin does not fall.
+    (slope ``b < 0``), ``t`` when ``m_t ≤ 0`` already (or ``−∞``: a state that is no longer finite),
+    ``+∞`` when the margin does not fall or is unknown (``NaN``: a record before format 4).
 
     Parameters
     ----------
@@ -88,7 +89,9 @@ def margin_crossing(margins, window: int) -> float:
     """
     m = np.asarray(margins, dtype=float)
     t = len(m) - 1
-    if not np.isfinite(m[-1]) or m[-1] <= 0:
+    if np.isnan(m[-1]):
+        return float("inf")
+    if m[-1] <= 0:
         return float(t)
     slope, _ = _slope_and_sigma(m[-window - 1:])
     return float(t + m[-1] / -slope) if slope < 0 else float("inf")
