@@ -300,3 +300,81 @@ def test_a_records_offers_are_the_rounds_offers_and_the_rules_decide_the_same(sm
     for rule in rules:
         for t in range(T + 1):
             assert repr(rule.decide(table[:t + 1], T)) == repr(rule.decide(plain[:t + 1], T))
+
+
+# ------------------------------------------------------------------------------- round 4's declaration
+def test_round4_evaluation_is_out_of_distribution_and_declared_in_the_docs():
+    """Fresh seeds (none used by rounds 1–3), held-out settings whose configs (seed aside) no design
+    instance has, every design set of rounds 1–3 a design set of round 4, and docs/theory.md §8
+    naming every round-4 evaluation set with its variant and seeds."""
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    table = bench.instances(False, sets=bench.SETS_R4)
+    design, evaluation = table[table["role"] == "design"], table[table["role"] == "evaluation"]
+    assert set(design["set"]) == set(bench.SETS)
+    assert not set(evaluation["seed"]) & {s for _, _, seeds in bench.SETS.values() for s in seeds}
+    unseed = lambda config: repr({k: v for k, v in config.items() if k != "seed"})  # noqa: E731
+    seen = set(design["config"].map(unseed))
+    held = evaluation[evaluation["variant"].isin(list(bench.HELD_OUT))]
+    assert set(held["variant"]) == set(bench.HELD_OUT) and not set(held["config"].map(unseed)) & seen
+    fresh = evaluation[~evaluation["variant"].isin(list(bench.HELD_OUT))]
+    assert set(fresh["config"].map(unseed)) <= seen                 # in distribution: the design's settings
+    docs = " ".join((root / "docs" / "theory.md").read_text().split())
+    for name, (variant, role, seeds) in bench.SETS_R4.items():
+        if role == "evaluation":
+            assert list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+            assert f"`{name}` ({variant}, seeds {seeds[0]}–{seeds[-1]}" in docs, name
+    goal = bench.GOAL_R4
+    assert (f"median regret ≤ {100 * goal['median']:g} %, worst ≤ {100 * goal['max']:g} %, harm on ≤ "
+            f"{100 * goal['harm_share']:g} %") in docs
+    assert f"at least {100 * goal['captured']:g} %" in docs and f"exceeds {100 * goal['gap']:g} %" in docs
+    assert f"at most {100 * bench.DESIGN_HARM_LIMIT_R4:g} % of every design variant" in docs
+
+
+def test_round4_captured_share_and_criterion_by_hand():
+    """Captured share (r_F − r)/r_F where r_F > 10 %: FedAvg 0.5 and 0.2 with the rule at 0.1 and 0.2 →
+    0.8 and 0; instances at r_F = 0.1 or below do not count. The criterion: per information set the
+    admissible candidate (harm ≤ 0.5 % on every variant) of smallest mean of means; round 3's rule
+    is no candidate; with none admissible, the smallest largest harm share."""
+    from tests.test_recommenders import _benchmark
+
+    bench, _ = _benchmark()
+    np.testing.assert_allclose(bench.captured_share([0.1, 0.2, 0.0], [0.5, 0.2, 0.1]), [0.8, 0.0])
+    row = lambda rule, kind, info, variant, harm, mean: {  # noqa: E731
+        "rule": rule, "kind": kind, "information_set": info, "variant": variant, "instances": 200, "harm": harm,
+        "mean": mean}
+    design = pd.DataFrame([row("a1", "value_moments_recall", "value_moments", "linear", 0, 0.05),
+                           row("a1", "value_moments_recall", "value_moments", "minibatch", 1, 0.07),
+                           row("a2", "value_moments_recall", "value_moments", "linear", 2, 0.01),
+                           row("a2", "value_moments_recall", "value_moments", "minibatch", 0, 0.01),
+                           row("r3", "online", "value_moments", "linear", 0, 0.0),
+                           row("r3", "online", "value_moments", "minibatch", 0, 0.0),
+                           row("b1", "server_observable", "server_observable", "linear", 3, 0.2),
+                           row("b2", "server_observable", "server_observable", "linear", 2, 0.3)])
+    chosen = bench.choose_rules_r4(design)
+    assert chosen["value_moments"] == {"rule": "a1", "admissible": 1, "candidates": 2}
+    assert chosen["server_observable"] == {"rule": "b2", "admissible": 0, "candidates": 2}
+
+
+@pytest.mark.slow
+def test_round4_quick_benchmark_runs_and_scores_each_information_set(tmp_path):
+    """``--round 4 --quick`` (a smoke test, not a score): the design table, one choice per information
+    set, and every chosen rule, round 3's rule, FedAvg and the value solve scored on each evaluation set."""
+    import json
+
+    from tests.test_recommenders import _benchmark
+
+    bench, _ = _benchmark()
+    assert bench.main(["--round", "4", "--quick", "--workers", "1", "--out", str(tmp_path / "out"),
+                       "--cache", str(tmp_path / "cache")]) == 0
+    chosen = json.loads((tmp_path / "out" / "predictive_regret_r4_choice.json").read_text())
+    assert set(chosen) == {"value_moments", "server_observable", "value_moments_and_solve"}
+    scores = pd.read_csv(tmp_path / "out" / "predictive_regret_r4_scores.csv")
+    assert set(scores["set"]) == set(bench.QUICK_R4["sets"]) - {"design", "design_minibatch"}
+    arms = {c["rule"] for c in chosen.values()} | {"fedavg", "value_solve_final",
+                                                   bench.rule_name_r4("online", bench.ROUND3_RULE)}
+    for _, part in scores.groupby("set"):
+        assert set(part["rule"]) == arms
+    solve = scores[scores["rule"] == "value_solve"]
+    assert (solve["outcome"] == "solve").all()
