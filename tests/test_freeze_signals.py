@@ -378,3 +378,13 @@ def test_round4_quick_benchmark_runs_and_scores_each_information_set(tmp_path):
         assert set(part["rule"]) == arms
     solve = scores[scores["rule"] == "value_solve"]
     assert (solve["outcome"] == "solve").all()
+
+
+def test_the_simulator_refuses_an_outcome_it_does_not_realise(small):
+    """run_online realises freezes; the value solve's decision (outcome ``solve`` at round T − 1) is
+    refused with a clear error instead of being run as a freeze."""
+    from linattn_theory.recommenders.online import run_online
+
+    config, clients = small
+    with pytest.raises(ValueError, match="realises freezes only"):
+        run_online(config, clients, ValueSolveRule())

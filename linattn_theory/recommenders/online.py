@@ -610,7 +610,9 @@ class OnlineControl:
 
     ``observe`` stores ``θ^t``, adds the :class:`FreezeForecast` of round ``t`` and asks the rule,
     which sees rounds ``0..t`` only; when it stops, the run freezes the kernel of its
-    ``kernel_round`` (a stored round: roll-back). ``finish`` records ``kernel_round`` (the ``T0``),
+    ``kernel_round`` (a stored round: roll-back). A decision of another ``outcome`` (``iterate``,
+    ``solve``: the rules of :mod:`.rules`) is refused with a ``ValueError``: those are scored on
+    records (:func:`~.scoring.realised_risk`), not run here. ``finish`` records ``kernel_round`` (the ``T0``),
     ``stop_round`` and the forecast; ``decisions`` keeps one row per round observed.
 
     Parameters
@@ -639,6 +641,10 @@ class OnlineControl:
         self.decisions.append(dataclasses.asdict(self.decision))
         if not self.decision.stop:
             return None
+        if self.decision.outcome != "freeze":
+            raise ValueError(f"{type(self.rule).__name__} decided the outcome {self.decision.outcome!r} at round {t}: "
+                             "the simulator realises freezes only; score this rule on a record with "
+                             "recommenders.scoring.replay_online and realised_risk(..., outcome=...)")
         self.stop_round = t
         return Freeze(self.decision.kernel_round, self.params[self.decision.kernel_round])
 
