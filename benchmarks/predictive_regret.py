@@ -267,12 +267,14 @@ SETS_R4 = {
 
 #: Candidates of round 4, per rule of :data:`linattn_theory.recommenders.rules.RULES` (the information set
 #: is the rule's): stopping with recall on the exact offers, (a); on the observed losses, (b); the value
-#: solve at the smallest stored profile, (c), which has no parameter. ``forecast`` matters only with a
-#: no-harm test, so the candidates without one have the straight line only.
+#: solve at the smallest stored profile, (c), which has no parameter. ``fraction`` is a share of the best
+#: offer's value part for (a) (a bound on the relative regret against that offer) and of the best observed
+#: loss for (b). ``forecast`` matters only with a no-harm test, so the candidates without one have the
+#: straight line only.
 CANDIDATES_R4 = {
     "value_moments_recall": {"window": (8, 10), "fraction": (0.02, 0.05, 0.1, 0.2), "confidence": (0.0, 2.0),
                              "stability": (False, True), "no_harm": (None, 2.0), "forecast": ("line", "decomposition")},
-    "server_observable": {"window": (8, 10), "fraction": (0.02, 0.05, 0.1, 0.2), "confidence": (0.0, 2.0),
+    "server_observable": {"window": (8, 10), "fraction": (0.005, 0.01, 0.02, 0.05), "confidence": (0.0, 2.0),
                           "outcome": ("iterate", "freeze")},
     "value_solve": {},
 }

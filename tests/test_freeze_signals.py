@@ -38,7 +38,7 @@ class Hand:
 
 
 A = [5.0, 5.2, 4.9, 4.6, 4.3, 4.06, 4.04, 4.03, 4.02]
-PROFILE = [3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.40]
+PROFILE = [3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.42]
 FLOOR = [0.1, 0.1, 0.1, 0.1, 0.1, 0.10, 0.11, 0.12, 0.13]
 #: B_u = min_{s ≤ u} (A_s − c_s (20 − u)), by hand: u = 0: 5 − 0.6; u = 1: J(0, 19) = 4.43 < J(1, 19) = 4.611;
 #: u = 2..5: the newest kernel (4.9 − 0.576, 4.6 − 0.561, 4.3 − 0.544, 4.06 − 0.525); u = 6: J(6, 14) =
@@ -69,9 +69,9 @@ def test_stability_margin_and_its_crossing_by_hand():
 
 def test_offers_price_of_waiting_and_margin_by_hand():
     """The offers of the hand-made history (OFFERS, computed in its comment); at round 8 the price of
-    waiting is B_8 − min B = 3.564 − 3.535 = 0.029; the gain of the warm-up over freezing K_0 is
-    4.4 − 3.535 = 0.865; the offers of rounds 5..8 have residuals 0.004, −0.005, −0.002, 0.003 about
-    their line, σ_B = √(54e-6/2)."""
+    waiting is B_8 − min B = 3.564 − 3.535 = 0.029; the offers of rounds 5..8 have residuals 0.004,
+    −0.005, −0.002, 0.003 about their line, σ_B = √(54e-6/2); the margin is the larger of ε × scale
+    and z σ_B."""
     forecasts = hand()
     rows = [[f.final_objective(20 - u) for f in forecasts[:u + 1]] for u in range(9)]
     np.testing.assert_allclose(offers(rows), OFFERS, rtol=0, atol=1e-12)
@@ -79,9 +79,10 @@ def test_offers_price_of_waiting_and_margin_by_hand():
     assert price_of_waiting(OFFERS) == pytest.approx(0.029, abs=1e-12)
     assert price_of_waiting(OFFERS[:6]) == 0.0
     sigma = np.sqrt(27e-6)
-    assert recall_margin(OFFERS, 4.4, 0.1, 3, 0.0) == pytest.approx(0.0865, abs=1e-12)
-    assert recall_margin(OFFERS, 4.4, 0.0, 3, 2.0) == pytest.approx(2 * sigma, rel=1e-9)
-    assert recall_margin(OFFERS, 4.4, 0.01, 3, 2.0) == pytest.approx(max(0.00865, 2 * sigma), rel=1e-9)
+    assert recall_margin(OFFERS, 1.135, 0.1, 3, 0.0) == pytest.approx(0.1135, abs=1e-12)
+    assert recall_margin(OFFERS, 1.135, 0.0, 3, 2.0) == pytest.approx(2 * sigma, rel=1e-9)
+    assert recall_margin(OFFERS, 1.135, 0.005, 3, 2.0) == pytest.approx(max(0.005675, 2 * sigma), rel=1e-9)
+    assert recall_margin(OFFERS, 1.135, 0.01, 3, 2.0) == pytest.approx(0.01135, rel=1e-9)
 
 
 def test_decomposition_forecast_by_hand():
@@ -93,9 +94,9 @@ def test_decomposition_forecast_by_hand():
     assert decomposition_forecast([3.0, 2.5, 2.0], [0.2, 0.2, 0.2], [2.3, 2.8, 2.3], 4, 2) == pytest.approx(1.3)
     # the profile rose in the last step: held at 2.1; D falls (never extrapolated down): 0.2; lag 0.5
     assert decomposition_forecast([3.0, 2.0, 2.1], [0.4, 0.3, 0.2], [3.0, 3.0, 2.8], 10, 2) == pytest.approx(2.8)
-    # on the hand-made history at round 8 (w = 3): Φ rose in its last step (held at 2.40), D grows 0.01 a
-    # round over rounds 5..8 (12 rounds left: + 0.12), lag 4.02 − 2.40 − 0.13 = 1.49
-    assert decomposition_forecast(PROFILE, FLOOR, A, 20, 3) == pytest.approx(2.40 + 0.13 + 0.12 + 1.49, abs=1e-12)
+    # on the hand-made history at round 8 (w = 3): Φ rose in its last step (held at 2.42), D grows 0.01 a
+    # round over rounds 5..8 (12 rounds left: + 0.12), lag 4.02 − 2.42 − 0.13 = 1.47
+    assert decomposition_forecast(PROFILE, FLOOR, A, 20, 3) == pytest.approx(2.42 + 0.13 + 0.12 + 1.47, abs=1e-12)
 
 
 def test_the_pilots_drift_extrapolation_by_hand():
@@ -121,15 +122,16 @@ def test_the_pilots_drift_extrapolation_by_hand():
 
 # ------------------------------------------------------------------------------- (a) recall
 def test_recall_rule_stops_when_the_price_of_waiting_leaves_its_margin():
-    """At round 8 (w = 3; the escape ended at round 2 + 3 = 5): price 0.029 against ε × 0.865:
-    ε = 0.03 tolerates 0.02595 and freezes K_8 (its forecast 3.564 = min B + price), ε = 0.04
-    tolerates 0.0346 and trains on; with ε = 0 the noise term decides: z σ_B ≥ 0.029 for
-    z ≥ 0.029/√27e-6 = 5.581. At round 7 the price is 0.014: ε = 0.03 trains on."""
-    d = ValueMomentsRecallRule(window=3, fraction=0.03, confidence=0.0).decide(hand(), 20)
+    """At round 8 (w = 3; the escape ended at round 2 + 3 = 5): the best offer is B_5 = J(5, 15) =
+    3.535 with Φ_λ(K_5) = 2.40 (not the latest kernel's 2.42), value part 1.135; price 0.029 against ε × 1.135: ε = 0.025 tolerates
+    0.028375 and freezes K_8 (its forecast 3.564 = min B + price), ε = 0.026 tolerates 0.02951 and
+    trains on; with ε = 0 the noise term decides: z σ_B ≥ 0.029 for z ≥ 0.029/√27e-6 = 5.581. At
+    round 7 the price is 0.014: ε = 0.03 (0.03405) trains on."""
+    d = ValueMomentsRecallRule(window=3, fraction=0.025, confidence=0.0).decide(hand(), 20)
     assert d.stop and d.kernel_round == 8 and d.test == "recall" and d.outcome == "freeze"
     assert d.cost == pytest.approx(0.029, abs=1e-12)
     assert d.freeze_objective == pytest.approx(min(OFFERS) + d.cost, abs=1e-12)
-    assert not ValueMomentsRecallRule(window=3, fraction=0.04, confidence=0.0).decide(hand(), 20).stop
+    assert not ValueMomentsRecallRule(window=3, fraction=0.026, confidence=0.0).decide(hand(), 20).stop
     assert ValueMomentsRecallRule(window=3, fraction=0.0, confidence=5.5).decide(hand(), 20).stop
     assert not ValueMomentsRecallRule(window=3, fraction=0.0, confidence=5.6).decide(hand(), 20).stop
     held = ValueMomentsRecallRule(window=3, fraction=0.03, confidence=0.0).decide(hand(upto=7), 20)
@@ -153,7 +155,7 @@ def test_recall_rule_rolls_back_and_recalls_the_best_iterate_at_the_end():
 
 
 def test_recall_rule_stability_and_no_harm_tests():
-    """With ε = 0.1 the price (0.029 ≤ 0.0865) keeps the rule training; stability margins falling
+    """With ε = 0.1 the price (0.029 ≤ 0.1135) keeps the rule training; stability margins falling
     0.2 a round to 0.3 at round 8 cross 0 at round 9.5 ≤ T = 20, so with the stability signal it
     freezes (test ``stability``), and not when they hold at 1. No harm at round 8: FedAvg's straight
     line gives F̂ = 3.864 with σ = √1.5e-5 (tests/test_recommenders.py), so B = 3.564 beats it by
@@ -182,16 +184,15 @@ RISING = A[:6] + [4.04, 4.05, 4.08]
 
 
 def test_server_rule_stops_on_the_observed_rise_by_hand():
-    """L = F_λ(θ_u) = A_u: the best loss is 4.04 (round 6), the rise at round 8 is 0.04, the warm-up's
-    gain L_0 − min L = 0.96: ε = 0.04 tolerates 0.0384 and stops (recalling θ_6), ε = 0.042 tolerates
-    0.04032 and trains on. Rounds 5..8 (4.06, 4.04, 4.05, 4.08) have slope 0.007 and residuals 0.013,
+    """L = F_λ(θ_u) = A_u: the best loss is 4.04 (round 6), the rise at round 8 is 0.04: ε = 0.0098
+    tolerates ε × 4.04 = 0.039592 and stops (recalling θ_6), ε = 0.01 tolerates 0.0404 and trains on. Rounds 5..8 (4.06, 4.04, 4.05, 4.08) have slope 0.007 and residuals 0.013,
     −0.014, −0.011, 0.012: σ_L = √(630e-6/2), and z σ_L ≥ 0.04 for z ≥ 2.2538."""
-    d = ServerObservableRule(window=3, fraction=0.04, confidence=0.0).decide(hand(A=RISING), 20)
+    d = ServerObservableRule(window=3, fraction=0.0098, confidence=0.0).decide(hand(A=RISING), 20)
     assert d.stop and d.kernel_round == 6 and d.outcome == "iterate" and d.cost == pytest.approx(0.04, abs=1e-12)
-    assert not ServerObservableRule(window=3, fraction=0.042, confidence=0.0).decide(hand(A=RISING), 20).stop
+    assert not ServerObservableRule(window=3, fraction=0.01, confidence=0.0).decide(hand(A=RISING), 20).stop
     assert ServerObservableRule(window=3, fraction=0.0, confidence=2.25).decide(hand(A=RISING), 20).stop
     assert not ServerObservableRule(window=3, fraction=0.0, confidence=2.26).decide(hand(A=RISING), 20).stop
-    frozen = ServerObservableRule(window=3, fraction=0.04, confidence=0.0, outcome="freeze").decide(hand(A=RISING), 20)
+    frozen = ServerObservableRule(window=3, fraction=0.0098, confidence=0.0, outcome="freeze").decide(hand(A=RISING), 20)
     assert frozen.stop and frozen.outcome == "freeze" and frozen.kernel_round == 6
     # the escape reads the losses too: L first falls below 5.0 at round 2, so rounds 3 and 4 escape
     assert ServerObservableRule(window=3, fraction=0.0, confidence=0.0).decide(hand(A=RISING, upto=4), 20).test \
@@ -220,7 +221,7 @@ def test_server_rule_reads_the_observed_losses_and_nothing_else():
 
 # ------------------------------------------------------------------------------- (c) value solve
 def test_value_solve_rule_waits_and_solves_at_the_smallest_profile():
-    """Φ = 3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.40: with T = 9 it waits until round 8 = T − 1,
+    """Φ = 3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.42: with T = 9 it waits until round 8 = T − 1,
     then solves at K_6 (Φ = 2.39); its forecast is Φ(K_6) itself."""
     rule = ValueSolveRule()
     for t in range(8):
@@ -277,6 +278,12 @@ def test_the_realised_outcomes_of_recall_and_solve_are_the_simulated_ones(small)
     assert realised_risk(record, T - 1, T - 1, outcome="solve") == pytest.approx(
         solved.table["loss_regularized"].iloc[-1] - record["optimum"], rel=1e-10)
     assert len(record["stability_margin"]) == T + 1
+    # what the server rule reads from a record is the loss the run observed: J(u, 0) + Φ*_λ
+    from linattn_theory.recommenders.rules import _loss_offset
+    from linattn_theory.recommenders.scoring import stored_forecasts
+    table = stored_forecasts(record)
+    for forecasts in (table, list(table[u] for u in range(len(table)))):
+        np.testing.assert_allclose(observed_losses(forecasts) + _loss_offset(forecasts), fedavg.to_numpy(), rtol=1e-10)
     t, s, decision = replay_online(record, ValueSolveRule())
     assert (t, decision.outcome) == (T - 1, "solve") and s == int(np.argmin(record["profile"][:T]))
     with pytest.raises(ValueError, match="outcome"):
@@ -388,3 +395,61 @@ def test_the_simulator_refuses_an_outcome_it_does_not_realise(small):
     config, clients = small
     with pytest.raises(ValueError, match="realises freezes only"):
         run_online(config, clients, ValueSolveRule())
+
+
+class Table:
+    """A hand-made forecast of round ``s`` given as its table ``J(s, k)`` (any shape in ``k``)."""
+
+    def __init__(self, s, J, profile):
+        self.round, self.J, self.profile, self.drift_floor, self.stability_margin = s, J, profile, 0.0, 1.0
+
+    def final_objective(self, k):
+        return self.J[int(k)]
+
+
+#: T = 4, rounds 0..3. Offers: B_0 = J(0, 4) = 4; B_1 = J(1, 3) = 3; B_2 = J(1, 2) = 2 (a roll-back:
+#: K_1 beats K_2's 2.8); B_3 = J(1, 1) = 2.6. Profiles 3.5, 1.2, 1.9, 1.0.
+TABLE = [Table(0, {4: 4.0, 3: 9.0, 2: 9.0, 1: 9.0, 0: 9.0}, 3.5), Table(1, {3: 3.0, 2: 2.0, 1: 2.6, 0: 2.65}, 1.2),
+         Table(2, {2: 2.8, 1: 2.9, 0: 3.0}, 1.9), Table(3, {1: 2.7, 0: 2.75}, 1.0)]
+
+
+def test_recall_margin_scale_is_the_value_part_of_the_best_offer():
+    """The best offer is B_2 = 2.0, made by K_1 (Φ = 1.2): value part 0.8 — not the latest offer's, nor
+    the latest kernel's profile. At round 3 (w = 1; R_freeze = 4, 3, 2.8, 2.7 fell below 4 at round 1)
+    the price is 2.6 − 2.0 = 0.6: ε = 0.74 tolerates 0.592 and rolls back to K_1, ε = 0.76 (0.608) trains on."""
+    from linattn_theory.recommenders.rules import _value_part
+
+    B = offers([[f.final_objective(4 - u) for f in TABLE[:u + 1]] for u in range(4)])
+    np.testing.assert_allclose(B, [4.0, 3.0, 2.0, 2.6])
+    assert _value_part(TABLE, B, 4) == pytest.approx(0.8, abs=1e-12)
+    d = ValueMomentsRecallRule(window=1, fraction=0.74, confidence=0.0).decide(TABLE, 4)
+    assert d.stop and d.kernel_round == 1 and d.cost == pytest.approx(0.6, abs=1e-12)
+    assert not ValueMomentsRecallRule(window=1, fraction=0.76, confidence=0.0).decide(TABLE, 4).stop
+
+
+def test_server_rule_scales_by_the_observed_loss_level():
+    """A record stores J − Φ*_λ; the server observes J. The same history stored 10 below, with its Φ*_λ
+    = 10 alongside, gives the same decisions (ε = 0.01 tolerates 0.0404 of the best loss 4.04)."""
+
+    class Stored(Hand):
+        optimum = 10.0
+
+    stored = [Stored(s, RISING[s] - 10.0) for s in range(9)]
+    rule = ServerObservableRule(window=3, fraction=0.01, confidence=0.0)
+    verdict = lambda d: (d.stop, d.kernel_round, d.test, d.outcome)  # noqa: E731
+    for upto in range(9):
+        assert verdict(rule.decide(stored[:upto + 1], 20)) == verdict(rule.decide(hand(A=RISING, upto=upto), 20))
+    assert not rule.decide(stored, 20).stop
+
+
+def test_a_records_offers_roll_back_as_the_loop_does():
+    """TABLE stored as a record: StoredForecasts.offers gives 4, 3, 2, 2.6 (B_2 and B_3 by the
+    roll-back to K_1), as the loop over the rounds does."""
+    from linattn_theory.recommenders.scoring import StoredForecasts
+
+    T = 4
+    record = {"excess_risk": [0.0] * (T + 1), "optimum": 0.0, "profile": [f.profile for f in TABLE],
+              "drift_floor": [0.0] * 4, "freeze_objective": [[f.J[T - f.round - i] for i in range(T - f.round + 1)]
+                                                             for f in TABLE]}
+    np.testing.assert_allclose(StoredForecasts(record).offers(T), [4.0, 3.0, 2.0, 2.6])
+    assert ValueMomentsRecallRule(window=1, fraction=0.74, confidence=0.0).decide(StoredForecasts(record), T).stop

@@ -82,6 +82,24 @@ def _offers(forecasts, T: int) -> np.ndarray:
     return offers([_options(forecasts[:u + 1], T - u) for u in range(len(forecasts))])
 
 
+def _value_part(forecasts, offer_values, T: int) -> float:
+    """``B* − Φ_λ(K_{s**})``: the best offer ``B* = B_{u*}`` (``u* = argmin_u B_u``) less the profile of
+    its kernel ``s** = argmin_{s ≤ u*} J(s, T − u*)``, the value block's part of it (``≥ 0``)."""
+    u = int(np.argmin(offer_values))
+    options = np.asarray(_options(forecasts[:u + 1], T - u), dtype=float)
+    s = int(np.argmin(np.where(np.isfinite(options), options, np.inf)))
+    profile, _ = _profiles_and_floors(forecasts[:u + 1])
+    return float(offer_values[u] - profile[s])
+
+
+def _loss_offset(forecasts) -> float:
+    """What turns ``J(u, 0)`` into the loss the server observes: ``Φ*_λ`` for a record's forecasts
+    (which store ``J − Φ*_λ``), 0 for a run's own."""
+    if hasattr(forecasts, "optimum"):
+        return float(forecasts.optimum)
+    return float(getattr(forecasts[0], "optimum", 0.0)) if len(forecasts) else 0.0
+
+
 def _margins(forecasts) -> list:
     if hasattr(forecasts, "stability_margins"):
         return forecasts.stability_margins
@@ -105,10 +123,13 @@ class ValueMomentsRecallRule:
     ``B_t = min_{s ≤ t} J(s, T − t)`` (exact, :class:`~.online.FreezeForecast`), and the price of
     having waited is ``W_t = B_t − min_{u ≤ t} B_u`` (:func:`~.signals.price_of_waiting`). After the
     escape from the saddle (:func:`~.online.escape_round`, window ``w``) the rule keeps training
-    while ``W_t ≤ max(ε (J(0, T) − min_u B_u), z σ_B)`` (:func:`~.signals.recall_margin`) and
-    freezes ``K_{s*}``, ``s* = argmin_s J(s, T − t)``, when the price leaves that margin, so its final
-    objective is the best offer it ever had plus the price ``W_t`` it reports (``cost``; exact with
-    full batches and full participation). With ``stability`` it also freezes when the straight
+    while ``W_t ≤ max(ε (B* − Φ_λ(K_{s**})), z σ_B)`` (:func:`~.signals.recall_margin`), with
+    ``B* = min_u B_u`` and ``K_{s**}`` the kernel of that best offer, and freezes ``K_{s*}``,
+    ``s* = argmin_s J(s, T − t)``, when the price leaves that margin. Its final objective is the
+    best offer it ever had plus the price ``W_t`` it reports (``cost``; exact with full batches and
+    full participation), and ``B* − Φ_λ(K_{s**})``, the value block's part of the best offer, is at
+    most that offer's excess risk: a price within ``ε`` of it costs at most a share ``ε`` of the best
+    offer's excess risk (plus the last round's step, and the noise margin ``z σ_B``). With ``stability`` it also freezes when the straight
     line through the value block's stability margins ``2 − η max_c λ_max(Ã_c(K_u))`` over the
     window reaches zero before round ``T`` (:func:`~.signals.margin_crossing`: FedAvg's local value
     steps are about to lose their stability). With ``no_harm = z_h`` a stop also needs
@@ -168,7 +189,7 @@ class ValueMomentsRecallRule:
             return go_on("escape", f"escaping the saddle: R_freeze has not yet fallen below R_freeze(0) {w} rounds ago")
         B = _offers(forecasts, T)
         price = price_of_waiting(B)
-        tolerated = recall_margin(B, float(risk[0]), self.fraction, w, self.confidence)
+        tolerated = recall_margin(B, _value_part(forecasts, B, T), self.fraction, w, self.confidence)
         crossing = margin_crossing(_margins(forecasts), w) if self.stability else float("inf")
         if price <= tolerated and not crossing <= T:
             return go_on("recall", f"the price of waiting {price:.3g} is within its margin {tolerated:.3g}", price)
@@ -196,7 +217,8 @@ class ServerObservableRule:
 
     Stopping with recall on the observed losses: after ``L`` has first fallen below ``L_0`` and ``w``
     more rounds have passed (the escape, :func:`~.online.escape_round` on ``L``), the rule stops when
-    the loss has risen above its best so far by more than ``max(ε (L_0 − min_u L_u), z σ_L)``
+    the loss has risen above its best so far by more than ``max(ε min_u L_u, z σ_L)`` (a share ``ε``
+    of the best loss the server saw, or ``z`` residual standard deviations of the losses over the window)
     (:func:`~.signals.price_of_waiting` and :func:`~.signals.recall_margin` of the loss series: FedAvg's
     late rise, observed) and recalls the round ``s* = argmin_u L_u``: with ``outcome = "iterate"`` the
     run ends with ``θ_{s*}`` (its loss is observed, so the outcome is known), with ``"freeze"`` it
@@ -208,7 +230,7 @@ class ServerObservableRule:
     ----------
     window : int, default 10
         ``w``.
-    fraction : float, default 0.05
+    fraction : float, default 0.01
         ``ε``.
     confidence : float, default 2.0
         ``z``.
@@ -217,7 +239,7 @@ class ServerObservableRule:
     """
 
     window: int = 10
-    fraction: float = 0.05
+    fraction: float = 0.01
     confidence: float = 2.0
     outcome: str = "iterate"
     information_set = "server_observable"
@@ -240,7 +262,8 @@ class ServerObservableRule:
             return OnlineDecision(t, False, s, float(L[s]), nan, nan, nan, nan, "escape",
                                   f"escaping the saddle: the loss has not yet fallen below L_0 {self.window} rounds ago")
         rise = price_of_waiting(L)
-        tolerated = recall_margin(L, float(L[0]), self.fraction, self.window, self.confidence)
+        level = float(np.min(L[np.isfinite(L)])) + _loss_offset(forecasts)      # the best loss, as observed
+        tolerated = recall_margin(L, level, self.fraction, self.window, self.confidence)
         if not rise > tolerated:
             return OnlineDecision(t, False, s, float(L[s]), nan, rise, nan, nan, "rise",
                                   f"the loss is {rise:.3g} above its best, within {tolerated:.3g}")

@@ -349,6 +349,7 @@ class StoredForecast:
         self.profile = float(record["profile"][s])
         self.drift_floor = float(record["drift_floor"][s])
         self.stability_margin = float(record.get("stability_margin", [np.nan] * (s + 1))[s])
+        self.optimum = float(record["optimum"])         # Φ*_λ: J(s, 0) + Φ*_λ is the observed loss
 
     def final_objective(self, k):
         return self._row[self._T - np.asarray(k) - self.round]
@@ -448,6 +449,11 @@ class StoredForecasts(Sequence):
     @property
     def drift_floors(self) -> list[float]:
         return self._table[2][:self._n]
+
+    @property
+    def optimum(self) -> float:
+        """``Φ*_λ`` of the record (``J(u, 0) + Φ*_λ`` is the loss a server observes at round ``u``)."""
+        return float(self._record["optimum"])
 
     @property
     def stability_margins(self) -> list[float]:

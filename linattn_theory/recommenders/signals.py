@@ -143,19 +143,23 @@ def price_of_waiting(offer_values) -> float:
     return float(B[-1] - np.min(B))
 
 
-def recall_margin(offer_values, start: float, fraction: float, window: int, confidence: float) -> float:
-    """The price of waiting the recall rule tolerates: ``max(ε (B_start − B*_t), z σ_B)`` with
-    ``B*_t = min_{u ≤ t} B_u``, ``ε = fraction`` (a share of what the warm-up has bought over freezing
-    at ``start``, ``B_start = start``), and ``σ_B`` the residual standard deviation of the straight
-    line through ``B_u``, ``u = t − w..t`` (``z = confidence``; the round-to-round noise of the offers
-    under minibatches and client sampling).
+def recall_margin(offer_values, scale: float, fraction: float, window: int, confidence: float) -> float:
+    """The price of waiting a recall rule tolerates: ``max(ε · scale, z σ_B)``, ``ε = fraction`` of a
+    scale the rule names, and ``z = confidence`` times the residual standard deviation ``σ_B`` of the
+    straight line through the offers ``B_u``, ``u = t − w..t`` (their round-to-round noise under
+    minibatches and client sampling).
+
+    The exact recall rule (:class:`~.rules.ValueMomentsRecallRule`) takes as scale the value part of
+    its best offer, ``B* − Φ_λ(K_{s*})`` (which is at most that offer's excess risk, the bias being
+    ``≥ 0``), so a price within ``ε · scale`` costs at most a share ``ε`` of the best offer's excess
+    risk; the server's rule takes its best observed loss.
 
     Parameters
     ----------
     offer_values : sequence of float
         ``B_0..B_t``.
-    start : float
-        ``B_start``, the value the gain is counted from (the rule uses ``R_freeze(0) = J(0, T)``).
+    scale : float
+        The scale of ``ε``.
     fraction, window, confidence
         ``ε``, ``w``, ``z``.
 
@@ -167,12 +171,12 @@ def recall_margin(offer_values, start: float, fraction: float, window: int, conf
     Examples
     --------
     >>> from linattn_theory.recommenders.signals import recall_margin
-    >>> recall_margin([5.0, 4.0, 3.0, 3.0], start=5.0, fraction=0.1, window=3, confidence=0.0)
+    >>> recall_margin([5.0, 4.0, 3.0, 3.0], scale=2.0, fraction=0.1, window=3, confidence=0.0)
     0.2
     """
     B = np.asarray(offer_values, dtype=float)
     _, sigma = _slope_and_sigma(B[-window - 1:])
-    return float(max(fraction * (start - np.min(B)), confidence * sigma))
+    return float(max(fraction * scale, confidence * sigma))
 
 
 def decomposition_forecast(profile, drift_floor, objective, T: int, window: int) -> float:
