@@ -21,6 +21,7 @@ from ..core.model import Params, _value_matrix, kernel
 from ..core.clients import StackedClients
 from ..theory.frozen_stage import _fixed_point, _frozen_map
 from ..theory._shared import _host_moments, _profile_from_moments, _ridge
+from .signals import stability_margin
 
 
 __all__ = ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision", "CHECKS",
@@ -61,6 +62,8 @@ class FreezeForecast:
         ``μ``.
     curvature : numpy.ndarray, shape (H·d, H·d)
         ``Ã``.
+    stability_margin : float, default NaN
+        ``2 − η max_c λ_max(Ã_c(K_s))`` (docs/theory.md §5; :func:`~.signals.stability_margin`).
     """
 
     round: int
@@ -72,6 +75,7 @@ class FreezeForecast:
     basis: np.ndarray = field(repr=False)      # Q, (Hd, Hd)
     eigenvalues: np.ndarray = field(repr=False)  # μ, (Hd,)
     curvature: np.ndarray = field(repr=False)  # Ã, (Hd, Hd)
+    stability_margin: float = float("nan")     # 2 − η max_c λ_max(Ã_c)
     _table: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def final_objective(self, frozen_rounds) -> np.ndarray | float:
@@ -156,8 +160,9 @@ def freeze_forecast(params: Params, data: StackedClients, fed, round_index: int 
     A = _ridge(moments.weighted()[0], lam)
     mu, Q = np.linalg.eigh(0.5 * (M + M.T))
     offset = V_FA - V_star
+    margin = stability_margin(np.linalg.eigvalsh(moments.A)[:, -1] + lam, eta)
     return FreezeForecast(int(round_index), float(profile), float(0.5 * np.sum(offset * (A @ offset))),
-                          float(np.max(np.abs(mu))), offset, Q.T @ (V - V_FA), Q, mu, A)
+                          float(np.max(np.abs(mu))), offset, Q.T @ (V - V_FA), Q, mu, A, margin)
 
 
 def _unusable_forecast(round_index: int, shape) -> FreezeForecast:
@@ -165,7 +170,7 @@ def _unusable_forecast(round_index: int, shape) -> FreezeForecast:
     zeros = np.zeros(shape)
     n = shape[0]
     return FreezeForecast(int(round_index), float("inf"), float("inf"), float("inf"), zeros, zeros,
-                          np.eye(n), np.zeros(n), np.eye(n))
+                          np.eye(n), np.zeros(n), np.eye(n), float("-inf"))
 
 
 # --------------------------------------------------------------------------------------
@@ -198,6 +203,11 @@ class OnlineDecision:
         The deciding step.
     reason : str
         The verdict in a sentence.
+    outcome : {"freeze", "iterate", "solve"}, default "freeze"
+        What a stop does: freeze ``K_{s*}`` for the remaining rounds; end with the stored iterate
+        ``θ_{s*}`` (no frozen rounds: its loss is observed); or solve the value block exactly at
+        ``K_{s*}`` in the last round (``value_solve``, docs/theory.md §5). The rules of
+        :mod:`.rules` use the last two; :func:`~.scoring.realised_risk` realises each.
     """
 
     round: int
@@ -210,6 +220,7 @@ class OnlineDecision:
     forecast_error: float
     test: str
     reason: str
+    outcome: str = "freeze"
 
 
 @dataclass(frozen=True)
@@ -278,6 +289,8 @@ class OnlineRule:
     confidence: float = 2.0
     gain_confidence: float = 3.0
     descent_confidence: float | None = 8.0
+    #: What the rule reads (:data:`~.rules.INFORMATION_SETS`): the client value moments.
+    information_set = "value_moments"
 
     def __post_init__(self):
         for name in ("window", "horizon"):
@@ -597,7 +610,9 @@ class OnlineControl:
 
     ``observe`` stores ``θ^t``, adds the :class:`FreezeForecast` of round ``t`` and asks the rule,
     which sees rounds ``0..t`` only; when it stops, the run freezes the kernel of its
-    ``kernel_round`` (a stored round: roll-back). ``finish`` records ``kernel_round`` (the ``T0``),
+    ``kernel_round`` (a stored round: roll-back). A decision of another ``outcome`` (``iterate``,
+    ``solve``: the rules of :mod:`.rules`) is refused with a ``ValueError``: those are scored on
+    records (:func:`~.scoring.realised_risk`), not run here. ``finish`` records ``kernel_round`` (the ``T0``),
     ``stop_round`` and the forecast; ``decisions`` keeps one row per round observed.
 
     Parameters
@@ -626,6 +641,10 @@ class OnlineControl:
         self.decisions.append(dataclasses.asdict(self.decision))
         if not self.decision.stop:
             return None
+        if self.decision.outcome != "freeze":
+            raise ValueError(f"{type(self.rule).__name__} decided the outcome {self.decision.outcome!r} at round {t}: "
+                             "the simulator realises freezes only; score this rule on a record with "
+                             "recommenders.scoring.replay_online and realised_risk(..., outcome=...)")
         self.stop_round = t
         return Freeze(self.decision.kernel_round, self.params[self.decision.kernel_round])
 
