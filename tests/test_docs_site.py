@@ -134,7 +134,7 @@ def test_every_displayed_formula_of_the_theory_is_rendered(site):
 def test_the_site_includes_the_readmes_and_links_the_index(site):
     assert (site / "index.html").is_file() and "docs/index.html" in (site / "index.html").read_text()
     readme = (site / "README.html").read_text(encoding="utf-8")
-    assert 'href="docs/theory.html"' in readme and "_images/tradeoff" in readme
+    assert 'href="docs/theory.html"' in readme and "_images/phase_diagram" in readme and "_images/tradeoff" in readme
     assert (site / "figures" / "README.html").is_file()
 
 
@@ -293,7 +293,7 @@ def test_the_gallery_follows_the_figures_order_with_its_titles_rendered(site):
              if (ROOT / "simulations" / f"{name}.py").is_file()]
     index = (site / "docs" / "gallery" / "index.html").read_text(encoding="utf-8")
     shown = list(dict.fromkeys(re.findall(r'<p><a class="reference internal" href="(\w+)\.html">', index)))
-    assert shown == ["tradeoff", *[name for name in table if name != "tradeoff"]]
+    assert shown == ["phase_diagram", *[name for name in table if name != "phase_diagram"]]   # the headline first
     titles = re.findall(r'<div class="sphx-glr-thumbnail-title">(.*?)</div>', index)
     titles += [re.search(r"<h1>(.*?)<a class=\"headerlink\"", (site / "docs" / "gallery" / f"{name}.html")
                          .read_text(encoding="utf-8")).group(1) for name in shown]
