@@ -400,6 +400,18 @@ def _score(config_dicts: list, paths: list, restarts: int = 8) -> list:
 CHUNK = 8
 
 
+def task_chunks(todo: list) -> list:
+    """``todo`` (``(config dict, path)`` pairs) in chunks of :data:`CHUNK`, the instances of one task
+    (its ``task`` and ``seed``) next to each other: instances that share their clients share the random
+    starts of their optimum, which :func:`~linattn_theory.theory.profile.centralized_optima` runs once
+    per chunk."""
+    groups: dict = {}
+    for item in todo:
+        groups.setdefault(json.dumps([item[0]["task"], item[0]["seed"]], sort_keys=True), []).append(item)
+    ordered = [item for group in groups.values() for item in group]
+    return [ordered[i:i + CHUNK] for i in range(0, len(ordered), CHUNK)]
+
+
 def _parallel(jobs: list, workers: int, desc: str, unit: str = "instance") -> list:
     from joblib import Parallel, delayed
     from tqdm.auto import tqdm
@@ -417,7 +429,7 @@ def compute(table: pd.DataFrame, cache: Path, workers: int, restarts: int = 8) -
     cache.mkdir(parents=True, exist_ok=True)
     paths = {key: cache / f"{key}.json" for key in table["key"]}
     todo = [(cfg, str(paths[key])) for key, cfg in zip(table["key"], table["config"]) if not _cached(paths[key])]
-    chunks = [todo[i:i + CHUNK] for i in range(0, len(todo), CHUNK)]
+    chunks = task_chunks(todo)
     _parallel([(_score, [c for c, _ in chunk], [p for _, p in chunk], restarts) for chunk in chunks], workers,
               f"instances, {CHUNK} per task", unit="task")
     return {key: json.loads(path.read_text()) for key, path in paths.items()}

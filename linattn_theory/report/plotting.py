@@ -30,9 +30,9 @@ if "matplotlib.pyplot" not in sys.modules:    # a script draws off-screen; a not
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 
 from ..core.io import atomic_write_bytes, atomic_write_text  # noqa: E402
+from .style import COLORBLIND, PAPER_TICKS  # noqa: E402
 
 __all__ = ["LABELS", "STRATEGY_NAMES", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
            "note_dropped", "dropped_text", "mark_x", "instance_band", "data_ticks", "stacked_bars", "log_scale",
@@ -252,20 +252,21 @@ def label(key: str) -> str:
 
 
 def apply_style() -> None:
-    """Seaborn ``ticks`` theme, the colour-blind palette, print sizes (7–8 pt text); idempotent.
+    """Seaborn's ``ticks`` theme (:data:`~linattn_theory.report.style.PAPER_TICKS`, without importing
+    seaborn), the colour-blind palette, print sizes (7–8 pt text); idempotent.
 
     Returns
     -------
     None
     """
-    sns.set_theme(context="paper", style="ticks", palette=PALETTE_NAME,
-                  rc={"figure.dpi": 110, "savefig.dpi": 300, "axes.grid": True,
-                      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
-                      "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "figure.titlesize": 8,
-                      "xtick.labelsize": 7, "ytick.labelsize": 7, "legend.fontsize": 7,
-                      "legend.title_fontsize": 7, "lines.linewidth": 1.2, "lines.markersize": 3.5,
-                      "legend.frameon": False, "figure.constrained_layout.use": True,
-                      "pdf.fonttype": 42, "svg.fonttype": "none"})
+    matplotlib.rcParams.update(PAPER_TICKS)
+    matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 300, "axes.grid": True,
+                                 "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+                                 "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "figure.titlesize": 8,
+                                 "xtick.labelsize": 7, "ytick.labelsize": 7, "legend.fontsize": 7,
+                                 "legend.title_fontsize": 7, "lines.linewidth": 1.2, "lines.markersize": 3.5,
+                                 "legend.frameon": False, "figure.constrained_layout.use": True,
+                                 "pdf.fonttype": 42, "svg.fonttype": "none"})
 
 
 def palette(n: int):
@@ -283,7 +284,7 @@ def palette(n: int):
     list
         ``n`` colours.
     """
-    base = sns.color_palette(PALETTE_NAME)
+    base = [matplotlib.colors.to_rgb(c) for c in COLORBLIND]
     return [base[i % len(base)] for i in range(n)]
 
 
@@ -378,7 +379,7 @@ def check_print_ready(fig, name: str = "figure") -> None:
     if width not in (COLUMN_WIDTH, FULL_WIDTH):
         raise ValueError(f"figure {name!r}: {width} in wide; expected {COLUMN_WIDTH} in (one column) "
                          f"or {FULL_WIDTH} in (two columns)")
-    fig.canvas.draw()               # creates the tick labels
+    fig.draw_without_rendering()    # lays out the tick labels (no rasterisation: saving draws once per format)
     small = sorted({(t.get_text(), t.get_fontsize()) for t in fig.findobj(matplotlib.text.Text)
                     if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_SIZE - 1e-9})
     if small:

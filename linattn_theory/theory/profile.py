@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass, field
 
@@ -362,7 +363,9 @@ def centralized_optima(problems) -> list[CentralizedOptimum]:
     Every start of every problem runs its own L-BFGS in a thread; their objective and gradient
     evaluations wait for each other and are computed in batches, one array program per problem
     (a leading axis of kernels, :func:`_profile_batch`). Each start follows exactly its
-    sequential path, so every optimum equals the one-at-a-time result, bit for bit.
+    sequential path, so every optimum equals the one-at-a-time result, bit for bit; a start
+    repeated on equal data (problems that share their clients and seed share their random starts)
+    runs once.
 
     Parameters
     ----------
@@ -385,7 +388,7 @@ def centralized_optima(problems) -> list[CentralizedOptimum]:
     True
     """
     problems = [_problem(**dict(problem)) for problem in problems]
-    jobs = [(i, j) for i, problem in enumerate(problems) for j in range(len(problem.inits))]
+    jobs, same = _distinct_starts(problems)
     outcomes: dict = {}
     with threadpool_limits(1, user_api="blas"):   # tiny BLAS calls: threads only spin (10× slower under load)
         for lo in range(0, len(jobs), MAX_CONCURRENT_STARTS):
@@ -400,8 +403,44 @@ def centralized_optima(problems) -> list[CentralizedOptimum]:
     for key, value in outcomes.items():
         if isinstance(value, BaseException):
             raise value
+    outcomes.update({job: outcomes[first] for job, first in same.items()})
     return [_optimum(problem, [outcomes[(i, j)] for j in range(len(problem.inits))])
             for i, problem in enumerate(problems)]
+
+
+def _data_digest(data: StackedClients) -> bytes:
+    """A digest of the stacked clients' contents (equal data, equal digest)."""
+    digest = hashlib.sha256(repr((data.attention, float(data.temperature))).encode())
+    for array in (data.S, data.q, data.y, data.sample_weight, data.weights, data.X):
+        if array is not None:
+            array = np.ascontiguousarray(to_numpy(array), dtype=np.float64)
+            digest.update(repr(array.shape).encode())
+            digest.update(array.tobytes())
+    return digest.digest()
+
+
+def _distinct_starts(problems: list[_Problem]):
+    """``(jobs, same)``: the starts ``(problem, start)`` to run, one per distinct (data, starting
+    point, solver settings), and ``{start: the job it repeats}`` for the others.
+
+    Instances that share their clients and seed (e.g. one task at several step sizes) share their
+    random starts; a start is a deterministic function of its data and starting point (its path
+    does not depend on the batch it runs in), so a repeat's result is the first run's, bit for bit.
+    """
+    jobs, same, seen = [], {}, {}
+    digests: dict = {}
+    for i, problem in enumerate(problems):
+        if id(problem.data) not in digests:
+            digests[id(problem.data)] = _data_digest(problem.data)
+        data = digests[id(problem.data)]
+        for j, (_, WQ, WK) in enumerate(problem.inits):
+            key = (data, problem.shape, WQ.tobytes(), WK.tobytes(), problem.max_iterations, problem.tolerance)
+            if key in seen:
+                same[(i, j)] = seen[key]
+            else:
+                seen[key] = (i, j)
+                jobs.append((i, j))
+    return jobs, same
 
 
 def _minimise(problem: _Problem, index: int, j: int, batches: _Batches, outcomes: dict) -> None:
