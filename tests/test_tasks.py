@@ -102,13 +102,13 @@ def test_dirichlet_sizes_follow_the_distribution_for_every_alpha(alpha):
     from scipy import stats
 
     from linattn_theory.core.seeds import SEED_CLIENT, seed_sequence
-    from linattn_theory.data.tasks import _client_sizes
+    from linattn_theory.data.tasks import client_sizes
     m, N = 4, 2501
     spare = m * (N - 1)
     shares = []
     for seed in range(400):
         rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(m)]
-        sizes = _client_sizes(m, N, alpha, rngs)
+        sizes = client_sizes(m, N, alpha, rngs)
         assert min(sizes) >= 1 and sum(sizes) == m * N
         shares.append((sizes[0] - 1) / spare)
     share = stats.beta(alpha, (m - 1) * alpha)

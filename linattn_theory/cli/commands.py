@@ -225,7 +225,7 @@ def _sweep(args) -> int:
 
     from ..sim.config import ignored_settings, parse_overrides
     from ..sim.limits import check_output_folder
-    from ..sim.sweep import _check_executor, load_sweep, run_dir, run_sweep, with_backend
+    from ..sim.sweep import check_executor, load_sweep, run_dir, run_sweep, with_backend
 
     _read_file(args.config, "sweep file")                # a missing example: say where it ships
     sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None,
@@ -243,7 +243,7 @@ def _sweep(args) -> int:
     if args.out is None:
         raise ConfigError("--out: expected the sweep folder (--out DIR)")
     out = check_output_folder(args.out)
-    _check_executor(args.executor, args.workers, args.scheduler)
+    check_executor(args.executor, args.workers, args.scheduler)
     workers = 1 if args.executor == "serial" else (args.workers or os.cpu_count() or 1)
     pending = [c for i, c in zip(sweep.run_ids, sweep.configs) if not (run_dir(out, i) / "metadata.json").is_file()]
     _resource_limits(args, pending, workers)

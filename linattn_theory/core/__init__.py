@@ -5,7 +5,7 @@ closed-form gradients, client data and their stacked sufficient form, the value 
 frozen stage's affine client map, the fused CPU kernels, random streams by purpose, atomic file
 writes and the configuration error. Imports nothing above it.
 """
-from ._lazy import attach
+from .lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".errors": ["ConfigError", "RunIntegrityError"],

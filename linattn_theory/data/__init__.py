@@ -4,7 +4,7 @@ The planted-kernel and in-context-regression families (:mod:`.tasks`), scikit-le
 split over clients (:mod:`.digits`), and :func:`make_clients`, which builds either by name.
 Imports only :mod:`linattn_theory.core`.
 """
-from ..core._lazy import attach
+from ..core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".tasks": ["planted_kernel_clients", "in_context_regression_clients"],

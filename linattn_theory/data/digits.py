@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core._array import array_namespace, to_numpy
+from ..core.arrays import array_namespace, to_numpy
 from ..core.model import Params, predict_from_contexts
 from ..core.clients import ClientDataset, FederatedDataset
 from ..core.seeds import seed_sequence

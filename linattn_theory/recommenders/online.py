@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..core._array import to_numpy
-from ..core.model import Params, _value_matrix, kernel
+from ..core.arrays import to_numpy
+from ..core.model import Params, value_matrix, kernel
 from ..core.clients import StackedClients
-from ..theory.frozen_stage import _fixed_point, _frozen_map
-from ..theory._shared import _host_moments, _profile_from_moments, _ridge
+from ..theory.frozen_stage import fixed_point, affine_round
+from ..theory.host import host_moments, profile_from_moments, ridged
 
 
 __all__ = ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision", "CHECKS",
@@ -89,19 +89,19 @@ def freeze_forecast(params: Params, data: StackedClients, fed, round_index: int 
     """
     lam, eta, E, s = fed.ridge, fed.learning_rate, fed.local_steps, fed.server_learning_rate
     K = np.asarray(to_numpy(kernel(params)), dtype=np.float64)
-    V = _value_matrix(np, np.asarray(to_numpy(params.WV), dtype=np.float64))
+    V = value_matrix(np, np.asarray(to_numpy(params.WV), dtype=np.float64))
     with np.errstate(all="ignore"):
-        moments = _host_moments(K, data)
+        moments = host_moments(K, data)
     if not (np.all(np.isfinite(K)) and np.all(np.isfinite(V))
             and all(np.all(np.isfinite(np.asarray(m))) for m in moments.weighted())):
         return _unusable_forecast(round_index, V.shape)
-    profile, V_star = _profile_from_moments(moments, lam)
+    profile, V_star = profile_from_moments(moments, lam)
     with np.errstate(all="ignore"):
-        M, b = _frozen_map(moments, eta, E, lam, s)
+        M, b = affine_round(moments, eta, E, lam, s)
     if not (np.all(np.isfinite(M)) and np.all(np.isfinite(b))):
         return _unusable_forecast(round_index, V.shape)
-    V_FA = _fixed_point(M, b)
-    A = _ridge(moments.weighted()[0], lam)
+    V_FA = fixed_point(M, b)
+    A = ridged(moments.weighted()[0], lam)
     mu, Q = np.linalg.eigh(0.5 * (M + M.T))
     offset = V_FA - V_star
     return FreezeForecast(int(round_index), float(profile), float(0.5 * np.sum(offset * (A @ offset))),

@@ -22,13 +22,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..core._array import array_namespace, to_numpy
+from ..core.arrays import array_namespace, to_numpy
 from ..core.backend import client_chunks, client_working_bytes, get_namespace, resolve_max_bytes
 from .config import FederatedConfig, RunConfig
 from ..core import fused as _fused
 from ..core.errors import ConfigError
 from ..core.io import provenance, timed_run
-from ..core.model import (BLOCKS, Params, _flat, _value_matrix, kernel, loss_and_grad_from_contexts, loss_and_grad_from_moments)
+from ..core.model import (BLOCKS, Params, flat as _flat, value_matrix as _value_matrix, kernel, loss_and_grad_from_contexts, loss_and_grad_from_moments)
 from .strategies import Round, Strategy, make_strategy
 from .strategies.base import local_sgd, weighted_sum
 from ..core.seeds import SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
@@ -175,7 +175,7 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
     if params is None:
         params = initial_params(config, d, p)
     else:
-        from ..core.model import _validate_params
+        from ..core.model import validate_params as _validate_params
         _validate_params(params, d, p)
     return data, params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
 

@@ -43,17 +43,17 @@ from typing import Any
 
 import numpy as np
 
-from ..core._array import array_namespace, to_numpy
+from ..core.arrays import array_namespace, to_numpy
 from ..core.backend import client_chunks, client_working_bytes, get_namespace
 from ..core.clients import StackedClients
 from ..core.io import timed_run
-from ..core.model import BLOCKS, Params, _flat, kernel
+from ..core.model import BLOCKS, Params, flat as _flat, kernel
 from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
 from .engine import (RunResult, RunState, _client_losses, _divergence, _local_steps,
                      _minibatch_indices, _participants, _result, _row, _stage, _test_metrics,
                      _warn_small_clients, clients_from_config, prepare_run, run_metadata, select_engine)
 from .strategies import Round, make_strategy
-from .strategies.base import _instance_rows, weighted_sum
+from .strategies.base import instance_rows as _instance_rows, weighted_sum
 
 __all__ = ["simulate_many", "ensemble_key", "run_ensemble", "Member"]
 
@@ -660,7 +660,7 @@ def _is_online(config: RunConfig) -> bool:
 
 def _data_bytes(data: StackedClients) -> int:
     """Bytes of one instance's stacked data (``Ŝ``, ``q``, ``y``, weights, and ``X`` for softmax)."""
-    from ..core.backend import _itemsize
+    from ..core.backend import itemsize as _itemsize
     arrays = [data.S, data.q, data.y, data.sample_weight] + ([] if data.X is None else [data.X])
     return sum(int(np.prod(tuple(a.shape))) for a in arrays) * _itemsize(data.S.dtype)
 

@@ -56,7 +56,7 @@ from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dot
 
 __all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "with_backend", "run_sweep", "run_dir",
            "is_complete", "grid_size", "summary_table", "summary_row", "finished_runs", "read_table",
-           "sweep_lock", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"]
+           "sweep_lock", "check_executor", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"]
 
 EXECUTORS = ("serial", "processes", "dask")
 MANIFEST = "sweep.json"
@@ -340,7 +340,9 @@ def _store(run_id: str, result, out: Path) -> bool:
     return result.diverged
 
 
-def _check_executor(executor: str, workers: int | None, scheduler: str | None) -> None:
+def check_executor(executor: str, workers: int | None, scheduler: str | None) -> None:
+    """Refuse an unknown executor, a worker count below 1 or a scheduler for an executor other than
+    ``dask`` (a ``ConfigError``); check that Dask imports when it is asked for."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor = {executor!r}: expected one of {', '.join(EXECUTORS)}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
@@ -720,7 +722,7 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
 
     from .limits import check_output_folder
 
-    _check_executor(executor, workers, scheduler)
+    check_executor(executor, workers, scheduler)
     if existing not in EXISTING:
         raise ConfigError(f"existing = {existing!r}: expected one of {', '.join(EXISTING)}")
     out = check_output_folder(out, "out =")

@@ -21,13 +21,13 @@ import dataclasses
 
 import numpy as np
 
-from ..core._array import array_namespace, to_numpy
+from ..core.arrays import array_namespace, to_numpy
 from ..core.backend import resolve_max_bytes
 from ..core.errors import ConfigError
 from .config import RunConfig
 from .engine import (RunResult, RunState, _divergence, _participants, _result, _row, prepare_run, run_metadata,
                      run_schedule)
-from ..core.model import Params, _value_matrix, kernel
+from ..core.model import Params, value_matrix as _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
 from ..core.frozen_map import frozen_client_map
 
@@ -81,7 +81,7 @@ def _frozen_stages(stages) -> list[RunResult]:
     """:func:`frozen_stages_from_moments` of compatible stages: one program."""
     from ..core.moments import ValueMoments
     from .ensemble import _per_instance, _sq_norms
-    from .strategies.base import _instance_rows, weighted_sum
+    from .strategies.base import instance_rows as _instance_rows, weighted_sum
 
     if not stages:
         return []

@@ -32,7 +32,7 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from ...core._lazy import attach
+from ...core.lazy import attach
 
 if TYPE_CHECKING:
     from .base import Strategy

@@ -30,12 +30,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...core._array import array_namespace
+from ...core.arrays import array_namespace
 from ...core.model import BLOCKS, Params
 
 __all__ = ["Round", "ClientRule", "ServerRule", "Strategy", "Control", "Freeze", "train_all", "freeze_after",
            "local_sgd", "server_sgd", "zeros_like_blocks", "scatter_clients", "take_clients",
-           "weighted_sum"]
+           "weighted_sum", "instance_rows"]
 
 
 class Round(NamedTuple):
@@ -178,7 +178,7 @@ def zeros_like_blocks(params: Params, clients: int | None = None) -> dict:
     return {b: xp.zeros(shape(getattr(params, b)), dtype=params.WV.dtype) for b in BLOCKS}
 
 
-def _instance_rows(num_instances: int, num_clients: int, index) -> np.ndarray:
+def instance_rows(num_instances: int, num_clients: int, index) -> np.ndarray:
     """Flat row numbers ``i·m + index[i, j]`` of an ensemble's per-instance client indices."""
     return (np.arange(num_instances)[:, None] * num_clients + index).reshape(-1)
 
@@ -200,7 +200,7 @@ def scatter_clients(full, part_values, rnd: Round):
     np.put_along_axis(position, part, np.broadcast_to(np.arange(k), part.shape), axis=-1)
     np.put_along_axis(mask, part, True, axis=-1)
     if lead:
-        rows = _instance_rows(lead[0], k, position)
+        rows = instance_rows(lead[0], k, position)
         flat = xp.reshape(part_values, (lead[0] * k,) + tuple(part_values.shape[2:]))
         gathered = xp.reshape(xp.take(flat, xp.asarray(rows), axis=0), tuple(full.shape))
     else:
@@ -228,5 +228,5 @@ def take_clients(full, rnd: Round):
         return xp.take(full, xp.asarray(part), axis=0)
     I, m = full.shape[0], full.shape[1]
     flat = xp.reshape(full, (I * m,) + tuple(full.shape[2:]))
-    rows = xp.take(flat, xp.asarray(_instance_rows(I, m, part)), axis=0)
+    rows = xp.take(flat, xp.asarray(instance_rows(I, m, part)), axis=0)
     return xp.reshape(rows, (I, part.shape[-1]) + tuple(full.shape[2:]))

@@ -12,7 +12,7 @@ about ``η_s`` per coordinate, so ``η_s`` (``server_learning_rate``) is much sm
 
 from __future__ import annotations
 
-from ...core._array import array_namespace
+from ...core.arrays import array_namespace
 from .base import ServerRule, Strategy, local_sgd, train_all, zeros_like_blocks
 
 __all__ = ["NAME", "adam", "strategy"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core._array import to_numpy
+from ...core.arrays import to_numpy
 from .base import ClientRule, Strategy, server_sgd, train_all
 
 __all__ = ["NAME", "proximal", "strategy", "frozen_fixed_point"]
