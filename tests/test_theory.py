@@ -10,6 +10,7 @@ from linattn_theory.sim.engine import clients_from_config, initial_params, run_s
 from linattn_theory.core.model import Params, flat, value_matrix, context_second_moment, features, kernel
 from linattn_theory.data.tasks import planted_kernel_clients
 from linattn_theory.core.clients import stack_clients
+from linattn_theory.data.families import FAMILIES, family_keys
 
 
 #: Client sizes drawn from Dirichlet(α = 2) (25, 30 and 65 samples for three clients of mean 40), so
@@ -553,6 +554,34 @@ def test_population_moments_come_from_the_same_client_distributions():
     np.testing.assert_allclose(moments.weights, clients.weights)
     training = host_moments(K_star, stack_clients(clients))
     assert not np.allclose(training.A, moments.A)     # fresh samples, not the training ones
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if "samples_per_client" in family_keys(f)])
+def test_population_moments_of_every_family_agree_with_an_independent_draw(family):
+    """``population_value_moments`` (fresh samples, the evaluation stream) and the moments of an
+    independent training draw of as many samples estimate the same ``E_{D_c}[φφ^T]``,
+    ``E_{D_c}[φ y^T]``, ``E_{D_c}‖y‖²``: per entry they differ by less than 6 standard errors of a
+    difference of two means of ``S`` samples, ``√2 · sd / √S`` with ``sd`` the training draw's
+    per-sample spread (CLT; a false alarm is below 1e-8 per entry). Holds for every registered family
+    that draws samples, a family added by docs/howto/add-task-family.md included."""
+    S = 2000
+    small = {"tokens": 4, "dim": 3, "rank": 2, "outputs": 2}
+    task = {"family": family, "num_clients": 2, "samples_per_client": S,
+            **{k: v for k, v in small.items() if k in family_keys(family)}}
+    config = config_from_dict({"seed": 5, "task": task, "model": {"rank": 2}})
+    data = stack_clients(clients_from_config(config))
+    d = data.q.shape[-1]
+    K = np.random.default_rng(0).normal(0, 1 / np.sqrt(d), size=(config.model.heads, d, d))
+    population = th.population_value_moments(K, config, samples=S)
+    phi = flat(np, data.features(K), 2)                                  # (m, S, Hd), every sample real
+    assert data.q.shape[1] == S and np.allclose(data.sample_weight, 1 / S, rtol=1e-15, atol=0)   # means
+    per_sample = {"A": phi[..., :, None] * phi[..., None, :], "B": phi[..., :, None] * data.y[..., None, :],
+                  "y2": np.sum(data.y ** 2, axis=-1)}
+    for name, values in per_sample.items():
+        estimate, spread = values.mean(axis=1), values.std(axis=1, ddof=1)
+        error = np.abs(getattr(population, name) - estimate)
+        assert np.all(error <= 6 * np.sqrt(2) * spread / np.sqrt(S) + 1e-12), (family, name, np.max(error))
+    assert not np.allclose(population.A, per_sample["A"].mean(axis=1), rtol=1e-9)     # other samples
 
 
 def test_value_moments_record_the_ridge():

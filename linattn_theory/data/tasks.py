@@ -15,7 +15,7 @@ from ..core.model import flat, context_second_moment, features
 from ..core.seeds import SEED_CLIENT, SEED_EVAL, SEED_TEACHER, seed_sequence
 
 
-__all__ = ["planted_kernel_clients", "in_context_regression_clients", "client_sizes"]
+__all__ = ["planted_kernel_clients", "in_context_regression_clients", "client_sizes", "sample_stream"]
 
 
 #: a Gamma(α) draw below this is redrawn from its lower tail in log space (no underflow)
@@ -59,8 +59,10 @@ def client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=F
     return [int(1 + s) for s in sizes]
 
 
-def _sample_stream(client_rng, seed, client, fresh):
-    """Where client ``c``'s samples come from: its own stream (training) or ``(SEED_EVAL, c)`` (fresh)."""
+def sample_stream(client_rng, seed, client, fresh):
+    """Where client ``c``'s samples come from: its own stream ``client_rng`` (training) or, with
+    ``fresh=True``, the evaluation stream ``(SEED_EVAL, c)``: new samples of the same client
+    distribution, drawn after everything that defines the client came from ``client_rng``."""
     return np.random.default_rng(seed_sequence(seed, SEED_EVAL, client)) if fresh else client_rng
 
 
@@ -98,7 +100,7 @@ def planted_kernel_clients(num_clients=8, samples_per_client=256, tokens=16, dim
         V_c = V_bar + zeta_value * rng.normal(0, std, size=(H, d, p))
         scale = np.exp(0.5 * zeta_covariate * rng.normal(size=d))     # sqrt of diag(Σ_c)
         mu = zeta_mean * rng.normal(size=d)
-        rng = _sample_stream(rng, seed, c, fresh_samples)
+        rng = sample_stream(rng, seed, c, fresh_samples)
         X = mu + positions + scale * rng.normal(size=(N, n, d))
         if query == "last":
             q = X[:, -1, :].copy()
@@ -134,7 +136,7 @@ def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=
     for c, (rng, N) in enumerate(zip(rngs, sizes)):
         lam = np.exp(zeta_covariate * rng.normal(size=d))
         mu = zeta_task * rng.normal(size=d)
-        rng = _sample_stream(rng, seed, c, fresh_samples)
+        rng = sample_stream(rng, seed, c, fresh_samples)
         w = mu + rng.normal(size=(N, d))
         x = np.sqrt(lam) * rng.normal(size=(N, n + 1, d))
         ys = np.einsum("bid,bd->bi", x, w)

@@ -21,6 +21,7 @@ from ..core.model import Params, value_matrix, kernel
 from ..core.clients import StackedClients
 from ..theory.frozen_stage import fixed_point, affine_round
 from ..theory.host import host_moments, profile_from_moments, ridged
+from ..sim.strategies.base import declare
 
 
 __all__ = ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision", "CHECKS",
@@ -426,6 +427,9 @@ def _default_rule(fed) -> OnlineRule:
                       fed.adaptive_gain_confidence, None if descent == np.inf else descent)
 
 
+@declare(settings=("adaptive_window", "adaptive_horizon", "adaptive_confidence", "adaptive_gain_confidence",
+                   "adaptive_descent_confidence"),
+         style=(r"FedFrozen, online $T_0$", "olive", "*", ":"), panel="fedfrozen")
 def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineControl | None = None):
     """The strategy ``fedfrozen_adaptive``: FedAvg rounds until the online rule freezes the kernel.
 

@@ -26,6 +26,7 @@ shape of ``local``. A strategy module exposes ``strategy(fed, warmup_rounds) -> 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,7 +36,7 @@ from ...core.model import BLOCKS, Params
 
 __all__ = ["Round", "ClientRule", "ServerRule", "Strategy", "Control", "Freeze", "train_all", "freeze_after",
            "local_sgd", "server_sgd", "zeros_like_blocks", "scatter_clients", "take_clients",
-           "weighted_sum", "instance_rows"]
+           "weighted_sum", "instance_rows", "Declaration", "declare"]
 
 
 class Round(NamedTuple):
@@ -103,6 +104,48 @@ class Strategy(NamedTuple):
     client: ClientRule
     server: ServerRule
     control: Control | None = None
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What the rest of the package needs to know of a strategy, declared next to its factory
+    (:func:`declare`), so that adding a strategy is one module plus one registry line.
+
+    ``freezes``: its schedule changes at the configured warm-up ``T0 = federated.warmup_rounds``
+    (it reads that setting); ``warmup_rounds``: a ``T0`` fixed whatever the config
+    (``random_kernel``: 0); neither: it never freezes (``T0 = T``). ``settings``: the further
+    ``[federated]`` settings only some strategies read (``prox_mu``, ``server_momentum``, …; a
+    config moving one off its default for a strategy that ignores it gets a warning).
+    ``check(fed, given)``: raises :class:`~linattn_theory.core.errors.ConfigError` for settings it
+    cannot run with (``given``: the keys the config's ``[federated]`` table sets). ``style``:
+    ``(label, colour, marker[, line style])`` in every figure (a colour of
+    :data:`linattn_theory.report.plotting.COLORS` or any Matplotlib colour); ``panel``: the
+    panel of the strategies figure it is drawn in (a key of
+    :data:`linattn_theory.report.plotting.PANELS`; ``None``: a reference drawn in every panel).
+    """
+
+    freezes: bool = False
+    warmup_rounds: int | None = None
+    settings: tuple[str, ...] = ()
+    check: Callable | None = None
+    style: tuple[str, ...] = ()
+    panel: str | None = None
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The strategy-specific ``[federated]`` settings it reads (``warmup_rounds`` first if it freezes)."""
+        return ("warmup_rounds",) * self.freezes + tuple(self.settings)
+
+
+def declare(**declared) -> Callable:
+    """Decorate a strategy factory with its :class:`Declaration` (``factory.declaration``)."""
+    declaration = Declaration(**declared)
+
+    def attach(factory):
+        factory.declaration = declaration
+        return factory
+
+    return attach
 
 
 # -- schedules ----------------------------------------------------------------------------
