@@ -9,5 +9,5 @@ from ..core.lazy import attach
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".tasks": ["planted_kernel_clients", "in_context_regression_clients"],
     ".digits": ["split_clients", "digits_clients", "digit_contexts", "evaluate", "SEED_SPLIT"],
-    ".families": ["FAMILIES", "FAMILY_KEYS", "family_keys", "make_clients"],
+    ".families": ["FAMILIES", "FAMILY_KEYS", "family_keys", "family_check", "make_clients"],
 }, submodules=("tasks", "digits", "families",))

@@ -3,7 +3,8 @@
 
 :data:`FAMILIES` is the one place a family is named: the configuration's ``task.family`` accepts
 its names, and a family's ``[task]`` keys are its factory's keyword arguments
-(:func:`family_keys`). Adding a family is its factory plus one line here
+(:func:`family_keys`); a factory may carry a ``check(task)`` of its own (:func:`family_check`).
+Adding a family is its factory plus one line here
 (docs/howto/add-task-family.md).
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Iterator, Mapping
 
 from ..core.lazy import Registry
 
-__all__ = ["FAMILIES", "FAMILY_KEYS", "FACTORY_ARGUMENTS", "family_keys", "make_clients"]
+__all__ = ["FAMILIES", "FAMILY_KEYS", "FACTORY_ARGUMENTS", "family_keys", "family_check", "make_clients"]
 
 #: family factories by name, ``factory(**keys, seed, fresh_samples) -> FederatedDataset``;
 #: ``"module:attribute"`` entries are imported on first use (digits needs scikit-learn only when built)
@@ -40,6 +41,13 @@ def family_keys(family: str) -> frozenset[str]:
         raise TypeError(f"task family {family!r}: its factory takes no {', '.join(missing)}; every factory "
                         f"takes {' and '.join(FACTORY_ARGUMENTS)} (docs/howto/add-task-family.md)")
     return frozenset(name for name in parameters if name not in FACTORY_ARGUMENTS)
+
+
+def family_check(family: str):
+    """The family's own check of a validated ``[task]`` section, ``check(task)`` raising
+    :class:`~linattn_theory.core.errors.ConfigError` (the factory's ``check`` attribute; the digits
+    family refuses more clients than its images allow), or ``None``."""
+    return getattr(FAMILIES[family], "check", None)
 
 
 class _FamilyKeys(Mapping):

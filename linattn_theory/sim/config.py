@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..core.errors import ConfigError
-from ..data.families import FAMILIES, FAMILY_KEYS
+from ..data.families import FAMILIES, FAMILY_KEYS, family_check
 from .strategies import STRATEGIES, declaration, effective_warmup_rounds, strategy_settings
 
 
@@ -247,13 +247,9 @@ def config_from_dict(data: dict) -> RunConfig:
         key = sorted(extra)[0]
         raise ConfigError(f"task.{key}: does not apply to family {task.family!r}; "
                           f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
-    if task.family == "digits":
-        from ..data.digits import max_clients
-        most = max_clients(task.test_fraction)
-        if task.num_clients > most:
-            raise ConfigError(f"task.num_clients = {task.num_clients}: expected a value <= {most} for "
-                              f"family 'digits' (its training images at task.test_fraction = "
-                              f"{task.test_fraction:g}, two or more per client)")
+    check = family_check(task.family)
+    if check is not None:                # the family's own checks (docs/howto/add-task-family.md)
+        check(task)
     fed = sections["federated"]
     declared = declaration(fed.strategy)
     if declared.check is not None:       # the strategy's own checks (docs/howto/add-strategy.md)
