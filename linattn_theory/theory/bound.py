@@ -43,7 +43,7 @@ closed-form minimiser of the two-term model (geometric bias, drift floor growing
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
