@@ -7,8 +7,11 @@ Everything else is in pyproject.toml.
   records the revision too;
 - ``build_py`` writes the same file into the built package (from git when building in a
   checkout, else from the sdist's copy), and copies ``simulations/`` (figure scripts and their
-  configs) and ``derivations/`` into ``linattn_theory/_examples/``, where ``linattn figures``,
-  ``linattn derive`` and ``linattn examples`` find them after a wheel install, from any folder.
+  configs), ``derivations/``, ``notebooks/`` (the walk-through, its solutions and ``execute.py``,
+  which makes the executed ``.ipynb``: that one is not shipped) and
+  ``figures/best_warmup.csv`` (the table the walk-through reads) into ``linattn_theory/_examples/``,
+  where ``linattn figures``, ``linattn derive`` and ``linattn examples`` find them after a wheel
+  install, from any folder.
 
 Run metadata reads the revision (``git_revision``, ``git_dirty``) when the package is not
 itself inside a checkout.
@@ -24,7 +27,9 @@ from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 REVISION = Path("linattn_theory") / "_revision.txt"
-EXAMPLES = ("simulations", "derivations")
+EXAMPLES = ("simulations", "derivations", "notebooks")
+#: single files shipped with the examples: the committed table the notebook reads (report.teaching.committed_table)
+EXAMPLE_FILES = ("figures/best_warmup.csv",)
 
 
 def _git(*args: str) -> str | None:
@@ -58,7 +63,14 @@ class BuildWithRevisionAndExamples(build_py):
             if (HERE / name).is_dir():
                 target = package / "_examples" / name
                 shutil.rmtree(target, ignore_errors=True)
-                shutil.copytree(HERE / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                # the executed .ipynb (300 KB of outputs, as much as the rest of the wheel) stays out:
+                # notebooks/execute.py makes it from the .py (pip install 'linattn-theory[teach]')
+                shutil.copytree(HERE / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.ipynb"))
+        for name in EXAMPLE_FILES:
+            if (HERE / name).is_file():
+                target = package / "_examples" / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(HERE / name, target)
 
 
 class SdistWithRevision(sdist):

@@ -50,6 +50,7 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     ".recommenders.online": ["OnlineRule", "run_online"],
     ".recommenders.recommendation": ["Recommendation", "recommend"],
     ".report.results": ["load_results", "load_run"],
+    ".report.analysis": ["analyze_sweep"],
 }, submodules=LAYERS)
 
 # The composition root: strategies defined above the simulator register here, so that the

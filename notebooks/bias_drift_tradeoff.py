@@ -46,8 +46,8 @@ from linattn_theory import (ClientDataset, FederatedDataset, config_from_dict, c
                             planted_kernel_clients, predict, profile_objective, simulate, stack_clients,
                             value_drift_floor, value_moments)
 from linattn_theory.report import plotting
-from linattn_theory.report.teaching import (best_warmup, check_exercise, excess_risk_curve, notebook_style, show,
-                                            tendency, theorem)
+from linattn_theory.report.teaching import (best_warmup, check_exercise, committed_table, excess_risk_curve,
+                                            notebook_style, show, tendency, theorem)
 from linattn_theory.sim.engine import initial_params
 from linattn_theory.theory.inexactness import local_steps, replay_round
 from linattn_theory.theory.profile import centralized_optimum
@@ -559,10 +559,11 @@ show(fig)
 # settings of the paper (eight clients, $E = 10$, $T = 40$, twenty instances per level; the
 # [headline figure](../figures/tradeoff.png) and `figures/README.md`) the median gain is small at
 # $\zeta_V \le 2$, and $R(T_0)$ is U-shaped, with a best warm-up well before $T$, only under strong
-# heterogeneity. The cell reads the committed per-instance table behind that figure.
+# heterogeneity. The cell reads the committed per-instance table behind that figure
+# (`figures/best_warmup.csv`, found from the repository, from `notebooks/` or in the installed package).
 
 # %%
-measured = pd.read_csv("../figures/best_warmup.csv")          # one row per instance of the headline figure
+measured = committed_table("best_warmup.csv")     # figures/best_warmup.csv: one row per instance of the headline figure
 for zeta, sub in measured.groupby("zeta_value"):
     print(f"ζ_V = {zeta:g}: FedFrozen at its best T0 beats FedAvg in {int((sub['gain'] > 0).sum())} of {len(sub)} "
           f"instances; median gain {100 * sub['gain'].median():.1f} %, median best T0 = "

@@ -219,3 +219,13 @@ def test_print_config_resolves_set_overrides_and_writes_nothing(tmp_path, capsys
                                                + 'strategy = "fedavg"\n')
         assert config_hash(config_from_dict(printed)) == config_hash(load_config(tmp_path / "printed.toml"))
     assert not (tmp_path / "out").exists()
+
+
+def test_examples_copy_ships_the_figure_scripts_derivations_and_the_notebook(tmp_path, capsys):
+    assert main(["examples", "--copy", str(tmp_path / "mine")]) == 0
+    for name in ("simulations/configs/quickstart.toml", "derivations/gradients.py",
+                 "notebooks/bias_drift_tradeoff.py", "notebooks/solutions.py", "notebooks/execute.py"):
+        assert (tmp_path / "mine" / name).is_file(), name
+    assert "bias_drift_tradeoff.py" in capsys.readouterr().out
+    assert main(["examples", "--copy", str(tmp_path / "mine")]) == 2         # never over a copy
+    assert "invalid argument: --copy" in capsys.readouterr().err

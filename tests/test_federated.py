@@ -6,6 +6,7 @@ import pytest
 from linattn_theory import Params, RunConfig, kernel, loss_and_grad_from_moments, simulate
 from linattn_theory.sim.engine import RunState, clients_from_config, initial_params, prepare_run, run_schedule
 from linattn_theory.core.clients import stack_clients
+from linattn_theory.core.errors import SettingWarning
 
 SMALL = {"task.num_clients": 4, "task.samples_per_client": 24, "task.tokens": 5, "task.dim": 4,
          "task.rank": 2, "model.rank": 2, "federated.rounds": 6,
@@ -112,7 +113,8 @@ def test_one_local_step_has_no_client_drift_with_identical_clients():
     # one step from the same point: clients differ only through their own samples
     assert (table["drift_WV"].iloc[1:] > 0).all()
     config_e1 = small_config(**{"task.num_clients": 1, "federated.local_steps": 3})
-    table1 = simulate(config_e1).table
+    with pytest.warns(SettingWarning, match=r"one client \(m = 1\)"):   # allowed, but said
+        table1 = simulate(config_e1).table
     assert (table1["drift_WV"] == 0).all() and (table1["kernel_drift"] == 0).all()
 
 

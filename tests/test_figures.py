@@ -124,7 +124,7 @@ def test_print_ready_check_rejects_wide_figures_and_small_text():
 
 
 def test_best_warmup_is_the_smallest_argmin_and_divergence_counts_as_infinite():
-    from linattn_theory.report.sweep_analysis import best_warmup, gain_summary, paired_ratios
+    from linattn_theory.report.sweep_analysis import best_warmup, gain_summary, paired_ratios, quartiles
     table = pd.DataFrame({"seed": [0] * 4 + [1] * 4, "T0": [0, 2, 4, 6] * 2, "federated.rounds": 6,
                           "excess_risk": [3.0, 1.0, 1.0, 2.0, np.nan, 5.0, 4.0, 4.0],
                           "diverged": [False] * 4 + [True, False, False, False]})
@@ -137,6 +137,11 @@ def test_best_warmup_is_the_smallest_argmin_and_divergence_counts_as_infinite():
     ratios = paired_ratios(table, ["seed"])
     assert ratios.loc[ratios["seed"] == 0, "ratio"].tolist() == [1.5, 0.5, 0.5, 1.0]
     assert len(ratios[ratios["seed"] == 1]) == 3                                         # the diverged run is left out
+    assert ratios.attrs["dropped"]["count"] == 1 and ratios.attrs["dropped"]["diverged"] == 1
+    no_fedavg = paired_ratios(table.assign(diverged=[False] * 3 + [True] + [False] * 4), ["seed"])
+    assert (no_fedavg.attrs["dropped"]["count"], no_fedavg.attrs["dropped"]["no_fedavg"]) == (4, 3)   # all of seed 0
+    assert quartiles([1.0, np.nan, 3.0, np.inf, 2.0]) == {"median": 2.0, "q25": 1.5, "q75": 2.5, "count": 3,
+                                                          "dropped": 2}
 
 
 # --- one visual language (issue 21) ---------------------------------------------------------------------

@@ -113,6 +113,8 @@ def _cases():
                       "grid: 1000000 runs, above the limit of 10000 runs"),
         "bad executor options": (lambda tmp: ["sweep", str(write(tmp, SWEEP)), "--out", str(tmp / "out"),
                                               "--workers", "0"], "workers = 0"),
+        "bad flag value": (lambda tmp: ["figures", "--root", str(ROOT), "--only", "tradeof", "--out", str(tmp / "out")],
+                           "invalid argument: --only 'tradeof': no such figure script (did you mean 'tradeoff'?)"),
         "unreachable Dask scheduler": (lambda tmp: ["sweep", str(write(tmp, SWEEP)), "--out", str(tmp / "out"),
                                                     "--executor", "dask", "--scheduler", "tcp://127.0.0.1:1"],
                                        "no Dask scheduler reachable"),
@@ -123,7 +125,8 @@ CASES = _cases()
 #: kinds of the table tested elsewhere in this file (not a plain "exit 2, nothing written")
 OTHER_TESTS = {"UTF-8 BOM", "setting the strategy ignores", "folder of another sweep",
                "failure inside a run", "Ctrl-C / SIGTERM", "simulate into a sweep or run folder",
-               "quick figures over the full-size ones", "sweep folder in use", "broken run on disk"}
+               "quick figures over the full-size ones", "sweep folder in use", "broken run on disk",
+               "bad client data", "settings to revisit"}
 
 
 def test_every_documented_bad_input_has_a_case():
@@ -488,3 +491,98 @@ def test_float32_steps_below_the_parameters_resolution_are_warned_about():
         warnings.simplefilter("error")                    # a usable step: no warning
         moving = simulate(config.with_updates({"federated.learning_rate": 0.05}))
     assert moving.table["loss"].iloc[-1] < moving.table["loss"].iloc[0]
+
+
+def _clients(m=3, N=12, n=4, d=3, p=1, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(N, n, d)), rng.normal(size=(N, d)), rng.normal(size=(N, p))) for _ in range(m)]
+
+
+def _with(clients, c, array, value):
+    """``clients`` with client ``c``'s array (0: X, 1: q, 2: y) replaced by ``value``."""
+    out = [list(client) for client in clients]
+    out[c][array] = value
+    return [tuple(client) for client in out]
+
+
+def _nan_at(a, index, value=np.nan):
+    a = a.copy()
+    a[index] = value
+    return a
+
+
+BAD_CLIENTS = {
+    "NaN in X": (lambda cs: _with(cs, 1, 0, _nan_at(cs[1][0], (0, 2, 1))),
+                 "client 1: X holds 1 non-finite value (the first: X[0, 2, 1] = nan)"),
+    "inf in y": (lambda cs: _with(cs, 2, 2, _nan_at(_nan_at(cs[2][2], (3, 0), np.inf), (5, 0), -np.inf)),
+                 "client 2: y holds 2 non-finite values (the first: y[3, 0] = inf)"),
+    "X without a token axis": (lambda cs: _with(cs, 0, 0, cs[0][0][:, 0, :]),
+                               "client 0: X has shape (12, 3); expected (N, n, d)"),
+    "q of another dimension": (lambda cs: _with(cs, 1, 1, cs[1][1][:, :2]),
+                               "client 1: q has shape (12, 2); expected (N, d) = (12, 3)"),
+    "X of another dimension": (lambda cs: _with(cs, 2, 0, cs[2][0][..., :2]),
+                               "client 2: X has shape (12, 4, 2); expected (N, 4, 3) as the first client's"),
+    "text in q": (lambda cs: _with(cs, 0, 1, cs[0][1].astype(str)), "client 0: q has dtype <U"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_CLIENTS))
+def test_bad_client_data_is_refused_before_any_round_naming_the_client_and_the_array(kind, monkeypatch):
+    from linattn_theory import simulate_many
+    from linattn_theory.sim import engine
+
+    def no_round(*args, **kwargs):
+        raise AssertionError("a round ran on bad data")
+
+    monkeypatch.setattr(engine, "run_schedule", no_round)
+    config = config_from_dict({"model": {"rank": 2}, "federated": {"rounds": 3, "warmup_rounds": 1}})
+    make, message = BAD_CLIENTS[kind]
+    clients = make(_clients())
+    for run in (lambda: simulate(config, clients), lambda: simulate_many([config, config], [clients, clients])):
+        with pytest.raises(ValueError) as caught:
+            run()
+        assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_bad_client_weights_are_refused():
+    from linattn_theory.core.clients import FederatedDataset, check_clients
+
+    clients = tuple(check_clients(_clients()).clients)
+    assert check_clients(FederatedDataset(clients, np.array([0.5, 0.5, 0.0]))).weights[2] == 0
+    for weights in ([0.5, 0.5, -0.1], [np.nan, 0.5, 0.5], [0.0, 0.0, 0.0], [0.5, 0.5]):
+        with pytest.raises(ValueError, match=r"^clients: weights"):
+            check_clients(FederatedDataset(clients, np.array(weights)))
+
+
+def test_settings_to_revisit_are_warned_about_once(tmp_path, capsys, monkeypatch):
+    from linattn_theory import simulate_many
+    from linattn_theory.core.errors import SettingWarning
+    from linattn_theory.sim import limits
+
+    config = config_from_dict({"model": {"rank": 4}, "federated": {"rounds": 2, "warmup_rounds": 1}})
+    with pytest.warns(SettingWarning) as caught:
+        simulate(config, _clients(m=1))              # d = 3 from the data (task.dim is 6), m = 1
+    assert [str(w.message)[:58] for w in caught] == [
+        "model.rank = 4 is above the token dimension d = 3: each he", "the federation has one client (m = 1): "
+        "no heterogeneity, s"]
+    assert all(w.filename == __file__ for w in caught)     # pointing at the caller's line
+    with pytest.warns(SettingWarning) as caught:
+        simulate_many([config, config.with_updates({"seed": 1})], [_clients(m=1), _clients(m=1, seed=1)])
+    assert len(caught) == 2 and all(w.filename == __file__ for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # d = 6 >= rank 3, m = 8: nothing to say
+        assert not limits.setting_notes(config_from_dict({}))
+    assert "d = 5" in limits.setting_notes(config_from_dict({"task": {"family": "in_context_regression",
+                                                                      "dim": 4}, "model": {"rank": 6}}))[0]
+
+    text = replace("[model]\nrank = 2", "[model]\nrank = 4") + "[grid]\nseed = [0, 1]\n"
+    monkeypatch.setattr(limits, "usable_cores", lambda: 1)
+    args = ["sweep", str(write(tmp_path, text)), "--out", str(tmp_path / "out"), "--quiet"]
+    assert main(args + ["--executor", "processes", "--workers", "2"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("linattn sweep: warning: model.rank = 4 is above the token dimension d = 3") == 1, err
+    assert "linattn sweep: warning: --workers = 2 is above the 1 cores this process may use" in err
+    args[-2] = str(tmp_path / "serial")
+    assert main(args + ["--executor", "serial", "--workers", "2"]) == 0      # runs in this process: said once
+    err = capsys.readouterr().err
+    assert err.count("warning: model.rank = 4") == 1 and "--workers" not in err, err

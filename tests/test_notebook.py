@@ -154,7 +154,44 @@ def test_the_notebook_links_the_headline_figure_and_reads_its_numbers():
     per-level numbers printed from the committed per-instance table, not typed into the text."""
     text = NOTEBOOK.read_text()
     assert "](../figures/tradeoff.png)" in text and (ROOT / "figures" / "tradeoff.png").is_file()
-    assert 'pd.read_csv("../figures/best_warmup.csv")' in text
+    assert 'committed_table("best_warmup.csv")' in text and "../figures/best_warmup.csv" not in text
+
+
+def test_the_committed_table_is_found_from_the_root_the_notebook_folder_and_anywhere_else(tmp_path):
+    """The notebook reads figures/best_warmup.csv through committed_table: the same table from the
+    repository root, from notebooks/, from an unrelated folder, and from a folder of one's own figure
+    scripts without that table (then the package's copy or its checkout's)."""
+    from linattn_theory.report.teaching import committed_table, committed_table_folders
+
+    expected = pd.read_csv(ROOT / "figures" / "best_warmup.csv")
+    own = tmp_path / "own"
+    (own / "simulations").mkdir(parents=True)                   # figure scripts of one's own, no table
+    for start in (ROOT, ROOT / "notebooks", tmp_path, own / "simulations"):
+        pd.testing.assert_frame_equal(committed_table("best_warmup.csv", start=start), expected)
+    assert committed_table_folders(own)[0] == own / "figures"
+    other = tmp_path / "other_checkout"                          # another copy of the repository: its own table
+    for folder in ("simulations", "figures", "notebooks"):
+        (other / folder).mkdir(parents=True)
+    expected.head(3).to_csv(other / "figures" / "best_warmup.csv", index=False)
+    pd.testing.assert_frame_equal(committed_table("best_warmup.csv", start=other / "notebooks"), expected.head(3))
+    with pytest.raises(FileNotFoundError, match=r"figures/nope.csv is in none of .*`linattn figures` makes it"):
+        committed_table("nope.csv", start=tmp_path)
+
+
+@pytest.mark.slow
+def test_the_walk_through_runs_as_a_script_from_the_repository_root(tmp_path):
+    """`python notebooks/bias_drift_tradeoff.py` from the root (it read ../figures/ relative to the
+    working folder before): it runs to the end and prints the headline table's numbers."""
+    env = dict(os.environ, MPLBACKEND="Agg", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run([sys.executable, "notebooks/bias_drift_tradeoff.py"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = pd.read_csv(ROOT / "figures" / "best_warmup.csv")
+    for zeta, sub in measured.groupby("zeta_value"):
+        assert f"ζ_V = {zeta:g}: FedFrozen at its best T0 beats FedAvg in {int((sub['gain'] > 0).sum())} of " \
+               f"{len(sub)} instances" in proc.stdout
+    _assert_theorems_hold(proc.stdout)
 
 
 def test_exercise_4a_fails_without_the_weights_because_the_clients_differ_in_size():
@@ -308,3 +345,31 @@ def test_show_refuses_figures_too_small_to_read():
     with pytest.raises(ValueError, match="80 dpi"):
         check_legible(fig)
     plt.close(fig)
+
+
+def test_the_teach_extra_installs_what_executing_the_notebook_needs():
+    """Every distribution the notebook and notebooks/execute.py import is the package's own dependency,
+    in the `teach` extra, or required by one of the extra's (e.g. nbformat by jupytext)."""
+    import importlib.metadata as metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    name = lambda text: Requirement(text).name.lower().replace("_", "-")          # noqa: E731
+    teach = {name(r) for r in project["optional-dependencies"]["teach"]}
+    covered = {name(r) for r in project["dependencies"]} | teach
+    for dist in teach:
+        covered |= {name(r) for r in metadata.requires(dist) or [] if "extra ==" not in r}
+    modules = set()
+    for path in (NOTEBOOK, EXECUTE):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.add(node.module.split(".")[0])
+    owners = metadata.packages_distributions()
+    third_party = {m for m in modules if m not in sys.stdlib_module_names and m != "linattn_theory"}
+    needed = {name(owners[m][0]) for m in third_party}
+    assert {"jupytext", "ipython"} <= needed                 # what execute.py runs the cells with
+    assert needed <= covered, f"not installed by [teach]: {sorted(needed - covered)}"

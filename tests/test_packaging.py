@@ -60,8 +60,11 @@ def test_a_wheel_built_from_the_sdist_records_the_revision_licence_and_examples(
         assert revision[0] == head.strip()
     assert "License-Expression: MIT" in metadata.splitlines()
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    for example in ("simulations/configs/quickstart.toml", "simulations/tradeoff.py", "derivations/gradients.py"):
+    for example in ("simulations/configs/quickstart.toml", "simulations/tradeoff.py", "derivations/gradients.py",
+                    "notebooks/bias_drift_tradeoff.py", "notebooks/solutions.py", "notebooks/execute.py",
+                    "figures/best_warmup.csv"):
         assert f"linattn_theory/_examples/{example}" in names
+    assert not [n for n in names if n.endswith(".ipynb")]        # 300 KB of outputs: execute.py makes it
 
 
 def test_the_readme_quick_start_runs_from_the_wheel_in_an_unrelated_folder(built, tmp_path):
@@ -91,3 +94,33 @@ def test_the_readme_quick_start_runs_from_the_wheel_in_an_unrelated_folder(built
     failed = subprocess.run([*linattn, "simulate", "simulations/configs/quickstart.toml", "--out", "x"],
                             cwd=work, env=env, capture_output=True, text=True)
     assert failed.returncode == 2 and "`linattn examples --copy .`" in failed.stderr
+
+
+def test_the_wheel_ships_the_walk_through_and_it_runs_from_a_copy_anywhere(built, tmp_path):
+    """`linattn examples --copy DIR` gives a wheel user the notebook and its solutions; the copy runs as a
+    script from an unrelated folder and reads the committed table the package ships."""
+    import pandas as pd
+
+    _, wheel = built
+    site, work = tmp_path / "site", tmp_path / "elsewhere"
+    work.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--target", str(site), str(wheel)], check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(site), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, *args], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    listed = run("-m", "linattn_theory", "examples")
+    assert str(site / "linattn_theory" / "_examples" / "notebooks") in listed
+    run("-m", "linattn_theory", "examples", "--copy", "mine")
+    for name in ("bias_drift_tradeoff.py", "solutions.py", "execute.py"):
+        assert (work / "mine" / "notebooks" / name).is_file(), name
+    printed = run(str(work / "mine" / "notebooks" / "bias_drift_tradeoff.py"))
+    measured = pd.read_csv(ROOT / "figures" / "best_warmup.csv")
+    for zeta, sub in measured.groupby("zeta_value"):
+        assert f"ζ_V = {zeta:g}: FedFrozen at its best T0 beats FedAvg in {int((sub['gain'] > 0).sum())} of " \
+               f"{len(sub)} instances" in printed

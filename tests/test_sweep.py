@@ -398,3 +398,102 @@ def test_read_table_restores_float_columns_and_keeps_integer_ones():
     assert table["round"].dtype.kind == table["participants"].dtype.kind == "i"
     assert table["kernel_drift"].tolist() == [0.0, 0.0] and table["loss"].tolist() == [1.5, 1.25]
     assert read_table(b"round,loss\n0,1.5\n")["loss"].dtype == np.float64   # nothing to cast
+
+
+def test_the_lock_file_is_removed_when_a_sweep_ends_however_it_ends(tmp_path, monkeypatch):
+    from linattn_theory.sim import sweep as sweep_module
+
+    sweep = load_sweep(write(tmp_path, SMALL.replace("[0, 3, 6]", "[0]").replace("[0.5, 2.0]", "[2.0]")))
+    run_sweep(sweep, tmp_path / "done")
+    assert (tmp_path / "done" / "summary.csv").is_file() and not (tmp_path / "done" / ".sweep.lock").exists()
+
+    def interrupted(*args, **kwargs):
+        assert (tmp_path / "stopped" / ".sweep.lock").is_file()      # held while the runs compute
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "_results", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep, tmp_path / "stopped")
+    assert (tmp_path / "stopped" / "sweep.json").is_file() and not (tmp_path / "stopped" / ".sweep.lock").exists()
+
+
+def test_a_waiting_writer_never_shares_the_lock_with_a_newcomer(tmp_path):
+    """The holder removes the file it locked when it ends; a writer that waited on that file must
+    not hold it while a newcomer locks the new file at the same path."""
+    import threading
+
+    from linattn_theory.sim.sweep import sweep_lock
+
+    out = tmp_path / "out"
+    held, release, waiter_has_it = threading.Event(), threading.Event(), threading.Event()
+
+    def holder():
+        with sweep_lock(out):
+            held.set()
+            release.wait(30)
+
+    def waiter():
+        with sweep_lock(out, wait=True):
+            waiter_has_it.set()
+            time.sleep(1.0)
+
+    first = threading.Thread(target=holder)
+    first.start()
+    held.wait(30)
+    second = threading.Thread(target=waiter)
+    second.start()
+    time.sleep(0.3)                              # the waiter blocks on the holder's file
+    release.set()
+    first.join(30)
+    assert waiter_has_it.wait(30)
+    with pytest.raises(ConfigError, match="another sweep is writing to it"):
+        with sweep_lock(out):                    # the newcomer finds the waiter holding the folder
+            pass
+    second.join(30)
+    assert not (out / ".sweep.lock").exists()
+
+
+DIVERGING = {"task": {"num_clients": 3, "samples_per_client": 16, "tokens": 4, "dim": 3},
+             "federated": {"rounds": 8, "warmup_rounds": 8, "learning_rate": 5.0},
+             "grid": {"federated.learning_rate": [0.01, 5.0, 50.0], "seed": [0, 1]}}
+
+
+def test_a_sweeps_divergences_are_named_in_its_closing_line_and_may_be_an_error(tmp_path, capsys):
+    from linattn_theory.sim.config import config_from_dict
+    from linattn_theory.sim.sweep import SweepDiverged
+
+    path = tmp_path / "diverging.toml"
+    path.write_text('[task]\nnum_clients = 3\nsamples_per_client = 16\ntokens = 4\ndim = 3\n'
+                    '[federated]\nrounds = 8\nwarmup_rounds = 8\n'
+                    '[grid]\n"federated.learning_rate" = [0.01, 5.0, 50.0]\nseed = [0, 1]\n')
+    out = tmp_path / "out"
+    args = ["sweep", str(path), "--out", str(out), "--executor", "serial", "--quiet"]
+    assert main(args) == 0
+    line = capsys.readouterr().out
+    results = load_results(out)
+    diverged = results[results["diverged"]]
+    assert len(diverged) == 4                                  # η = 5 and 50, both seeds
+    metas = {r: json.loads((out / "runs" / r / "metadata.json").read_text()) for r in diverged["run_id"]}
+    earliest = min(metas, key=lambda r: (metas[r]["divergence"]["round"],
+                                         metas[r]["divergence"]["stable_learning_rate"]
+                                         / metas[r]["config"]["federated"]["learning_rate"]))
+    meta = metas[earliest]
+    safe = min(m["divergence"]["stable_learning_rate"] for m in metas.values())
+    assert (f"4 of 6 runs diverged; the earliest: run {earliest} (seed={meta['config']['seed']}, "
+            f"federated.learning_rate={meta['config']['federated']['learning_rate']}) at round "
+            f"{meta['divergence']['round']} with learning_rate") in line
+    assert f"try η < {safe:.3g}" in line
+    assert main(args + ["--fail-on-divergence"]) == 3         # already finished: still diverged
+    assert "4 of 6 runs diverged" in capsys.readouterr().out
+
+    sweep = sweep_from_dict(DIVERGING)
+    with pytest.raises(SweepDiverged, match="4 of 6 runs diverged") as caught:
+        run_sweep(sweep, tmp_path / "api", fail_on_divergence=True)
+    summary = caught.value.summary
+    assert summary.computed == 6 and (tmp_path / "api" / "summary.csv").is_file()
+    assert {d.run_id for d in summary.divergences} == set(diverged["run_id"])
+    assert all(d.learning_rate == config_from_dict(metas[d.run_id]["config"]).federated.learning_rate
+               for d in summary.divergences)
+    quiet = run_sweep(sweep_from_dict({**DIVERGING, "grid": {"federated.learning_rate": [0.01]}}), tmp_path / "ok",
+                      fail_on_divergence=True)
+    assert quiet.divergences == () and quiet.divergence_report() == ""

@@ -1,5 +1,7 @@
 """Theory functions against independent computations and simulations (docs/theory.md §4–6)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -407,9 +409,16 @@ def test_decompose_reads_the_run_configuration():
 
 def test_diverged_run_is_reported_not_decomposed():
     config = small_config(learning_rate=0.5)
-    table = th.excess_risk_by_warmup(config, [0, 3], restarts=1)
+    with pytest.warns(RuntimeWarning, match=r"excess_risk_by_warmup: 2 of 2 runs diverged \(T0 = 0 at round "
+                                            r"\d+, T0 = 3 at round \d+\).*no excess risk \(NaN\)") as caught:
+        table = th.excess_risk_by_warmup(config, [0, 3], restarts=1)
+    assert caught[0].filename == __file__                       # said at the caller's line
     assert table["diverged"].all()
     assert table["message"].str.contains("diverged at round").all()
+    assert table.attrs["dropped"] == {"count": 2, "of": 2, "warmup_rounds": [0, 3],
+                                      "why": "the run diverged: no excess risk (NaN)"}
+    rounds = re.findall(r"T0 = (\d+) at round (\d+)", str(caught[0].message))
+    assert [(int(a), int(b)) for a, b in rounds] == list(zip(table["warmup_rounds"], table["diverged_round"]))
 
 
 # ---------------------------------------------------------------- §4 warm-up inexactness

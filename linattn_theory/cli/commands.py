@@ -3,9 +3,11 @@
 Every command checks all it can before any work (config, output folder, a memory and time
 estimate, grid size) and has one error boundary: exit status 0 success, 2 invalid input
 (nothing is written), a broken stored run (named) or a sweep folder another sweep is writing
-to, 3 a run diverged (its table is written and the message suggests a stable step size), 1 any
-other failure (a one-line message; ``--debug`` shows the traceback), 130 interrupted by Ctrl-C
-and 143 stopped by SIGTERM (workers are stopped; the message says what was kept).
+to, 3 a run diverged (its table is written and the message suggests a stable step size; a
+sweep only with ``--fail-on-divergence``), 1 any other failure (a one-line message; ``--debug``
+shows the traceback), 130 interrupted by Ctrl-C and 143 stopped by SIGTERM (workers are stopped;
+the message says what was kept). A flag's bad value is an "invalid argument", a bad setting an
+"invalid configuration" (both exit 2).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..core.errors import ConfigError, RunIntegrityError
+from ..core.errors import ArgumentError, ConfigError, RunIntegrityError
 
 __all__ = ["main", "build_parser"]
 
@@ -72,6 +74,13 @@ BAD_INPUTS = (
      "exit 2 naming the other sweep (pid, host, start, command); `--wait` waits for it instead"),
     ("broken run on disk", "a run's `rounds.csv` cut short, `params.npz` or `metadata.json` garbled",
      "a sweep recomputes it; `load_results` raises RunIntegrityError naming its folder (exit 2)"),
+    ("bad flag value", "`figures --only tradeof`, `derive --only nope`",
+     "exit 2: invalid argument: --only 'tradeof': no such figure script (did you mean 'tradeoff'?)"),
+    ("bad client data", "`simulate(config, clients)` with a NaN in `X`, or `X` of shape `(N, d)`",
+     "ValueError before any round, naming the client and the array: client 1: X holds 1 non-finite value "
+     "(the first: X[0, 2, 1] = nan)"),
+    ("settings to revisit", "`model.rank = 10` with `task.dim = 6`; `num_clients = 1`; `--workers 1000` on 2 cores",
+     "warning: ... is above the token dimension d = 6 / the federation has one client / is above the 2 cores"),
     ("failure inside a run", "an unexpected exception", "exit 1: one line; `--debug` prints the traceback"),
     ("Ctrl-C / SIGTERM", "during a sweep or a run", "exit 130 / 143, workers stopped; the message says what "
      "was kept (the finished runs of a sweep; nothing of an unfinished `simulate`)"),
@@ -163,12 +172,12 @@ def _print_config(data: dict) -> int:
 def _check_run_folder(out: Path, overwrite: bool) -> None:
     """``simulate --out``: never a sweep folder; a folder holding a run only with ``--overwrite``."""
     if (out / "sweep.json").is_file() or (out / "runs").is_dir():
-        raise ConfigError(f"--out {str(out)!r} is a sweep folder (sweep.json, runs/); a run written there "
-                          f"would hide the sweep from load_results: choose another folder")
+        raise ArgumentError(f"--out {str(out)!r} is a sweep folder (sweep.json, runs/); a run written there "
+                            f"would hide the sweep from load_results: choose another folder")
     held = [name for name in ("metadata.json", "rounds.csv", "params.npz") if (out / name).exists()]
     if held and not overwrite:
-        raise ConfigError(f"--out {str(out)!r} already holds a run ({', '.join(held)}); choose another "
-                          f"folder, or pass --overwrite to replace it")
+        raise ArgumentError(f"--out {str(out)!r} already holds a run ({', '.join(held)}); choose another "
+                            f"folder, or pass --overwrite to replace it")
 
 
 def _simulate(args) -> int:
@@ -183,7 +192,7 @@ def _simulate(args) -> int:
     if args.print_config:
         return _print_config(config.to_dict())
     if args.out is None:
-        raise ConfigError("--out: expected the folder to write the run to (--out DIR)")
+        raise ArgumentError("--out: expected the folder to write the run to (--out DIR)")
     out = check_output_folder(args.out)
     _check_run_folder(out, args.overwrite)
     _resource_limits(args, [config])
@@ -225,7 +234,7 @@ def _sweep(args) -> int:
 
     from ..sim.config import ignored_settings, parse_overrides
     from ..sim.limits import check_output_folder
-    from ..sim.sweep import check_executor, load_sweep, run_dir, run_sweep, with_backend
+    from ..sim.sweep import SweepDiverged, check_executor, load_sweep, run_dir, run_sweep, with_backend
 
     _read_file(args.config, "sweep file")                # a missing example: say where it ships
     sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None,
@@ -241,13 +250,13 @@ def _sweep(args) -> int:
         print(f"{len(sweep)} runs (nothing written)")
         return EXIT_OK
     if args.out is None:
-        raise ConfigError("--out: expected the sweep folder (--out DIR)")
+        raise ArgumentError("--out: expected the sweep folder (--out DIR)")
     out = check_output_folder(args.out)
     check_executor(args.executor, args.workers, args.scheduler)
     workers = 1 if args.executor == "serial" else (args.workers or os.cpu_count() or 1)
     pending = [c for i, c in zip(sweep.run_ids, sweep.configs) if not (run_dir(out, i) / "metadata.json").is_file()]
     _resource_limits(args, pending, workers)
-    _warn("sweep", (note for c in sweep.configs for note in ignored_settings(c)))
+    _warn("sweep", [note for c in sweep.configs for note in ignored_settings(c)] + _workers_notes(args))
 
     def kept():
         from ..core.io import run_status
@@ -255,19 +264,35 @@ def _sweep(args) -> int:
         return f"{finished} of {len(sweep)} runs are finished in {out}; rerun the same command to resume"
 
     args.kept = kept
-    summary = run_sweep(sweep, out, executor=args.executor, workers=args.workers,
-                        scheduler=args.scheduler, progress=not args.quiet,
-                        existing="add" if args.add else "refuse", wait=args.wait)
+    try:
+        summary = run_sweep(sweep, out, executor=args.executor, workers=args.workers,
+                            scheduler=args.scheduler, progress=not args.quiet,
+                            existing="add" if args.add else "refuse", wait=args.wait,
+                            fail_on_divergence=args.fail_on_divergence)
+    except SweepDiverged as err:
+        summary = err.summary
     broken = (f" ({summary.broken} of them recomputed because their files did not match the hashes "
               f"recorded for them)" if summary.broken else "")
+    diverged = f"; {summary.divergence_report()}" if summary.divergences else ", none diverged"
     print(f"{summary.total} runs in {summary.out}: {summary.computed} computed{broken}, {summary.skipped} "
-          f"already finished, {summary.diverged} diverged ({summary.seconds:.1f} s); "
-          f"summary: {summary.out / 'summary.csv'}")
+          f"already finished ({summary.seconds:.1f} s){diverged}; summary: {summary.out / 'summary.csv'}")
+    if summary.divergences and args.fail_on_divergence:
+        print(f"linattn sweep: {len(summary.divergences)} runs diverged (--fail-on-divergence)", file=sys.stderr)
+        return EXIT_DIVERGED
     return EXIT_OK
 
 
 #: where ``linattn figures --quick`` writes by default (never over the full-size figures)
 QUICK_FIGURES = "results/figures-quick"
+
+
+def _workers_notes(args) -> list[str]:
+    """``--workers`` above the usable cores (with an executor that starts local workers): a warning."""
+    from ..sim.limits import workers_note
+
+    local = args.executor != "serial" and getattr(args, "scheduler", None) is None
+    note = workers_note(args.workers, "--workers") if local else None
+    return [note] if note else []
 
 
 def _backend_executor(backend: str, executor: str) -> str:
@@ -297,11 +322,12 @@ def _figures(args) -> int:
     out = args.out or (QUICK_FIGURES if args.quick else str(root / "figures") if checkout else "figures")
     check_output_folder(out)
     if args.quick and not args.overwrite and Path(out).resolve() == (root / "figures").resolve():
-        raise ConfigError(f"--out {out!r}: the full-size figures there would be overwritten by quick ones; "
-                          f"choose another folder (the default for --quick is {QUICK_FIGURES}), or pass "
-                          f"--overwrite")
+        raise ArgumentError(f"--out {out!r}: the full-size figures there would be overwritten by quick ones; "
+                            f"choose another folder (the default for --quick is {QUICK_FIGURES}), or pass "
+                            f"--overwrite")
     if args.backend is not None:
         args.executor = _backend_executor(args.backend, args.executor)
+    _warn("figures", _workers_notes(args))
     args.kept = lambda: f"the figures written so far and the finished sweep runs are kept in {out}; rerun to resume"
     made = make_figures(scripts, out, quick=args.quick, executor=args.executor,
                         workers=args.workers, progress=not args.quiet, backend=args.backend)
@@ -313,6 +339,26 @@ def _figures(args) -> int:
     files = sum(len(paths) for paths, _ in made.values())
     print(f"{len(made)} figure scripts, {files} files, {total:.1f} s in all, written to {out}")
     return EXIT_OK
+
+
+def _analyze(args) -> int:
+    import pandas as pd
+
+    from ..report.analysis import analysis_summary, analyze_sweep
+
+    args.kept = lambda: f"the tables of {args.sweep_dir} are written when the analysis ends; nothing was written"
+    analysis = analyze_sweep(args.sweep_dir, args.out, bound=args.bound, workers=args.workers)
+    if len(analysis.instances) <= MAX_INSTANCES_SHOWN and not args.quiet:
+        with pd.option_context("display.width", 160, "display.max_columns", 20):
+            print(analysis.instances.to_string(index=False))
+    print(analysis_summary(analysis))
+    for path in analysis.paths.values():
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
+#: ``linattn analyze`` prints the per-instance table up to this many instances
+MAX_INSTANCES_SHOWN = 20
 
 
 def _recommend(args) -> int:
@@ -333,30 +379,41 @@ def _examples(args) -> int:
         for path in sorted((root / "simulations" / "configs").glob("*.toml")):
             print(path)
         print(f"figure scripts: {root / 'simulations'}; derivations: {root / 'derivations'}; "
+              f"the walk-through notebook and its solutions: {root / 'notebooks'}; "
               f"`linattn examples --copy DIR` copies them to DIR")
         return EXIT_OK
     target = Path(args.copy)
-    taken = [name for name in ("simulations", "derivations") if (target / name).exists()]
+    taken = [name for name in EXAMPLE_FOLDERS if (target / name).exists()]
     if taken:
-        raise ConfigError(f"--copy {args.copy!r}: {target / taken[0]} exists; choose another folder")
-    for name in ("simulations", "derivations"):
-        shutil.copytree(root / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+        raise ArgumentError(f"--copy {args.copy!r}: {target / taken[0]} exists; choose another folder")
+    for name in EXAMPLE_FOLDERS:
+        shutil.copytree(root / name, target / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
         print(f"copied {root / name} to {target / name}")
+    print(f"run the walk-through with `python {target / 'notebooks' / 'bias_drift_tradeoff.py'}`, or execute it "
+          f"into a notebook with `python {target / 'notebooks' / 'execute.py'}` (pip install "
+          f"'linattn-theory[teach]')")
     return EXIT_OK
+
+
+#: what ``linattn examples --copy DIR`` copies: figure scripts and configs, derivations, the walk-through
+EXAMPLE_FOLDERS = ("simulations", "derivations", "notebooks")
 
 
 def _derive(args) -> int:
     import subprocess
 
+    from ..report.figures import did_you_mean
+
     folder = _root(args.root, "derivations") / "derivations"
     scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
     if not scripts:
-        raise ConfigError(f"--root {str(folder.parent)!r}: no derivation scripts in {folder}")
+        raise ArgumentError(f"--root {str(folder.parent)!r}: no derivation scripts in {folder}")
     if args.only:
-        scripts = [p for p in scripts if p.stem in args.only]
-        missing = set(args.only) - {p.stem for p in scripts}
+        missing = sorted(set(args.only) - {p.stem for p in scripts})
         if missing:
-            raise ConfigError(f"--only {sorted(missing)[0]!r}: no such derivation in {folder}")
+            raise ArgumentError(f"--only {missing[0]!r}: no such derivation in {folder}"
+                                f"{did_you_mean(missing[0], [p.stem for p in scripts])}")
+        scripts = [p for p in scripts if p.stem in args.only]
     failed = []
     totals = dict.fromkeys(CLAIM_KINDS, 0)
     for script in scripts:
@@ -486,6 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true",
                    help="another sweep is writing to --out: wait for it to end, then resume "
                         "(default: refuse, naming it)")
+    p.add_argument("--fail-on-divergence", action="store_true",
+                   help="exit 3 when a run of the sweep diverged (every run is still stored and the "
+                        "summary written; default: exit 0, the closing line names the divergences)")
     p.add_argument("--max-runs", type=_non_negative(int), default=MAX_RUNS_DEFAULT, metavar="N",
                    help=f"refuse grids of more than N runs (default {MAX_RUNS_DEFAULT}; 0: no limit)")
     _backend_argument(p, "of every run of the sweep (other run ids: the numbers differ by rounding)")
@@ -537,6 +597,23 @@ def build_parser() -> argparse.ArgumentParser:
     _debug_argument(p)
     p.set_defaults(func=_recommend)
 
+    p = sub.add_parser("analyze", help="R(T0), its parts and the best T0 per instance of a finished sweep",
+                       description="Analyse a finished sweep folder from its own configuration (sweep.json "
+                                   "and each run's metadata.json; docs/theory.md §6): per run the excess risk "
+                                   "R(T0) = F_λ(θ_T) − Φ*_λ and its parts bias, drift_floor, unfinished "
+                                   "(excess_risk.csv), per instance the best T0 and the gain over FedAvg "
+                                   "(best_warmup.csv). An instance is the runs that differ only in "
+                                   "federated.warmup_rounds; a diverged run has no R(T0) (NaN, counted).")
+    p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a finished sweep folder (linattn sweep ... --out SWEEP_DIR)")
+    p.add_argument("--out", default=None, help="folder for the two tables (default: SWEEP_DIR)")
+    p.add_argument("--bound", action="store_true",
+                   help="also the a posteriori bound U(T0) per run (fitted on the instance's FedAvg run)")
+    p.add_argument("--workers", type=_non_negative(int, 1), default=None,
+                   help="processes analysing the instances (default: this one; the same numbers for any count)")
+    p.add_argument("--quiet", action="store_true", help="print the summary only, not the per-instance table")
+    _debug_argument(p)
+    p.set_defaults(func=_analyze)
+
     p = sub.add_parser("derive", help="run the sympy derivations and report PASS/FAIL",
                        description="Run every script in derivations/ (each states claims, derives them "
                                    "with sympy and checks them) and count the claims. Statements that "
@@ -551,12 +628,13 @@ def build_parser() -> argparse.ArgumentParser:
     _debug_argument(p)
     p.set_defaults(func=_derive)
 
-    p = sub.add_parser("examples", help="list the example configs (or copy them and the figure scripts)",
+    p = sub.add_parser("examples", help="list the example configs (or copy them, the figure scripts and the notebook)",
                        description="Print the path of every example config, and where the figure scripts "
-                                   "(simulations/) and derivations (derivations/) are: the checkout, or "
-                                   "the copy shipped with an installed wheel. --copy DIR copies both "
-                                   "folders to DIR.")
-    p.add_argument("--copy", default=None, metavar="DIR", help="copy simulations/ and derivations/ to DIR")
+                                   "(simulations/), derivations (derivations/) and the walk-through notebook "
+                                   "with its solutions (notebooks/) are: the checkout, or the copy shipped "
+                                   "with an installed wheel. --copy DIR copies the three folders to DIR.")
+    p.add_argument("--copy", default=None, metavar="DIR",
+                   help="copy simulations/, derivations/ and notebooks/ to DIR")
     _debug_argument(p)
     p.set_defaults(func=_examples)
     return parser
@@ -655,6 +733,9 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = lambda message, *_, **__: print(f"{name}: warning: {message}",
                                                                    file=sys.stderr)
             return args.func(args)
+    except ArgumentError as err:
+        print(f"{name}: invalid argument: {err}", file=sys.stderr)
+        return EXIT_INVALID
     except ConfigError as err:
         print(f"{name}: invalid configuration: {err}", file=sys.stderr)
         return EXIT_INVALID

@@ -12,7 +12,8 @@ import numpy as np
 
 from .model import ATTENTIONS, attention_features, context_second_moment
 
-__all__ = ["ClientDataset", "FederatedDataset", "StackedClients", "as_federated", "stack_clients"]
+__all__ = ["ClientDataset", "FederatedDataset", "StackedClients", "as_federated", "check_clients",
+           "stack_clients"]
 
 
 class ClientDataset(NamedTuple):
@@ -53,20 +54,89 @@ class FederatedDataset(Sequence):
 
 
 def as_federated(clients) -> FederatedDataset:
-    """Accept a :class:`FederatedDataset` or a plain sequence of ``(X, q, y)`` tuples (``p_c ∝ N_c``)."""
+    """Accept a :class:`FederatedDataset` or a plain sequence of ``(X, q, y)`` tuples (``p_c ∝ N_c``).
+
+    A tuple's arrays must have the shapes ``X (N, n, d)``, ``q (N, d)``, ``y (N, p)`` with the
+    first client's ``n, d, p``; otherwise a ``ValueError`` names the client and the array."""
     if isinstance(clients, FederatedDataset):
         return clients
-    items = tuple(ClientDataset(*(np.asarray(a) for a in c)) for c in clients)
+    items = []
+    for c, client in enumerate(clients):
+        arrays = tuple(client)
+        if len(arrays) != 3:
+            raise ValueError(f"client {c}: {len(arrays)} arrays; expected a tuple (X, q, y)")
+        items.append(ClientDataset(*(np.asarray(a) for a in arrays)))
     if not items:
         raise ValueError("clients is empty; expected at least one (X, q, y) tuple")
-    n, d, p = items[0].X.shape[1], items[0].X.shape[2], items[0].y.shape[1]
-    for i, (X, q, y) in enumerate(items):
-        N = X.shape[0]
-        if X.ndim != 3 or X.shape[1:] != (n, d) or q.shape != (N, d) or y.shape != (N, p):
-            raise ValueError(f"client {i}: shapes X{X.shape}, q{q.shape}, y{y.shape}; "
-                             f"expected X (N, {n}, {d}), q (N, {d}), y (N, {p})")
+    _check_shapes(items)
     sizes = np.array([c.X.shape[0] for c in items], dtype=float)
-    return FederatedDataset(items, sizes / sizes.sum())
+    return FederatedDataset(tuple(items), sizes / sizes.sum())
+
+
+def _shape_problem(X, q, y, dims) -> str | None:
+    """Why ``X (N, n, d)``, ``q (N, d)``, ``y (N, p)`` do not fit (``dims = (n, d, p)``, ``None``:
+    any), else ``None``."""
+    if X.ndim != 3:
+        hint = (": a sample's context is a sequence of tokens; for one token per sample use "
+                "X[:, None, :]" if X.ndim == 2 else "")
+        return f"X has shape {X.shape}; expected (N, n, d): N contexts of n tokens of dimension d{hint}"
+    N, n, d = X.shape
+    if N < 1:
+        return f"X has shape {X.shape}; expected at least one sample"
+    if dims is not None and (n, d) != dims[:2]:
+        return f"X has shape {X.shape}; expected (N, {dims[0]}, {dims[1]}) as the first client's"
+    if q.shape != (N, d):
+        return f"q has shape {q.shape}; expected (N, d) = ({N}, {d}), one query token per context of X"
+    p = dims[2] if dims is not None else (y.shape[1] if y.ndim == 2 else None)
+    if y.ndim != 2 or y.shape != (N, p):
+        return f"y has shape {y.shape}; expected (N, p) = ({N}, {p if p is not None else 'p'}), one target per context"
+    return None
+
+
+def _check_shapes(items) -> None:
+    dims = None
+    for c, (X, q, y) in enumerate(items):
+        problem = _shape_problem(X, q, y, dims)
+        if problem:
+            raise ValueError(f"client {c}: {problem}")
+        dims = dims or (X.shape[1], X.shape[2], y.shape[1])
+
+
+def _value_problem(name: str, a: np.ndarray) -> str | None:
+    """Why array ``name`` does not hold finite real numbers (its first bad entry), else ``None``."""
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        return f"{name} has dtype {a.dtype}; expected real numbers"
+    bad = ~np.isfinite(a)
+    if not bad.any():
+        return None
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = f"{name}[{', '.join(map(str, first))}] = {a[first]}"
+    return (f"{name} holds {int(bad.sum())} non-finite value{'s' if bad.sum() > 1 else ''} (the first: {where}); "
+            f"expected finite numbers: drop or impute those samples")
+
+
+def check_clients(clients) -> FederatedDataset:
+    """The clients as :func:`as_federated` reads them, checked before any round.
+
+    Every client's ``X (N, n, d)``, ``q (N, d)``, ``y (N, p)`` (docs/theory.md §1–2) have the
+    first client's ``n, d, p`` and ``N ≥ 1``, and hold finite real numbers; the weights ``p_c``
+    are finite, ``≥ 0`` and not all 0. Raises ``ValueError`` naming the client and the array
+    (a NaN in the data would otherwise surface as a diverged run blaming the step size).
+    """
+    data = as_federated(clients)
+    _check_shapes(data.clients)
+    for c, client in enumerate(data.clients):
+        for name, a in zip(("X", "q", "y"), client):
+            problem = _value_problem(name, np.asarray(a))
+            if problem:
+                raise ValueError(f"client {c}: {problem}")
+    weights = np.asarray(data.weights)
+    problem = _value_problem("weights", weights)
+    if problem is None and (weights.shape != (len(data),) or (weights < 0).any() or not weights.sum() > 0):
+        problem = f"weights = {weights}; expected {len(data)} numbers p_c >= 0, not all 0"
+    if problem:
+        raise ValueError(f"clients: {problem}")
+    return data
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Reporting: results on disk, sweep analysis, figures and quoted numbers.
 
-:mod:`.results` (reading runs and sweeps), :mod:`.sweep_analysis` (tables behind the figures),
+:mod:`.results` (reading runs and sweeps), :mod:`.analysis` (a finished sweep's ``R(T0)``, its parts and
+best ``T0``: ``linattn analyze``), :mod:`.sweep_analysis` (tables behind the figures),
 :mod:`.plotting` (the shared visual language), :mod:`.figures` (running the figure scripts of
 ``simulations/``), :mod:`.figure_numbers` (numbers quoted in README and figures/README, generated)
 and :mod:`.teaching` (the notebook's helpers).
@@ -9,6 +10,8 @@ from ..core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".results": ["load_results", "load_run", "SUMMARY_COLUMNS"],
+    ".analysis": ["SweepAnalysis", "analyze_sweep", "analysis_summary", "instance_ids", "grid_columns",
+        "RUNS_FILE", "INSTANCES_FILE", "PARTS"],
     ".sweep_analysis": ["runs_by_instance", "frozen_stage_table", "excess_risk_table", "best_warmup",
         "select_instances", "paired_ratios", "gain_summary", "quartiles", "spearman_interval"],
     ".plotting": ["LABELS", "STRATEGY_NAMES", "label", "apply_style", "palette", "figure", "save_figure",
@@ -23,5 +26,6 @@ __getattr__, __dir__, __all__ = attach(__name__, {
         "analysis_workers", "excess_risk_sweep"],
     ".figure_numbers": ["headline_numbers", "blocks", "replace_blocks", "QUOTED_FILES", "main"],
     ".teaching": ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
-        "excess_risk_curve", "notebook_style", "show", "check_legible", "NOTEBOOK_DPI", "NOTEBOOK_MIN_FONT_SIZE"],
-}, submodules=("results", "sweep_analysis", "plotting", "figures", "figure_numbers", "teaching",))
+        "excess_risk_curve", "notebook_style", "show", "check_legible", "committed_table", "committed_table_folders",
+        "NOTEBOOK_DPI", "NOTEBOOK_MIN_FONT_SIZE"],
+}, submodules=("results", "analysis", "sweep_analysis", "plotting", "figures", "figure_numbers", "teaching",))

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..core.errors import ConfigError
+from ..core.errors import ArgumentError, ConfigError
 
 __all__ = ["find_root", "discover", "make_figures", "figure_sweep", "figure_backend", "script_main", "config_path",
            "analysis_workers", "excess_risk_sweep"]
@@ -70,16 +70,23 @@ def discover(root=None, only=None) -> dict[str, Path]:
     defaults to :func:`find_root`)."""
     folder = Path(find_root() if root is None else root) / "simulations"
     if not folder.is_dir():
-        raise ConfigError(f"--root {str(root)!r}: no simulations/ folder there")
+        raise ArgumentError(f"--root {str(root)!r}: no simulations/ folder there")
     scripts = {p.stem: p for p in sorted(folder.glob("*.py"))
                if not p.name.startswith("_") and _defines_make(p)}
     if only:
         unknown = sorted(set(only) - set(scripts))
         if unknown:
-            raise ConfigError(f"--only {unknown[0]!r}: no such figure script; expected one of "
-                              f"{', '.join(scripts)}")
+            raise ArgumentError(f"--only {unknown[0]!r}: no such figure script{did_you_mean(unknown[0], scripts)}; "
+                                f"expected one of {', '.join(scripts)}")
         scripts = {k: v for k, v in scripts.items() if k in set(only)}
     return scripts
+
+
+def did_you_mean(value: str, choices) -> str:
+    """``" (did you mean 'tradeoff'?)"`` for the closest of ``choices``, or ``""``."""
+    import difflib
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _load(name: str, path: Path):
@@ -168,6 +175,7 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
 def script_main(make, doc: str | None = None, argv=None) -> int:
     """The command line of one figure script: ``[--quick] [--out DIR] [--executor E] [--workers N]
     [--backend B]``."""
+    from ..sim.limits import workers_note
     from ..sim.sweep import EXECUTORS
 
     parser = argparse.ArgumentParser(description=doc)
@@ -180,12 +188,16 @@ def script_main(make, doc: str | None = None, argv=None) -> int:
                         help="array library of the figure's sweeps (cupy: a GPU, runs in this process)")
     args = parser.parse_args(argv)
     executor = "serial" if args.backend == "cupy" else args.executor
+    note = workers_note(args.workers, "--workers") if executor != "serial" else None
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
     try:
         with figure_backend(args.backend):
             paths = make(args.out, quick=args.quick, executor=executor, workers=args.workers,
                          progress=not args.quiet)
     except ConfigError as err:
-        print(f"invalid configuration: {err}", file=sys.stderr)
+        kind = "invalid argument" if isinstance(err, ArgumentError) else "invalid configuration"
+        print(f"{kind}: {err}", file=sys.stderr)
         return 2
     for path in paths:
         print(path)

@@ -122,6 +122,15 @@ def runs_by_instance(folder, results: pd.DataFrame):
         yield _load_instance(folder, run_ids)
 
 
+def _with_dropped(table: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with ``attrs["dropped"]``: the sweep's diverged runs, whose theory columns are NaN
+    (a median over the table leaves them out): how many, of how many runs, their ids and why."""
+    diverged = results["run_id"][results["diverged"].astype(bool).to_numpy()].tolist()
+    table.attrs["dropped"] = {"count": len(diverged), "of": len(results), "run_id": diverged,
+                              "why": "the run diverged: its theory columns are NaN"}
+    return table
+
+
 def _per_instance(function, folder, results: pd.DataFrame, workers: int | None, *args) -> list:
     """``function(clients, runs, *args)`` for every instance, in ``workers`` processes; rows concatenated
     in instance order (so the result does not depend on ``workers``)."""
@@ -144,7 +153,8 @@ def frozen_stage_table(folder, results: pd.DataFrame) -> pd.DataFrame:
     Adds ``profile`` ``Φ_λ(K_{T0})``, ``drift_floor`` ``D(K_{T0})``, ``contraction_rate`` ``ρ(K_{T0})``,
     ``zeta`` (the client dissimilarity ``ζ(K_{T0})``, :func:`~linattn_theory.theory.bound.gradient_dissimilarity`)
     and ``measured_drift_floor`` ``F_λ(θ_T) − Φ_λ(K_{T0})`` (equal to ``D`` once the frozen stage
-    has converged). Diverged runs get NaN and must be dropped before plotting.
+    has converged). Diverged runs get NaN and must be dropped before plotting
+    (``table.attrs["dropped"]`` names them).
     """
     from ..theory.bound import gradient_dissimilarity
     from ..theory.frozen_stage import contraction_rate, value_drift_floor
@@ -167,7 +177,7 @@ def frozen_stage_table(folder, results: pd.DataFrame) -> pd.DataFrame:
                              "measured_drift_floor": float(final[rid]) - profile})
         columns = ["run_id", "profile", "drift_floor", "contraction_rate", "zeta", "measured_drift_floor"]
         return results.merge(pd.DataFrame(rows, columns=columns), on="run_id", how="left")
-    return _memo("frozen_stage", folder, results, compute)
+    return _with_dropped(_memo("frozen_stage", folder, results, compute), results)
 
 
 def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False,
@@ -182,7 +192,8 @@ def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False,
     :func:`~linattn_theory.recommenders.recommendation.a_posteriori_bound` per schedule (against the same ``Φ*_λ``):
     ``T0_theory``, ``U`` and ``bias_bound`` at the run's ``T0``, and ``assumptions_violated`` (NaN
     where the schedule's FedAvg path diverges). The bound's constants are fitted on the FedAvg run of the same instance: ``U`` and
-    ``T0_theory`` are an a posteriori fit (descriptive), not a prediction. Diverged runs get NaN.
+    ``T0_theory`` are an a posteriori fit (descriptive), not a prediction. Diverged runs get NaN
+    (``table.attrs["dropped"]`` says how many, which and why).
     Instances are analysed in ``workers`` processes (default: in this one).
     """
     both = []     # with bound: one pass over the instances gives both tables (each instance loaded once)
@@ -203,7 +214,7 @@ def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False,
             [row for _, rows in both for row in rows] if both else
             _per_instance(_bounds, folder, results, workers, optimum), columns=columns))
         table = table.merge(bounds, on="run_id", how="left")
-    return table
+    return _with_dropped(table, results)
 
 
 def _decomposition_and_bounds(clients, runs, folder) -> list[tuple[list, list]]:
@@ -262,13 +273,16 @@ def _bounds(clients, runs, optimum: dict) -> list[dict]:
 # -- statistics over instances (docs/theory.md §6) ---------------------------------------------
 
 def quartiles(values) -> dict:
-    """``{"median", "q25", "q75", "count"}`` of the finite ``values`` (NaN when there are none)."""
+    """``{"median", "q25", "q75", "count", "dropped"}`` of the finite ``values`` (NaN when there are
+    none); ``dropped``: how many values were left out as non-finite (diverged runs' NaN)."""
     values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values)]
-    if not values.size:
-        return {"median": np.nan, "q25": np.nan, "q75": np.nan, "count": 0}
-    q25, median, q75 = np.quantile(values, [0.25, 0.5, 0.75])
-    return {"median": float(median), "q25": float(q25), "q75": float(q75), "count": int(values.size)}
+    finite = values[np.isfinite(values)]
+    dropped = int(values.size - finite.size)
+    if not finite.size:
+        return {"median": np.nan, "q25": np.nan, "q75": np.nan, "count": 0, "dropped": dropped}
+    q25, median, q75 = np.quantile(finite, [0.25, 0.5, 0.75])
+    return {"median": float(median), "q25": float(q25), "q75": float(q75), "count": int(finite.size),
+            "dropped": dropped}
 
 
 def best_warmup(table: pd.DataFrame, by, risk: str = "excess_risk") -> pd.DataFrame:
@@ -325,12 +339,19 @@ def select_instances(table: pd.DataFrame, by, risk: str = "excess_risk"):
 def paired_ratios(table: pd.DataFrame, by, column: str = "excess_risk") -> pd.DataFrame:
     """The non-diverged runs with ``ratio = R(T0) / R(T)``, ``R(T)`` plain FedAvg's excess risk on the
     same instance (the columns ``by``); instances whose FedAvg run diverged are left out. ``column``
-    names ``R`` (e.g. the final loss, for data without a known optimum)."""
+    names ``R`` (e.g. the final loss, for data without a known optimum). ``attrs["dropped"]``: the
+    runs left out (diverged, or of an instance without a FedAvg run), how many of how many, and why.
+    """
     by = list(by)
     ok = table[~table["diverged"].astype(bool)]
     fedavg = (ok[ok["T0"] == ok["federated.rounds"]].set_index(by)[column].rename("R_fedavg"))
     joined = ok.join(fedavg, on=by, how="inner")
-    return joined.assign(ratio=joined[column] / joined["R_fedavg"])
+    out = joined.assign(ratio=joined[column] / joined["R_fedavg"])
+    diverged = int(table["diverged"].astype(bool).sum())
+    out.attrs["dropped"] = {"count": len(table) - len(out), "of": len(table), "diverged": diverged,
+                            "no_fedavg": len(ok) - len(out),
+                            "why": "the run diverged, or its instance's FedAvg run (T0 = T) diverged or is missing"}
+    return out
 
 
 def gain_summary(best: pd.DataFrame, level, left_out: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -13,6 +13,7 @@ Three kinds of statements appear in the notebook, and each has its own reporter:
 :func:`excess_risk_curve` is the one computation of the notebook that is not a single package
 call: the exact decomposition of ``R(T0)`` (docs/theory.md §6) for every warm-up length, from
 one shared FedAvg trajectory (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep`).
+:func:`committed_table` reads a table behind the committed figures wherever the notebook runs.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
-           "excess_risk_curve", "best_warmup", "notebook_style", "show", "check_legible", "NOTEBOOK_DPI",
-           "NOTEBOOK_MIN_FONT_SIZE"]
+           "excess_risk_curve", "best_warmup", "notebook_style", "show", "check_legible", "committed_table",
+           "committed_table_folders", "NOTEBOOK_DPI", "NOTEBOOK_MIN_FONT_SIZE"]
 
 #: the notebook's figures: pixels per inch and the smallest text (legends included), in points
 NOTEBOOK_DPI, NOTEBOOK_MIN_FONT_SIZE = 150, 8.0
@@ -159,3 +160,30 @@ def best_warmup(excess_risk) -> int:
         raise ValueError("R(T0) is not finite for every T0: a run diverged")
     from ..recommenders.scoring import best_warmup as argmin_smallest  # the one definition (docs/theory.md §8)
     return int(series.index[argmin_smallest(series.to_numpy())])
+
+
+def committed_table_folders(start=None) -> list:
+    """Where :func:`committed_table` looks, in order: ``figures/`` of the checkout around ``start``
+    (default: the working folder; the repository root, ``notebooks/`` or any folder inside it), the
+    copy the package ships (``linattn_theory/_examples/figures``: a wheel, or a notebook copied
+    elsewhere), and ``figures/`` next to the package (a source or editable install)."""
+    from pathlib import Path
+
+    here = (Path.cwd() if start is None else Path(start)).resolve()
+    package = Path(__file__).resolve().parents[1]
+    checkouts = [folder / "figures" for folder in (here, *here.parents) if (folder / "simulations").is_dir()]
+    return [*checkouts, package / "_examples" / "figures", package.parent / "figures"]
+
+
+def committed_table(name: str, start=None) -> pd.DataFrame:
+    """The committed table ``figures/<name>`` (e.g. ``best_warmup.csv``, one row per instance of the
+    headline figure), from the first of :func:`committed_table_folders` that holds it, so that the
+    notebook reads the same numbers from the repository root, from ``notebooks/`` and from a copy
+    anywhere else. Raises ``FileNotFoundError`` naming the folders searched and how to remake it."""
+    folders = committed_table_folders(start)
+    for folder in folders:
+        if (folder / name).is_file():
+            return pd.read_csv(folder / name)
+    raise FileNotFoundError(f"figures/{name} is in none of {', '.join(map(str, dict.fromkeys(folders)))}; "
+                            f"`linattn figures` makes it (the figure script that writes it: "
+                            f"`linattn figures --list`)")

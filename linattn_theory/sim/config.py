@@ -350,8 +350,15 @@ def read_toml(path, what: str = "config file") -> dict:
 
 def load_config(path, overrides: dict | None = None) -> RunConfig:
     """Read and validate a TOML configuration file, with dotted-key ``overrides`` applied
-    (:func:`parse_overrides`)."""
-    return config_from_dict(apply_overrides(read_toml(path), overrides or {}))
+    (:func:`parse_overrides`). A sweep file (``[grid]``) is refused, saying what reads it."""
+    data = read_toml(path)
+    sweep_keys = [k for k in ("grid", "quick", "figure") if k in data]
+    if sweep_keys:
+        raise ConfigError(f"{sweep_keys[0]}: {path} is a sweep file (it has a [{sweep_keys[0]}] table): "
+                          f"load_sweep({str(path)!r}).configs are its runs' configs, and "
+                          f"analyze_sweep(DIR) (`linattn analyze DIR`) reads a finished sweep's folder "
+                          f"with the sweep's own config")
+    return config_from_dict(apply_overrides(data, overrides or {}))
 
 
 def set_dotted(data: dict, key: str, value, where: str) -> None:

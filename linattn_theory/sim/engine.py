@@ -32,7 +32,7 @@ from ..core.model import (BLOCKS, Params, flat as _flat, value_matrix as _value_
 from .strategies import Round, Strategy, make_strategy
 from .strategies.base import local_sgd, weighted_sum
 from ..core.seeds import SEED_INIT, SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
-from ..core.clients import StackedClients, stack_clients
+from ..core.clients import StackedClients, check_clients, stack_clients
 from ..data.families import make_clients
 
 __all__ = ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
@@ -204,8 +204,13 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     on a GPU, :func:`~linattn_theory.core.backend.resolve_max_bytes`); results do not depend on it.
     ``strategy`` overrides the one ``config`` names (built by
     :func:`~linattn_theory.sim.strategies.make_strategy`), e.g. to keep its control's record.
+    Given ``clients`` are checked first (:func:`~linattn_theory.core.clients.check_clients`:
+    shapes, finite values; a ``ValueError`` names the client and the array), and settings to
+    revisit are warned about (:func:`~linattn_theory.sim.limits.setting_notes`).
     """
-    clients = clients_from_config(config) if clients is None else clients
+    from .limits import setting_notes, warn_settings
+    clients = clients_from_config(config) if clients is None else check_clients(clients)
+    warn_settings(setting_notes(config, clients), stacklevel=4)   # past timed_run, at the caller
     data, params = prepare_run(config, clients, params)
     _warn_small_clients(config.federated.batch_size, data.sizes)
     if config.model.dtype == "float32":

@@ -39,13 +39,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from typing import Any
 
 import numpy as np
 
 from ..core.arrays import array_namespace, to_numpy
 from ..core.backend import client_chunks, client_working_bytes, get_namespace
-from ..core.clients import StackedClients
+from ..core.clients import StackedClients, check_clients
+from ..core.errors import SettingWarning
 from ..core.io import timed_run
 from ..core.model import BLOCKS, Params, flat as _flat, kernel
 from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
@@ -727,8 +729,30 @@ def simulate_many(configs, clients=None, *, params=None, max_bytes: int | str | 
     differ only in ``T0`` share their warm-up, and so does the online rule's run of their instance
     when its ``T0 = T`` run is among them (module docstring); other runs of a strategy that decides
     during the run (a per-round control) are run one by one by :func:`simulate`.
+    Given clients are checked before any round, and settings to revisit warned about once each,
+    as :func:`simulate` does.
     """
-    return _simulate_many(configs, clients, params, max_bytes, progress)
+    configs, clients = _checked(configs, clients)
+    with warnings.catch_warnings():                  # said once above, not again per run
+        warnings.simplefilter("ignore", SettingWarning)
+        return _simulate_many(configs, clients, params, max_bytes, progress)
+
+
+def _checked(configs, clients):
+    """``(configs, clients)`` with the given clients checked
+    (:func:`~linattn_theory.core.clients.check_clients`) and the settings' warnings issued once."""
+    from .limits import setting_notes, warn_settings
+    configs = list(configs)
+    if clients is not None:
+        given, checked = _per_config(clients, len(configs), "clients"), {}
+        for c in given:                     # one object given for several configs stays one (shared warm-ups)
+            if c is not None and id(c) not in checked:
+                checked[id(c)] = check_clients(c)
+        clients = [None if c is None else checked[id(c)] for c in given]
+    given = clients or [None] * len(configs)
+    warn_settings((note for config, c in zip(configs, given) if isinstance(config, RunConfig)
+                   for note in setting_notes(config, c)), stacklevel=4)
+    return configs, clients
 
 
 @timed_run

@@ -1,4 +1,5 @@
-"""Checks made before any work: the output folder, and a memory and time estimate of the runs.
+"""Checks made before any work: the output folder, a memory and time estimate of the runs, and
+the settings that run but deserve a warning (rank above ``d``, one client, more workers than cores).
 
 The estimates are deliberately rough (within a small factor on the configurations of
 ``simulations/configs/``): they exist to refuse, in a second, a configuration that would
@@ -13,11 +14,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import ConfigError
+from ..core.errors import ArgumentError, ConfigError
 from .config import RunConfig
 
 __all__ = ["check_output_folder", "RunEstimate", "estimate_run", "check_resources",
-           "default_memory_limit", "float32_step_note", "DEFAULT_MAX_HOURS", "FLOP_RATE"]
+           "default_memory_limit", "float32_step_note", "token_dimension", "setting_notes",
+           "warn_settings", "usable_cores", "workers_note", "DEFAULT_MAX_HOURS", "FLOP_RATE"]
 
 #: default time limit of one command, in hours (``--max-hours``)
 DEFAULT_MAX_HOURS = 24.0
@@ -34,22 +36,24 @@ _EXACT_SIZES_UP_TO = 10_000
 
 def check_output_folder(out, flag: str = "--out") -> Path:
     """``Path(out)`` if results can be written there: not empty, not a file, and the folder or
-    its nearest existing parent a writable folder. Creates nothing; raises :class:`ConfigError`."""
+    its nearest existing parent a writable folder. Creates nothing; raises :class:`ConfigError`
+    (an :class:`~linattn_theory.core.errors.ArgumentError` when ``flag`` is a command-line flag)."""
+    error = ArgumentError if flag.startswith("--") else ConfigError
     if out is None or str(out).strip() == "":
-        raise ConfigError(f"{flag} {str(out or '')!r}: expected a folder name (use {flag} . for "
+        raise error(f"{flag} {str(out or '')!r}: expected a folder name (use {flag} . for "
                           f"the current folder)")
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {str(path)!r} exists and is not a folder")
+        raise error(f"{flag} {str(path)!r} exists and is not a folder")
     parent = path
     while not parent.exists():
         if parent.is_symlink():
-            raise ConfigError(f"{flag} {str(path)!r}: {str(parent)!r} is a broken link")
+            raise error(f"{flag} {str(path)!r}: {str(parent)!r} is a broken link")
         parent = parent.parent
     if not parent.is_dir():
-        raise ConfigError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a folder")
+        raise error(f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {str(path)!r}: the folder {str(parent)!r} is not writable")
+        raise error(f"{flag} {str(path)!r}: the folder {str(parent)!r} is not writable")
     return path
 
 
@@ -203,3 +207,54 @@ def float32_step_note(config: RunConfig, data, params) -> str | None:
             f"changes {share:.0%} of the entries of {block} on some client (float32 loses relative "
             f"changes below 6e-08), so training may stall; use model.dtype = 'float64' or a larger "
             f"learning rate")
+
+
+def token_dimension(config: RunConfig) -> int:
+    """The token dimension ``d`` of the clients ``config.task`` describes (in-context regression:
+    ``dim + 1``, the target rides in the token; digits: 16)."""
+    task = config.task
+    return {"in_context_regression": task.dim + 1, "digits": 16}.get(task.family, task.dim)
+
+
+def setting_notes(config: RunConfig, clients=None) -> list[str]:
+    """Settings of ``config`` that run but that a user should revisit (warnings, not errors):
+    ``model.rank`` above the token dimension ``d`` and a federation of one client. ``d`` and the
+    number of clients ``m`` are the data's when ``clients`` (a ``FederatedDataset``) is given."""
+    d = token_dimension(config) if clients is None else clients.dims[1]
+    m = config.task.num_clients if clients is None else len(clients)
+    notes = []
+    if config.model.rank > d:
+        notes.append(f"model.rank = {config.model.rank} is above the token dimension d = {d}: each head's "
+                     f"kernel W_Q W_K^T is d×d, of rank at most d, so the extra columns add parameters "
+                     f"but no expressiveness (model.rank = {d} is a full-rank kernel)")
+    if m == 1:
+        notes.append("the federation has one client (m = 1): no heterogeneity, so no kernel drift, and "
+                     "FedAvg is plain local gradient descent; use task.num_clients >= 2 to study federation")
+    return notes
+
+
+def warn_settings(notes, stacklevel: int = 3) -> None:
+    """Each distinct note once, as a :class:`~linattn_theory.core.errors.SettingWarning`."""
+    import warnings
+
+    from ..core.errors import SettingWarning
+    for note in dict.fromkeys(notes):
+        warnings.warn(note, SettingWarning, stacklevel=stacklevel)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):                    # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def workers_note(workers: int | None, what: str = "workers") -> str | None:
+    """A warning when more worker processes are asked for than there are cores (they only
+    contend for them: each run is no faster and memory grows with the workers), else ``None``."""
+    cores = usable_cores()
+    if workers is None or workers <= cores:
+        return None
+    return (f"{what} = {workers} is above the {cores} cores this process may use: the extra workers "
+            f"only contend for them and each holds its runs in memory; use {what} <= {cores}")

@@ -47,16 +47,17 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import ConfigError, RunIntegrityError
+from ..core.errors import ConfigError, RunIntegrityError, SettingWarning
 from ..core.io import atomic_write_bytes, read_run, run_status, timed_run, write_json, write_run
 from .config import RunConfig, config_from_dict, config_hash, read_toml, set_dotted, warmup_family_key
 
-__all__ = ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "with_backend", "run_sweep", "run_dir",
-           "is_complete", "grid_size", "summary_table", "summary_row", "finished_runs", "read_table",
-           "sweep_lock", "check_executor", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"]
+__all__ = ["Sweep", "SweepSummary", "DivergedRun", "SweepDiverged", "divergence_report", "load_sweep",
+           "sweep_from_dict", "with_backend", "run_sweep", "run_dir", "is_complete", "grid_size", "summary_table",
+           "summary_row", "finished_runs", "read_table", "sweep_lock", "check_executor", "EXECUTORS", "MAX_RUNS", "SUMMARY_COLUMNS"]
 
 EXECUTORS = ("serial", "processes", "dask")
 MANIFEST = "sweep.json"
@@ -107,8 +108,9 @@ class Sweep:
 @dataclass(frozen=True)
 class SweepSummary:
     """What :func:`run_sweep` did: runs in the sweep, already finished before, computed now
-    (``broken`` of them recomputed because their files did not match their hashes), diverged;
-    ``table``: the summary table it wrote (:func:`summary_table` of ``out``)."""
+    (``broken`` of them recomputed because their files did not match their hashes), diverged
+    of those computed now; ``table``: the summary table it wrote (:func:`summary_table` of
+    ``out``); ``divergences``: every diverged run of the sweep (:class:`DivergedRun`, grid order)."""
 
     total: int
     skipped: int
@@ -118,6 +120,54 @@ class SweepSummary:
     out: Path
     broken: int = 0
     table: object = field(default=None, repr=False, compare=False)
+    divergences: tuple = ()
+
+    def divergence_report(self) -> str:
+        """The sweep's divergences in one line (``""`` when none): how many, the worst (earliest) run
+        with its grid point and round, and the suggested stable step (:func:`divergence_report`)."""
+        return divergence_report(self.divergences, self.total)
+
+
+@dataclass(frozen=True)
+class DivergedRun:
+    """A diverged run of a sweep (from its ``metadata.json``): its id and grid point, its seed and
+    step ``η``, the round and ``F_λ`` at which it stopped, and the stable step its report suggests."""
+
+    run_id: str
+    point: dict
+    seed: int
+    learning_rate: float
+    round: int
+    loss: float
+    stable_learning_rate: float
+
+
+def worst_divergence(divergences) -> DivergedRun:
+    """The earliest divergence (ties: the run furthest above its suggested stable step)."""
+    return min(divergences, key=lambda d: (d.round, d.stable_learning_rate / d.learning_rate))
+
+
+def divergence_report(divergences, total: int) -> str:
+    """``"3 of 12 runs diverged; the earliest: run <id> (seed=1, ...) at round 2 with η = 5; try
+    η < 0.21, the smallest stable step suggested for them (each run's metadata.json has its own)"``."""
+    if not divergences:
+        return ""
+    worst = worst_divergence(divergences)
+    point = {"seed": worst.seed, **worst.point}
+    where = ", ".join(f"{k}={v}" for k, v in point.items())
+    safe = min(d.stable_learning_rate for d in divergences)
+    return (f"{len(divergences)} of {total} runs diverged; the earliest: run {worst.run_id} ({where}) at "
+            f"round {worst.round} with learning_rate η = {worst.learning_rate:g}; try η < {safe:.3g}, the "
+            f"smallest stable step suggested for them (each run's metadata.json has its own)")
+
+
+class SweepDiverged(RuntimeError):
+    """``run_sweep(..., fail_on_divergence=True)``: runs diverged (every run is stored, the summary
+    written); ``summary`` is the :class:`SweepSummary`."""
+
+    def __init__(self, summary: SweepSummary):
+        self.summary = summary
+        super().__init__(summary.divergence_report())
 
 
 def _table(data: dict, name: str) -> dict:
@@ -326,7 +376,9 @@ def _compute(task: list[tuple[str, dict]]) -> list:
     """
     from .ensemble import simulate_many
     configs = [config_from_dict(data) for _, data in task]
-    results = simulate_many(configs)
+    with warnings.catch_warnings():                 # run_sweep said them once, before any run
+        warnings.simplefilter("ignore", SettingWarning)
+        results = simulate_many(configs)
     return [(run_id, result) for (run_id, _), result in zip(task, results)]
 
 
@@ -564,9 +616,11 @@ def sweep_lock(out, *, wait: bool = False):
     """Hold the writer's lock of the sweep folder ``out`` (created if missing) while the block runs.
 
     An exclusive ``flock`` on ``out/.sweep.lock``, which records the holder (pid, host, start,
-    command); the system releases it when the holder ends, however it ends. When another
-    process holds it: ``wait=False`` raises :class:`ConfigError` naming the holder, ``wait=True``
-    says on stderr that it waits, and waits. Where ``fcntl`` is missing (Windows) nothing is locked.
+    command); the system releases it when the holder ends, however it ends, and the file is
+    removed when the block ends (also on an error or Ctrl-C; a process killed by SIGKILL leaves
+    it behind, unlocked, for the next sweep to take). When another process holds it:
+    ``wait=False`` raises :class:`ConfigError` naming the holder, ``wait=True`` says on stderr that
+    it waits, and waits. Where ``fcntl`` is missing (Windows) nothing is locked.
     """
     import socket
     import sys
@@ -580,18 +634,30 @@ def sweep_lock(out, *, wait: bool = False):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
+    waited = False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _lock_holder(path)
             if not wait:
+                os.close(fd)
                 raise ConfigError(f"out = {str(out)!r}: another sweep is writing to it ({holder}); "
                                   f"refusing to write at the same time: wait for it to end, or pass "
                                   f"--wait to start when it does") from None
-            print(f"waiting for the sweep writing to {out} to end ({holder})", file=sys.stderr, flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not waited:
+                print(f"waiting for the sweep writing to {out} to end ({holder})", file=sys.stderr, flush=True)
+                waited = True
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:                       # Ctrl-C while waiting
+                os.close(fd)
+                raise
+        if _is_file_at(fd, path):
+            break
+        os.close(fd)                 # the holder removed the file it locked when it ended: lock the new one
+    try:
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "command": " ".join(sys.argv) or "python"}
@@ -599,7 +665,17 @@ def sweep_lock(out, *, wait: bool = False):
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         yield
     finally:
+        path.unlink(missing_ok=True)                     # removed while held: a finished folder has none
         os.close(fd)                                     # releases the lock
+
+
+def _is_file_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the file at ``path`` (not removed or replaced)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 #: integer columns of a run's table; every other numeric column is a float64 measurement
@@ -701,9 +777,27 @@ def _write_summary(out: Path):
     return table
 
 
+def _divergences(out: Path, sweep: Sweep, table) -> tuple[DivergedRun, ...]:
+    """The diverged runs of ``sweep`` (computed now or before), in grid order, from the summary
+    ``table`` and each diverged run's ``metadata.json``."""
+    if not len(table):
+        return ()
+    diverged = set(table.loc[table["diverged"].astype(bool), "run_id"])
+    found = []
+    for run_id, point in zip(sweep.run_ids, sweep.points):
+        if run_id in diverged:
+            meta = json.loads((run_dir(out, run_id) / "metadata.json").read_text(encoding="utf-8"))
+            div, config = meta["divergence"], meta["config"]
+            found.append(DivergedRun(run_id, dict(point), int(config.get("seed", 0)),
+                                     float(config["federated"]["learning_rate"]), int(div["round"]),
+                                     float(div["loss"]), float(div["stable_learning_rate"])))
+    return tuple(found)
+
+
 def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | None = None,
               scheduler: str | None = None, progress: bool = False,
-              existing: str = "refuse", wait: bool = False) -> SweepSummary:
+              existing: str = "refuse", wait: bool = False,
+              fail_on_divergence: bool = False) -> SweepSummary:
     """Run every unfinished run of ``sweep`` and store it under ``out`` (see the module docstring).
 
     ``executor``: ``"serial"`` (in-process), ``"processes"`` (``workers`` forked processes,
@@ -717,12 +811,17 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
     ``"refuse"`` (a :class:`ConfigError`), ``"add"`` this sweep's runs to it, or ``"replace"``
     its manifest (runs stay on disk under their hashes). A folder holding a single run
     (``metadata.json``) is refused.
+
+    ``SweepSummary.divergences`` lists the sweep's diverged runs (computed now or before;
+    :meth:`SweepSummary.divergence_report` says it in one line); ``fail_on_divergence=True``
+    raises :class:`SweepDiverged` when there are any, after every run is stored and the summary written.
     """
     from tqdm.auto import tqdm
 
-    from .limits import check_output_folder
+    from .limits import check_output_folder, setting_notes, warn_settings
 
     check_executor(executor, workers, scheduler)
+    warn_settings((note for config in sweep.configs for note in setting_notes(config)), stacklevel=4)
     if existing not in EXISTING:
         raise ConfigError(f"existing = {existing!r}: expected one of {', '.join(EXISTING)}")
     out = check_output_folder(out, "out =")
@@ -745,5 +844,9 @@ def run_sweep(sweep: Sweep, out, *, executor: str = "serial", workers: int | Non
                     diverged += _store(run_id, result, out)
                     bar.update()
         table = _write_summary(out)
-    return SweepSummary(len(ids), skipped, len(pending), diverged, time.perf_counter() - start, out, broken,
-                        table)
+        divergences = _divergences(out, sweep, table)
+    summary = SweepSummary(len(ids), skipped, len(pending), diverged, time.perf_counter() - start, out, broken,
+                           table, divergences)
+    if fail_on_divergence and divergences:
+        raise SweepDiverged(summary)
+    return summary

@@ -111,7 +111,8 @@ def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restar
     started from the teacher, ``restarts`` random kernels and every ``K_{T0}`` the runs reached.
     One row per ``T0``: ``warmup_rounds, excess_risk, bias, drift_floor, unfinished,
     identity_residual, …``; a diverged run gives a row with ``diverged = True``, its round and
-    message, and no decomposition.
+    message, and no decomposition (NaN, which a median leaves out): a ``RuntimeWarning`` names
+    them, and ``table.attrs["dropped"]`` says how many and why.
     """
     from ..sim.engine import clients_from_config, simulate
     clients = clients_from_config(config) if clients is None else clients
@@ -133,4 +134,15 @@ def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restar
             continue
         row = decompose_excess_risk(run, data, optimum=optimum)
         rows.append({**row, "warmup_rounds": T0, "diverged": False, "diverged_round": None, "message": ""})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    diverged = {T0: run.divergence for T0, run in runs.items() if run.diverged}
+    table.attrs["dropped"] = {"count": len(diverged), "of": len(runs), "warmup_rounds": sorted(diverged),
+                              "why": "the run diverged: no excess risk (NaN)"}
+    if diverged:
+        import warnings
+        which = ", ".join(f"T0 = {T0} at round {d.round}" for T0, d in diverged.items())
+        safe = min(d.stable_learning_rate for d in diverged.values())
+        warnings.warn(f"excess_risk_by_warmup: {len(diverged)} of {len(runs)} runs diverged ({which}): their "
+                      f"rows have diverged = True and no excess risk (NaN), so a median over the rows "
+                      f"leaves them out; try learning_rate < {safe:.3g}", RuntimeWarning, stacklevel=2)
+    return table
