@@ -238,7 +238,7 @@ def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path, capsys, monkeypatch):
     assert main(["sweep", str(first), "--out", str(out), "--executor", "serial", "--quiet"]) == 0
     assert len(pd.read_csv(out / "summary.csv")) == 2
     stored = []
-    store = sweep_module._store
+    store = sweep_module.store_run
 
     def store_once(run_id, result, folder):       # Ctrl-C after the first run is written
         if stored:
@@ -246,7 +246,7 @@ def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path, capsys, monkeypatch):
         stored.append(run_id)
         return store(run_id, result, folder)
 
-    monkeypatch.setattr(sweep_module, "_store", store_once)
+    monkeypatch.setattr(sweep_module, "store_run", store_once)
     args = ["sweep", str(write(tmp_path, SWEEP.replace("seed = [0, 1]", "seed = [2, 3]"), "more.toml")),
             "--out", str(out), "--executor", "serial", "--quiet", "--add"]
     assert main(args) == 130
