@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pandas as pd
 import pytest
 
 from linattn_theory import Params, kernel, load_results, loss_and_grad, predict, simulate
-from linattn_theory.cli.commands import BAD_INPUTS, main
+from linattn_theory.cli.commands import main
 from linattn_theory.core.errors import ConfigError
 from linattn_theory.sim.config import config_from_dict, ignored_settings
 
@@ -130,7 +131,8 @@ OTHER_TESTS = {"UTF-8 BOM", "setting the strategy ignores", "folder of another s
 
 
 def test_every_documented_bad_input_has_a_case():
-    assert {kind for kind, _, _ in BAD_INPUTS} == set(CASES) | OTHER_TESTS
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "docs" / "cli_checks.toml").read_text())
+    assert {row["kind"] for row in declared["bad_input"]} == set(CASES) | OTHER_TESTS
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))

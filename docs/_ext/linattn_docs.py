@@ -3,9 +3,9 @@
 - The gallery of the figure scripts: each script that ``linattn figures`` finds is copied into
   ``docs/_gallery_src/`` with its docstring as a titled header and its committed figure
   (``figures/NAME.png``) prepended; sphinx-gallery renders the copies without running them.
-- ``markdown-from``: a directive that parses the Markdown returned by a function of the package
-  (``module:function``) into the page, so that tables the code generates (the refused inputs of
-  the command line) are shown as the code has them.
+- ``markdown-from``: a directive that parses the Markdown returned by a function
+  (``module:function``) into the page: the command line's checks and refused inputs, declared in
+  ``docs/cli_checks.toml`` (:func:`cli_checks`).
 - Python cross-references to an existing object by another path: a re-export
   (``linattn_theory.simulate``) links to the page of the module that defines it, and a name that
   exists in the code but has no page (a private helper) is shown as code; a name that exists
@@ -18,6 +18,7 @@ import ast
 import importlib
 import shutil
 import sys
+import tomllib
 import types
 from pathlib import Path
 
@@ -91,6 +92,23 @@ class MarkdownFrom(SphinxDirective):
         self.state.nested_parse(StringList(text.splitlines(), source=self.arguments[0]),
                                 self.content_offset, container)
         return container.children
+
+
+CLI_CHECKS = Path(__file__).resolve().parents[1] / "cli_checks.toml"
+
+
+def bad_inputs() -> list[tuple[str, str, str]]:
+    """``(kind, example, outcome)`` of every bad input the command line refuses (``docs/cli_checks.toml``)."""
+    table = tomllib.loads(CLI_CHECKS.read_text(encoding="utf-8"))
+    return [(row["kind"], row["example"], row["outcome"]) for row in table["bad_input"]]
+
+
+def cli_checks() -> str:
+    """Markdown of ``docs/cli_checks.toml``: its section on exit statuses and checks, then the table."""
+    table = tomllib.loads(CLI_CHECKS.read_text(encoding="utf-8"))
+    rows = "\n".join(f"| {kind} | {example} | {outcome} |" for kind, example, outcome in bad_inputs())
+    return (f"## {table['title']}\n\n{table['text'].strip()}\n\n| bad input | example | what happens |\n"
+            f"|---|---|---|\n{rows}\n")
 
 
 def locate(name: str):
