@@ -19,7 +19,7 @@ subpackages (``linattn_theory.sim``, …), so that importing the package, and st
 
 __version__ = "0.2.0"
 
-from .core._lazy import attach
+from .core.lazy import attach
 from .sim.strategies import register_strategy as _register_strategy
 
 #: the layers, bottom to top (docs/concepts.md, "Architecture")

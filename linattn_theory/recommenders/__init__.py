@@ -5,13 +5,14 @@ engine's control hook), :mod:`.signals` and :mod:`.rules` (round 4's freeze sign
 per information set), :mod:`.recommendation` (``recommend`` with modes online, pilot, transfer
 and a posteriori) and :mod:`.scoring` (regret against the best warm-up length).
 """
-from ..core._lazy import attach
+from ..core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".online": ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision",
         "OnlineRun", "run_online"],
     ".recommendation": ["MODES", "INFORMATION", "Recommendation", "recommend", "default_pilot_rounds",
-        "pilot_bound", "pilot_path", "pilot_warmup", "default_transfer_seeds"],
+        "pilot_bound", "pilot_path", "pilot_warmup", "default_transfer_seeds", "warmup_path",
+        "a_posteriori_bound"],
     ".signals": ["stability_margin", "margin_crossing", "offers", "price_of_waiting", "recall_margin",
         "decomposition_forecast"],
     ".rules": ["INFORMATION_SETS", "RULES", "ValueMomentsRecallRule", "ServerObservableRule", "ValueSolveRule",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .online import (OnlineDecision, OnlineRule, _options, _freeze_risk, _profiles_and_floors, escape_round,
+from .online import (OnlineDecision, OnlineRule, freeze_options, freeze_risk, profiles_and_floors, escape_round,
                      fedavg_forecast)
 from .signals import decomposition_forecast, margin_crossing, offers, price_of_waiting, recall_margin
 
@@ -72,23 +72,23 @@ def _round_and_check(forecasts, T: int) -> int:
 def observed_losses(forecasts) -> np.ndarray:
     """``F_λ(θ_u)``, ``u = 0..t``: the training objective of the stored iterates, ``J(u, 0)`` (what a
     server observes as the clients' reported losses; nothing else of ``forecasts`` is read)."""
-    return np.asarray(_options(forecasts, 0), dtype=float)
+    return np.asarray(freeze_options(forecasts, 0), dtype=float)
 
 
 def _offers(forecasts, T: int) -> np.ndarray:
     """``B_0..B_t`` (:func:`~.signals.offers`; a record's table gives them at once, the same numbers)."""
     if hasattr(forecasts, "offers"):
         return forecasts.offers(T)
-    return offers([_options(forecasts[:u + 1], T - u) for u in range(len(forecasts))])
+    return offers([freeze_options(forecasts[:u + 1], T - u) for u in range(len(forecasts))])
 
 
 def _value_part(forecasts, offer_values, T: int) -> float:
     """``B* − Φ_λ(K_{s**})``: the best offer ``B* = B_{u*}`` (``u* = argmin_u B_u``) less the profile of
     its kernel ``s** = argmin_{s ≤ u*} J(s, T − u*)``, the value block's part of it (``≥ 0``)."""
     u = int(np.argmin(offer_values))
-    options = np.asarray(_options(forecasts[:u + 1], T - u), dtype=float)
+    options = np.asarray(freeze_options(forecasts[:u + 1], T - u), dtype=float)
     s = int(np.argmin(np.where(np.isfinite(options), options, np.inf)))
-    profile, _ = _profiles_and_floors(forecasts[:u + 1])
+    profile, _ = profiles_and_floors(forecasts[:u + 1])
     return float(offer_values[u] - profile[s])
 
 
@@ -175,10 +175,10 @@ class ValueMomentsRecallRule:
         if t == T:
             return _best_iterate(observed_losses(forecasts), T, t, "budget",
                                  "warm-up budget spent: the stored iterate of the smallest training objective")
-        now = _options(forecasts, T - t)
+        now = freeze_options(forecasts, T - t)
         s = int(np.argmin(now))
         best = float(now[s])
-        risk = _freeze_risk(forecasts, T)
+        risk = freeze_risk(forecasts, T)
         w = self.window
 
         def go_on(test, reason, price=nan):
@@ -199,7 +199,7 @@ class ValueMomentsRecallRule:
             objective = observed_losses(forecasts)
             forecast, error = fedavg_forecast(objective, T, w, self.no_harm)
             if self.forecast == "decomposition":
-                profile, floor = _profiles_and_floors(forecasts)
+                profile, floor = profiles_and_floors(forecasts)
                 forecast = decomposition_forecast(profile, floor, objective, T, w)
             if not best < forecast - error:
                 return OnlineDecision(t, False, s, best, nan, price, forecast, error, "no_harm",
@@ -291,7 +291,7 @@ class ValueSolveRule:
     def decide(self, forecasts, T: int) -> OnlineDecision:
         """The decision at round ``t = len(forecasts) − 1``: wait until ``t = T − 1``, then solve."""
         t = _round_and_check(forecasts, T)
-        profile, _ = _profiles_and_floors(forecasts)
+        profile, _ = profiles_and_floors(forecasts)
         profile = np.asarray(profile, dtype=float)
         s = int(np.argmin(np.where(np.isfinite(profile), profile, np.inf)))
         nan = float("nan")

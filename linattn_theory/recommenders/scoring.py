@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core._array import to_numpy
+from ..core.arrays import to_numpy
 from ..core.model import kernel
 
 __all__ = ["best_warmup", "regret", "instance_truth", "instance_truths", "score_instance", "score_instances", "StoredForecast",
@@ -284,8 +284,8 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -
     """The record of :func:`score_instance` from the instance's ``truth`` and its sweep's FedAvg
     trajectory ``path = (data, states)`` (the run the truth's ``R(T)`` comes from; ``None``: the
     record runs its own, :func:`fedavg_path`)."""
-    from ..theory.bound import estimate_bound, path_from_states, warmup_path
-    from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup
+    from ..theory.bound import estimate_bound, path_from_states
+    from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup, warmup_path
     from .online import freeze_forecast
 
     T = config.federated.rounds

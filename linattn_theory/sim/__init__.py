@@ -8,7 +8,7 @@ and ``run_schedule``, an ensemble of one), :mod:`.ensemble` (many runs planned i
 prefix), :mod:`.sweep` (grids of runs on disk, resumable) and :mod:`.limits` (resource checks
 before work). Imports :mod:`linattn_theory.data` and :mod:`linattn_theory.core`.
 """
-from ..core._lazy import attach
+from ..core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".config": ["TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig", "load_config",
