@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from linattn_theory.core.io import read_csv_exact   # every float as written, whatever the pandas
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
 KEYS = ["role", "seed", "zeta_value", "local_steps", "step_scale"]
@@ -16,12 +18,12 @@ KEYS = ["role", "seed", "zeta_value", "local_steps", "step_scale"]
 
 @pytest.fixture(scope="module")
 def rows():
-    return pd.read_csv(FIGURES / "phase_diagram.csv")
+    return read_csv_exact(FIGURES / "phase_diagram.csv")
 
 
 @pytest.fixture(scope="module")
 def cells():
-    return pd.read_csv(FIGURES / "phase_diagram_cells.csv", dtype={"column": str})
+    return read_csv_exact(FIGURES / "phase_diagram_cells.csv", dtype={"column": str})
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ def test_the_tuned_column_is_the_arms_own_design_choice(rows, cells):
 def test_predictor_score_recomputed(rows):
     from scipy.stats import mannwhitneyu
 
-    score = pd.read_csv(FIGURES / "phase_diagram_predictor.csv").set_index("subset")
+    score = read_csv_exact(FIGURES / "phase_diagram_predictor.csv").set_index("subset")
     g = _gain(rows, "fedfrozen_best")
     info = rows[rows["arm"] == "fedfrozen_best"].set_index(KEYS)[["margin", "drift_share", "predicted_pays"]]
     g = g.join(info, on=KEYS)
@@ -129,7 +131,7 @@ def test_predictor_score_recomputed(rows):
 def test_attribution_recomputed_and_exact(rows):
     from linattn_theory.report.figure_numbers import dominant_parts
 
-    a = pd.read_csv(FIGURES / "phase_diagram_attribution.csv")
+    a = read_csv_exact(FIGURES / "phase_diagram_attribution.csv")
     g = _gain(rows, "fedfrozen_best")
     wins = g[(g["role"] == "heldout") & ~g["flagged"] & (g["gain"] > 0.02)]
     assert len(a) == len(wins)
@@ -162,7 +164,7 @@ def test_the_words_of_docs_theory_section_6(rows, cells):
     assert (fedavg_steps >= steps[-2]).all()                                   # at or next to the grid's largest
     edge = cells[(cells["arm"] == "fedfrozen_best") & (cells["column"] == f"{steps[-1]:g}") & (cells["local_steps"] == 10)]
     assert (edge["gain_median"] < 0).all()                                     # near the edge freezing loses
-    a = pd.read_csv(FIGURES / "phase_diagram_attribution.csv")
+    a = read_csv_exact(FIGURES / "phase_diagram_attribution.csv")
     ok = a[~a["fedavg_diverged"]]
     assert (ok["late_rise"] < 0).mean() > 0.5                                  # FedAvg's kernel usually better
     kinds = dominant_parts(a).value_counts()
@@ -170,6 +172,6 @@ def test_the_words_of_docs_theory_section_6(rows, cells):
     vs = tuned.loc["value_solve_final"]
     assert (vs > 0.02).all() and (vs > ff).all()                               # the value solve, everywhere, more
     assert (tuned.loc["fedavg_tuned_oracle"] <= 0.05).all()                    # hardly any late rise to stop
-    score = pd.read_csv(FIGURES / "phase_diagram_predictor.csv").set_index("subset").loc["all"]
+    score = read_csv_exact(FIGURES / "phase_diagram_predictor.csv").set_index("subset").loc["all"]
     base = 1 - score["positives"] / score["instances"]
     assert base < score["accuracy"] < base + 0.05                              # barely better than "no"
