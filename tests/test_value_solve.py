@@ -83,8 +83,10 @@ def test_instances_of_one_ensemble_each_solve_at_their_own_kernel():
     equal = {**BASE, "task": {k: v for k, v in BASE["task"].items() if k != "dirichlet_alpha"}}
     configs = [config_from_dict({**equal, "seed": seed, "federated": {**BASE["federated"], "strategy": strategy}})
                for strategy in ("value_solve_final", "value_solve") for seed in (0, 1, 2)]
+    configs.append(configs[0].with_updates({"federated.learning_rate": 50.0, "seed": 3}))   # diverges before its solve
     for cfg, result in zip(configs, simulate_many(configs)):
         alone = simulate(cfg)
+        assert result.diverged == alone.diverged == (cfg.seed == 3)
         np.testing.assert_allclose(result.table["loss_regularized"], alone.table["loss_regularized"], rtol=1e-12)
         np.testing.assert_allclose(result.params.WV, alone.params.WV, rtol=1e-10, atol=1e-12)
 
