@@ -314,10 +314,89 @@ def _phase_diagram(figures: Path) -> str:
             f"**{int((late < 0).sum())} of {len(late)}** (median share of the gap {100 * late.median():.0f} %).\n")
 
 
+ARM_NAMES = {"scaffold": "SCAFFOLD", "fedavgm": "FedAvgM", "fedprox": "FedProx", "fedadam": "FedAdam",
+             "fedfrozen": "FedFrozen, `(c, T0)` tuned", "value_solve_final": "FedAvg, then the value solve",
+             "fedavg_oracle": "FedAvg's best iterate (oracle)"}
+
+
+def _marks(row) -> str:
+    return ("†" if row["diverged"] else "") + ("‡" if row["chaotic"] else "")
+
+
+def _phase_diagram_arms(figures: Path) -> str:
+    """Every arm tuned (``phase_diagram_arms_cells.csv``): per arm and cell its chosen setting and gain."""
+    cells = read_csv_exact(figures / "phase_diagram_arms_cells.csv")
+    keys = list(cells[["zeta_value", "local_steps"]].drop_duplicates().itertuples(index=False, name=None))
+    head = " | ".join(f"`ζ_V = {z:g}`, `E = {E}`: setting | gain" for z, E in keys)
+    lines = [f"| arm | {head} |", "|---|" + "---|---|" * len(keys)]
+    pick = {(r["arm"], r["zeta_value"], r["local_steps"]): r for _, r in cells.iterrows()}
+    for arm in cells["arm"].drop_duplicates():
+        parts = [f"`{pick[arm, z, E]['setting']}` | {_gain(pick[arm, z, E])}{_marks(pick[arm, z, E])}" for z, E in keys]
+        lines.append(f"| {ARM_NAMES.get(arm, arm)} | " + " | ".join(parts) + " |")
+    reference = ", ".join(f"`{pick[cells['arm'].iloc[0], z, E]['reference_setting']}` at `E = {E}`" for z, E in keys)
+    return ("\n".join(lines) + f"\n\nGain over tuned FedAvg ({reference}) on the held-out instances: median "
+            f"[bootstrap 95 % interval], wins above 2 %; † the arm diverged on some instances, ‡ some of its or "
+            f"FedAvg's runs are chaotic (the statistics without them: `phase_diagram_arms_cells.csv`).\n")
+
+
+def _digits_phase(figures: Path) -> str:
+    """Digits searched (``digits_phase_cells.csv``): per (attention, α, E) the tuned steps, FedFrozen with
+    its own tuned ``(c, T0)`` and its best oracle column, and the cells where freezing pays."""
+    cells = read_csv_exact(figures / "digits_phase_cells.csv", dtype={"column": str})
+    lines = ["| attention | `α` | `E` | tuned FedAvg's `c` | FedFrozen, own tuned `(c, T0)` | FedFrozen at its best "
+             "`T0` (oracle), best column | its test accuracy change |", "|---|---|---|---|---|---|---|"]
+    steps = cells[cells["column"] != "tuned"]
+    for (attention, alpha, E), group in cells.groupby(["attention", "label_alpha", "local_steps"], sort=True):
+        tuned = group[group["column"] == "tuned"].iloc[0]
+        oracle = group[group["column"] != "tuned"]
+        best = oracle.loc[oracle["gain_median"].idxmax()]
+        lines.append(f"| {attention} | {alpha:g} | {E} | {tuned['tuned_fedavg_step']:g} | `c = {tuned['step_scale']:g}`, "
+                     f"`T0 = {int(tuned['T0'])}`: {_gain(tuned)} | `c = {best['column']}`: {_gain(best)} "
+                     f"(median best `T0` {best['median_best_T0']:g}) | {best['accuracy_change_median']:+.1f} pp |")
+    pays = steps[(steps["gain_median"] > 0.02) & (steps["accuracy_change_median"] >= 0)]
+    tuned = cells[cells["column"] == "tuned"]
+    runs = read_csv_exact(figures / "digits_phase.csv")
+    T = int(runs["T0"].max())
+    largest = int((tuned["tuned_fedavg_step"] == steps["step_scale"].max()).sum())
+    oracle = digits_oracle_gains(runs)
+    pays_text = ", ".join(f"{r.attention} `α = {r.label_alpha:g}`, `E = {r.local_steps}`, `c = {r.column}`"
+                          for r in pays.itertuples()) or "none"
+    own = tuned[(tuned["gain_median"] > 0.02) & (tuned["accuracy_change_median"] >= 0)]
+    return ("\n".join(lines) + f"\n\nOf the {len(steps)} (cell, `c`) pairs, FedFrozen at its best `T0` (an oracle) "
+            f"has a median gain above 2 % with a test accuracy not lower in **{len(pays)}** ({pays_text}); with its own "
+            f"`(c, T0)` tuned on the design seeds, in **{len(own)} of {len(tuned)}** cells (its tuned `T0` is `T = {T}`, "
+            f"plain FedAvg, in {int((tuned['T0'] == T).sum())}). Tuned FedAvg's `c` is the grid's largest in "
+            f"**{largest} of {len(tuned)}** cells. Given the same oracle as FedFrozen's best `(c, T0)` (FedAvg at the "
+            f"best `c` of each held-out instance), FedFrozen's median gain is {100 * oracle['gain_median'].min():+.1f} "
+            f"to {100 * oracle['gain_median'].max():+.1f} % (wins above 2 %: {int(oracle['wins'].min())} to "
+            f"{int(oracle['wins'].max())} of {int(oracle['instances'].max())}) and the median accuracy change "
+            f"{oracle['accuracy_change_median'].min():+.1f} to {oracle['accuracy_change_median'].max():+.1f} points.\n")
+
+
+def digits_oracle_gains(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (attention, α, E) of ``digits_phase.csv``'s held-out runs, oracle against oracle: the gain
+    ``1 − min_{c,T0} F / min_c F(T0 = T)`` of FedFrozen at its best ``(c, T0)`` over FedAvg at its best
+    ``c``, each chosen on the held-out instance itself (median, wins above 2 %) and the median change of
+    the test accuracy between the two chosen runs (points)."""
+    held = runs[runs["role"] == "heldout"].assign(F=lambda d: d["final_loss"].where(~d["diverged"], np.inf))
+    T = int(runs["T0"].max())
+    out = []
+    for (attention, alpha, E), group in held.groupby(["attention", "label_alpha", "local_steps"], sort=True):
+        frozen = group.sort_values(["F", "T0", "step_scale"]).groupby("seed").head(1).set_index("seed")
+        fedavg = group[group["T0"] == T].sort_values(["F", "step_scale"]).groupby("seed").head(1).set_index("seed")
+        frozen = frozen.reindex(fedavg.index)
+        gain = 1.0 - frozen["F"] / fedavg["F"]
+        out.append({"attention": attention, "label_alpha": alpha, "local_steps": E, "instances": len(gain),
+                    "gain_median": float(np.median(gain)), "wins": int((gain > 0.02).sum()),
+                    "accuracy_change_median": float(np.median(100 * (frozen["test_accuracy"] - fedavg["test_accuracy"])))})
+    return pd.DataFrame(out)
+
+
 _MAKERS = {"headline-caption": _caption, "headline": _headline, "heatmaps": _heatmaps,
            "drift-scaling": _drift, "static-heads": _static, "softmax-static-heads": _softmax_static,
            "tradeoff-attention": _tradeoff_attention, "digits": _digits, "figure-times": _times,
-           "figure-times-table": _times_table, "phase-diagram": _phase_diagram}
+           "figure-times-table": _times_table, "phase-diagram": _phase_diagram,
+           "phase-diagram-arms": _phase_diagram_arms, "digits-phase": _digits_phase}
 
 
 def blocks(figures="figures") -> dict[str, str]:
