@@ -87,8 +87,12 @@ def test_what_the_docs_say_about_every_arm_tuned(arms):
     # FedFrozen tuned without an oracle beats tuned FedAvg in both cells; the value solve by far more
     assert (c.loc["fedfrozen", "gain_low"] > 0).all()
     assert (c.loc["value_solve_final", "gain_median"] > 3 * c.loc["fedfrozen", "gain_median"]).all()
-    # at E = 10 every arm has chaotic instances, and leaving them out moves no median by 2 points
-    assert (c.xs(10, level="local_steps")["chaotic"] > 0).all()
+    # one instance, seed 19, has chaotic runs (FedAvg's at E = 10, FedProx's at both E); leaving it
+    # out moves no median by 2 points
+    chaotic = held[held["chaotic"]]
+    assert set(chaotic["seed"]) == {19}
+    assert set(chaotic[chaotic["arm"] == declared["reference"]]["local_steps"]) == {10}
+    assert set(chaotic[chaotic["arm"] == "fedprox"]["local_steps"]) == {2, 10}
     assert ((cells["gain_median"] - cells["gain_median_clean"]).abs() < 0.02).all()
 
 
