@@ -6,8 +6,8 @@ c = η λ_max(θ⁰)/2 (the full model's curvature at θ⁰) × label skew α ×
 beat FedAvg whose step was chosen on design seeds from a declared grid? Per cell over the held-out
 instances: the median gain 1 − F_λ(θ_T)/F_λ(θ_T; tuned FedAvg) of the final training objective (no
 Φ*_λ is known on digits, so the floor is not subtracted: a gain in F understates one in excess risk)
-with its bootstrap 95 % interval and the wins above 2 %, and beside it the median change of the
-held-out test accuracy in percentage points. Columns c: FedFrozen at its best warm-up T0 for the
+and the wins above 2 % (its bootstrap 95 % interval in digits_phase_cells.csv), and beside it the
+median change of the held-out test accuracy in percentage points. Columns c: FedFrozen at its best warm-up T0 for the
 held-out run itself (an oracle over T0, T0 = T, plain FedAvg at c, included); "tuned": FedFrozen
 at its (c, T0) chosen on the design seeds (no oracle). Boxed: median gain above 2 % AND accuracy
 not lower; † cells with diverged runs.
