@@ -94,6 +94,11 @@ def test_what_the_docs_say_about_every_arm_tuned(arms):
     assert set(chaotic[chaotic["arm"] == declared["reference"]]["local_steps"]) == {10}
     assert set(chaotic[chaotic["arm"] == "fedprox"]["local_steps"]) == {2, 10}
     assert ((cells["gain_median"] - cells["gain_median_clean"]).abs() < 0.02).all()
+    # FedAdam's choice is a corner of its grid in both cells: the smallest client step, the largest server rate
+    grid = declared["arms"]["fedadam"]["grid"]
+    corner = _label({"federated.step_scale": min(grid["federated.step_scale"]),
+                     "federated.server_learning_rate": max(grid["federated.server_learning_rate"])})
+    assert (c.loc["fedadam", "setting"] == corner).all()
 
 
 # -- digits, searched ----------------------------------------------------------------------------------
