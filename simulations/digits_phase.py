@@ -14,6 +14,8 @@ not lower; † cells with diverged runs.
 
 Writes figures/digits_phase.png/.pdf; digits_phase.csv (one row per run: role, seed, attention, α,
 E, c, η, T0, final F_λ, test accuracy, diverged: every statistic recomputes from it),
+digits_phase_optimum.csv (Φ*_λ of each held-out linear-attention instance, from which the cells'
+gains in excess risk R = F_λ − Φ*_λ follow; softmax has no computed optimum),
 digits_phase_cells.csv (the statistics per cell and the tuned choices) and digits_phase_plot.csv
 (the drawn colour and marks). Needs scikit-learn (the digits extra; skipped with a message otherwise).
 
@@ -57,15 +59,18 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     if importlib.util.find_spec("sklearn") is None:
         print(f"{NAME}: skipped, the digits family needs scikit-learn: {DIGITS_EXTRA}", file=sys.stderr)
         return []
-    from linattn_theory.report.digits_phase import digits_cells, load_digits_settings, run_digits, tuned_choices
+    from linattn_theory.report.digits_phase import (digits_cells, linear_optima, load_digits_settings, run_digits,
+                                                    tuned_choices)
 
     settings = load_digits_settings(CONFIG, quick=quick)
     rows = run_digits(settings, progress=progress)
     choices = tuned_choices(rows, settings)
-    cells = digits_cells(rows, choices, settings)
+    optima = linear_optima(rows, settings)
+    cells = digits_cells(rows, choices, settings, optima)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [atomic_write_text(out / f"{NAME}.csv", rows.to_csv(index=False, float_format="%.17g")),
+             atomic_write_text(out / f"{NAME}_optimum.csv", optima.to_csv(index=False, float_format="%.17g")),
              atomic_write_text(out / f"{NAME}_cells.csv", cells.to_csv(index=False, float_format="%.17g"))]
     threshold = settings["threshold"]
     drawn = cells.assign(colour=cells["gain_median"].clip(-LIMIT, LIMIT).fillna(0.0),

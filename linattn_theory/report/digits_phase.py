@@ -19,7 +19,7 @@ from ..sim.engine import clients_from_config
 from .phase_diagram import bootstrap_median, load_settings, stable_step
 from .tuning import choose_steps
 
-__all__ = ["load_digits_settings", "run_digits", "tuned_choices", "digits_cells"]
+__all__ = ["load_digits_settings", "run_digits", "tuned_choices", "digits_cells", "linear_optima"]
 
 #: the keys of ``digits_phase.toml`` besides ``base`` and ``quick``
 SETTINGS = ("step_scales", "fedavg_steps", "label_alpha", "local_steps", "attention", "warmups", "design_seeds",
@@ -77,6 +77,37 @@ def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
 
 
+#: Φ*_λ of a held-out linear instance: L-BFGS from the kernels of its runs of least F_λ and random starts
+OPTIMUM_STARTS, OPTIMUM_RESTARTS = 3, 2
+
+
+def linear_optima(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """``Φ*_λ`` of every held-out linear-attention instance (docs/theory.md §4): the centralised optimum
+    (:func:`~linattn_theory.theory.profile.centralized_optima`) started from the final kernels of its
+    :data:`OPTIMUM_STARTS` runs of least ``F_λ`` (run again from ``rows``: their ``E``, ``η`` and ``T0``)
+    and :data:`OPTIMUM_RESTARTS` random kernels, so that ``Φ*_λ ≤ Φ_λ(K) ≤ F_λ`` of each of them and
+    ``R = F_λ − Φ*_λ ≥ 0`` for every run of the instance. One row per instance: attention, α, seed, optimum."""
+    from ..core.model import kernel
+    from ..sim.ensemble import simulate_many
+    from ..theory.profile import centralized_optima
+
+    base = settings["base"]
+    held = rows[(rows["role"] == "heldout") & (rows["attention"] == "linear") & ~rows["diverged"]]
+    keys, problems = [], []
+    for (alpha, seed), group in held.groupby(["label_alpha", "seed"], sort=True):
+        config = base.with_updates({"model.attention": "linear", "task.label_alpha": alpha, "seed": int(seed)})
+        best = group.nsmallest(OPTIMUM_STARTS, "final_loss")
+        runs = [config.with_updates({"federated.local_steps": int(r.local_steps), "federated.learning_rate": r.learning_rate,
+                                     "federated.warmup_rounds": int(r.T0)}) for r in best.itertuples()]
+        clients = clients_from_config(config)
+        kernels = [np.asarray(kernel(run.params)) for run in simulate_many(runs, [clients] * len(runs))]
+        keys.append(("linear", alpha, seed))
+        problems.append(dict(clients=clients, lam=config.federated.ridge, rank=config.model.rank, heads=config.model.heads,
+                             restarts=OPTIMUM_RESTARTS, seed=int(seed), initial_kernels=kernels))
+    optima = [o.objective for o in centralized_optima(problems)]
+    return pd.DataFrame([(*k, o) for k, o in zip(keys, optima)], columns=["attention", "label_alpha", "seed", "optimum"])
+
+
 def _cell(frame: pd.DataFrame) -> pd.Series:
     return frame["attention"] + "|" + frame["label_alpha"].map("{:g}".format) + "|" + frame["local_steps"].astype(str)
 
@@ -101,21 +132,27 @@ def tuned_choices(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
     return choices.assign(T0=T0.fillna(T).astype(int)).drop(columns=["cell", "setting"])
 
 
-def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict) -> pd.DataFrame:
+def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict, optima: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (attention, α, E, column) over the held-out instances, against tuned FedAvg of the same
     instance: the gain ``1 − F_arm / F_tuned`` (median, bootstrap 95 % interval, wins above the
     threshold; a diverged arm ``−∞``) and the accuracy difference ``acc_arm − acc_tuned`` (median,
     percentage points). Columns: a step scale ``c`` (FedFrozen at its best ``T0`` on the held-out run's
     own ``F_λ``, an oracle over the warm-ups, ``T0 = T`` included) and ``"tuned"`` (FedFrozen at its
-    ``(c, T0)`` chosen on the design seeds)."""
+    ``(c, T0)`` chosen on the design seeds). Where ``optima`` (:func:`linear_optima`) holds the instance's
+    ``Φ*_λ``, the same gain in excess risk ``R = F_λ − Φ*_λ`` (``excess_gain_*``, ``excess_wins``; NaN elsewhere)."""
     T = settings["base"].federated.rounds
     held = rows[rows["role"] == "heldout"]
+    if optima is not None:
+        held = held.merge(optima, on=["attention", "label_alpha", "seed"], how="left")
+    else:
+        held = held.assign(optimum=np.nan)
     pick = choices.set_index(["arm", *KEYS])
     out = []
     for (attention, alpha, E), group in held.groupby(KEYS, sort=True):
         ref = pick.loc[("fedavg", attention, alpha, E)]
         tuned = group[(group["step_scale"] == ref["step"]) & (group["T0"] == T)].set_index("seed")
         F_ref = tuned["final_loss"].where(~tuned["diverged"])
+        R_ref = F_ref - tuned["optimum"]
         own = pick.loc[("fedfrozen", attention, alpha, E)]
         columns = [(f"{c:g}", c, None) for c in settings["step_scales"]] + [("tuned", own["step"], int(own["T0"]))]
         for column, c, T0 in columns:
@@ -128,9 +165,12 @@ def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict) -> p
             best = best.set_index("seed").reindex(F_ref.index)
             with np.errstate(invalid="ignore"):
                 gain = 1.0 - best["F"] / F_ref
+                excess = (1.0 - (best["F"] - best["optimum"]) / R_ref)
             accuracy = 100 * (best["test_accuracy"] - tuned["test_accuracy"])
             median, low, high = bootstrap_median(gain, resamples=settings["bootstrap_resamples"],
                                                  seed=settings["bootstrap_seed"])
+            R_median, R_low, R_high = bootstrap_median(excess, resamples=settings["bootstrap_resamples"],
+                                                       seed=settings["bootstrap_seed"])
             out.append({"attention": attention, "label_alpha": alpha, "local_steps": E, "column": column,
                         "step_scale": c, "T0": T0 if T0 is not None else np.nan, "tuned_fedavg_step": ref["step"],
                         "median_best_T0": float(best["T0"].median()), "instances": int(gain.notna().sum()),
@@ -138,5 +178,7 @@ def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict) -> p
                         "gain_median": median, "gain_low": low, "gain_high": high,
                         "wins": int((gain > settings["threshold"]).sum()),
                         "accuracy_change_median": float(np.nanmedian(accuracy)) if accuracy.notna().any() else np.nan,
-                        "accuracy_wins": int((accuracy > 0).sum())})
+                        "accuracy_wins": int((accuracy > 0).sum()), "excess_gain_median": R_median,
+                        "excess_gain_low": R_low, "excess_gain_high": R_high,
+                        "excess_wins": int((excess > settings["threshold"]).sum())})
     return pd.DataFrame(out)
