@@ -29,13 +29,21 @@ task). With full batches a record's FedAvg path — its pilot, a-posteriori boun
 its truth's FedAvg run itself, so the two cannot disagree (record format 3; before it, a second run
 on another engine could end apart near the edge of stability, docs/theory.md §6, "Rounding near the
 edge of stability"). The committed tables were computed from an empty cache with the code of their
-commit, every record in format 3, so a rerun reproduces them bit for bit on the same libraries.
+commit, every record in format 3, so a rerun reproduces them bit for bit on the same libraries (format 4
+adds each round's stability margin and changes no other field).
 Results in ``<out>``: ``predictive_regret_scores.csv`` (a row per
 instance and recommender), ``predictive_regret_design.csv`` (every candidate on every design
 set), ``predictive_regret_summary.csv``, ``predictive_regret.md`` (the tables) and the figure
 ``predictive_regret.png`` (+ PDF and the plotted numbers).
 
-Run:  python benchmarks/predictive_regret.py [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
+Round 4 (issue 31; ``--round 4``, docs/theory.md §8, "Round 4") is declared below round 3's declaration:
+held-out settings (``HELD_OUT``) and fresh seeds (``SETS_R4``), one candidate grid per information set
+(``CANDIDATES_R4``, rules of :mod:`linattn_theory.recommenders.rules`), the criterion
+(:func:`choose_rules_r4`) and the goals (``GOAL_R4``). It writes ``predictive_regret_r4_design.csv`` and
+``predictive_regret_r4_choice.json`` (``--design-only`` stops there), then ``predictive_regret_r4_scores.csv``,
+``predictive_regret_r4_summary.csv`` and ``predictive_regret_r4.md``, beside round 3's tables.
+
+Run:  python benchmarks/predictive_regret.py [--round 4] [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 from linattn_theory.core.io import atomic_write_text, write_json  # noqa: E402
 from linattn_theory.recommenders.online import CHECKS, online_decision  # noqa: E402
-from linattn_theory.recommenders.scoring import regret  # noqa: E402
+from linattn_theory.recommenders.scoring import realised_risk, regret  # noqa: E402
 from linattn_theory.sim.config import config_from_dict, config_hash  # noqa: E402
 
 # ======================================================================================
@@ -208,6 +216,90 @@ QUICK = {"task": {"samples_per_client": 32, "tokens": 8}, "federated": {"rounds"
          "candidates": {"window": (2, 3), "horizon": (1,), "confidence": (0.0, 2.0), "gain_confidence": (0.0, 1.0),
                         "descent_confidence": (None, 1.0)}}
 
+# ======================================================================================
+# round 4 (issue 31), pre-registered before any record of its evaluation instances existed:
+# held-out settings, fresh seeds, one candidate grid per information set, the criterion, the goals
+# ======================================================================================
+#: Settings the design never saw (docs/theory.md §8, "Round 4"). Each is a variant of the base grid of
+#: ``FAMILIES``; ``by_family`` overrides a family's task, model, schedule or grid (``levels``,
+#: ``local_steps``, ``learning_rate``; ``step_scale``: ``federated.step_scale`` values ``c`` in place of
+#: the learning rates, η = c · 2/max_c λ_max(Ã_c(K⁰)) resolved per instance, docs/theory.md §5).
+#: ``shape``: other d, m, N and T; ``step_scale``: the step set by curvature; ``skew``: client sizes
+#: Dirichlet(0.2), a skew level left out of the design (which had 0.5 and equal sizes); ``levels``:
+#: heterogeneity, E and η off the design grid; ``minibatch_sparse``: minibatches of 32 with a quarter
+#: of the clients per round (the design had 16 and a half).
+HELD_OUT = {
+    "shape": {"title": "held out: d = 12 / 6, m = 16 clients of 64 samples, T = 60",
+              "federated": {"rounds": 60},
+              "task": {"num_clients": 16, "samples_per_client": 64},
+              "by_family": {"planted_kernel": {"task": {"dim": 12}},
+                            "in_context_regression": {"task": {"dim": 6}, "model": {"rank": 7}}}},
+    "step_scale": {"title": "held out: η by federated.step_scale (planted c ∈ {0.004, 0.008}, in-context c ∈ {0.01, 0.03})",
+                   "by_family": {"planted_kernel": {"step_scale": (0.004, 0.008)},
+                                 "in_context_regression": {"step_scale": (0.01, 0.03)}}},
+    "skew": {"title": "held out: client sizes Dirichlet(α = 0.2)", "task": {"dirichlet_alpha": 0.2}},
+    "levels": {"title": "held out: ζ_V ∈ {1.5, 4}, E ∈ {5, 15}, η ∈ {0.015, 0.025}; ζ_task ∈ {0.75, 1.25}, E ∈ {8, 15}, η = 0.002",
+               "by_family": {"planted_kernel": {"levels": (1.5, 4.0), "local_steps": (5, 15),
+                                                "learning_rate": (0.015, 0.025)},
+                             "in_context_regression": {"levels": (0.75, 1.25), "local_steps": (8, 15),
+                                                       "learning_rate": (0.002,)}}},
+    "minibatch_sparse": {"title": "held out: minibatches of b = 32, participation 0.25",
+                         "federated": {"batch_size": 32, "participation": 0.25}},
+}
+
+#: Round 4's sets: name -> (variant, role, seeds). Design: every set of ``SETS`` (rounds 1–3; round 3's
+#: evaluation seeds 5000–5005 were scored in commit cd8618b, so they are design instances now). Evaluation:
+#: fresh seeds 6000–6005 on the design grid's variants (in distribution) and on the held-out settings
+#: (out of distribution). No record of a seed ≥ 6000 existed when this was committed.
+SETS_R4 = {
+    **{name: (variant, "design", seeds) for name, (variant, _, seeds) in SETS.items()},
+    "r4_evaluation": ("linear", "evaluation", (6000, 6001, 6002, 6003, 6004)),
+    "r4_evaluation_softmax": ("softmax", "evaluation", (6000, 6001, 6002)),
+    "r4_evaluation_minibatch": ("minibatch", "evaluation", (6000, 6001, 6002)),
+    "r4_evaluation_skewed": ("skewed", "evaluation", (6000, 6001, 6002)),
+    "r4_evaluation_strong": ("strong", "evaluation", (6000, 6001, 6002, 6003, 6004, 6005)),
+    "r4_heldout_shape": ("shape", "evaluation", (6000, 6001, 6002)),
+    "r4_heldout_step_scale": ("step_scale", "evaluation", (6000, 6001, 6002)),
+    "r4_heldout_skew": ("skew", "evaluation", (6000, 6001, 6002)),
+    "r4_heldout_levels": ("levels", "evaluation", (6000, 6001, 6002, 6003, 6004, 6005)),
+    "r4_heldout_minibatch": ("minibatch_sparse", "evaluation", (6000, 6001, 6002)),
+}
+
+#: Candidates of round 4, per rule of :data:`linattn_theory.recommenders.rules.RULES` (the information set
+#: is the rule's): stopping with recall on the exact offers, (a); on the observed losses, (b); the value
+#: solve at the smallest stored profile, (c), which has no parameter. ``fraction`` is a share of the best
+#: offer's value part for (a) (a bound on the relative regret against that offer) and of the best observed
+#: loss for (b). ``forecast`` matters only with a no-harm test, so the candidates without one have the
+#: straight line only.
+CANDIDATES_R4 = {
+    "value_moments_recall": {"window": (8, 10), "fraction": (0.02, 0.05, 0.1, 0.2), "confidence": (0.0, 2.0),
+                             "stability": (False, True), "no_harm": (None, 2.0), "forecast": ("line", "decomposition")},
+    "server_observable": {"window": (8, 10), "fraction": (0.005, 0.01, 0.02, 0.05), "confidence": (0.0, 2.0),
+                          "outcome": ("iterate", "freeze")},
+    "value_solve": {},
+}
+#: Round 3's chosen rule (information set (a)), scored beside round 4's on every set.
+ROUND3_RULE = {"window": 10, "horizon": 1, "confidence": 2.0, "gain_confidence": 3.0, "descent_confidence": 8.0}
+#: The goals of issue 31 on every evaluation set: median regret, worst regret, share of instances harmed
+#: (regret above FedAvg's by more than ``HARM_MARGIN``), and the median share of FedAvg's gap captured on
+#: the instances where FedAvg's regret exceeds ``gap``: ``(r_FedAvg − r_rule)/r_FedAvg``. For the
+#: server-observable rule (b) what it reaches is reported, whatever it is.
+GOAL_R4 = {"median": 0.005, "max": 0.15, "harm_share": 0.01, "captured": 0.80, "gap": 0.10}
+#: Admissible on the design sets: harm on at most this share of every design variant's instances (half
+#: the goal, a margin for sampling).
+DESIGN_HARM_LIMIT_R4 = 0.005
+#: --quick for round 4 (a smoke test, not a score): the quick design instances of ``QUICK`` and held-out
+#: and fresh quick instances on seeds that are no evaluation seed of ``SETS_R4``.
+QUICK_R4 = {"sets": {"design": (1000,), "design_minibatch": (1000,), "r4_evaluation": (6901,),
+                     "r4_heldout_shape": (6901,), "r4_heldout_step_scale": (6901,), "r4_heldout_minibatch": (6901,)},
+            "candidates": {"value_moments_recall": {"window": (2,), "fraction": (0.05,), "confidence": (0.0, 2.0),
+                                                    "stability": (False, True), "no_harm": (None,),
+                                                    "forecast": ("line",)},
+                           "server_observable": {"window": (2,), "fraction": (0.05,), "confidence": (0.0,),
+                                                 "outcome": ("iterate", "freeze")},
+                           "value_solve": {}}}
+
+
 RECOMMENDERS = ("online", "previous", "pilot", "transfer", "a_posteriori")
 BASELINES = ("fedavg", "half", "cross_seed_oracle")
 LABELS = {"online": "online (causal)", "previous": "previous online rule", "pilot": "pilot (T/4 rounds)",
@@ -221,18 +313,22 @@ COLORS = {"online": 0, "previous": 7, "fedavg": 3, "half": 2, "best": 1}
 # the instances and their records
 # ======================================================================================
 def settings(variant: str, quick: bool = False):
-    """Every setting of ``variant`` as ``(family, heterogeneity, E, η, config dict without seed)``."""
-    spec_v = VARIANTS[variant]
+    """Every setting of ``variant`` (of :data:`VARIANTS` or :data:`HELD_OUT`) as ``(family, heterogeneity,
+    E, η, config dict without seed)`` (``η`` is the step scale ``c`` where the variant sets one)."""
+    spec_v = {**VARIANTS, **HELD_OUT}[variant]
     for family, spec in FAMILIES.items():
         if family not in spec_v.get("families", FAMILIES) or (quick and family not in QUICK["families"]):
             continue
+        own = spec_v.get("by_family", {}).get(family, {})
         key, levels = spec["heterogeneity"]
-        levels = spec_v.get("levels", levels)
-        steps = spec["local_steps"]
-        rates = range(2) if "step_scale" in spec_v else spec["learning_rate"]
-        task = dict(spec["task"], **spec_v.get("task", {}))
-        fed = dict(spec["federated"], **spec_v.get("federated", {}))
-        model = dict(spec["model"], **spec_v.get("model", {}))
+        levels = own.get("levels", spec_v.get("levels", levels))
+        steps = own.get("local_steps", spec["local_steps"])
+        scaled = "step_scale" in own
+        rates = range(2) if "step_scale" in spec_v else own.get("step_scale", own.get("learning_rate",
+                                                                                     spec["learning_rate"]))
+        task = {**spec["task"], **spec_v.get("task", {}), **own.get("task", {})}
+        fed = {**spec["federated"], **spec_v.get("federated", {}), **own.get("federated", {})}
+        model = {**spec["model"], **spec_v.get("model", {}), **own.get("model", {})}
         if quick:
             levels, steps, rates = levels[-1:], QUICK["local_steps"], list(rates)[:1]
             task.update(QUICK["task"])
@@ -242,19 +338,22 @@ def settings(variant: str, quick: bool = False):
                 eta = float(spec_v["step_scale"][eta] / (1.0 + level ** 2) ** 2)
             data = {"task": dict(task, **{key.split(".")[1]: level}), "model": model,
                     "federated": dict(fed, strategy="fedfrozen", warmup_rounds=0, local_steps=E,
-                                      learning_rate=eta)}
+                                      **{"step_scale" if scaled else "learning_rate": eta})}
             yield family, level, E, eta, data
 
 
-def instances(quick: bool = False, backend: str = "numpy") -> pd.DataFrame:
+def instances(quick: bool = False, backend: str = "numpy", sets=None, quick_sets=None) -> pd.DataFrame:
     """The declared instances: one row per (set, setting, seed) with its config dict (on
-    ``backend``: another backend's runs have their own keys, so their records are kept apart)."""
-    seeds = {name: (QUICK["sets"].get(name, ()) if quick else spec[2]) for name, spec in SETS.items()}
-    design = {s for name, spec in SETS.items() if spec[1] == "design" for s in seeds[name]}
-    evaluation = {s for name, spec in SETS.items() if spec[1] == "evaluation" for s in seeds[name]}
+    ``backend``: another backend's runs have their own keys, so their records are kept apart).
+    ``sets`` (default :data:`SETS`) and ``quick_sets`` (default ``QUICK["sets"]``) name the sets."""
+    sets = SETS if sets is None else sets
+    quick_sets = QUICK["sets"] if quick_sets is None else quick_sets
+    seeds = {name: (quick_sets.get(name, ()) if quick else spec[2]) for name, spec in sets.items()}
+    design = {s for name, spec in sets.items() if spec[1] == "design" for s in seeds[name]}
+    evaluation = {s for name, spec in sets.items() if spec[1] == "evaluation" for s in seeds[name]}
     assert not design & evaluation, "design and evaluation seeds must be disjoint"
     rows = []
-    for name, (variant, role, _) in SETS.items():
+    for name, (variant, role, _) in sets.items():
         for setting, (family, level, E, eta, data) in enumerate(settings(variant, quick)):
             for seed in seeds[name]:
                 config = config_from_dict({**data, "seed": seed})
@@ -269,8 +368,10 @@ def instances(quick: bool = False, backend: str = "numpy") -> pd.DataFrame:
 
 #: Version of the records below (records of another version are recomputed). 3: with full batches
 #: a record's FedAvg path (pilot, bound, forecasts) is the truth's FedAvg run, not a second run of
-#: the same config on the one-run engine (format 2), so the two agree bit for bit.
-RECORD_FORMAT = 3
+#: the same config on the one-run engine (format 2), so the two agree bit for bit. 4: format 3 and the
+#: value block's stability margin of every round (``stability_margin``, round 4's rules); no other
+#: field changes, so round 3's tables come out of format-4 records unchanged.
+RECORD_FORMAT = 4
 
 
 def _cached(path: Path) -> bool:
@@ -299,6 +400,18 @@ def _score(config_dicts: list, paths: list, restarts: int = 8) -> list:
 CHUNK = 8
 
 
+def task_chunks(todo: list) -> list:
+    """``todo`` (``(config dict, path)`` pairs) in chunks of :data:`CHUNK`, the instances of one task
+    (its ``task`` and ``seed``) next to each other: instances that share their clients share the random
+    starts of their optimum, which :func:`~linattn_theory.theory.profile.centralized_optima` runs once
+    per chunk."""
+    groups: dict = {}
+    for item in todo:
+        groups.setdefault(json.dumps([item[0]["task"], item[0]["seed"]], sort_keys=True), []).append(item)
+    ordered = [item for group in groups.values() for item in group]
+    return [ordered[i:i + CHUNK] for i in range(0, len(ordered), CHUNK)]
+
+
 def _parallel(jobs: list, workers: int, desc: str, unit: str = "instance") -> list:
     from joblib import Parallel, delayed
     from tqdm.auto import tqdm
@@ -316,7 +429,7 @@ def compute(table: pd.DataFrame, cache: Path, workers: int, restarts: int = 8) -
     cache.mkdir(parents=True, exist_ok=True)
     paths = {key: cache / f"{key}.json" for key in table["key"]}
     todo = [(cfg, str(paths[key])) for key, cfg in zip(table["key"], table["config"]) if not _cached(paths[key])]
-    chunks = [todo[i:i + CHUNK] for i in range(0, len(todo), CHUNK)]
+    chunks = task_chunks(todo)
     _parallel([(_score, [c for c, _ in chunk], [p for _, p in chunk], restarts) for chunk in chunks], workers,
               f"instances, {CHUNK} per task", unit="task")
     return {key: json.loads(path.read_text()) for key, path in paths.items()}
@@ -339,10 +452,20 @@ class _Rule:
                                descent_confidence=self.descent_confidence, checks=self.checks)
 
 
+def _rule_of(spec):
+    """The rule of a spec: round 3's tuple ``(window, horizon, confidence, gain_confidence,
+    descent_confidence, checks)`` (:class:`_Rule`), or round 4's ``(name, params)`` of
+    :data:`linattn_theory.recommenders.rules.RULES`."""
+    if isinstance(spec[0], str):
+        from linattn_theory.recommenders.rules import make_rule
+        return make_rule(spec[0], **spec[1])
+    return _Rule(*spec)
+
+
 def _outcomes(record_path: str, config_dict: dict, rules: dict, path: str) -> str:
     """Worker: decision and realised risk of every rule in ``rules`` on one instance (cached):
-    ``{name: {"stop", "kernel", "risk", "predicted"}}`` (``predicted``: the forecast ``R`` of the
-    decision, ``J(s*, T − t) − Φ*_λ``)."""
+    ``{name: {"stop", "kernel", "risk", "predicted", "outcome"}}`` (``predicted``: the forecast of the
+    decision, ``J(s*, T − t) − Φ*_λ`` for a freeze; ``outcome``: freeze, iterate or solve)."""
     import warnings
 
     from linattn_theory.recommenders.scoring import realised_risk, replay_online
@@ -358,11 +481,12 @@ def _outcomes(record_path: str, config_dict: dict, rules: dict, path: str) -> st
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         for name, spec in todo.items():
-            t, s, decision = replay_online(record, _Rule(*spec))
-            if (t, s) not in realised:
-                realised[(t, s)] = realised_risk(record, t, s, config)
-            done[name] = {"stop": int(t), "kernel": int(s), "risk": realised[(t, s)],
-                          "predicted": float(decision.freeze_objective)}
+            t, s, decision = replay_online(record, _rule_of(spec))
+            outcome = decision.outcome
+            if (t, s, outcome) not in realised:
+                realised[(t, s, outcome)] = realised_risk(record, t, s, config, outcome=outcome)
+            done[name] = {"stop": int(t), "kernel": int(s), "risk": realised[(t, s, outcome)],
+                          "predicted": float(decision.freeze_objective), "outcome": outcome}
     write_json(target, done)
     return path
 
@@ -761,10 +885,196 @@ def plot(scores: pd.DataFrame, records: dict, table: pd.DataFrame, out: Path, qu
 
 
 # ======================================================================================
+# round 4 (issue 31): one rule per information set, chosen on the design sets, scored on fresh
+# seeds and held-out settings (docs/theory.md §8, "Round 4")
+# ======================================================================================
+def rule_name_r4(kind: str, params: dict) -> str:
+    """A round-4 rule's name in the tables: its registry name and its parameters."""
+    return kind if not params else f"{kind}(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"
+
+
+def candidate_rules_r4(grid=None) -> dict:
+    """``{name: (kind, params)}``: the candidates of ``grid`` (default :data:`CANDIDATES_R4`; the
+    decomposition forecast only with a no-harm test) and round 3's rule (``online``)."""
+    grid = CANDIDATES_R4 if grid is None else grid
+    rules = {}
+    for kind, axes in grid.items():
+        for values in itertools.product(*axes.values()):
+            params = dict(zip(axes, values))
+            if params.get("no_harm", 0.0) is None and params.get("forecast") == "decomposition":
+                continue
+            rules[rule_name_r4(kind, params)] = (kind, params)
+    rules[rule_name_r4("online", ROUND3_RULE)] = ("online", dict(ROUND3_RULE))
+    return rules
+
+
+def information_set_of(kind: str) -> str:
+    """The information set of a registered rule (:data:`~linattn_theory.recommenders.rules.RULES`)."""
+    from linattn_theory.recommenders.rules import RULES
+    return RULES[kind].information_set
+
+
+def captured_share(rule_regret, fedavg_regret, gap: float = GOAL_R4["gap"]) -> np.ndarray:
+    """``(r_FedAvg − r_rule)/r_FedAvg`` on the instances where FedAvg's regret exceeds ``gap``: the share
+    of FedAvg's excess over the best warm-up that the rule recovers (1: all of it; 0: none; negative:
+    worse than FedAvg; above 1: better than every FedFrozen ``T0``, the value solve)."""
+    r, f = np.asarray(rule_regret, dtype=float), np.asarray(fedavg_regret, dtype=float)
+    keep = f > gap
+    return (f[keep] - r[keep]) / f[keep]
+
+
+def _regret_rows(table: pd.DataFrame, records: dict, outcomes: dict, rules: dict) -> pd.DataFrame:
+    """One row per scored instance of ``table`` and rule of ``rules``: regret, FedAvg's regret, harm."""
+    rows = []
+    for _, inst in table[table["key"].isin(list(outcomes))].iterrows():
+        R = np.asarray(records[inst["key"]]["excess_risk"], dtype=float)
+        fedavg = regret(R[-1], R)
+        for name, (kind, _) in rules.items():
+            out = outcomes[inst["key"]][name]
+            r = regret(float(out["risk"]), R)
+            rows.append({"set": inst["set"], "variant": inst["variant"], "setting": inst["setting"],
+                         "family": inst["family"], "heterogeneity": inst["heterogeneity"],
+                         "local_steps": inst["local_steps"], "learning_rate": inst["learning_rate"],
+                         "seed": inst["seed"], "rule": name, "kind": kind,
+                         "information_set": information_set_of(kind), "stop_round": out["stop"],
+                         "T0": out["kernel"], "outcome": out.get("outcome", "freeze"), "regret": r,
+                         "fedavg_regret": fedavg, "harm": bool(r - fedavg > HARM_MARGIN)})
+    return pd.DataFrame(rows)
+
+
+def _scores(group: pd.DataFrame) -> dict:
+    r = group["regret"].to_numpy()
+    captured = captured_share(r, group["fedavg_regret"].to_numpy())
+    order = dict(method="higher")
+    return {"instances": len(r), "median": np.percentile(r, 50, **order), "mean": np.mean(r),
+            "max": np.max(r), "harm": int(group["harm"].sum()), "gap_instances": len(captured),
+            "captured": float(np.median(captured)) if len(captured) else np.nan}
+
+
+def design_table_r4(table: pd.DataFrame, records: dict, outcomes: dict, rules: dict) -> pd.DataFrame:
+    """Per design variant and round-4 candidate: instances, median, mean and max regret, harm, and the
+    median captured share of FedAvg's gap (:func:`captured_share`) with its instance count."""
+    rows = _regret_rows(table[table["role"] == "design"], records, outcomes, rules)
+    out = [{"rule": rule, "kind": part["kind"].iloc[0], "information_set": part["information_set"].iloc[0],
+            "variant": variant, **_scores(part)}
+           for (rule, variant), part in rows.groupby(["rule", "variant"], sort=False)]
+    return pd.DataFrame(out)
+
+
+def choose_rules_r4(design: pd.DataFrame) -> dict:
+    """The criterion of round 4 (pre-registered), per information set: among its candidates (round 3's
+    rule is a reference, not a candidate) admissible are those whose harm share is at most
+    :data:`DESIGN_HARM_LIMIT_R4` on every design variant; among them the smallest mean over variants of
+    the mean regret wins, ties broken by the name. If none is admissible, the smallest largest harm share
+    wins (then the same order). Returns ``{information set: {"rule", "admissible", "candidates"}}``."""
+    chosen = {}
+    pool = design[design["kind"] != "online"]
+    for info, part in pool.groupby("information_set", sort=True):
+        per = part.assign(share=part["harm"] / part["instances"]).groupby("rule")
+        ranking = pd.DataFrame({"worst_share": per["share"].max(), "mean_of_means": per["mean"].mean()})
+        ranking["admissible"] = ranking["worst_share"] <= DESIGN_HARM_LIMIT_R4
+        ranking = ranking.reset_index()
+        ok = ranking[ranking["admissible"]]
+        key = ["mean_of_means", "rule"] if len(ok) else ["worst_share", "mean_of_means", "rule"]
+        best = (ok if len(ok) else ranking).sort_values(key, kind="stable").iloc[0]
+        chosen[info] = {"rule": best["rule"], "admissible": int(ranking["admissible"].sum()),
+                        "candidates": len(ranking)}
+    return chosen
+
+
+def goals_r4(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per evaluation set and arm: the scores of :func:`_scores` and, for each goal of :data:`GOAL_R4`,
+    met or not."""
+    rows = []
+    for (name, rule), part in scores.groupby(["set", "rule"], sort=False):
+        row = {"set": name, "rule": rule, "information_set": part["information_set"].iloc[0], **_scores(part)}
+        row.update(median_met=row["median"] <= GOAL_R4["median"], max_met=row["max"] <= GOAL_R4["max"],
+                   harm_met=row["harm"] <= GOAL_R4["harm_share"] * row["instances"],
+                   captured_met=bool(row["gap_instances"] == 0 or row["captured"] >= GOAL_R4["captured"]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def report_r4(goals: pd.DataFrame, chosen: dict) -> str:
+    """``predictive_regret_r4.md``: the choice per information set and the goals on every evaluation set."""
+    lines = ["Round 4 (issue 31): one rule per information set, chosen on the design sets by `choose_rules_r4`, "
+             "scored on fresh seeds and held-out settings. Goals on every evaluation set: median ≤ "
+             f"{100 * GOAL_R4['median']:g} %, worst ≤ {100 * GOAL_R4['max']:g} %, harm on ≤ "
+             f"{100 * GOAL_R4['harm_share']:g} % of the instances, median captured share of FedAvg's gap ≥ "
+             f"{100 * GOAL_R4['captured']:g} % where FedAvg's regret exceeds {100 * GOAL_R4['gap']:g} %.", ""]
+    for info, c in chosen.items():
+        lines.append(f"- {info}: **{c['rule']}** ({c['admissible']} of {c['candidates']} admissible)")
+    lines += ["", "| set | rule | n | median | worst | harmed | gap n | captured | goals met |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in goals.iterrows():
+        met = [g for g in ("median", "max", "harm", "captured") if not r[f"{g}_met"]]
+        captured = "–" if not r["gap_instances"] else f"{100 * r['captured']:.0f} %"
+        lines.append(f"| `{r['set']}` | {r['rule']} | {r['instances']} | {_pct(r['median'])} % | {_pct(r['max'])} % | "
+                     f"{r['harm']} | {r['gap_instances']} | {captured} | {'yes' if not met else 'no: ' + ', '.join(met)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main_r4(args, out: Path, cache: Path) -> int:
+    """Round 4: records (format 4) of the design sets, every candidate of :data:`CANDIDATES_R4` replayed on
+    them, the design table and the choice per information set (``--design-only`` stops here), then the
+    evaluation sets scored once: the chosen rules, round 3's rule, FedAvg and the value solve in the last
+    round (strategy ``value_solve_final``, a baseline of information set (c))."""
+    start = time.perf_counter()
+    table = instances(args.quick, args.backend, sets=SETS_R4, quick_sets=QUICK_R4["sets"])
+    out.mkdir(parents=True, exist_ok=True)
+    restarts = QUICK["restarts"] if args.quick else 8
+    design_part = table[table["role"] == "design"]
+    records = compute(design_part, cache, args.workers, restarts)
+    rules = candidate_rules_r4(QUICK_R4["candidates"] if args.quick else None)
+    outcomes = rule_outcomes(design_part, records, cache, rules, args.workers)
+    atomic_write_text(out / "predictive_regret_r4_design.csv",
+                      design_table_r4(table, records, outcomes, rules).to_csv(index=False, float_format="%.6g"))
+    chosen = choose_rules_r4(pd.read_csv(out / "predictive_regret_r4_design.csv"))
+    write_json(out / "predictive_regret_r4_choice.json", chosen)
+    print(json.dumps(chosen, indent=1))
+    if args.design_only:
+        print(f"wrote {out / 'predictive_regret_r4_design.csv'}, predictive_regret_r4_choice.json "
+              f"({time.perf_counter() - start:.0f} s)")
+        return 0
+    evaluation = table[table["role"] == "evaluation"]
+    records.update(compute(evaluation, cache, args.workers, restarts))
+    wanted = {c["rule"]: rules[c["rule"]] for c in chosen.values()}
+    wanted[rule_name_r4("online", ROUND3_RULE)] = ("online", dict(ROUND3_RULE))
+    outcomes.update(rule_outcomes(evaluation, records, cache, wanted, args.workers))
+    scores = _regret_rows(evaluation, records, outcomes, wanted)
+    baselines = []
+    for _, inst in evaluation[evaluation["key"].isin(list(outcomes))].iterrows():
+        record = records[inst["key"]]
+        R = np.asarray(record["excess_risk"], dtype=float)
+        T = len(R) - 1
+        for name, risk, info in (("fedavg", R[-1], "none"),
+                                 ("value_solve_final", realised_risk(record, T - 1, T - 1, outcome="solve"),
+                                  "value_moments_and_solve")):
+            r = regret(float(risk), R)
+            baselines.append({**{k: inst[k] for k in ("set", "variant", "setting", "family", "heterogeneity",
+                                                        "local_steps", "learning_rate", "seed")},
+                              "rule": name, "kind": name, "information_set": info, "stop_round": T,
+                              "T0": T if name == "fedavg" else T - 1, "outcome": name, "regret": r,
+                              "fedavg_regret": regret(R[-1], R), "harm": bool(r - regret(R[-1], R) > HARM_MARGIN)})
+    scores = pd.concat([scores, pd.DataFrame(baselines)], ignore_index=True)
+    atomic_write_text(out / "predictive_regret_r4_scores.csv", scores.to_csv(index=False, float_format="%.6g"))
+    goals = goals_r4(pd.read_csv(out / "predictive_regret_r4_scores.csv"))
+    atomic_write_text(out / "predictive_regret_r4_summary.csv", goals.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(out / "predictive_regret_r4.md", report_r4(goals, chosen))
+    print(report_r4(goals, chosen))
+    print(f"wrote {out / 'predictive_regret_r4_scores.csv'}, predictive_regret_r4_summary.csv, "
+          f"predictive_regret_r4.md ({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+# ======================================================================================
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small instances (smoke test; not a score)")
+    parser.add_argument("--round", type=int, choices=(3, 4), default=3,
+                        help="3: round 3's tables (committed); 4: round 4's rules per information set, "
+                             "scored on fresh seeds and held-out settings (issue 31)")
     parser.add_argument("--design-only", action="store_true",
                         help="compute the design table and the criterion's choice only (no evaluation score)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -788,6 +1098,8 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else ROOT / (
         f"results/predictive_regret-{args.backend}" if gpu else "results" if args.quick else "figures")
     cache = Path(args.cache) if args.cache else ROOT / "benchmarks" / "_cache" / f"predictive_regret{suffix}"
+    if args.round == 4:
+        return main_r4(args, out, cache)
     start = time.perf_counter()
     table = instances(args.quick, args.backend)
     out.mkdir(parents=True, exist_ok=True)

@@ -140,7 +140,7 @@ claim("5  V_FA − V* = η(E−1)/2 Ã⁻¹Z + O(η²), D = η²(E−1)²/8 tr(Z
 from linattn_theory.core.model import Params, kernel  # noqa: E402
 from linattn_theory.data.tasks import planted_kernel_clients
 from linattn_theory.core.clients import stack_clients  # noqa: E402
-from linattn_theory.theory._shared import _host_moments
+from linattn_theory.theory.host import host_moments
 from linattn_theory.theory.frozen_stage import fedavg_fixed_point, value_drift_floor
 from linattn_theory.theory.profile import profile_objective  # noqa: E402
 
@@ -148,7 +148,7 @@ from linattn_theory.theory.profile import profile_objective  # noqa: E402
 scalar_clients = planted_kernel_clients(num_clients=2, samples_per_client=30, tokens=3, dim=1, rank=1, outputs=1,
                                         zeta_value=1.0, zeta_covariate=1.0, seed=2)
 K1 = np.array([[[0.7]]])
-moments = _host_moments(K1, stack_clients(scalar_clients))
+moments = host_moments(K1, stack_clients(scalar_clients))
 lam_v, eta_v, E_v = 0.1, 0.2, 5
 subs = {a1: moments.A[0, 0, 0] + lam_v, a2: moments.A[1, 0, 0] + lam_v, b1s: moments.B[0, 0, 0],
         b2s: moments.B[1, 0, 0], p: moments.weights[0], eta: eta_v, E: E_v}
@@ -166,7 +166,7 @@ clients = planted_kernel_clients(num_clients=3, samples_per_client=40, tokens=4,
                                  outputs=2, zeta_value=1.0, zeta_covariate=1.0, seed=3)
 K = kernel(Params.init(3, 2, 2, heads=2, seed=5))
 lam_v, E_v = 0.1, 3
-moments = _host_moments(K, stack_clients(clients))
+moments = host_moments(K, stack_clients(clients))
 A_c = moments.A + lam_v * np.eye(moments.A.shape[-1])
 A_bar = np.sum(moments.weights[:, None, None] * A_c, axis=0)
 _, V_st = profile_objective(K, clients, lam_v)

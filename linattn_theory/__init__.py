@@ -19,7 +19,7 @@ subpackages (``linattn_theory.sim``, …), so that importing the package, and st
 
 __version__ = "0.2.0"
 
-from .core._lazy import attach
+from .core.lazy import attach
 from .sim.strategies import register_strategy as _register_strategy
 
 #: the layers, bottom to top (docs/concepts.md, "Architecture")
@@ -32,11 +32,13 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     ".core.model": ["Params", "context_second_moment", "features", "kernel", "loss_and_grad",
                     "loss_and_grad_from_moments", "predict"],
     ".core.moments": ["ValueMoments", "value_moments", "value_objective"],
+    ".core.curvature": ["stable_learning_rate"],
     ".data.tasks": ["in_context_regression_clients", "planted_kernel_clients"],
     ".data.digits": ["digits_clients", "split_clients"],
     ".data.families": ["make_clients"],
     ".sim.config": ["RunConfig", "config_from_dict", "load_config"],
-    ".sim.engine": ["RunResult", "run_schedule", "simulate", "stable_learning_rate"],
+    ".sim.rounds": ["RunResult"],
+    ".sim.engine": ["run_schedule", "simulate"],
     ".sim.warmup_grid": ["warmup_sweep", "warmup_sweep_many"],
     ".sim.ensemble": ["simulate_many"],
     ".sim.sweep": ["load_sweep", "run_sweep"],

@@ -24,13 +24,7 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
-
-from linattn_theory.report import plotting
-from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
-from linattn_theory.report.sweep_analysis import quartiles
+from linattn_theory.report.figures import config_path, script_main
 
 NAME = "excess_risk_decomposition"
 CONFIG = config_path(__file__, "tradeoff")
@@ -46,6 +40,14 @@ STYLE = {"excess_risk": {"linestyle": "-", "linewidth": 2.2, "marker": "o"},
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the tradeoff sweep, draw the parts of R(T0) as lines, write excess_risk_decomposition.*."""
+    import pandas as pd               # imported here: ``--help`` needs none of them
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from linattn_theory.report import plotting
+    from linattn_theory.report.figures import excess_risk_sweep
+    from linattn_theory.report.sweep_analysis import quartiles
+
     table, best, left_out = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), quick=quick,
                                               executor=executor, workers=workers, progress=progress)
     stats = (table.groupby([HUE, "T0"])[list(PARTS) + ["identity_residual"]].median().reset_index())

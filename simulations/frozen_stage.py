@@ -26,7 +26,7 @@ from matplotlib.lines import Line2D
 
 from linattn_theory.report import plotting
 from linattn_theory.report.figures import config_path, figure_sweep, script_main
-from linattn_theory.core.model import _value_matrix, kernel
+from linattn_theory.core.model import value_matrix, kernel
 from linattn_theory.report.sweep_analysis import runs_by_instance
 from linattn_theory.theory.frozen_stage import contraction_rate, fedavg_fixed_point, value_drift_floor
 from linattn_theory.theory.profile import profile_objective
@@ -56,7 +56,7 @@ def distances(folder, results) -> tuple[pd.DataFrame, dict]:
             if not np.array_equal(frozen_kernel.setdefault(E, K), K):
                 raise AssertionError(f"E = {E}: runs froze different kernels; the warm-up is not shared")
             V_FA = fedavg_fixed_point(K, clients, fed.learning_rate, E, fed.ridge)
-            V_T = _value_matrix(np, run.params.WV)
+            V_T = value_matrix(np, run.params.WV)
             rows.append({"run_id": rid, "local_steps": E, "frozen_rounds": fed.rounds - fed.warmup_rounds,
                          "distance": float(np.linalg.norm(V_T - V_FA) / np.linalg.norm(V_FA))})
             if E not in longest or fed.rounds > longest[E]["rounds"]:

@@ -25,7 +25,6 @@ except ImportError:  # a checkout without installing: the package is next to sim
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.ticker import PercentFormatter
 
 from linattn_theory.report import plotting
@@ -50,6 +49,8 @@ def _heatmap(ax, cells, value, title, text, cmap, vmin=None, vmax=None, bar="", 
     marks = cells.pivot(index=ROW, columns=COL, values="diverged_runs").sort_index(ascending=False)
     labels = cells.assign(_text=text).pivot(index=ROW, columns=COL, values="_text").sort_index(ascending=False)
     labels = labels + marks.map(lambda k: "†" if k else "")
+    import seaborn as sns         # imported where it draws (its import costs about a second)
+
     sns.heatmap(grid, ax=ax, annot=labels, fmt="", cmap=cmap, cbar=True, vmin=vmin, vmax=vmax,
                 linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7},
                 cbar_kws={"label": bar, "shrink": 0.9, "pad": 0.03})

@@ -21,11 +21,7 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd
-from matplotlib.lines import Line2D
-
-from linattn_theory.report import plotting
-from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
+from linattn_theory.report.figures import config_path, script_main
 
 NAME = "kernel_bias_drift"
 CONFIG = config_path(__file__, "tradeoff")
@@ -34,6 +30,12 @@ HUE = "task.zeta_value"
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the tradeoff sweep, draw bias and Γ against T0, write kernel_bias_drift.*."""
+    import pandas as pd               # imported here: ``--help`` needs none of them
+    from matplotlib.lines import Line2D
+
+    from linattn_theory.report import plotting
+    from linattn_theory.report.figures import excess_risk_sweep
+
     table, best, left_out = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), bound=True, quick=quick,
                                               executor=executor, workers=workers, progress=progress)
     fig, (ax_bias, ax_drift) = plotting.figure(2, height=2.5, quick=quick)

@@ -31,7 +31,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from linattn_theory.report import plotting
-from linattn_theory.theory.bound import estimate_bound
+from linattn_theory.recommenders.recommendation import a_posteriori_bound
 from linattn_theory.sim.config import config_from_dict
 from linattn_theory.report.figures import analysis_workers, config_path, figure_sweep, script_main
 from linattn_theory.sim.sweep import load_sweep
@@ -52,7 +52,7 @@ def with_fedfrozen(sweep):
     theory, runs, points = {}, [], []
     for seed in sorted({c.seed for c in sweep.configs}):
         config = base.with_updates({"seed": seed, "federated.strategy": "fedfrozen"})
-        theory[seed] = estimate_bound(config).T0_theory
+        theory[seed] = a_posteriori_bound(config).T0_theory
         T = config.federated.rounds
         for T0 in sorted(set(range(0, T + 1, WARMUP_STEP)) | {T, theory[seed]}):
             runs.append(config.with_updates({"federated.warmup_rounds": T0}))

@@ -27,13 +27,7 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd
-from matplotlib.lines import Line2D
-from matplotlib.transforms import blended_transform_factory
-
-from linattn_theory.report import plotting
-from linattn_theory.report.figures import config_path, excess_risk_sweep, script_main
-from linattn_theory.report.sweep_analysis import gain_summary, paired_ratios
+from linattn_theory.report.figures import config_path, script_main
 
 NAME = "tradeoff"
 CONFIG = config_path(__file__, "tradeoff")
@@ -44,6 +38,14 @@ INSTANCE = (HUE, "seed")
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the sweep, draw the figure, write tradeoff.png/.pdf/.csv; returns the paths."""
+    import pandas as pd               # imported here: ``--help`` needs none of them
+    from matplotlib.lines import Line2D
+    from matplotlib.transforms import blended_transform_factory
+
+    from linattn_theory.report import plotting
+    from linattn_theory.report.figures import excess_risk_sweep
+    from linattn_theory.report.sweep_analysis import gain_summary, paired_ratios
+
     table, best, left_out = excess_risk_sweep(CONFIG, out_dir, by=INSTANCE, bound=True, quick=quick,
                                               executor=executor, workers=workers, progress=progress)
     ratios = paired_ratios(table, INSTANCE)

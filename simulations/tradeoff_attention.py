@@ -22,12 +22,7 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd
-from matplotlib.lines import Line2D
-
-from linattn_theory.report import plotting
-from linattn_theory.report.figures import analysis_workers, config_path, figure_sweep, script_main
-from linattn_theory.report.sweep_analysis import excess_risk_table, gain_summary, paired_ratios, select_instances
+from linattn_theory.report.figures import config_path, script_main
 
 NAME = "tradeoff_attention"
 CONFIG = config_path(__file__, "tradeoff_attention")
@@ -39,6 +34,13 @@ INSTANCE = (ATTENTION, HUE, "seed")
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the sweep, draw the panels, write tradeoff_attention.*; returns the paths."""
+    import pandas as pd               # imported here: ``--help`` needs none of them
+    from matplotlib.lines import Line2D
+
+    from linattn_theory.report import plotting
+    from linattn_theory.report.figures import analysis_workers, figure_sweep
+    from linattn_theory.report.sweep_analysis import excess_risk_table, gain_summary, paired_ratios, select_instances
+
     _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
     table = excess_risk_table(folder, results, workers=analysis_workers(executor, workers))

@@ -24,13 +24,7 @@ try:
 except ImportError:  # a checkout without installing: the package is next to simulations/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd
-from matplotlib.lines import Line2D
-
-from linattn_theory.report import plotting
 from linattn_theory.report.figures import config_path, script_main
-from linattn_theory.sim.sweep import load_sweep
-from linattn_theory.theory.inexactness import warmup_inexactness
 
 NAME = "warmup_inexactness"
 CONFIG = config_path(__file__, "warmup_inexactness")
@@ -45,6 +39,13 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
 
     (``executor``/``workers`` are accepted for a uniform interface; the replays are cheap and run here.)
     """
+    import pandas as pd               # imported here: ``--help`` needs none of them
+    from matplotlib.lines import Line2D
+
+    from linattn_theory.report import plotting
+    from linattn_theory.sim.sweep import load_sweep
+    from linattn_theory.theory.inexactness import warmup_inexactness
+
     sweep = load_sweep(CONFIG, quick=quick)
     tables = [warmup_inexactness(c).assign(zeta_value=c.task.zeta_value, seed=c.seed) for c in sweep.configs]
     fig, axes = plotting.figure(len(tables), 2, height=2.1, sharex="col", quick=quick)

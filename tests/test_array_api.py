@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from linattn_theory import Params, loss_and_grad, predict, stack_clients
-from linattn_theory.core._array import to_numpy
+from linattn_theory.core.arrays import to_numpy
 from linattn_theory.core.backend import CPU_CHUNK_BYTES, BackendUnavailableError, client_chunks, client_working_bytes, get_namespace, gpu_available, resolve_max_bytes
 from linattn_theory.cli.commands import main
 from linattn_theory.core.errors import ConfigError

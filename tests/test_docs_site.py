@@ -93,7 +93,9 @@ def test_every_public_name_and_module_has_its_page(site):
 
 
 def test_the_command_line_page_has_every_command_option_and_refused_input(site):
-    from linattn_theory.cli.commands import BAD_INPUTS, build_parser
+    import tomllib
+
+    from linattn_theory.cli.commands import build_parser
 
     page = text_of(site / "docs" / "cli.html")
     parser = build_parser()
@@ -103,7 +105,8 @@ def test_the_command_line_page_has_every_command_option_and_refused_input(site):
         for action in sub._actions:
             for option in action.option_strings:
                 assert option in page, f"linattn {name} {option}"
-    for kind, _example, _outcome in BAD_INPUTS:
+    for row in tomllib.loads((ROOT / "docs" / "cli_checks.toml").read_text())["bad_input"]:
+        kind = row["kind"]
         assert re.sub(r"`", "", kind).split()[0] in page, kind
     assert "cumulative_kernel_drift" in page
 
@@ -134,7 +137,7 @@ def test_every_displayed_formula_of_the_theory_is_rendered(site):
 def test_the_site_includes_the_readmes_and_links_the_index(site):
     assert (site / "index.html").is_file() and "docs/index.html" in (site / "index.html").read_text()
     readme = (site / "README.html").read_text(encoding="utf-8")
-    assert 'href="docs/theory.html"' in readme and "_images/tradeoff" in readme
+    assert 'href="docs/theory.html"' in readme and "_images/phase_diagram" in readme and "_images/tradeoff" in readme
     assert (site / "figures" / "README.html").is_file()
 
 
@@ -293,7 +296,7 @@ def test_the_gallery_follows_the_figures_order_with_its_titles_rendered(site):
              if (ROOT / "simulations" / f"{name}.py").is_file()]
     index = (site / "docs" / "gallery" / "index.html").read_text(encoding="utf-8")
     shown = list(dict.fromkeys(re.findall(r'<p><a class="reference internal" href="(\w+)\.html">', index)))
-    assert shown == ["tradeoff", *[name for name in table if name != "tradeoff"]]
+    assert shown == ["phase_diagram", *[name for name in table if name != "phase_diagram"]]   # the headline first
     titles = re.findall(r'<div class="sphx-glr-thumbnail-title">(.*?)</div>', index)
     titles += [re.search(r"<h1>(.*?)<a class=\"headerlink\"", (site / "docs" / "gallery" / f"{name}.html")
                          .read_text(encoding="utf-8")).group(1) for name in shown]

@@ -200,6 +200,22 @@ def run_command(command: str, needs: str | None, cwd: Path, page: str):
     run(argv, cwd, f"{page}: `{command}`")
 
 
+def apply_snippet(block: Block, scratch: Path, where: str):
+    """Apply one marked block to the copy ``scratch`` (module docstring, step 1)."""
+    path = scratch / block.target
+    if block.action == "new":
+        assert not path.exists(), f"{where}: {block.target} exists already"
+        path.write_text(block.text)
+    elif block.action == "append":
+        path.write_text(path.read_text() + "\n\n" + block.text)
+    elif block.action == "patch":
+        path.write_text(apply_patch(path.read_text(), block.text, where))
+    elif block.action == "excerpt":
+        assert_excerpt(path.read_text(), block.text, where)
+    else:
+        raise AssertionError(f"{where}: unknown snippet action {block.action!r}")
+
+
 def walk_through(page: Path, scratch: Path):
     """Apply the page's snippets, run its Python and TOML blocks, then its commands (module docstring)."""
     name = page.relative_to(ROOT).as_posix()
@@ -214,18 +230,7 @@ def walk_through(page: Path, scratch: Path):
             else:
                 continue
         elif block.action is not None:
-            path = scratch / block.target
-            if block.action == "new":
-                assert not path.exists(), f"{where}: {block.target} exists already"
-                path.write_text(block.text)
-            elif block.action == "append":
-                path.write_text(path.read_text() + "\n\n" + block.text)
-            elif block.action == "patch":
-                path.write_text(apply_patch(path.read_text(), block.text, where))
-            elif block.action == "excerpt":
-                assert_excerpt(path.read_text(), block.text, where)
-            else:
-                raise AssertionError(f"{where}: unknown snippet action {block.action!r}")
+            apply_snippet(block, scratch, where)
             continue
         if block.language == "python":
             script.append(f"# {where}\n{block.text}")
@@ -257,6 +262,40 @@ def test_pages_show_commands_and_snippets():
 @pytest.mark.parametrize("page", PARAMS)
 def test_page_walk_through(page, tmp_path):
     walk_through(page, copy_repository(tmp_path))
+
+
+#: what the extension how-tos add, and the checks every strategy or family gets that must run on it
+EXTENSIONS = {"add-strategy.md": "fedyogi", "add-task-family.md": "kernel_shift"}
+GENERIC_CHECKS = {
+    "tests/test_figures.py": ["test_every_method_has_one_style_and_no_panel_repeats_a_colour"],
+    "tests/test_strategies.py": ["test_every_strategy_declares_what_it_does[fedyogi]",
+                                 "test_every_strategy_is_deterministic_and_freezes_exactly[fedyogi]",
+                                 "test_every_strategy_runs_unchanged_under_array_api_strict[fedyogi]"],
+    "tests/test_tasks.py": ["test_client_data_do_not_depend_on_number_of_clients[kernel_shift]",
+                            "test_fresh_samples_share_the_clients_but_not_the_draws[kernel_shift]",
+                            "test_every_family_names_its_keys_by_its_factory_and_takes_seed_and_fresh_samples"],
+    "tests/test_theory.py": ["test_population_moments_of_every_family_agree_with_an_independent_draw[kernel_shift]"],
+}
+
+
+@pytest.mark.slow       # about 20 s: one pytest run in a copy of the repository
+def test_the_howtos_additions_pass_the_checks_every_strategy_and_family_gets(tmp_path):
+    """The how-tos' toy strategy (FedYogi) and toy task family (kernel shift), written into a copy of
+    the repository from the pages' own code blocks and nothing else, are registered by those blocks
+    and pass the checks every strategy and family gets: the figures' style and panel check, the
+    strategies' declaration, determinism, freezing and Array-API checks, the families' seeding, keys
+    and fresh-sample checks, and the theory's population moments (which need ``fresh_samples``)."""
+    scratch = copy_repository(tmp_path)
+    for page, name in EXTENSIONS.items():
+        blocks = [b for b in code_blocks(ROOT / "docs" / "howto" / page) if b.action in ("new", "append", "patch")]
+        assert any(b.action == "new" for b in blocks), page
+        for block in blocks:
+            apply_snippet(block, scratch, f"{page}:{block.line}")
+    names = [f"{path}::{test}" for path, tests in GENERIC_CHECKS.items() for test in tests]
+    proc = run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rA", *names],
+               scratch, "the checks every strategy and family gets, on the how-tos' additions")
+    passed = set(re.findall(r"^PASSED (\S+)", proc.stdout, re.M))
+    assert passed == set(names), sorted(set(names) - passed)
 
 
 def test_patch_and_excerpt_checks_catch_drift():

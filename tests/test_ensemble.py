@@ -299,6 +299,30 @@ def test_centralized_optima_follow_each_start_s_sequential_path():
         assert optimum.objective == min(optimum.starts["objective"].min(), optimum.objective)
 
 
+def test_a_start_repeated_on_equal_data_runs_once_and_gives_the_result_alone(monkeypatch):
+    """Problems that share their clients (equal contents, separate objects) and seed share their random
+    starts: each distinct (data, start) runs one L-BFGS, and every optimum and table of starts equals
+    the problem solved alone, bit for bit; other data (another seed) or another start is not shared."""
+    import linattn_theory.theory.profile as profile
+    shared = [clients_from_config(config(seed=s)) for s in (3, 3, 4)]          # 3 twice: equal data
+    teacher = shared[0].truth["kernel"]
+    problems = [dict(clients=shared[0], lam=0.05, rank=2, restarts=2, seed=3),
+                dict(clients=shared[1], lam=0.0, rank=2, restarts=2, seed=3, initial_kernels=[teacher + 0.1]),
+                dict(clients=shared[2], lam=0.05, rank=2, restarts=2, seed=3)]
+    alone = [profile.centralized_optima([spec])[0] for spec in problems]
+    runs = []
+    minimise = profile._minimise
+    monkeypatch.setattr(profile, "_minimise", lambda problem, i, j, *rest: (runs.append((i, j)),
+                                                                            minimise(problem, i, j, *rest)))
+    together = profile.centralized_optima(problems)
+    # problem 0: teacher + 2 random; 1: the same teacher and randoms, and its own kernel (start 1); 2: other data
+    assert sorted(runs) == [(0, 0), (0, 1), (0, 2), (1, 1), (2, 0), (2, 1), (2, 2)]
+    for a, b in zip(together, alone):
+        assert a.objective == b.objective and a.starts.equals(b.starts)
+        np.testing.assert_array_equal(a.kernel, b.kernel)
+    assert together[1].lam == 0.0 and together[0].lam == 0.05
+
+
 #: an online rule that stops early: on the tiny instances below it rolls back (seeds 4, 5), freezes
 #: its last kernel (7), never stops (3) and sees its warm-up diverge first (10, 9)
 EAGER_RULE = dict(adaptive_confidence=0.0, adaptive_gain_confidence=0.0, adaptive_window=2,

@@ -125,6 +125,52 @@ def test_print_ready_check_rejects_wide_figures_and_small_text():
         plotting.figure(1, width="wide")
 
 
+def test_a_saved_figure_is_rendered_once_per_format(tmp_path, monkeypatch):
+    """The print-ready check lays the figure out without rendering it (matplotlib's layout passes run
+    with drawing disabled): saving PNG and PDF renders the figure twice, once per format."""
+    from matplotlib.backends.backend_mixed import MixedModeRenderer
+    from matplotlib.figure import Figure
+    renders = []
+    draw = Figure.draw
+
+    def counting(figure, renderer):
+        inner = renderer._renderer if isinstance(renderer, MixedModeRenderer) else renderer   # the PDF's wraps one
+        if "draw_path" not in vars(inner):          # matplotlib disables drawing by instance attributes
+            renders.append(type(renderer).__name__)
+        return draw(figure, renderer)
+    monkeypatch.setattr(Figure, "draw", counting)
+    fig, ax = plotting.figure(1, width="column")
+    ax.plot([0, 1], [0, 1])
+    paths = plotting.save_figure(fig, "once", tmp_path, pd.DataFrame({"x": [0, 1]}))
+    assert len(renders) == 2 and {p.suffix for p in paths} == {".csv", ".png", ".pdf"}
+
+
+@pytest.mark.slow
+def test_the_style_is_seaborn_s_theme_without_importing_seaborn():
+    """``style.PAPER_TICKS`` is every rcParam ``seaborn.set_theme`` sets with the figures' options (but the
+    default colour map, which no figure uses; ``apply_style`` puts the print sizes on top of it, as
+    ``set_theme(rc=…)`` did), and importing the plotting module does not import seaborn."""
+    import matplotlib as mpl
+    import seaborn as sns
+
+    from linattn_theory.report.style import PAPER_TICKS
+    with mpl.rc_context():
+        mpl.rcdefaults()
+        sns.set_theme(context="paper", style="ticks", palette="colorblind")
+        theirs = dict(mpl.rcParams)
+        mpl.rcdefaults()
+        mpl.rcParams.update(PAPER_TICKS)
+        ours = dict(mpl.rcParams)
+    differ = sorted(k for k in theirs if k != "image.cmap" and ours[k] != theirs[k])
+    assert not differ, differ
+    assert plotting.palette(12) == [tuple(c) for c in sns.color_palette("colorblind")] + \
+        [tuple(c) for c in sns.color_palette("colorblind")[:2]]
+    code = "import sys, linattn_theory.report.plotting; print('seaborn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "False"
+
+
 def test_best_warmup_is_the_smallest_argmin_and_divergence_counts_as_infinite():
     from linattn_theory.report.sweep_analysis import best_warmup, gain_summary, paired_ratios, quartiles
     table = pd.DataFrame({"seed": [0] * 4 + [1] * 4, "T0": [0, 2, 4, 6] * 2, "federated.rounds": 6,

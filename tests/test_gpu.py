@@ -14,7 +14,7 @@ import pytest
 
 from linattn_theory import (Params, config_from_dict, loss_and_grad, simulate, simulate_many, stack_clients,
                             warmup_sweep_many)
-from linattn_theory.core._array import to_numpy
+from linattn_theory.core.arrays import to_numpy
 from linattn_theory.core.backend import get_namespace, gpu_available
 from linattn_theory.cli.commands import main
 from linattn_theory.core.model import kernel

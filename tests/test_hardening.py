@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pandas as pd
 import pytest
 
 from linattn_theory import Params, kernel, load_results, loss_and_grad, predict, simulate
-from linattn_theory.cli.commands import BAD_INPUTS, main
+from linattn_theory.cli.commands import main
 from linattn_theory.core.errors import ConfigError
 from linattn_theory.sim.config import config_from_dict, ignored_settings
 
@@ -133,7 +134,8 @@ OTHER_TESTS = {"UTF-8 BOM", "setting the strategy ignores", "folder of another s
 
 
 def test_every_documented_bad_input_has_a_case():
-    assert {kind for kind, _, _ in BAD_INPUTS} == set(CASES) | OTHER_TESTS
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "docs" / "cli_checks.toml").read_text())
+    assert {row["kind"] for row in declared["bad_input"]} == set(CASES) | OTHER_TESTS
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
@@ -241,7 +243,7 @@ def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path, capsys, monkeypatch):
     assert main(["sweep", str(first), "--out", str(out), "--executor", "serial", "--quiet"]) == 0
     assert len(pd.read_csv(out / "summary.csv")) == 2
     stored = []
-    store = sweep_module._store
+    store = sweep_module.store_run
 
     def store_once(run_id, result, folder):       # Ctrl-C after the first run is written
         if stored:
@@ -249,7 +251,7 @@ def test_ctrl_c_exits_130_saying_what_was_kept(tmp_path, capsys, monkeypatch):
         stored.append(run_id)
         return store(run_id, result, folder)
 
-    monkeypatch.setattr(sweep_module, "_store", store_once)
+    monkeypatch.setattr(sweep_module, "store_run", store_once)
     args = ["sweep", str(write(tmp_path, SWEEP.replace("seed = [0, 1]", "seed = [2, 3]"), "more.toml")),
             "--out", str(out), "--executor", "serial", "--quiet", "--add"]
     assert main(args) == 130

@@ -86,8 +86,8 @@ def test_the_readme_quick_start_runs_from_the_wheel_in_an_unrelated_folder(built
 
     where = run(sys.executable, "-c", "import linattn_theory; print(linattn_theory.__file__)")
     assert Path(where.strip()).is_relative_to(site)          # the wheel, not the checkout
-    run(*linattn, "figures", "--quick", "--only", "tradeoff", "--out", "results", "--quiet")
-    assert (work / "results" / "tradeoff.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    run(*linattn, "figures", "--quick", "--only", "phase_diagram", "--out", "results", "--quiet")
+    assert (work / "results" / "phase_diagram.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     configs = run(*linattn, "examples").split()
     quickstart = next(Path(c) for c in configs if c.endswith("quickstart.toml"))
     assert quickstart.is_relative_to(site)

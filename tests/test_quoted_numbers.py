@@ -13,7 +13,7 @@ from linattn_theory.report.figures import discover
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
 #: where each generated block must appear
-EXPECTED_BLOCKS = {"README.md": {"headline-caption", "figure-times"},
+EXPECTED_BLOCKS = {"README.md": {"headline-caption", "tradeoff-caption", "figure-times"},
                    "figures/README.md": {"headline", "heatmaps", "drift-scaling", "static-heads",
                                          "softmax-static-heads", "tradeoff-attention", "digits",
                                          "figure-times-table", "phase-diagram", "phase-diagram-arms",

@@ -8,7 +8,7 @@ import pytest
 
 from linattn_theory import Params, config_from_dict, kernel, planted_kernel_clients
 from linattn_theory.sim.engine import simulate
-from linattn_theory.core.model import _flat, features, context_second_moment, predict
+from linattn_theory.core.model import flat, features, context_second_moment, predict
 from linattn_theory.theory.static_heads import StaticHeads, attention_scores, compare_static_heads, decay_pattern, head_features, input_independent_share, mean_score_pattern, predict_static, select_static_heads, stack_contexts, static_patterns, static_profile_objective, uniform_pattern
 from linattn_theory.core.clients import stack_clients
 
@@ -58,7 +58,7 @@ def test_trained_uniform_static_head_converges_to_least_squares():
     static = StaticHeads((0,), np.tile(uniform_pattern(6), (1, 1)))
 
     def frozen_features(params):
-        return _flat(np, head_features(kernel(params), X_all, q_all, static), 2)
+        return flat(np, head_features(kernel(params), X_all, q_all, static), 2)
 
     result = simulate(config, clients, frozen_features=frozen_features)
     assert not result.diverged
@@ -200,7 +200,7 @@ def test_profile_objective_is_the_loss_at_its_minimiser():
             y_hat = predict(params.replace(WV=trained.WV), X, q) if static is None else \
                 predict_static(trained, static, X, q)
             F += p * 0.5 * np.mean(np.sum((y_hat - y) ** 2, axis=1))
-            phi = _flat(np, head_features(kernel(params), X, q, static or StaticHeads((), None)), 2)
+            phi = flat(np, head_features(kernel(params), X, q, static or StaticHeads((), None)), 2)
             gradient = gradient + p * phi.T @ (y_hat - y) / len(y)
         F += 0.5 * lam * np.sum(V * V)
         assert abs(F - phi_value) <= 1e-12 * abs(phi_value)

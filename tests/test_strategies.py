@@ -3,6 +3,7 @@ the server optimisers against centralised references, and the round engine's inv
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,11 @@ import pandas as pd
 import pytest
 
 from linattn_theory import ConfigError, Params, config_from_dict, kernel
+from linattn_theory.sim.config import FederatedConfig
 from linattn_theory.sim.engine import clients_from_config, initial_params, run_schedule, simulate, stable_learning_rate
 from linattn_theory.core.model import loss_and_grad_from_moments
 from linattn_theory.core.moments import value_moments
-from linattn_theory.sim.strategies import STRATEGIES, Round, effective_warmup_rounds
+from linattn_theory.sim.strategies import STRATEGIES, Round, declaration, effective_warmup_rounds, strategy_settings
 from linattn_theory.sim.strategies import scaffold
 from linattn_theory.sim.strategies.fedprox import frozen_fixed_point
 from linattn_theory.core.clients import stack_clients
@@ -261,8 +263,12 @@ def test_scaffold_server_variate_stays_the_weighted_mean_of_client_variates():
 # -- engine invariants for every strategy ---------------------------------------------------------
 
 def strategy_config(name, **options):
-    extra = {"server_learning_rate": 0.01} if name == "fedadam" else {}
-    return make_config(strategy=name, **extra, **options)
+    """The test config run by ``name``: a small server step where its own check refuses the default
+    (FedAdam's per-coordinate step)."""
+    try:
+        return make_config(strategy=name, **options)
+    except ConfigError:
+        return make_config(strategy=name, server_learning_rate=0.01, **options)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
@@ -274,11 +280,12 @@ def test_every_strategy_is_deterministic_and_freezes_exactly(name):
     pd.testing.assert_frame_equal(a.table, b.table, check_exact=True)
     assert set(a.table["strategy"]) == {name} and a.metadata["strategy"] == name
     config = strategy_config(name)
-    T0 = a.metadata["stop_round"] if name == "fedfrozen_adaptive" else config.warmup_rounds
-    frozen = {"fedfrozen": ("WQ", "WK"), "random_kernel": ("WQ", "WK"), "fedfrozen_fedprox": ("WQ", "WK"),
-              "fedfrozen_scaffold": ("WQ", "WK"), "value_frozen": ("WV",),
-              "fedfrozen_adaptive": ("WQ", "WK"), "value_solve": ("WQ", "WK"),
-              "value_solve_final": ("WQ", "WK")}.get(name, ())
+    built = STRATEGIES[name](config.federated, config.warmup_rounds)
+    if "stop_round" in a.metadata:      # the online rule freezes the kernel at the round it decides
+        T0, frozen = a.metadata["stop_round"], ("WQ", "WK")
+    else:                                # the blocks its schedule leaves out from T0 on
+        T0 = config.warmup_rounds
+        frozen = tuple(b for b in ("WQ", "WK", "WV") if b not in built.schedule(T0)) if T0 < 6 else ()
     for block in frozen:
         assert np.array_equal(getattr(a.params, block), getattr(a.warmup_params, block))
     stages = list(a.table["stage"].iloc[1:])
@@ -306,6 +313,43 @@ def test_every_strategy_runs_unchanged_under_array_api_strict(name):
 
 
 # -- configuration ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_declares_what_it_does(name):
+    """What a strategy declares (``@declare``), which the configuration and the figures read, is what
+    it does: its schedule changes at the configured ``T0`` exactly when it declares ``freezes``, at
+    its fixed ``T0`` when it declares one (a negative one counted from ``T``), never otherwise; moving a setting it declares changes
+    its run, moving every strategy-specific setting it does not declare changes nothing."""
+    declared = declaration(name)
+    config = strategy_config(name)
+    fed, T = config.federated, config.federated.rounds
+    blocks = ("WQ", "WK", "WV")
+    for T0 in (2, 4):
+        schedule = [STRATEGIES[name](fed, T0).schedule(t) for t in range(T)]
+        fixed = declared.warmup_rounds            # a negative fixed T0 counts from T (value_solve_final: T − 1)
+        change = (fixed if fixed >= 0 else T + fixed) if fixed is not None else T0 if declared.freezes else T
+        assert schedule == [blocks] * change + [schedule[change] if change < T else blocks] * (T - change)
+        assert change == T or schedule[change] != blocks
+        assert config.with_updates({"federated.warmup_rounds": T0}).warmup_rounds == change
+    fields = {f.name for f in dataclasses.fields(FederatedConfig)}
+    assert set(declared.reads) <= fields
+    base = table_without_strategy(simulate(config))
+    others = {key: value for s in strategy_settings() if s not in declared.reads
+              for key, value in alternative_value(s).items()}
+    pd.testing.assert_frame_equal(table_without_strategy(simulate(config.with_updates(others))), base,
+                                  check_exact=True)
+    if STRATEGIES[name](fed, config.warmup_rounds).control is None:   # a rule's settings may act later
+        for setting in declared.reads:
+            moved = table_without_strategy(simulate(config.with_updates(alternative_value(setting))))
+            assert not moved.equals(base), setting
+
+
+def alternative_value(setting: str) -> dict:
+    """``{federated.setting: a valid value other than the test config's}``."""
+    value = getattr(make_config().federated, setting)
+    other = {"warmup_rounds": 1}.get(setting, value * 0.5 if isinstance(value, float) else value + 1)
+    return {f"federated.{setting}": other}
+
 
 def test_strategy_names_and_warmup_rounds():
     assert effective_warmup_rounds("random_kernel", 40, 10) == 0

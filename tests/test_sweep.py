@@ -170,7 +170,7 @@ def test_the_online_rules_runs_share_their_instances_task_and_are_the_runs_alone
     instance's FedFrozen runs, whose T0 = T run it follows until it freezes (one warm-up
     trajectory), and is stored as ``simulate(config)``, bit for bit (the Array-API engine on both
     sides)."""
-    from linattn_theory.sim.sweep import _tasks
+    from linattn_theory.sim.sweep.executors import plan_tasks
 
     rule = {"federated.adaptive_confidence": 0.0, "federated.adaptive_gain_confidence": 0.0,
             "federated.adaptive_window": 2, "federated.adaptive_descent_confidence": float("inf")}
@@ -180,7 +180,7 @@ def test_the_online_rules_runs_share_their_instances_task_and_are_the_runs_alone
               for c in sweep.configs]
     sweep = sweep.with_runs(online)
     instance = {run_id: (c.seed, c.task.zeta_value) for run_id, c in zip(sweep.run_ids, sweep.configs)}
-    tasks = _tasks(list(zip(sweep.run_ids, sweep.configs)))
+    tasks = plan_tasks(list(zip(sweep.run_ids, sweep.configs)))
     assert [len(task) for task in tasks] == [8, 8]        # 2 instances each: 3 T0 and the online run
     for task in tasks:
         assert len({instance[run_id] for run_id, _ in task}) == 2 and \
@@ -422,7 +422,7 @@ def test_the_lock_file_is_removed_when_a_sweep_ends_however_it_ends(tmp_path, mo
         assert (tmp_path / "stopped" / ".sweep.lock").is_file()      # held while the runs compute
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sweep_module, "_results", interrupted)
+    monkeypatch.setattr(sweep_module, "run_tasks", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(sweep, tmp_path / "stopped")
     assert (tmp_path / "stopped" / "sweep.json").is_file() and not (tmp_path / "stopped" / ".sweep.lock").exists()

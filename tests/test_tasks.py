@@ -6,6 +6,11 @@ import pytest
 from linattn_theory import in_context_regression_clients, make_clients, planted_kernel_clients
 from linattn_theory.core.model import context_second_moment, features
 from linattn_theory.core.clients import as_federated, stack_clients
+from linattn_theory.data.families import FAMILIES, family_keys
+
+#: the registered families that draw samples per client (every one but the digits data set):
+#: the checks below hold for each, a family added by docs/howto/add-task-family.md included
+SAMPLED_FAMILIES = [family for family in FAMILIES if "samples_per_client" in family_keys(family)]
 
 
 def test_planted_kernel_shapes_and_targets():
@@ -20,13 +25,10 @@ def test_planted_kernel_shapes_and_targets():
     np.testing.assert_allclose(y, phi @ V.reshape(-1, 3), rtol=1e-12)
 
 
-@pytest.mark.parametrize("family, options", [
-    ("planted_kernel", {"dirichlet_alpha": None}),
-    ("in_context_regression", {}),
-])
-def test_client_data_do_not_depend_on_number_of_clients(family, options):
-    few = make_clients(family, seed=3, num_clients=2, samples_per_client=8, **options)
-    many = make_clients(family, seed=3, num_clients=5, samples_per_client=8, **options)
+@pytest.mark.parametrize("family", SAMPLED_FAMILIES)
+def test_client_data_do_not_depend_on_number_of_clients(family):
+    few = make_clients(family, seed=3, num_clients=2, samples_per_client=8)
+    many = make_clients(family, seed=3, num_clients=5, samples_per_client=8)
     for c in range(2):
         for a, b in zip(few[c], many[c]):
             np.testing.assert_array_equal(a, b)
@@ -81,11 +83,34 @@ def test_unknown_family_is_rejected():
         make_clients("vision")
 
 
-@pytest.mark.parametrize("family", ["planted_kernel", "in_context_regression"])
+def test_every_family_names_its_keys_by_its_factory_and_takes_seed_and_fresh_samples():
+    """A family's ``[task]`` keys are its factory's keyword arguments but ``seed`` and
+    ``fresh_samples``; a factory without ``fresh_samples`` is refused with a message naming it."""
+    from linattn_theory.data import families
+    from linattn_theory.sim.config import TaskConfig
+    import dataclasses
+    fields = {f.name for f in dataclasses.fields(TaskConfig)} - {"family"}
+    for family in FAMILIES:
+        assert family_keys(family) <= fields, family
+    assert family_keys("in_context_regression") == {"num_clients", "samples_per_client", "tokens", "dim",
+                                                    "zeta_covariate", "zeta_task", "noise", "dirichlet_alpha"}
+
+    def no_fresh(num_clients=2, seed=0):
+        """A factory that cannot draw fresh samples."""
+
+    families.FAMILIES.register("no_fresh", no_fresh)
+    try:
+        with pytest.raises(TypeError, match="'no_fresh': its factory takes no fresh_samples"):
+            family_keys("no_fresh")
+    finally:
+        del families.FAMILIES._entries["no_fresh"]
+
+
+@pytest.mark.parametrize("family", SAMPLED_FAMILIES)
 def test_fresh_samples_share_the_clients_but_not_the_draws(family):
-    train = make_clients(family, seed=4, num_clients=3, samples_per_client=6, dirichlet_alpha=0.7)
-    fresh = make_clients(family, seed=4, num_clients=3, samples_per_client=50, dirichlet_alpha=0.7,
-                         fresh_samples=True)
+    skew = {"dirichlet_alpha": 0.7} if "dirichlet_alpha" in family_keys(family) else {}
+    train = make_clients(family, seed=4, num_clients=3, samples_per_client=6, **skew)
+    fresh = make_clients(family, seed=4, num_clients=3, samples_per_client=50, fresh_samples=True, **skew)
     for key in train.truth:
         np.testing.assert_array_equal(train.truth[key], fresh.truth[key])
     assert list(fresh.sizes) == [50, 50, 50]
@@ -102,13 +127,13 @@ def test_dirichlet_sizes_follow_the_distribution_for_every_alpha(alpha):
     from scipy import stats
 
     from linattn_theory.core.seeds import SEED_CLIENT, seed_sequence
-    from linattn_theory.data.tasks import _client_sizes
+    from linattn_theory.data.tasks import client_sizes
     m, N = 4, 2501
     spare = m * (N - 1)
     shares = []
     for seed in range(400):
         rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(m)]
-        sizes = _client_sizes(m, N, alpha, rngs)
+        sizes = client_sizes(m, N, alpha, rngs)
         assert min(sizes) >= 1 and sum(sizes) == m * N
         shares.append((sizes[0] - 1) / spare)
     share = stats.beta(alpha, (m - 1) * alpha)

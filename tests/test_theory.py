@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from linattn_theory import theory as th
-from linattn_theory.theory._shared import _global_objective, _host_moments, _solve_symmetric
+from linattn_theory.theory.host import global_objective, host_moments, solve_symmetric
 from linattn_theory.sim.config import FederatedConfig, config_from_dict
 from linattn_theory.sim.engine import clients_from_config, initial_params, run_schedule, simulate, stable_learning_rate
-from linattn_theory.core.model import Params, _flat, _value_matrix, context_second_moment, features, kernel
+from linattn_theory.core.model import Params, flat, value_matrix, context_second_moment, features, kernel
 from linattn_theory.data.tasks import planted_kernel_clients
 from linattn_theory.core.clients import stack_clients
+from linattn_theory.data.families import FAMILIES, family_keys
 
 
 #: Client sizes drawn from Dirichlet(α = 2) (25, 30 and 65 samples for three clients of mean 40), so
@@ -50,7 +51,7 @@ def test_profile_objective_is_the_ridge_least_squares_minimum(lam, heads):
     phi_value, V = th.profile_objective(K, clients, lam)
     rows, targets = [], []
     for (X, q, y), p in zip(clients, clients.weights):
-        phi = _flat(np, features(K, context_second_moment(X), q), 2)
+        phi = flat(np, features(K, context_second_moment(X), q), 2)
         rows.append(np.sqrt(p / len(X)) * phi)
         targets.append(np.sqrt(p / len(X)) * y)
     Hd = rows[0].shape[1]
@@ -83,7 +84,7 @@ def test_plain_list_of_tuples_is_weighted_by_size():
     K = kernel(Params.init(3, 2, 2, seed=2))
     assert th.profile_objective(K, tuples, 0.1)[0] == pytest.approx(th.profile_objective(K, clients, 0.1)[0], rel=1e-14)
     skewed = [tuples[0], (tuples[1][0][:10], tuples[1][1][:10], tuples[1][2][:10])]
-    moments = _host_moments(K, stack_clients(skewed))
+    moments = host_moments(K, stack_clients(skewed))
     n0 = len(tuples[0][0])
     assert n0 == 25
     np.testing.assert_allclose(moments.weights, [n0 / (n0 + 10), 10 / (n0 + 10)])
@@ -256,23 +257,23 @@ def test_frozen_stage_simulation_lands_on_fedavg_fixed_point(seed, heads, E, lam
     V_FA = th.fedavg_fixed_point(K, data, eta, E, lam)
     rho = th.contraction_rate(K, data, eta, E, lam)
     assert rho < 1
-    V0 = _value_matrix(np, params.WV)
+    V0 = value_matrix(np, params.WV)
     # contraction: M is symmetric, so ‖V^t − V_FA‖_F ≤ ρ^t ‖V^0 − V_FA‖_F after any t rounds
     short = run_schedule(params, data, FederatedConfig(rounds=5, warmup_rounds=0, local_steps=E,
                                                        learning_rate=eta, ridge=lam), 0)
-    V5 = _value_matrix(np, short.params.WV)
+    V5 = value_matrix(np, short.params.WV)
     assert np.linalg.norm(V5 - V_FA) <= rho**5 * np.linalg.norm(V0 - V_FA) * (1 + 1e-9)
     # long enough that ρ^T ‖V^0 − V_FA‖ is far below float64 resolution of V_FA
     T = int(np.ceil(np.log(1e-15) / np.log(rho))) + 20
     run = run_schedule(params, data, FederatedConfig(rounds=T, warmup_rounds=0, local_steps=E,
                                                      learning_rate=eta, ridge=lam), 0)
     np.testing.assert_array_equal(run.params.WQ, params.WQ)
-    assert rel(_value_matrix(np, run.params.WV), V_FA) <= 1e-10
+    assert rel(value_matrix(np, run.params.WV), V_FA) <= 1e-10
     # the frozen-stage map is the simulator's round: one round from V^0
     M, b = th.frozen_stage_map(K, data, eta, E, lam)
     one = run_schedule(params, data, FederatedConfig(rounds=1, warmup_rounds=0, local_steps=E,
                                                      learning_rate=eta, ridge=lam), 0)
-    assert rel(_value_matrix(np, one.params.WV), M @ V0 + b) < 1e-12
+    assert rel(value_matrix(np, one.params.WV), M @ V0 + b) < 1e-12
 
 
 @pytest.mark.parametrize("E", [1, 3])
@@ -299,7 +300,7 @@ def test_contraction_rate_is_the_largest_eigenvalue_in_size_when_it_is_negative(
     fed = FederatedConfig(rounds=40, warmup_rounds=0, local_steps=E, learning_rate=eta, ridge=lam)
     states = []
     run_schedule(params, data, fed, 0, on_round=states.append)
-    errors = [_value_matrix(np, st.params.WV) - V_FA for st in states]
+    errors = [value_matrix(np, st.params.WV) - V_FA for st in states]
     late = errors[30:]
     ratios = [np.linalg.norm(b) / np.linalg.norm(a) for a, b in zip(late, late[1:])]
     np.testing.assert_allclose(ratios, rho, rtol=1e-3)
@@ -322,7 +323,7 @@ def test_one_local_step_has_no_drift(lam):
     # heterogeneous clients with E > 1 do drift; the floor equals F_λ(V_FA) − Φ_λ
     D = th.value_drift_floor(K, clients, eta, 3, lam)
     V_FA = th.fedavg_fixed_point(K, clients, eta, 3, lam)
-    F_FA = _global_objective(V_FA, _host_moments(K, stack_clients(clients)), lam)
+    F_FA = global_objective(V_FA, host_moments(K, stack_clients(clients)), lam)
     assert D > 1e-8 and D == pytest.approx(F_FA - phi, rel=1e-8)
 
 
@@ -377,7 +378,7 @@ def test_decomposition_parts_computed_independently_add_up_to_the_simulated_risk
         moments = value_moments(K, clients, lam)
         A = np.sum(moments.weights[:, None, None] * moments.A_tilde, axis=0)
         delta = V_FA - V_star
-        e = np.linalg.matrix_power(M, T - T0) @ (_value_matrix(np, run.warmup_params.WV) - V_FA)
+        e = np.linalg.matrix_power(M, T - T0) @ (value_matrix(np, run.warmup_params.WV) - V_FA)
         predicted = {"bias": phi - opt.objective,
                      "drift_floor": th.value_drift_floor(K, clients, eta, E, lam),
                      "unfinished": float(np.sum(e * (A @ delta)) + 0.5 * np.sum(e * (A @ e)))}
@@ -556,12 +557,40 @@ def test_population_moments_come_from_the_same_client_distributions():
     K_star = clients.truth["kernel"]
     moments = th.population_value_moments(K_star, config, samples=3000)
     # each client's least-squares value map from fresh samples recovers its planted V*_c
-    V_c = _solve_symmetric(moments.A, moments.B)
+    V_c = solve_symmetric(moments.A, moments.B)
     V_true = clients.truth["value_maps"].reshape(2, -1, 2)
     assert rel(V_c, V_true) < 0.02       # noise 0.05 over 3000 samples: ~σ·√(cond/N) ≈ 5e-3
     np.testing.assert_allclose(moments.weights, clients.weights)
-    training = _host_moments(K_star, stack_clients(clients))
+    training = host_moments(K_star, stack_clients(clients))
     assert not np.allclose(training.A, moments.A)     # fresh samples, not the training ones
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if "samples_per_client" in family_keys(f)])
+def test_population_moments_of_every_family_agree_with_an_independent_draw(family):
+    """``population_value_moments`` (fresh samples, the evaluation stream) and the moments of an
+    independent training draw of as many samples estimate the same ``E_{D_c}[φφ^T]``,
+    ``E_{D_c}[φ y^T]``, ``E_{D_c}‖y‖²``: per entry they differ by less than 6 standard errors of a
+    difference of two means of ``S`` samples, ``√2 · sd / √S`` with ``sd`` the training draw's
+    per-sample spread (CLT; a false alarm is below 1e-8 per entry). Holds for every registered family
+    that draws samples, a family added by docs/howto/add-task-family.md included."""
+    S = 2000
+    small = {"tokens": 4, "dim": 3, "rank": 2, "outputs": 2}
+    task = {"family": family, "num_clients": 2, "samples_per_client": S,
+            **{k: v for k, v in small.items() if k in family_keys(family)}}
+    config = config_from_dict({"seed": 5, "task": task, "model": {"rank": 2}})
+    data = stack_clients(clients_from_config(config))
+    d = data.q.shape[-1]
+    K = np.random.default_rng(0).normal(0, 1 / np.sqrt(d), size=(config.model.heads, d, d))
+    population = th.population_value_moments(K, config, samples=S)
+    phi = flat(np, data.features(K), 2)                                  # (m, S, Hd), every sample real
+    assert data.q.shape[1] == S and np.allclose(data.sample_weight, 1 / S, rtol=1e-15, atol=0)   # means
+    per_sample = {"A": phi[..., :, None] * phi[..., None, :], "B": phi[..., :, None] * data.y[..., None, :],
+                  "y2": np.sum(data.y ** 2, axis=-1)}
+    for name, values in per_sample.items():
+        estimate, spread = values.mean(axis=1), values.std(axis=1, ddof=1)
+        error = np.abs(getattr(population, name) - estimate)
+        assert np.all(error <= 6 * np.sqrt(2) * spread / np.sqrt(S) + 1e-12), (family, name, np.max(error))
+    assert not np.allclose(population.A, per_sample["A"].mean(axis=1), rtol=1e-9)     # other samples
 
 
 def test_value_moments_record_the_ridge():

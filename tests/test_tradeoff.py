@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from linattn_theory.theory import bound as tb
+from linattn_theory.recommenders.recommendation import a_posteriori_bound, warmup_path
 from linattn_theory.sim.config import FederatedConfig, config_from_dict
 from linattn_theory.sim.engine import clients_from_config, run_schedule, simulate, stable_learning_rate, value_curvature
 from linattn_theory.core.model import Params, kernel
@@ -60,7 +61,7 @@ def test_frozen_stage_bound_dominates_the_simulated_value_stage(zeta):
     """``D + unfinished ≤ min{(√D + τρ^k√u)², (c̄√D + τρ^k√g)²}`` at every ``T0 = 0..T`` (simulated)."""
     config, clients = tiny_config(zeta)
     T = config.federated.rounds
-    path = tb.warmup_path(config, clients)
+    path = warmup_path(config, clients)
     optimum = tb.path_optimum(config, clients, path, restarts=2)
     result = tb.estimate_bound(config, clients, path=path, optimum=optimum)
     sweep = excess_risk_by_warmup(config, range(T + 1), clients, optimum=optimum).sort_values("warmup_rounds")
@@ -102,7 +103,7 @@ def test_frozen_stage_bound_is_tight_up_to_the_triangle_inequality_at_interior_w
     from linattn_theory.core.moments import value_moments
     config, clients = tiny_config(zeta)
     T, fed = config.federated.rounds, config.federated
-    path = tb.warmup_path(config, clients)
+    path = warmup_path(config, clients)
     optimum = tb.path_optimum(config, clients, path, restarts=2)
     curve = tb.estimate_bound(config, clients, path=path, optimum=optimum).curve
     sweep = excess_risk_by_warmup(config, range(T + 1), clients, optimum=optimum).sort_values("warmup_rounds")
@@ -137,7 +138,7 @@ def test_frozen_stage_bound_is_tight_up_to_the_triangle_inequality_at_interior_w
 def test_a_violated_assumption_is_reported():
     """Minibatches break the exact frozen-stage map: the check says so instead of hiding it."""
     config, clients = tiny_config(1.0, rounds=4, batch_size=6)
-    result = tb.estimate_bound(config, clients, optimum=0.0)
+    result = a_posteriori_bound(config, clients, optimum=0.0)
     check = next(c for c in result.checks if c.name.startswith("(F) full-batch"))
     assert not check.holds and "batch_size = 6" in check.detail
     assert result.violated and check in result.violated
@@ -145,7 +146,7 @@ def test_a_violated_assumption_is_reported():
 
 def test_warmup_path_is_the_simulators_trajectory():
     config, clients = tiny_config(1.0, rounds=6)
-    path = tb.warmup_path(config, clients)
+    path = warmup_path(config, clients)
     assert len(path.params) == 7
     final = simulate(config, clients).params
     for block in ("WQ", "WK", "WV"):
@@ -161,7 +162,7 @@ def test_the_path_of_one_run_is_the_warmup_path(attention):
     """``path_from_states`` (one FedAvg run, its states after every round) gives ``warmup_path``'s
     ``θ^t`` and table bit for bit with full batches, and a prefix of it is the pilot's path."""
     from linattn_theory.recommenders.scoring import fedavg_path
-    from linattn_theory.theory.bound import path_from_states, warmup_path
+    from linattn_theory.theory.bound import path_from_states
 
     config = config_from_dict({"task": {"num_clients": 3, "samples_per_client": 16, "tokens": 6, "dim": 4, "rank": 2},
                                "model": {"rank": 2, "attention": attention},
@@ -181,7 +182,8 @@ def test_the_path_of_one_run_is_the_warmup_path(attention):
 def test_warmup_path_of_one_run_equals_one_round_runs(attention, engine):
     """With full batches ``warmup_path`` takes every ``θ^t`` from one run of ``T`` rounds; that is
     ``T`` one-round runs (the path's definition) bit for bit: unequal client sizes, a server step."""
-    from linattn_theory.theory.bound import _path_round_by_round, config_stacked, warmup_path
+    from linattn_theory.recommenders.recommendation import _path_round_by_round
+    from linattn_theory.theory.bound import config_stacked
     from linattn_theory.sim.engine import initial_params
 
     config = config_from_dict({"task": {"num_clients": 4, "samples_per_client": 24, "tokens": 6, "dim": 4,
@@ -339,7 +341,7 @@ def test_path_terms_kernel_quantities_are_the_public_functions():
     fed = config.federated
     eta, E, lam, s = fed.learning_rate, fed.local_steps, fed.ridge, fed.server_learning_rate
     data = stack_clients(clients)
-    path = tb.warmup_path(config, clients)
+    path = warmup_path(config, clients)
     params = path.params[5]
     K = np.asarray(kernel(params))
     terms = tb._kernel_terms(K, data, eta, E, lam, s)

@@ -11,9 +11,9 @@
 - The sections of a configuration (``TaskConfig``, ``ModelConfig``, ``FederatedConfig``) get a
   numpydoc Parameters section from their fields' own descriptions (``field_docs``, the source of
   docs/cli.md and ``--help`` too), so that the API page lists every key.
-- ``markdown-from``: a directive that parses the Markdown returned by a function of the package
-  (``module:function``) into the page, so that tables the code generates (the refused inputs of
-  the command line) are shown as the code has them.
+- ``markdown-from``: a directive that parses the Markdown returned by a function
+  (``module:function``) into the page: the command line's checks and refused inputs, declared in
+  ``docs/cli_checks.toml`` (:func:`cli_checks`).
 - Python cross-references to an existing object by another path: a re-export
   (``linattn_theory.simulate``) links to the page of the module that defines it, and a name that
   exists in the code but has no page (a private helper) is shown as code; a name that exists
@@ -30,6 +30,7 @@ import re
 import shutil
 import textwrap
 import sys
+import tomllib
 import types
 from pathlib import Path
 
@@ -299,6 +300,23 @@ class MarkdownFrom(SphinxDirective):
         self.state.nested_parse(StringList(text.splitlines(), source=self.arguments[0]),
                                 self.content_offset, container)
         return container.children
+
+
+CLI_CHECKS = Path(__file__).resolve().parents[1] / "cli_checks.toml"
+
+
+def bad_inputs() -> list[tuple[str, str, str]]:
+    """``(kind, example, outcome)`` of every bad input the command line refuses (``docs/cli_checks.toml``)."""
+    table = tomllib.loads(CLI_CHECKS.read_text(encoding="utf-8"))
+    return [(row["kind"], row["example"], row["outcome"]) for row in table["bad_input"]]
+
+
+def cli_checks() -> str:
+    """Markdown of ``docs/cli_checks.toml``: its section on exit statuses and checks, then the table."""
+    table = tomllib.loads(CLI_CHECKS.read_text(encoding="utf-8"))
+    rows = "\n".join(f"| {kind} | {example} | {outcome} |" for kind, example, outcome in bad_inputs())
+    return (f"## {table['title']}\n\n{table['text'].strip()}\n\n| bad input | example | what happens |\n"
+            f"|---|---|---|\n{rows}\n")
 
 
 def locate(name: str):

@@ -1,6 +1,6 @@
 """The command line ``linattn`` (:func:`main`): simulate, sweep, figures, recommend, derive, …
 """
-from ..core._lazy import attach
+from ..core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".commands": ["main"],

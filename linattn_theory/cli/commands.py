@@ -24,69 +24,6 @@ __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_DIVERGED = 0, 1, 2, 3
 
-#: the bad inputs every command refuses before any work (kind, example, what happens); rendered
-#: into docs/cli.md, and tests/test_hardening.py holds one case per kind
-BAD_INPUTS = (
-    ("missing config", "`simulate nope.toml`", "exit 2: config file 'nope.toml' does not exist"),
-    ("folder as config", "`simulate /tmp`", "exit 2: ... is a folder; expected a TOML file"),
-    ("binary config", "a file with NUL bytes", "exit 2: ... is a binary file"),
-    ("non-UTF-8 config", "Latin-1 or UTF-16 text", "exit 2: ... is not UTF-8 text (byte, position)"),
-    ("UTF-8 BOM", "a file saved with a byte-order mark", "accepted"),
-    ("empty config", "an empty file or only comments", "exit 2: ... is empty (no settings)"),
-    ("invalid TOML", "`seed = = 1`", "exit 2: not valid TOML (line, column)"),
-    ("unknown key", "`[federated] local_epochs = 3`", "exit 2: federated.local_epochs: unknown key; allowed keys are ..."),
-    ("wrong type", "`rounds = \"four\"`, `tokens = 4.5`, `seed = true`, a list or table as a value",
-     "exit 2: the field, the value, the expected type"),
-    ("out of range", "`learning_rate = -0.1`, `participation = 1.5`, `warmup_rounds > rounds`",
-     "exit 2: the field, the value, the allowed range"),
-    ("non-finite number", "`noise = inf`, `learning_rate = nan`", "exit 2: expected a finite number"),
-    ("a step size and a step scale", "`learning_rate = 0.05` with `step_scale = 0.5`",
-     "exit 2: federated.learning_rate = 0.05 and federated.step_scale = 0.5: give one of them"),
-    ("key of another task family", "`zeta_task` with `planted_kernel`", "exit 2: does not apply to family ..."),
-    ("more clients than the data allow", "`num_clients = 1000` with `family = \"digits\"`",
-     "exit 2: task.num_clients = 1000: expected a value <= 673 (two training images per client)"),
-    ("batch larger than a client", "`batch_size = 200`, `samples_per_client = 128`",
-     "exit 2 (equal sizes); with `dirichlet_alpha` a run-time warning (drawn with replacement)"),
-    ("setting the strategy ignores", "`prox_mu = 0.5` with `strategy = \"fedavg\"`",
-     "warning: ... is ignored by strategy 'fedavg'"),
-    ("sweep file given to simulate", "`simulate simulations/configs/tradeoff.toml`",
-     "exit 2: a sweep file ...; run it with `linattn sweep`"),
-    ("sweep file given to recommend", "`recommend simulations/configs/tradeoff.toml`",
-     "exit 2: a sweep file ...; give one run's config"),
-    ("--quick without [quick]", "`sweep --quick` on a file without a [quick] table",
-     "exit 2: quick: ... has no [quick] table, so --quick would run the full grid"),
-    ("value listed twice in a grid", "`seed = [0, 0, 1]`", "exit 2: grid.seed = [0, 0, 1]: the value 0 is listed more than once"),
-    ("bad --set", "`--set federated.roundz=3`, `--set rounds`",
-     "exit 2: federated.roundz: unknown key ... / expected KEY=VALUE"),
-    ("simulate into a sweep or run folder", "`simulate ... --out` a sweep folder, or a folder holding a run",
-     "exit 2: is a sweep folder / already holds a run (`--overwrite` replaces a run)"),
-    ("quick figures over the full-size ones", "`figures --quick --out figures` in the repository",
-     "exit 2 (default --out for --quick: results/figures-quick; `--overwrite` allows it)"),
-    ("bad --out", "`--out ''`, `--out a_file`, `--out a_file/sub`, a read-only folder",
-     "exit 2 before any run: expected a folder name / is a file / is not writable"),
-    ("too much memory", "`dim = 10**6`, `num_clients = 10**7`, `heads = 10**9`, `rounds = 10**12` (its table)",
-     "exit 2: estimated memory, the limit, `--max-memory-gb`"),
-    ("too long", "`local_steps = 10**8`; `rounds = 10**6` with `local_steps = 1000`", "exit 2: estimated time, the limit, `--max-hours`"),
-    ("huge grid", "a grid of 10**6 runs", "exit 2 at once, from the list lengths: the limit and `--max-runs`"),
-    ("bad executor options", "`--workers 0`, `--scheduler` without dask", "exit 2"),
-    ("unreachable Dask scheduler", "`--scheduler tcp://127.0.0.1:1`", "exit 2 before sweep.json is written"),
-    ("folder of another sweep", "a second sweep with another grid into the same --out",
-     "exit 2: holds another sweep ...; `--add` adds the runs to it"),
-    ("sweep folder in use", "a second sweep into a folder another sweep is writing to",
-     "exit 2 naming the other sweep (pid, host, start, command); `--wait` waits for it instead"),
-    ("broken run on disk", "a run's `rounds.csv` cut short, `params.npz` or `metadata.json` garbled",
-     "a sweep recomputes it; `load_results` raises RunIntegrityError naming its folder (exit 2)"),
-    ("bad flag value", "`figures --only tradeof`, `derive --only nope`",
-     "exit 2: invalid argument: --only 'tradeof': no such figure script (did you mean 'tradeoff'?)"),
-    ("bad client data", "`simulate(config, clients)` with a NaN in `X`, or `X` of shape `(N, d)`",
-     "ValueError before any round, naming the client and the array: client 1: X holds 1 non-finite value "
-     "(the first: X[0, 2, 1] = nan)"),
-    ("settings to revisit", "`model.rank = 10` with `task.dim = 6`; `num_clients = 1`; `--workers 1000` on 2 cores",
-     "warning: ... is above the token dimension d = 6 / the federation has one client / is above the 2 cores"),
-    ("failure inside a run", "an unexpected exception", "exit 1: one line; `--debug` prints the traceback"),
-    ("Ctrl-C / SIGTERM", "during a sweep or a run", "exit 130 / 143, workers stopped; the message says what "
-     "was kept (the finished runs of a sweep; nothing of an unfinished `simulate`)"),
-)
 
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 
@@ -236,7 +173,7 @@ def _sweep(args) -> int:
 
     from ..sim.config import ignored_settings, parse_overrides
     from ..sim.limits import check_output_folder
-    from ..sim.sweep import SweepDiverged, _check_executor, load_sweep, run_dir, run_sweep, with_backend
+    from ..sim.sweep import SweepDiverged, check_executor, load_sweep, run_dir, run_sweep, with_backend
 
     _read_file(args.config, "sweep file")                # a missing example: say where it ships
     sweep = load_sweep(args.config, quick=args.quick, max_runs=args.max_runs or None,
@@ -254,7 +191,7 @@ def _sweep(args) -> int:
     if args.out is None:
         raise ArgumentError("--out: expected the sweep folder (--out DIR)")
     out = check_output_folder(args.out)
-    _check_executor(args.executor, args.workers, args.scheduler)
+    check_executor(args.executor, args.workers, args.scheduler)
     workers = 1 if args.executor == "serial" else (args.workers or os.cpu_count() or 1)
     pending = [c for i, c in zip(sweep.run_ids, sweep.configs) if not (run_dir(out, i) / "metadata.json").is_file()]
     _resource_limits(args, pending, workers)
@@ -448,50 +385,6 @@ def count_claims(stdout: str) -> dict:
         if kind in counts and ":" in line:
             counts[kind] += 1
     return counts
-
-
-def checks_reference() -> str:
-    """Markdown: exit statuses, the checks made before any work and the table of bad inputs."""
-    rows = "\n".join(f"| {kind} | {example} | {outcome} |" for kind, example, outcome in BAD_INPUTS)
-    return f"""## Exit status and checks before any work
-
-Every command checks all it can before it computes or writes anything, and has one error
-boundary: a bad input exits with status **2** and one line naming the field, the value and
-what is allowed (nothing is written); a diverged run exits **3** (its table is written and the
-message suggests a stable step size); any other failure exits **1** with a one-line message
-(`--debug` prints the traceback); Ctrl-C exits **130** and SIGTERM **143**, after stopping the
-sweep's workers, with a line saying what was kept (a sweep's finished runs: rerun to resume;
-an interrupted `simulate` writes nothing).
-
-Run folders are written as Hydra, Weights & Biases and DVC users expect. Each file is written
-atomically and a run's `metadata.json`, written last, records the SHA-256 of its `rounds.csv`
-and `params.npz`, the config, and its provenance: linattn-theory's version, the git revision
-and whether tracked files were modified (`git_dirty`), the host, platform, Python and library
-versions, when it started and its wall time. A sweep recomputes a run whose files do not match
-(cut short, edited, garbled); `load_results` raises `RunIntegrityError` naming the broken run's
-folder (exit 2), never reading it as finished. One sweep writes to a folder at a time (a second
-refuses, naming the first, or waits with `--wait`); a sweep that ends writes `summary.csv`, one
-row per finished run. `simulate` refuses a sweep folder, and a folder holding a run unless
-`--overwrite`; `figures --quick` writes to `results/figures-quick` unless told otherwise, never
-over the full-size figures. `--set KEY=VALUE` overrides a setting of the config (simulate, sweep,
-recommend) and `--print-config` prints the resolved config as TOML without running it.
-
-Before any work `simulate` and `sweep` estimate each run's peak memory and running time from
-its config (`linattn_theory.sim.limits.estimate_run`: the generated and stacked data, the working
-set, the table; the flops of the local steps) and refuse runs above `--max-memory-gb` (default
-80% of the machine's memory, times the runs held at once) or `--max-hours` (default 24, the
-sum over the runs divided by the workers; 0 turns it off). Sweep workers exit as soon as the
-sweep's process is gone (even after SIGKILL), and a local Dask cluster's scratch folder is
-removed (one left by a killed sweep is removed by the next Dask sweep).
-
-Client sizes with `task.dirichlet_alpha = α` follow Dirichlet(α) proportions for every α > 0
-(drawn in log space, so very small α gives one dominant client rather than equal sizes), with
-at least one sample per client and `m·N` samples in all.
-
-| bad input | example | what happens |
-|---|---|---|
-{rows}
-"""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ frozen stage's affine client map, the clients' curvature (stable step sizes), th
 kernels, random streams by purpose, atomic file writes and the configuration error. Imports
 nothing above it.
 """
-from ._lazy import attach
+from .lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".errors": ["ConfigError", "RunIntegrityError"],

@@ -16,7 +16,7 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = ["BACKENDS", "BackendUnavailableError", "get_namespace", "gpu_available",
-           "client_chunks", "client_working_bytes", "resolve_max_bytes", "CPU_CHUNK_BYTES"]
+           "client_chunks", "client_working_bytes", "resolve_max_bytes", "itemsize", "CPU_CHUNK_BYTES"]
 
 #: Backend names accepted by :func:`get_namespace` (configs accept ``numpy`` and ``cupy``).
 BACKENDS = ("numpy", "cupy", "array_api_strict")
@@ -185,7 +185,7 @@ def resolve_max_bytes(max_bytes, data, heads: int, batch_size: int | None = None
     return None if total <= 2 * CPU_CHUNK_BYTES else CPU_CHUNK_BYTES
 
 
-def _itemsize(dtype) -> int:
+def itemsize(dtype) -> int:
     """Bytes per element of an array-library dtype (NumPy, CuPy, array-api-strict)."""
     try:
         return np.dtype(dtype).itemsize
@@ -223,4 +223,4 @@ def client_working_bytes(data, heads: int, batch_size: int | None = None) -> int
     if getattr(data, "attention", "linear") == "softmax":
         n = data.X.shape[-2]
         per_sample += n * d + 4 * heads * n
-    return _itemsize(data.S.dtype) * N * per_sample
+    return itemsize(data.S.dtype) * N * per_sample

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._array import array_namespace, sq_norms, to_numpy
+from .arrays import array_namespace, sq_norms, to_numpy
 from .clients import StackedClients
-from .model import BLOCKS, Params, _flat, loss_and_grad_from_inputs
+from .model import BLOCKS, Params, flat as _flat, loss_and_grad_from_inputs
 
 __all__ = ["value_curvature", "stable_learning_rate", "hessian_curvature"]
 

@@ -4,7 +4,7 @@ affine map (docs/theory.md §5). The round engine, the warm-up grid and the theo
 
 from __future__ import annotations
 
-from ._array import array_namespace
+from .arrays import array_namespace
 from .moments import ValueMoments
 
 __all__ = ["frozen_client_map"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ._array import array_namespace, moveaxis
+from .arrays import array_namespace, moveaxis
 
 __all__ = [
     "Params",
@@ -46,6 +46,10 @@ __all__ = [
     "loss_and_grad_from_contexts",
     "loss_and_grad_from_inputs",
     "kernel_gradient_from_inputs",
+    "value_matrix",
+    "flat",
+    "heads_to_columns",
+    "validate_params",
 ]
 
 BLOCKS = ("WQ", "WK", "WV")
@@ -166,7 +170,7 @@ def context_second_moment(X):
     return xp.matmul(xp.matrix_transpose(X), X) / X.shape[-2]
 
 
-def _heads_to_columns(xp, K):
+def heads_to_columns(xp, K):
     """``(..., H, d, e) -> (..., d, H·e)`` so that column ``h·e + b`` is ``K[h, :, b]``."""
     H, d, e = K.shape[-3:]
     return xp.reshape(moveaxis(xp, K, -3, -2), K.shape[:-3] + (d, H * e))
@@ -203,12 +207,12 @@ def features(K, S, q):
     """
     xp = array_namespace(K, S, q)
     H, d = K.shape[-3], K.shape[-1]
-    k = xp.matmul(q, _heads_to_columns(xp, K))          # (..., N, H·d): row h·d+b = (K_h^T q)_b
+    k = xp.matmul(q, heads_to_columns(xp, K))          # (..., N, H·d): row h·d+b = (K_h^T q)_b
     k = xp.reshape(k, k.shape[:-1] + (H, d))
     return xp.matmul(k, S)                               # (k^T Ŝ)^T = Ŝ k, Ŝ symmetric
 
 
-def _flat(xp, a, tail: int):
+def flat(xp, a, tail: int):
     """Merge the last ``tail`` axes of ``a``."""
     n = 1
     for s in a.shape[-tail:]:
@@ -216,7 +220,7 @@ def _flat(xp, a, tail: int):
     return xp.reshape(a, a.shape[:-tail] + (n,))
 
 
-def _value_matrix(xp, WV):
+def value_matrix(xp, WV):
     """Stack heads: ``V = (W_V^1; …; W_V^H)``, shape ``(..., H·d, p)``."""
     H, d, p = WV.shape[-3:]
     return xp.reshape(WV, WV.shape[:-3] + (H * d, p))
@@ -240,8 +244,8 @@ def predict_from_moments(params: Params, S, q):
         ``ŷ``, equal to :func:`predict` on the contexts ``Ŝ`` comes from.
     """
     xp = array_namespace(S, q, params.WV)
-    phi = _flat(xp, features(kernel(params), S, q), 2)
-    return xp.matmul(phi, _value_matrix(xp, params.WV))
+    phi = flat(xp, features(kernel(params), S, q), 2)
+    return xp.matmul(phi, value_matrix(xp, params.WV))
 
 
 def _validate(X, q, y=None):
@@ -264,7 +268,9 @@ def _validate(X, q, y=None):
             raise ValueError(f"{name} contains non-finite values")
 
 
-def _validate_params(params: Params, d: int, p: int | None = None):
+def validate_params(params: Params, d: int, p: int | None = None):
+    """Check that ``params`` fit data of token dimension ``d`` (and ``p`` outputs) and are finite;
+    a ``TypeError`` or ``ValueError`` names the first block that does not."""
     if not isinstance(params, Params):
         raise TypeError(f"params is a {type(params).__name__}; expected a Params")
     if params.WQ.ndim != 3:
@@ -328,7 +334,7 @@ def predict(params: Params, X, q, attention: str = "linear", temperature: float 
     """
     _check_attention(attention, temperature)
     _validate(X, q)
-    _validate_params(params, X.shape[-1])
+    validate_params(params, X.shape[-1])
     if attention == "softmax":
         return predict_from_contexts(params, X, q, attention, temperature)
     return predict_from_moments(params, context_second_moment(X), q)
@@ -389,8 +395,8 @@ def loss_and_grad_from_moments(params: Params, S, q, y, sample_weight=None,
     N = S.shape[-3]
     if sample_weight is None:
         sample_weight = xp.full(S.shape[:-2], 1.0 / N, dtype=S.dtype)
-    V = _value_matrix(xp, params.WV)                                 # (..., Hd, p)
-    phi = _flat(xp, features(kernel(params), S, q), 2)               # (..., N, Hd)
+    V = value_matrix(xp, params.WV)                                 # (..., Hd, p)
+    phi = flat(xp, features(kernel(params), S, q), 2)               # (..., N, Hd)
     e = xp.matmul(phi, V) - y                                        # (..., N, p)
     ew = e * sample_weight[..., None]
     loss = 0.5 * xp.sum(ew * e, axis=(-2, -1)) if with_loss else None
@@ -427,7 +433,7 @@ def _kernel_gradient(xp, S, q, ew, WV):
     """``∇_{K_h} = Σ_i q_i g_{h,i}^T`` with ``g_h = Ŝ W_V^h e_w``; returns ``(..., H, d, d)``."""
     H, d, p = WV.shape[-3:]
     u = _value_backprop(xp, ew, WV)
-    g = _flat(xp, xp.matmul(u, S), 2)                                # (..., N, Hd), Ŝ symmetric
+    g = flat(xp, xp.matmul(u, S), 2)                                # (..., N, Hd), Ŝ symmetric
     return _query_outer(xp, q, g, H, d)
 
 
@@ -457,9 +463,9 @@ def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None, *,
     N = S.shape[-3]
     if sample_weight is None:
         sample_weight = xp.full(S.shape[:-2], 1.0 / N, dtype=S.dtype)
-    V = _value_matrix(xp, params.WV)
+    V = value_matrix(xp, params.WV)
     if phi is None:
-        phi = _flat(xp, features(kernel(params), S, q), 2)
+        phi = flat(xp, features(kernel(params), S, q), 2)
     ew = (xp.matmul(phi, V) - y) * sample_weight[..., None]
     return _kernel_gradient(xp, S, q, ew, params.WV)
 
@@ -506,7 +512,7 @@ def loss_and_grad(params: Params, X, q, y, attention: str = "linear", temperatur
     """
     _check_attention(attention, temperature)
     _validate(X, q, y)
-    _validate_params(params, X.shape[-1], y.shape[-1])
+    validate_params(params, X.shape[-1], y.shape[-1])
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, X, q, y, attention=attention, temperature=temperature)
     return loss_and_grad_from_moments(params, context_second_moment(X), q, y)
@@ -546,7 +552,7 @@ def softmax_weights(K, X, q, temperature: float = 1.0):
     """
     xp = array_namespace(K, X, q)
     H, d = K.shape[-3], K.shape[-1]
-    k = xp.matmul(q, _heads_to_columns(xp, K))                      # (..., N, H·d): K_h^T q
+    k = xp.matmul(q, heads_to_columns(xp, K))                      # (..., N, H·d): K_h^T q
     k = xp.reshape(k, k.shape[:-1] + (H, d))
     s = xp.matmul(k, xp.matrix_transpose(X)) / temperature          # (..., N, H, n)
     z = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
@@ -619,8 +625,8 @@ def predict_from_contexts(params: Params, X, q, attention: str = "linear", tempe
     """
     xp = array_namespace(X, q, params.WV)
     inputs = X if attention == "softmax" else context_second_moment(X)
-    phi = _flat(xp, attention_features(kernel(params), inputs, q, attention, temperature), 2)
-    return xp.matmul(phi, _value_matrix(xp, params.WV))
+    phi = flat(xp, attention_features(kernel(params), inputs, q, attention, temperature), 2)
+    return xp.matmul(phi, value_matrix(xp, params.WV))
 
 
 def _softmax_loss_and_grad(params: Params, X, q, y, sample_weight, blocks, temperature,
@@ -638,8 +644,8 @@ def _softmax_loss_and_grad(params: Params, X, q, y, sample_weight, blocks, tempe
     if sample_weight is None:
         sample_weight = xp.full(X.shape[:-2], 1.0 / N, dtype=X.dtype)
     a = softmax_weights(kernel(params), X, q, temperature)            # (..., N, H, n)
-    phi = _flat(xp, xp.matmul(a, X), 2)                              # (..., N, Hd)
-    e = xp.matmul(phi, _value_matrix(xp, params.WV)) - y             # (..., N, p)
+    phi = flat(xp, xp.matmul(a, X), 2)                              # (..., N, Hd)
+    e = xp.matmul(phi, value_matrix(xp, params.WV)) - y             # (..., N, p)
     ew = e * sample_weight[..., None]
     loss = 0.5 * xp.sum(ew * e, axis=(-2, -1))
     gV = gK = None
@@ -650,7 +656,7 @@ def _softmax_loss_and_grad(params: Params, X, q, y, sample_weight, blocks, tempe
         v = _value_backprop(xp, ew, params.WV)                       # (..., N, H, d)
         u = xp.matmul(v, xp.matrix_transpose(X))                     # (..., N, H, n) = X v_h
         delta = a * (u - xp.sum(a * u, axis=-1, keepdims=True))       # J u
-        g = _flat(xp, xp.matmul(delta, X), 2) / temperature          # (..., N, Hd)
+        g = flat(xp, xp.matmul(delta, X), 2) / temperature          # (..., N, Hd)
         gK = _query_outer(xp, q, g, H, d)
     return loss, gV, gK
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._array import array_namespace
-from .model import _flat
+from .arrays import array_namespace
+from .model import flat
 from .clients import StackedClients, stack_clients
 
 __all__ = ["ValueMoments", "value_moments", "value_moments_and_features", "value_objective"]
@@ -129,7 +129,7 @@ def value_moments_and_features(K, clients, lam: float = 0.0, *, xp=None) -> tupl
         raise ValueError(f"lam = {lam!r}; expected a number >= 0")
     data = clients if isinstance(clients, StackedClients) else stack_clients(clients, xp=xp)
     xp = array_namespace(data.S)
-    phi = _flat(xp, data.features(xp.asarray(K, dtype=data.S.dtype)), 2)   # (m, N, Hd)
+    phi = flat(xp, data.features(xp.asarray(K, dtype=data.S.dtype)), 2)   # (m, N, Hd)
     w = data.sample_weight[..., None]
     A = xp.matmul(xp.matrix_transpose(phi), phi * w)
     B = xp.matmul(xp.matrix_transpose(phi), data.y * w)

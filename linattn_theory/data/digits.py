@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core._array import array_namespace, to_numpy
+from ..core.arrays import array_namespace, to_numpy
 from ..core.model import Params, predict_from_contexts
 from ..core.clients import ClientDataset, FederatedDataset
+from ..core.errors import ConfigError
 from ..core.seeds import seed_sequence
 
-__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "max_clients", "SEED_SPLIT",
+__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "max_clients", "check_task", "SEED_SPLIT",
            "DIGITS_CLASS_COUNTS"]
 
 #: SeedSequence purpose of the test split and the client split (apart from the task purposes 0–5)
@@ -255,6 +256,19 @@ def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
     y = np.eye(10)[labels]
     return split_clients(X, q, y, labels, num_clients, label_alpha, dirichlet_alpha, test_fraction,
                          seed, fresh_samples, family="digits")
+
+
+def check_task(task) -> None:
+    """Refuse a ``[task]`` of the digits family with more clients than its training images allow
+    (:func:`max_clients`), a :class:`~linattn_theory.core.errors.ConfigError` before any work."""
+    most = max_clients(task.test_fraction)
+    if task.num_clients > most:
+        raise ConfigError(f"task.num_clients = {task.num_clients}: expected a value <= {most} for "
+                          f"family 'digits' (its training images at task.test_fraction = "
+                          f"{task.test_fraction:g}, two or more per client)")
+
+
+digits_clients.check = check_task      # the family's own config check (data.families.family_check)
 
 
 def evaluate(params: Params, X, q, y, attention: str = "linear", temperature: float = 1.0) -> dict:

@@ -1,39 +1,84 @@
 """Task families by name: the synthetic families (:mod:`.tasks`) and the digits data set
 (:mod:`.digits`), built by :func:`make_clients` (docs/theory.md §2, §9).
+
+:data:`FAMILIES` is the one place a family is named: the configuration's ``task.family`` accepts
+its names, and a family's ``[task]`` keys are its factory's keyword arguments
+(:func:`family_keys`); a factory may carry a ``check(task)`` of its own (:func:`family_check`).
+Adding a family is its factory plus one line here
+(docs/howto/add-task-family.md).
 """
 
 from __future__ import annotations
 
-from ..core.clients import FederatedDataset
-from .tasks import in_context_regression_clients, planted_kernel_clients
+import inspect
+from collections.abc import Iterator, Mapping
 
-__all__ = ["FAMILIES", "make_clients", "clients_from_config"]
+from ..core.lazy import Registry
+
+__all__ = ["FAMILIES", "FAMILY_KEYS", "FACTORY_ARGUMENTS", "family_keys", "family_check", "make_clients",
+           "clients_from_config"]
+
+#: family factories by name, ``factory(**keys, seed, fresh_samples) -> FederatedDataset``;
+#: ``"module:attribute"`` entries are imported on first use (digits needs scikit-learn only when built)
+FAMILIES = Registry({
+    "planted_kernel": ".tasks:planted_kernel_clients",
+    "in_context_regression": ".tasks:in_context_regression_clients",
+    "digits": ".digits:digits_clients",
+}, __package__, "task family")
+
+#: the arguments every factory takes that are not ``[task]`` keys: the root seed, and
+#: ``fresh_samples`` (the evaluation stream: the same clients, new samples; what
+#: :func:`linattn_theory.theory.profile.population_value_moments` draws from)
+FACTORY_ARGUMENTS = ("seed", "fresh_samples")
 
 
-def _digits_clients(**options) -> FederatedDataset:
-    """The ``digits`` family (real data, docs/theory.md §9): :func:`linattn_theory.data.digits.digits_clients`.
+def family_keys(family: str) -> frozenset[str]:
+    """The ``[task]`` keys of ``family``: its factory's keyword arguments other than :data:`FACTORY_ARGUMENTS`.
 
-    Imported on first use: scikit-learn is an optional extra."""
-    from .digits import digits_clients
-    return digits_clients(**options)
-
-
-FAMILIES = {
-    "planted_kernel": planted_kernel_clients,
-    "in_context_regression": in_context_regression_clients,
-    "digits": _digits_clients,
-}
+    A factory must take both of those (a ``TypeError`` names the one it lacks)."""
+    parameters = inspect.signature(FAMILIES[family]).parameters
+    missing = [name for name in FACTORY_ARGUMENTS if name not in parameters]
+    if missing:
+        raise TypeError(f"task family {family!r}: its factory takes no {', '.join(missing)}; every factory "
+                        f"takes {' and '.join(FACTORY_ARGUMENTS)} (docs/howto/add-task-family.md)")
+    return frozenset(name for name in parameters if name not in FACTORY_ARGUMENTS)
 
 
-def make_clients(family: str, seed: int = 0, **options) -> FederatedDataset:
-    """Build the clients of a task family by name (``planted_kernel``, ``in_context_regression``, ``digits``).
+def family_check(family: str):
+    """The family's own check of a validated ``[task]`` section, ``check(task)`` raising
+    :class:`~linattn_theory.core.errors.ConfigError` (the factory's ``check`` attribute; the digits
+    family refuses more clients than its images allow), or ``None``."""
+    return getattr(FAMILIES[family], "check", None)
+
+
+class _FamilyKeys(Mapping):
+    """``{family: family_keys(family)}`` over the registered families, read from the factories."""
+
+    def __getitem__(self, family: str) -> frozenset[str]:
+        if family not in FAMILIES:
+            raise KeyError(family)
+        return family_keys(family)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES)
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
+
+
+#: the ``[task]`` keys of every family, derived from the factories' signatures
+FAMILY_KEYS = _FamilyKeys()
+
+
+def make_clients(family: str, seed: int = 0, **options):
+    """Build the clients of a task family by name (a key of :data:`FAMILIES`), a
+    :class:`~linattn_theory.core.clients.FederatedDataset`.
 
     Parameters
     ----------
-    family : {"planted_kernel", "in_context_regression", "digits"}
-        The task family (:func:`~linattn_theory.data.tasks.planted_kernel_clients`,
-        :func:`~linattn_theory.data.tasks.in_context_regression_clients`,
-        :func:`~linattn_theory.data.digits.digits_clients`).
+    family : str
+        The task family, a key of :data:`FAMILIES` (``"planted_kernel"``, ``"in_context_regression"``,
+        ``"digits"``, or one registered later).
     seed : int, default 0
         The instance.
     **options

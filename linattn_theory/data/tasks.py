@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.clients import ClientDataset, FederatedDataset
-from ..core.model import _flat, context_second_moment, features
+from ..core.model import flat, context_second_moment, features
 from ..core.seeds import SEED_CLIENT, SEED_EVAL, SEED_TEACHER, seed_sequence
 
 
-__all__ = ["planted_kernel_clients", "in_context_regression_clients"]
+__all__ = ["planted_kernel_clients", "in_context_regression_clients", "client_sizes", "sample_stream"]
 
 
 #: a Gamma(α) draw below this is redrawn from its lower tail in log space (no underflow)
@@ -35,7 +35,7 @@ def _log_gamma(rng, alpha: float) -> float:
     return float(np.log(_GAMMA_TINY) + np.log1p(-rng.random()) / alpha)
 
 
-def _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=False):
+def client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=False):
     """Equal sizes, or sizes following Dirichlet(α) proportions with at least one sample each.
 
     The proportions ``π ~ Dirichlet(α)`` come from per-client Gamma(α) draws in log space
@@ -59,8 +59,10 @@ def _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=
     return [int(1 + s) for s in sizes]
 
 
-def _sample_stream(client_rng, seed, client, fresh):
-    """Where client ``c``'s samples come from: its own stream (training) or ``(SEED_EVAL, c)`` (fresh)."""
+def sample_stream(client_rng, seed, client, fresh):
+    """Where client ``c``'s samples come from: its own stream ``client_rng`` (training) or, with
+    ``fresh=True``, the evaluation stream ``(SEED_EVAL, c)``: new samples of the same client
+    distribution, drawn after everything that defines the client came from ``client_rng``."""
     return np.random.default_rng(seed_sequence(seed, SEED_EVAL, client)) if fresh else client_rng
 
 
@@ -145,20 +147,20 @@ def planted_kernel_clients(num_clients=8, samples_per_client=256, tokens=16, dim
     V_bar = teacher.normal(0, std, size=(H, d, p))
     positions = _positional_means(n, d, positional_strength, teacher)
     rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(num_clients)]
-    sizes = _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh_samples)
+    sizes = client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh_samples)
     clients, value_maps, means, scales = [], [], [], []
     for c, (rng, N) in enumerate(zip(rngs, sizes)):
         V_c = V_bar + zeta_value * rng.normal(0, std, size=(H, d, p))
         scale = np.exp(0.5 * zeta_covariate * rng.normal(size=d))     # sqrt of diag(Σ_c)
         mu = zeta_mean * rng.normal(size=d)
-        rng = _sample_stream(rng, seed, c, fresh_samples)
+        rng = sample_stream(rng, seed, c, fresh_samples)
         X = mu + positions + scale * rng.normal(size=(N, n, d))
         if query == "last":
             q = X[:, -1, :].copy()
         else:
             q = mu + positions[-1] + scale * rng.normal(size=(N, d))
         S = context_second_moment(X)
-        phi = _flat(np, features(K_star, S, q), 2)
+        phi = flat(np, features(K_star, S, q), 2)
         y = phi @ V_c.reshape(H * d, p) + noise * rng.normal(size=(N, p))
         clients.append(ClientDataset(X, q, y))
         value_maps.append(V_c)
@@ -209,12 +211,12 @@ def in_context_regression_clients(num_clients=8, samples_per_client=256, tokens=
     """
     d, n = dim, tokens
     rngs = [np.random.default_rng(seed_sequence(seed, SEED_CLIENT, c)) for c in range(num_clients)]
-    sizes = _client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh_samples)
+    sizes = client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh_samples)
     clients, task_means, spectra = [], [], []
     for c, (rng, N) in enumerate(zip(rngs, sizes)):
         lam = np.exp(zeta_covariate * rng.normal(size=d))
         mu = zeta_task * rng.normal(size=d)
-        rng = _sample_stream(rng, seed, c, fresh_samples)
+        rng = sample_stream(rng, seed, c, fresh_samples)
         w = mu + rng.normal(size=(N, d))
         x = np.sqrt(lam) * rng.normal(size=(N, n + 1, d))
         ys = np.einsum("bid,bd->bi", x, w)

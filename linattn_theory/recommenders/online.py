@@ -16,15 +16,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..core._array import to_numpy
-from ..core.model import Params, _value_matrix, kernel
+from ..core.arrays import to_numpy
+from ..core.model import Params, value_matrix, kernel
 from ..core.clients import StackedClients
-from ..theory.frozen_stage import _fixed_point, _frozen_map
-from ..theory._shared import _host_moments, _profile_from_moments, _ridge
+from ..theory.frozen_stage import fixed_point, affine_round
+from ..theory.host import host_moments, profile_from_moments, ridged
+from ..sim.strategies.base import declare
+from .signals import stability_margin
 
 
 __all__ = ["FreezeForecast", "freeze_forecast", "OnlineRule", "OnlineDecision", "online_decision", "CHECKS",
-           "escape_round", "gain_and_cost", "gain_error", "still_descending", "drift_turn", "fedavg_forecast", "OnlineControl", "OnlineRun", "adaptive_strategy", "run_online"]
+           "escape_round", "gain_and_cost", "gain_error", "still_descending", "drift_turn", "fedavg_forecast",
+           "freeze_options", "freeze_risk", "profiles_and_floors", "OnlineControl", "OnlineRun", "adaptive_strategy",
+           "run_online"]
 
 
 # --------------------------------------------------------------------------------------
@@ -61,6 +65,8 @@ class FreezeForecast:
         ``μ``.
     curvature : numpy.ndarray, shape (H·d, H·d)
         ``Ã``.
+    stability_margin : float, default NaN
+        ``2 − η max_c λ_max(Ã_c(K_s))`` (docs/theory.md §5; :func:`~.signals.stability_margin`).
     """
 
     round: int
@@ -72,6 +78,7 @@ class FreezeForecast:
     basis: np.ndarray = field(repr=False)      # Q, (Hd, Hd)
     eigenvalues: np.ndarray = field(repr=False)  # μ, (Hd,)
     curvature: np.ndarray = field(repr=False)  # Ã, (Hd, Hd)
+    stability_margin: float = float("nan")     # 2 − η max_c λ_max(Ã_c)
     _table: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def final_objective(self, frozen_rounds) -> np.ndarray | float:
@@ -141,23 +148,24 @@ def freeze_forecast(params: Params, data: StackedClients, fed, round_index: int 
     """
     lam, eta, E, s = fed.ridge, fed.learning_rate, fed.local_steps, fed.server_learning_rate
     K = np.asarray(to_numpy(kernel(params)), dtype=np.float64)
-    V = _value_matrix(np, np.asarray(to_numpy(params.WV), dtype=np.float64))
+    V = value_matrix(np, np.asarray(to_numpy(params.WV), dtype=np.float64))
     with np.errstate(all="ignore"):
-        moments = _host_moments(K, data)
+        moments = host_moments(K, data)
     if not (np.all(np.isfinite(K)) and np.all(np.isfinite(V))
             and all(np.all(np.isfinite(np.asarray(m))) for m in moments.weighted())):
         return _unusable_forecast(round_index, V.shape)
-    profile, V_star = _profile_from_moments(moments, lam)
+    profile, V_star = profile_from_moments(moments, lam)
     with np.errstate(all="ignore"):
-        M, b = _frozen_map(moments, eta, E, lam, s)
+        M, b = affine_round(moments, eta, E, lam, s)
     if not (np.all(np.isfinite(M)) and np.all(np.isfinite(b))):
         return _unusable_forecast(round_index, V.shape)
-    V_FA = _fixed_point(M, b)
-    A = _ridge(moments.weighted()[0], lam)
+    V_FA = fixed_point(M, b)
+    A = ridged(moments.weighted()[0], lam)
     mu, Q = np.linalg.eigh(0.5 * (M + M.T))
     offset = V_FA - V_star
+    margin = stability_margin(np.linalg.eigvalsh(moments.A)[:, -1] + lam, eta)
     return FreezeForecast(int(round_index), float(profile), float(0.5 * np.sum(offset * (A @ offset))),
-                          float(np.max(np.abs(mu))), offset, Q.T @ (V - V_FA), Q, mu, A)
+                          float(np.max(np.abs(mu))), offset, Q.T @ (V - V_FA), Q, mu, A, margin)
 
 
 def _unusable_forecast(round_index: int, shape) -> FreezeForecast:
@@ -165,7 +173,7 @@ def _unusable_forecast(round_index: int, shape) -> FreezeForecast:
     zeros = np.zeros(shape)
     n = shape[0]
     return FreezeForecast(int(round_index), float("inf"), float("inf"), float("inf"), zeros, zeros,
-                          np.eye(n), np.zeros(n), np.eye(n))
+                          np.eye(n), np.zeros(n), np.eye(n), float("-inf"))
 
 
 # --------------------------------------------------------------------------------------
@@ -198,6 +206,11 @@ class OnlineDecision:
         The deciding step.
     reason : str
         The verdict in a sentence.
+    outcome : {"freeze", "iterate", "solve"}, default "freeze"
+        What a stop does: freeze ``K_{s*}`` for the remaining rounds; end with the stored iterate
+        ``θ_{s*}`` (no frozen rounds: its loss is observed); or solve the value block exactly at
+        ``K_{s*}`` in the last round (``value_solve``, docs/theory.md §5). The rules of
+        :mod:`.rules` use the last two; :func:`~.scoring.realised_risk` realises each.
     """
 
     round: int
@@ -210,6 +223,7 @@ class OnlineDecision:
     forecast_error: float
     test: str
     reason: str
+    outcome: str = "freeze"
 
 
 @dataclass(frozen=True)
@@ -278,6 +292,8 @@ class OnlineRule:
     confidence: float = 2.0
     gain_confidence: float = 3.0
     descent_confidence: float | None = 8.0
+    #: What the rule reads (:data:`~.rules.INFORMATION_SETS`): the client value moments.
+    information_set = "value_moments"
 
     def __post_init__(self):
         for name in ("window", "horizon"):
@@ -298,7 +314,7 @@ class OnlineRule:
                                gain_confidence=self.gain_confidence, descent_confidence=self.descent_confidence)
 
 
-def _options(forecasts, frozen_rounds: int) -> np.ndarray:
+def freeze_options(forecasts, frozen_rounds: int) -> np.ndarray:
     """``J(s, k)`` for every stored round ``s`` and ``k = frozen_rounds`` (a whole column at once
     from a sequence that has ``column``, a record's table)."""
     column = getattr(forecasts, "column", None)
@@ -307,7 +323,7 @@ def _options(forecasts, frozen_rounds: int) -> np.ndarray:
     return np.array([f.final_objective(frozen_rounds) for f in forecasts])
 
 
-def _freeze_risk(forecasts, T: int) -> np.ndarray:
+def freeze_risk(forecasts, T: int) -> np.ndarray:
     """``J(s, T − s)`` for every stored round ``s``: ``R_freeze(0..t) + Φ*``."""
     diagonal = getattr(forecasts, "diagonal", None)
     if diagonal is not None:
@@ -315,7 +331,7 @@ def _freeze_risk(forecasts, T: int) -> np.ndarray:
     return np.array([f.final_objective(T - f.round) for f in forecasts])
 
 
-def _profiles_and_floors(forecasts) -> tuple[list, list]:
+def profiles_and_floors(forecasts) -> tuple[list, list]:
     """``Φ_λ(K_s)`` and ``D(K_s)`` of every stored round ``s``."""
     if hasattr(forecasts, "profiles"):
         return forecasts.profiles, forecasts.drift_floors
@@ -525,20 +541,20 @@ def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon:
         objective = float(forecasts[T].final_objective(0))
         return OnlineDecision(t, True, T, objective, 0.0, 0.0, objective, 0.0, "budget",
                               "warm-up budget spent: plain FedAvg")
-    now = _options(forecasts, T - t)
+    now = freeze_options(forecasts, T - t)
     s = int(np.argmin(now))
     best = float(now[s])
 
     def go_on(test, reason, gain=nan, cost=nan, forecast=nan, error=nan):
         return OnlineDecision(t, False, s, best, gain, cost, forecast, error, test, reason)
 
-    risk = _freeze_risk(forecasts, T)                                        # R_freeze(0..t) + Φ*
+    risk = freeze_risk(forecasts, T)                                        # R_freeze(0..t) + Φ*
     ready = escape_round(risk, window)
     if ready is None or t < ready:
         return go_on("escape", f"escaping the saddle: R_freeze has not yet fallen below R_freeze(0) "
                                f"{window} rounds ago")
     h = min(horizon, T - t)
-    (gain, cost), error = _gain_cost_and_error(risk, now, _options(forecasts, T - t - h), window, h)
+    (gain, cost), error = _gain_cost_and_error(risk, now, freeze_options(forecasts, T - t - h), window, h)
     spare = gain_confidence * error
     if "gain" in checks and gain + spare > cost:
         return go_on("gain", f"predicted gain {gain:.3g} (+ {spare:.3g}, {gain_confidence:g} standard errors) of "
@@ -546,12 +562,12 @@ def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon:
     if "descent" in checks and still_descending(gain, error, descent_confidence):
         return go_on("descent", f"R_freeze still falls: predicted gain {gain:.3g} of {h} more rounds exceeds "
                                 f"{descent_confidence:g} standard errors ({error:.3g} each)", gain, cost)
-    profile, floor = _profiles_and_floors(forecasts)
+    profile, floor = profiles_and_floors(forecasts)
     if "drift" in checks and not drift_turn(profile, floor, window):
         return go_on("drift", f"the kernel's profile rose by {profile[-1] - profile[-window - 1]:.3g} over "
                               f"{window} rounds, more than the drift floor: a transient, not the drift's turn",
                      gain, cost)
-    objective = _options(forecasts, 0)                                         # F_λ(θ_0..θ_t)
+    objective = freeze_options(forecasts, 0)                                         # F_λ(θ_0..θ_t)
     forecast, error = fedavg_forecast(objective, T, window, confidence)
     if "no_harm" in checks and not best < forecast - error:
         return go_on("no_harm", f"freezing ({best:.4g}) does not beat FedAvg's forecast {forecast:.4g} "
@@ -597,7 +613,9 @@ class OnlineControl:
 
     ``observe`` stores ``θ^t``, adds the :class:`FreezeForecast` of round ``t`` and asks the rule,
     which sees rounds ``0..t`` only; when it stops, the run freezes the kernel of its
-    ``kernel_round`` (a stored round: roll-back). ``finish`` records ``kernel_round`` (the ``T0``),
+    ``kernel_round`` (a stored round: roll-back). A decision of another ``outcome`` (``iterate``,
+    ``solve``: the rules of :mod:`.rules`) is refused with a ``ValueError``: those are scored on
+    records (:func:`~.scoring.realised_risk`), not run here. ``finish`` records ``kernel_round`` (the ``T0``),
     ``stop_round`` and the forecast; ``decisions`` keeps one row per round observed.
 
     Parameters
@@ -626,6 +644,10 @@ class OnlineControl:
         self.decisions.append(dataclasses.asdict(self.decision))
         if not self.decision.stop:
             return None
+        if self.decision.outcome != "freeze":
+            raise ValueError(f"{type(self.rule).__name__} decided the outcome {self.decision.outcome!r} at round {t}: "
+                             "the simulator realises freezes only; score this rule on a record with "
+                             "recommenders.scoring.replay_online and realised_risk(..., outcome=...)")
         self.stop_round = t
         return Freeze(self.decision.kernel_round, self.params[self.decision.kernel_round])
 
@@ -643,6 +665,9 @@ def _default_rule(fed) -> OnlineRule:
                       fed.adaptive_gain_confidence, None if descent == np.inf else descent)
 
 
+@declare(settings=("adaptive_window", "adaptive_horizon", "adaptive_confidence", "adaptive_gain_confidence",
+                   "adaptive_descent_confidence"),
+         style=(r"FedFrozen, online $T_0$", "olive", "*", ":"), panel="fedfrozen")
 def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineControl | None = None):
     """The strategy ``fedfrozen_adaptive``: FedAvg rounds until the online rule freezes the kernel.
 

@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..core._array import to_numpy
+from ..core.arrays import to_numpy
 from ..core.model import kernel
 from .online import OnlineRule, run_online
 
 __all__ = ["MODES", "INFORMATION", "Recommendation", "recommend", "default_pilot_rounds", "pilot_bound",
-           "pilot_path", "pilot_warmup", "default_transfer_seeds"]
+           "pilot_path", "pilot_warmup", "default_transfer_seeds", "warmup_path",
+           "a_posteriori_bound"]
 
 #: The recommenders and their information sets (docs/theory.md §8).
 MODES = ("online", "pilot", "transfer", "a_posteriori")
@@ -97,7 +98,7 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
     pandas.DataFrame
         ``U_pilot``, one row per ``T0 = 0..T``.
     """
-    from ..theory.bound import _drift_growth, fit_inexact_pl, frozen_stage_bound, tradeoff_bound
+    from ..theory.bound import drift_growth_rate, fit_inexact_pl, frozen_stage_bound, tradeoff_bound
 
     Tp = len(terms) - 1
     bias = terms["bias"].to_numpy()
@@ -105,7 +106,7 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
                                       terms["transient"].to_numpy())
     burn_in, b_floor, q = fit_inexact_pl(bias, frozen_pilot)
     level = float(np.max(bias[:burn_in + 1]))
-    gamma = _drift_growth(terms["drift_floor"], burn_in)
+    gamma = drift_growth_rate(terms["drift_floor"], burn_in)
     rounds = np.arange(T + 1)
     ahead = np.maximum(rounds - Tp, 0)
     last = terms.iloc[-1]
@@ -120,8 +121,69 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
                          "frozen_bound": frozen})
 
 
+def warmup_path(config, clients=None):
+    """Run plain FedAvg for ``T = config.federated.rounds`` rounds and keep ``θ^t`` at every round:
+    the :class:`~linattn_theory.theory.bound.WarmupPath` the bound ``U(T0)`` is fitted on.
+
+    ``θ^t`` is the simulator's own state. With full batches and full participation a round does
+    not depend on its index: one :func:`~linattn_theory.sim.engine.run_schedule` of ``T`` rounds
+    gives every ``θ^t`` (:func:`~linattn_theory.theory.bound.path_from_states`), bit-identical to round ``t`` of
+    :func:`~linattn_theory.simulate`. With minibatches or client sampling, or when the run diverges
+    (to report the round), each round is one ``run_schedule`` call that re-draws from the streams
+    of round 0 (the bound's full-batch assumption is then reported as violated).
+    """
+    from ..sim.engine import clients_from_config, initial_params, run_schedule
+    from ..theory.bound import config_stacked, path_from_states
+
+    clients = clients_from_config(config) if clients is None else clients
+    data = config_stacked(config, clients, np.dtype(config.model.dtype))
+    params = initial_params(config, data.q.shape[-1], data.y.shape[-1])
+    fed = config.federated
+    if fed.batch_size is None and fed.participation >= 1.0:
+        states = []
+        whole = run_schedule(params, data, dataclasses.replace(fed, warmup_rounds=fed.rounds, strategy="fedavg"), fed.rounds,
+                             config.seed, on_round=states.append, engine=config.model.engine)
+        if not whole.diverged:
+            return path_from_states(states)
+    return _path_round_by_round(params, data, config)
+
+
+def _path_round_by_round(params, data, config):
+    """:func:`warmup_path` as ``T`` one-round runs from ``params``, each re-drawing from round 0's
+    streams; a divergence is reported at its round."""
+    from ..sim.engine import run_schedule
+    from ..theory.bound import WarmupPath
+
+    one = dataclasses.replace(config.federated, rounds=1, warmup_rounds=1, strategy="fedavg")
+    states, tables, divergence = [params], [], None
+    for t in range(config.federated.rounds):
+        result = run_schedule(params, data, one, 1, config.seed, engine=config.model.engine)
+        table = result.table.iloc[1:].copy()
+        table["round"] = t + 1
+        tables.append(table)
+        if result.diverged:
+            divergence = dataclasses.replace(result.divergence, round=t + 1)
+            break
+        params = result.params
+        states.append(params)
+    table = pd.concat(tables, ignore_index=True)
+    gamma = np.cumsum(table["kernel_drift"].to_numpy())
+    table["cumulative_kernel_drift"] = gamma
+    return WarmupPath(tuple(states), table, divergence)
+
+
+def a_posteriori_bound(config, clients=None, *, optimum=None, restarts: int = 8):
+    """:func:`~linattn_theory.theory.bound.estimate_bound` on the instance's own FedAvg path of
+    ``T`` rounds (:func:`warmup_path`, on the clients stacked once in float64)."""
+    from ..sim.engine import clients_from_config
+    from ..theory.bound import config_stacked, estimate_bound
+
+    data = config_stacked(config, clients_from_config(config) if clients is None else clients)
+    return estimate_bound(config, data, path=warmup_path(config, data), optimum=optimum, restarts=restarts)
+
+
 def pilot_path(config, clients, pilot_rounds: int):
-    """The pilot: the first ``T_p`` FedAvg rounds of the run (:func:`~linattn_theory.theory.bound.warmup_path`).
+    """The pilot: the first ``T_p`` FedAvg rounds of the run (:func:`warmup_path`).
 
     Parameters
     ----------
@@ -135,7 +197,6 @@ def pilot_path(config, clients, pilot_rounds: int):
     WarmupPath
         ``θ^0 … θ^{T_p}``.
     """
-    from ..theory.bound import warmup_path
     path = warmup_path(config.with_updates({"federated.rounds": pilot_rounds, "federated.warmup_rounds": 0}),
                        clients)
     if path.divergence is not None:
@@ -250,8 +311,7 @@ def _check_mode(mode: str) -> str:
 
 
 def _a_posteriori_T0(config, clients, restarts: int):
-    from ..theory.bound import estimate_bound
-    return estimate_bound(config, clients, restarts=restarts)
+    return a_posteriori_bound(config, clients, restarts=restarts)
 
 
 def default_transfer_seeds(seed: int, count: int = 3) -> list[int]:

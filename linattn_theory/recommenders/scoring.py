@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core._array import to_numpy
+from ..core.arrays import to_numpy
 from ..core.model import kernel
 
 __all__ = ["best_warmup", "regret", "instance_truth", "instance_truths", "score_instance", "score_instances", "StoredForecast",
@@ -216,7 +216,8 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     ``<mode>_risk`` (``pilot``, ``a_posteriori``; the transfer recommender reads other instances'
     records and is scored by the caller), and for every round ``s`` of the realised FedAvg path
     ``freeze_objective[s][t − s] = J(s, T − t) − Φ*_λ`` (``t = s..T``), ``profile[s] = Φ_λ(K_s) − Φ*_λ``
-    and ``drift_floor[s] = D(K_s)``: what an online rule sees (:func:`replay_online`). Nothing in
+    ``drift_floor[s] = D(K_s)`` and ``stability_margin[s] = 2 − η max_c λ_max(Ã_c(K_s))`` (record
+    format 4): what an online rule sees (:func:`replay_online`). Nothing in
     it depends on a rule.
 
     Parameters
@@ -263,17 +264,28 @@ def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, r
 
     configs = list(configs)
     clients = [clients_from_config(c) for c in configs] if clients is None else list(clients)
+    configs = [_resolved(c, m) for c, m in zip(configs, clients)]
     truths, paths = _truths_and_paths(configs, clients, restarts)
     return [_record(config, members, truth, pilot_rounds, path)
             for config, members, truth, path in zip(configs, clients, truths, paths)]
+
+
+def _resolved(config, clients):
+    """``config`` with ``federated.step_scale``, if any, resolved to the instance's ``η``
+    (:mod:`linattn_theory.sim.step_size`; the truth's sweep resolves it to the same ``η``)."""
+    if config.federated.step_scale is None:
+        return config
+    from ..sim.engine import hessian_curvature, prepare_run
+    from ..sim.step_size import resolve_step_scale
+    return resolve_step_scale(config, *prepare_run(config, clients), hessian_curvature)[0]
 
 
 def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -> dict:
     """The record of :func:`score_instance` from the instance's ``truth`` and its sweep's FedAvg
     trajectory ``path = (data, states)`` (the run the truth's ``R(T)`` comes from; ``None``: the
     record runs its own, :func:`fedavg_path`)."""
-    from ..theory.bound import estimate_bound, path_from_states, warmup_path
-    from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup
+    from ..theory.bound import estimate_bound, path_from_states
+    from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup, warmup_path
     from .online import freeze_forecast
 
     T = config.federated.rounds
@@ -301,14 +313,15 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -
     record["a_posteriori_T0"] = estimate_bound(config, clients, path=path, optimum=optimum).T0_theory
     for mode in ("pilot", "a_posteriori"):
         record[f"{mode}_risk"] = float(R[record[f"{mode}_T0"]])
-    rows, profile, floor = [], [], []
+    rows, profile, floor, margin = [], [], [], []
     for state in states:
         s = state.round
         forecast = freeze_forecast(state.params, data, config.federated, s)
         rows.append([float(v) - optimum for v in forecast.final_objective(T - np.arange(s, T + 1))])
         profile.append(forecast.profile - optimum)
         floor.append(forecast.drift_floor)
-    record.update(freeze_objective=rows, profile=profile, drift_floor=floor)
+        margin.append(forecast.stability_margin)
+    record.update(freeze_objective=rows, profile=profile, drift_floor=floor, stability_margin=margin)
     return record
 
 
@@ -318,8 +331,8 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -
 class StoredForecast:
     """A :class:`~linattn_theory.recommenders.online.FreezeForecast` replayed from a record of
     :func:`score_instance`: ``final_objective(k) = J(s, k) − Φ*_λ`` for ``k = 0..T − s``,
-    ``profile = Φ_λ(K_s) − Φ*_λ`` and ``drift_floor = D(K_s)`` (``Φ*_λ`` cancels in every
-    comparison the rule makes).
+    ``profile = Φ_λ(K_s) − Φ*_λ``, ``drift_floor = D(K_s)`` and ``stability_margin`` (NaN in a
+    record before format 4; ``Φ*_λ`` cancels in every comparison the rule makes).
 
     Parameters
     ----------
@@ -335,6 +348,8 @@ class StoredForecast:
         self._row, self._T = row, s + len(row) - 1
         self.profile = float(record["profile"][s])
         self.drift_floor = float(record["drift_floor"][s])
+        self.stability_margin = float(record.get("stability_margin", [np.nan] * (s + 1))[s])
+        self.optimum = float(record["optimum"])         # Φ*_λ: J(s, 0) + Φ*_λ is the observed loss
 
     def final_objective(self, k):
         return self._row[self._T - np.asarray(k) - self.round]
@@ -392,7 +407,9 @@ class StoredForecasts(Sequence):
             for s, row in enumerate(rows):          # row[i] = J(s, T − s − i)
                 values = np.asarray([float(v) for v in row], dtype=float)
                 J[s, :len(values)] = values[::-1]
-            _table = (J, [float(v) for v in record["profile"]], [float(v) for v in record["drift_floor"]])
+            margins = record.get("stability_margin", [np.nan] * len(rows))
+            _table = (J, [float(v) for v in record["profile"]], [float(v) for v in record["drift_floor"]],
+                      [float(v) for v in margins])
         self._table = _table
         self._n = len(_table[0]) if rounds is None else rounds
 
@@ -417,6 +434,14 @@ class StoredForecasts(Sequence):
         s = np.arange(self._n)
         return self._table[0][s, T - s]
 
+    def offers(self, T: int) -> np.ndarray:
+        """``B_u = min_{s ≤ u} J(s, T − u)`` for every stored round ``u`` (:func:`~.signals.offers`),
+        from the table at once."""
+        u = np.arange(self._n)
+        J = self._table[0][:self._n][:, T - u]                  # J[s, T − u], rows s, columns u
+        J = np.where((u[:, None] <= u[None, :]) & np.isfinite(J), J, np.inf)
+        return J.min(axis=0)
+
     @property
     def profiles(self) -> list[float]:
         return self._table[1][:self._n]
@@ -424,6 +449,16 @@ class StoredForecasts(Sequence):
     @property
     def drift_floors(self) -> list[float]:
         return self._table[2][:self._n]
+
+    @property
+    def optimum(self) -> float:
+        """``Φ*_λ`` of the record (``J(u, 0) + Φ*_λ`` is the loss a server observes at round ``u``)."""
+        return float(self._record["optimum"])
+
+    @property
+    def stability_margins(self) -> list[float]:
+        """``2 − η max_c λ_max(Ã_c(K_s))`` of the stored rounds (NaN in a record before format 4)."""
+        return self._table[3][:self._n]
 
 
 def stored_forecasts(record: dict) -> StoredForecasts:
@@ -469,14 +504,19 @@ class ScriptedRule:
                               "scripted", "scripted")
 
 
-def realised_risk(record: dict, stop_round: int, kernel_round: int, config=None, clients=None) -> float:
+def realised_risk(record: dict, stop_round: int, kernel_round: int, config=None, clients=None,
+                  outcome: str = "freeze") -> float:
     """The final excess risk ``F_λ(θ_T) − Φ*_λ`` of freezing ``K_s`` (``s = kernel_round``) at round
     ``t = stop_round``, the rounds spent counted.
 
     ``s = t``: the warm-up sweep's ``R(t)`` (every run draws its minibatches and participants per
     round, so this is the run's own outcome). A roll-back ``s < t`` with full batches and full
     participation: the stored exact forecast ``J(s, T − t) − Φ*_λ``; otherwise the simulator's run
-    of the decision (:class:`ScriptedRule`, needs ``config``).
+    of the decision (:class:`ScriptedRule`, needs ``config``). ``t = T`` (no frozen round left) and
+    ``outcome = "iterate"`` (the run ends with the stored iterate ``θ_s``): ``J(s, 0) − Φ*_λ =
+    F_λ(θ_s) − Φ*_λ``, the loss of the path's own iterate on the full data, exact under any noise.
+    ``outcome = "solve"`` (the exact value solve at ``K_s`` in the last round, docs/theory.md §5):
+    ``Φ_λ(K_s) − Φ*_λ``, exact under any noise (the solve uses every client's full data).
 
     Parameters
     ----------
@@ -490,6 +530,8 @@ def realised_risk(record: dict, stop_round: int, kernel_round: int, config=None,
         The instance (needed to simulate a noisy roll-back).
     clients : FederatedDataset, optional
         Its clients.
+    outcome : {"freeze", "iterate", "solve"}, default "freeze"
+        What the decision does (:class:`~linattn_theory.recommenders.online.OnlineDecision`).
 
     Returns
     -------
@@ -498,8 +540,15 @@ def realised_risk(record: dict, stop_round: int, kernel_round: int, config=None,
     """
     s, t = int(kernel_round), int(stop_round)
     R = record["excess_risk"]
-    if s == t:
+    T = len(R) - 1
+    if outcome not in ("freeze", "iterate", "solve"):
+        raise ValueError(f"outcome = {outcome!r}; expected 'freeze', 'iterate' or 'solve'")
+    if outcome == "solve":
+        return float(record["profile"][s])
+    if s == t and (outcome == "freeze" or t == T):
         return float(R[t])
+    if outcome == "iterate" or t == T:
+        return float(record["freeze_objective"][s][T - s])
     if not record["noisy"]:
         return float(record["freeze_objective"][s][t - s])
     if config is None:

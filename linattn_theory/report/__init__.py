@@ -7,7 +7,7 @@ design seeds, scored on held-out seeds), :mod:`.figures` (running the figure scr
 ``simulations/``), :mod:`.figure_numbers` (numbers quoted in README and figures/README, generated)
 and :mod:`.teaching` (the notebook's helpers).
 """
-from ..core._lazy import attach
+from ..core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".results": ["load_results", "load_run", "SUMMARY_COLUMNS"],

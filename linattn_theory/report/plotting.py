@@ -30,14 +30,15 @@ if "matplotlib.pyplot" not in sys.modules:    # a script draws off-screen; a not
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 
 from ..core.io import atomic_write_bytes, atomic_write_text  # noqa: E402
+from .style import COLORBLIND, PAPER_TICKS  # noqa: E402
 
 __all__ = ["LABELS", "STRATEGY_NAMES", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
            "note_dropped", "dropped_text", "mark_x", "instance_band", "data_ticks", "stacked_bars", "log_scale",
            "symlog_scale", "curve_rows", "legend_below", "check_print_ready", "PALETTE_NAME", "COLUMN_WIDTH",
-           "FULL_WIDTH", "MIN_FONT_SIZE", "QUICK_MARK", "Style", "METHODS", "METHOD_PANELS", "ATTENTION",
+           "FULL_WIDTH", "MIN_FONT_SIZE", "QUICK_MARK", "Style", "METHODS", "METHOD_PANELS", "PANELS", "COLORS",
+           "ATTENTION",
            "method_style", "heterogeneity_color", "heterogeneity_label", "heterogeneity_style", "SEED_MARKERS",
            "INSTANCE_COLOR", "REFERENCE_COLOR", "STATISTIC_COLOR", "mark_best_T0", "best_T0_handle",
            "BEST_T0_LABEL", "room_on_top", "strip_offsets", "band_text", "left_out_text"]
@@ -112,42 +113,62 @@ DARK_CYAN = "#225555"
 #: neutral colours: single instances (seeds) and reference lines, and statistics over instances
 INSTANCE_COLOR, REFERENCE_COLOR, STATISTIC_COLOR = "0.55", "0.35", "black"
 
+#: the method colours by name, for the strategies' declarations (``style=(label, colour, marker)``)
+COLORS = {"blue": BLUE, "orange": ORANGE, "green": GREEN, "vermillion": VERMILLION, "brown": BROWN,
+          "light_blue": LIGHT_BLUE, "teal": TEAL, "olive": OLIVE, "grey": GREY, "dark_cyan": DARK_CYAN}
+
+
+def _strategy_styles() -> dict:
+    """The style each registered strategy declares (``@declare(style=...)``, its module), by name."""
+    from ..sim.strategies import STRATEGIES, declaration
+    styles = {}
+    for name in STRATEGIES:
+        style = declaration(name).style
+        if style:
+            label, color, *rest = style
+            styles[name] = Style(label, COLORS.get(color, color), *rest)
+    return styles
+
+
 #: Every method (a strategy of linattn_theory.sim.strategies, or a static arm of simulations/strategies.py)
-#: has one name, colour and marker in every figure and the notebook. A colour is shared only by
+#: has one name, colour and marker in every figure and the notebook; a strategy declares its own
+#: (``style`` of its :class:`~linattn_theory.sim.strategies.base.Declaration`). A colour is shared only by
 #: methods that never share a panel (:data:`METHOD_PANELS`): FedFrozen's combinations take the colour
 #: of what they add (FedProx, SCAFFOLD), the static arms those of other methods. The
 #: FedFrozen variants of one figure (``fedfrozen_best``, ``fedfrozen_theory``) are FedFrozen with
 #: another warm-up: FedFrozen's colour and marker, another line style.
 METHODS = {
-    "fedavg": Style("FedAvg", BLUE, "o"),
-    "fedfrozen": Style("FedFrozen", ORANGE, "s"),
+    **_strategy_styles(),
     "fedfrozen_best": Style(r"FedFrozen at its best $T_0$", ORANGE, "s"),
     "fedfrozen_theory": Style(r"FedFrozen at $T_0^{\mathrm{theory}}$ (a posteriori fit)", ORANGE, "s", "--"),
-    "fedfrozen_adaptive": Style(r"FedFrozen, online $T_0$", OLIVE, "*", ":"),
-    "fedprox": Style("FedProx", LIGHT_BLUE, "^"),
-    "scaffold": Style("SCAFFOLD", GREEN, "D"),
-    "fedavgm": Style("FedAvgM", VERMILLION, "v"),
-    "fedadam": Style("FedAdam", BROWN, "P"),
-    "fedfrozen_fedprox": Style("FedFrozen + FedProx", LIGHT_BLUE, "<"),
-    "fedfrozen_scaffold": Style("FedFrozen + SCAFFOLD", GREEN, ">"),
-    "value_solve": Style(r"value solve at $T_0$, then FedAvg", VERMILLION, "x"),
-    "value_solve_final": Style("FedAvg, value solve in the last round", BROWN, "+"),
-    "random_kernel": Style(r"random kernel ($T_0$ = 0)", GREY, "X"),
-    "value_frozen": Style("value frozen", LIGHT_BLUE, "H"),
     "static_uniform": Style("static: uniform", VERMILLION, "p"),
     "static_decay": Style("static: decay", BROWN, "h"),
     "static_calibrated": Style(r"static: calibrated at $T_0$", GREEN, "d"),
     "static_saf": Style(r"SAF: most static head at $T_0$", OLIVE, "8"),
     "centralised": Style("centralised gradient descent", STATISTIC_COLOR, "", "--"),
 }
-#: the panels of the strategies figure: within one, no two methods share a colour
-METHOD_PANELS = {
-    "FedAvg and federated baselines": ("fedavg", "fedprox", "scaffold", "fedavgm", "fedadam", "fedfrozen"),
-    "FedFrozen and its combinations": ("fedfrozen", "fedfrozen_fedprox", "fedfrozen_scaffold",
-                                       "fedfrozen_adaptive", "value_solve", "value_solve_final", "fedavg"),
-    "fixed or frozen blocks": ("random_kernel", "value_frozen", "static_uniform", "static_decay",
-                               "static_calibrated", "static_saf", "fedavg", "fedfrozen"),
+#: the panels of the strategies figure, ``{key: (title, methods drawn first, methods drawn last)}``;
+#: between them the strategies that declare the panel (``panel=key``), in registry order
+PANELS = {
+    "baselines": ("FedAvg and federated baselines", ("fedavg",), ("fedfrozen",)),
+    "fedfrozen": ("FedFrozen and its combinations", ("fedfrozen",), ("fedavg",)),
+    "fixed": ("fixed or frozen blocks", (), ("static_uniform", "static_decay", "static_calibrated", "static_saf",
+                                             "fedavg", "fedfrozen")),
 }
+
+
+def _method_panels() -> dict:
+    from ..sim.strategies import STRATEGIES, declaration
+    unknown = {name: declaration(name).panel for name in STRATEGIES}
+    unknown = {name: panel for name, panel in unknown.items() if panel is not None and panel not in PANELS}
+    if unknown:
+        raise ValueError(f"strategies declare panels that do not exist: {unknown}; expected one of {sorted(PANELS)}")
+    return {title: first + tuple(n for n in STRATEGIES if declaration(n).panel == key) + last
+            for key, (title, first, last) in PANELS.items()}
+
+
+#: the panels of the strategies figure: within one, no two methods share a colour
+METHOD_PANELS = _method_panels()
 #: Display names of the strategies, for legends and tables (the labels of :data:`METHODS`).
 STRATEGY_NAMES = {name: style.label for name, style in METHODS.items()}
 
@@ -252,20 +273,21 @@ def label(key: str) -> str:
 
 
 def apply_style() -> None:
-    """Seaborn ``ticks`` theme, the colour-blind palette, print sizes (7–8 pt text); idempotent.
+    """Seaborn's ``ticks`` theme (:data:`~linattn_theory.report.style.PAPER_TICKS`, without importing
+    seaborn), the colour-blind palette, print sizes (7–8 pt text); idempotent.
 
     Returns
     -------
     None
     """
-    sns.set_theme(context="paper", style="ticks", palette=PALETTE_NAME,
-                  rc={"figure.dpi": 110, "savefig.dpi": 300, "axes.grid": True,
-                      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
-                      "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "figure.titlesize": 8,
-                      "xtick.labelsize": 7, "ytick.labelsize": 7, "legend.fontsize": 7,
-                      "legend.title_fontsize": 7, "lines.linewidth": 1.2, "lines.markersize": 3.5,
-                      "legend.frameon": False, "figure.constrained_layout.use": True,
-                      "pdf.fonttype": 42, "svg.fonttype": "none"})
+    matplotlib.rcParams.update(PAPER_TICKS)
+    matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 300, "axes.grid": True,
+                                 "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+                                 "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "figure.titlesize": 8,
+                                 "xtick.labelsize": 7, "ytick.labelsize": 7, "legend.fontsize": 7,
+                                 "legend.title_fontsize": 7, "lines.linewidth": 1.2, "lines.markersize": 3.5,
+                                 "legend.frameon": False, "figure.constrained_layout.use": True,
+                                 "pdf.fonttype": 42, "svg.fonttype": "none"})
 
 
 def palette(n: int):
@@ -283,7 +305,7 @@ def palette(n: int):
     list
         ``n`` colours.
     """
-    base = sns.color_palette(PALETTE_NAME)
+    base = [matplotlib.colors.to_rgb(c) for c in COLORBLIND]
     return [base[i % len(base)] for i in range(n)]
 
 
@@ -378,7 +400,7 @@ def check_print_ready(fig, name: str = "figure") -> None:
     if width not in (COLUMN_WIDTH, FULL_WIDTH):
         raise ValueError(f"figure {name!r}: {width} in wide; expected {COLUMN_WIDTH} in (one column) "
                          f"or {FULL_WIDTH} in (two columns)")
-    fig.canvas.draw()               # creates the tick labels
+    fig.draw_without_rendering()    # lays out the tick labels (no rasterisation: saving draws once per format)
     small = sorted({(t.get_text(), t.get_fontsize()) for t in fig.findobj(matplotlib.text.Text)
                     if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_SIZE - 1e-9})
     if small:

@@ -213,7 +213,7 @@ def excess_risk_table(folder, results: pd.DataFrame, *, bound: bool = False,
     kernel its runs reached), ``excess_risk`` ``R(T0) = F_λ(θ_T) − Φ*_λ``, ``bias``,
     ``drift_floor``, ``unfinished`` and ``identity_residual`` from
     :func:`~linattn_theory.theory.decomposition.decompose_excess_risk`; with ``bound``, from one
-    :func:`~linattn_theory.theory.bound.estimate_bound` per schedule (against the same ``Φ*_λ``):
+    :func:`~linattn_theory.recommenders.recommendation.a_posteriori_bound` per schedule (against the same ``Φ*_λ``):
     ``T0_theory``, ``U`` and ``bias_bound`` at the run's ``T0``, and ``assumptions_violated`` (NaN
     where the schedule's FedAvg path diverges). The bound's constants are fitted on the FedAvg run of the same instance: ``U`` and
     ``T0_theory`` are an a posteriori fit (descriptive), not a prediction. Diverged runs get NaN
@@ -285,7 +285,7 @@ def _decomposition(clients, runs, folder) -> list[dict]:
 
 
 def _bounds(clients, runs, optimum: dict) -> list[dict]:
-    from ..theory.bound import estimate_bound
+    from ..recommenders.recommendation import a_posteriori_bound
 
     rows, bounds = [], {}
     for rid, (config, run) in runs.items():
@@ -294,7 +294,7 @@ def _bounds(clients, runs, optimum: dict) -> list[dict]:
         key = _schedule_key(config)
         if key not in bounds:
             try:
-                bounds[key] = estimate_bound(config, clients, optimum=float(optimum[rid]))
+                bounds[key] = a_posteriori_bound(config, clients, optimum=float(optimum[rid]))
             except ValueError:       # its FedAvg path diverged: no bound (the runs report their divergence)
                 bounds[key] = None
         b = bounds[key]

@@ -8,16 +8,16 @@ and ``run_schedule``, an ensemble of one), :mod:`.ensemble` (many runs planned i
 prefix), :mod:`.sweep` (grids of runs on disk, resumable) and :mod:`.limits` (resource checks
 before work). Imports :mod:`linattn_theory.data` and :mod:`linattn_theory.core`.
 """
-from ..core._lazy import attach
+from ..core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".config": ["TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig", "load_config",
         "config_from_dict", "config_hash", "ignored_settings", "read_toml", "parse_overrides",
         "apply_overrides", "set_dotted", "to_toml"],
-    ".engine": ["simulate", "run_schedule", "clients_from_config", "initial_params", "prepare_run",
-        "run_metadata", "RunResult", "RunState", "Divergence", "value_curvature",
-        "stable_learning_rate", "hessian_curvature", "select_engine"],
-    ".ensemble": ["simulate_many", "run_ensemble", "Member", "ensemble_key"],
+    ".engine": ["simulate", "run_schedule"],
+    ".rounds": ["run_ensemble", "Member", "RunResult", "RunState", "Divergence", "select_engine", "objective"],
+    ".ensemble": ["simulate_many", "ensemble_key", "initial_params", "prepare_run", "run_metadata",
+        "checked_inputs"],
     ".warmup_grid": ["warmup_sweep", "warmup_sweep_many", "frozen_stage_from_moments",
         "frozen_stages_from_moments"],
     ".sweep": ["Sweep", "SweepSummary", "load_sweep", "sweep_from_dict", "run_sweep", "run_dir",

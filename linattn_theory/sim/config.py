@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..core.errors import ConfigError
-from .strategies import STRATEGIES, effective_warmup_rounds
+from ..data.families import FAMILIES, FAMILY_KEYS, family_check
+from .strategies import STRATEGIES, declaration, effective_warmup_rounds, strategy_settings
 
 
 __all__ = ["ConfigError", "TaskConfig", "ModelConfig", "FederatedConfig", "RunConfig",
@@ -36,7 +37,7 @@ def _spec(default, *, low=None, high=None, low_open=False, high_open=False, choi
 class TaskConfig:
     """The clients (docs/theory.md §2). Keys that do not apply to ``family`` are rejected."""
 
-    family: str = _spec("planted_kernel", choices=("planted_kernel", "in_context_regression", "digits"),
+    family: str = _spec("planted_kernel", choices=FAMILIES,
                         doc="task family (digits: scikit-learn's handwritten digits, docs/theory.md §9)")
     num_clients: int = _spec(8, low=1, doc="number of clients m")
     samples_per_client: int = _spec(128, low=2, doc="samples per client N (mean N_c when skewed)")
@@ -59,15 +60,6 @@ class TaskConfig:
     test_fraction: float = _spec(0.25, low=0.0, high=1.0, low_open=True, high_open=True,
                                  doc="held-out test share of each class (digits)")
 
-
-FAMILY_KEYS = {
-    "planted_kernel": {"num_clients", "samples_per_client", "tokens", "dim", "heads", "rank",
-                       "outputs", "zeta_value", "zeta_covariate", "zeta_mean", "noise",
-                       "dirichlet_alpha", "query", "positional_strength"},
-    "in_context_regression": {"num_clients", "samples_per_client", "tokens", "dim",
-                              "zeta_covariate", "zeta_task", "noise", "dirichlet_alpha"},
-    "digits": {"num_clients", "label_alpha", "dirichlet_alpha", "test_fraction"},
-}
 
 
 @dataclass(frozen=True)
@@ -101,7 +93,7 @@ SOFTMAX_KEYS = ("attention", "temperature")
 class FederatedConfig:
     """The schedule (docs/theory.md §3)."""
 
-    strategy: str = _spec("fedfrozen", choices=tuple(STRATEGIES),
+    strategy: str = _spec("fedfrozen", choices=STRATEGIES,
                           doc="federated strategy (linattn_theory.sim.strategies; random_kernel = fedfrozen with T0 = 0)")
     rounds: int = _spec(40, low=1, doc="total rounds T")
     warmup_rounds: int = _spec(10, low=0, doc="warm-up rounds T0 (fedfrozen, value_frozen, fedfrozen_*, value_solve)")
@@ -228,9 +220,6 @@ class RunConfig:
         return effective_warmup_rounds(fed.strategy, fed.rounds, fed.warmup_rounds)
 
 
-#: FedAdam's server step is a per-coordinate step size (Reddi et al. 2020): FedAvg's default 1 diverges.
-FEDADAM_MAX_SERVER_STEP = 0.1
-
 SECTIONS = {"task": TaskConfig, "model": ModelConfig, "federated": FederatedConfig}
 
 
@@ -340,13 +329,9 @@ def config_from_dict(data: dict) -> RunConfig:
         key = sorted(extra)[0]
         raise ConfigError(f"task.{key}: does not apply to family {task.family!r}; "
                           f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
-    if task.family == "digits":
-        from ..data.digits import max_clients
-        most = max_clients(task.test_fraction)
-        if task.num_clients > most:
-            raise ConfigError(f"task.num_clients = {task.num_clients}: expected a value <= {most} for "
-                              f"family 'digits' (its training images at task.test_fraction = "
-                              f"{task.test_fraction:g}, two or more per client)")
+    check = family_check(task.family)
+    if check is not None:                # the family's own checks (docs/howto/add-task-family.md)
+        check(task)
     fed = sections["federated"]
     given = data.get("federated", {})
     unused = [key for key in STEP_SCALE_KEYS if key in given and "step_scale" not in given]
@@ -357,18 +342,15 @@ def config_from_dict(data: dict) -> RunConfig:
         raise ConfigError(f"federated.learning_rate = {given['learning_rate']!r} and federated.step_scale = "
                           f"{given['step_scale']!r}: give one of them (step_scale sets η = c × the value "
                           f"block's stable step at θ⁰, docs/theory.md §5)")
-    if fed.strategy == "fedadam" and fed.server_learning_rate > FEDADAM_MAX_SERVER_STEP:
-        given = "server_learning_rate" in data.get("federated", {})
-        raise ConfigError(("" if given else "federated.strategy = 'fedadam' with the default ") +
-                          f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
-                          f"every coordinate by about this much per round; expected a value <= "
-                          f"{FEDADAM_MAX_SERVER_STEP} for strategy 'fedadam' (e.g. 0.01)")
+    declared = declaration(fed.strategy)
+    if declared.check is not None:       # the strategy's own checks (docs/howto/add-strategy.md)
+        declared.check(fed, set(data.get("federated", {})))
     if fed.batch_size is not None and task.dirichlet_alpha is None and fed.batch_size > task.samples_per_client:
         raise ConfigError(f"federated.batch_size = {fed.batch_size}: expected a value <= "
                           f"task.samples_per_client = {task.samples_per_client} (a minibatch is drawn "
                           f"without replacement from one client's samples; leave batch_size out for "
                           f"full batches)")
-    if fed.warmup_rounds > fed.rounds and fed.strategy in STRATEGY_SETTINGS["warmup_rounds"]:
+    if fed.warmup_rounds > fed.rounds and declared.freezes:
         if "warmup_rounds" in data.get("federated", {}):
             raise ConfigError(f"federated.warmup_rounds = {fed.warmup_rounds}: expected a value <= "
                               f"federated.rounds = {fed.rounds}")
@@ -376,21 +358,6 @@ def config_from_dict(data: dict) -> RunConfig:
                           f"= {fed.warmup_rounds} (its default); set federated.warmup_rounds too")
     return RunConfig(seed=seed, **sections)
 
-
-#: federated settings that only some strategies read (the others ignore them)
-STRATEGY_SETTINGS = {
-    "warmup_rounds": ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold", "value_solve"),
-    "prox_mu": ("fedprox", "fedfrozen_fedprox"),
-    "server_momentum": ("fedavgm",),
-    "server_beta1": ("fedadam",),
-    "server_beta2": ("fedadam",),
-    "server_epsilon": ("fedadam",),
-    "adaptive_window": ("fedfrozen_adaptive",),
-    "adaptive_horizon": ("fedfrozen_adaptive",),
-    "adaptive_confidence": ("fedfrozen_adaptive",),
-    "adaptive_gain_confidence": ("fedfrozen_adaptive",),
-    "adaptive_descent_confidence": ("fedfrozen_adaptive",),
-}
 
 #: the online rule's settings as every key held them before its redesign (docs/theory.md §8): a
 #: strategy that ignores them keeps its earlier key (:func:`config_hash`)
@@ -407,7 +374,8 @@ def warmup_family_key(config: RunConfig) -> str | None:
 
     Those are the FedFrozen runs that differ only in ``T0`` and the online rule's run
     (:data:`ONLINE_STRATEGY` with ``warmup_rounds = rounds``): each follows the ``T0 = T`` run
-    until it freezes. Settings FedFrozen never reads (:data:`STRATEGY_SETTINGS`) are left out.
+    until it freezes. Settings FedFrozen never reads (:func:`~linattn_theory.sim.strategies.strategy_settings`)
+    are left out.
     """
     fed = config.federated
     online = fed.strategy == ONLINE_STRATEGY and fed.warmup_rounds == fed.rounds
@@ -415,7 +383,7 @@ def warmup_family_key(config: RunConfig) -> str | None:
         return None
     data = config.to_dict()
     data["federated"].update(strategy="fedfrozen", warmup_rounds=None)
-    for name, users in STRATEGY_SETTINGS.items():
+    for name, users in strategy_settings().items():
         if "fedfrozen" not in users:
             del data["federated"][name]
     return json.dumps(data, sort_keys=True)
@@ -439,7 +407,7 @@ def ignored_settings(config: RunConfig) -> list[str]:
     fed = config.federated
     defaults = {f.name: f.default for f in fields(FederatedConfig)}
     notes = []
-    for name, users in STRATEGY_SETTINGS.items():
+    for name, users in strategy_settings().items():
         value = getattr(fed, name)
         if fed.strategy not in users and value != defaults[name]:
             notes.append(f"federated.{name} = {value!r} is ignored by strategy {fed.strategy!r} "

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core._array import array_namespace
+from ..core.arrays import array_namespace
 from ..core.backend import client_working_bytes, get_namespace, resolve_max_bytes
 from ..core.clients import StackedClients, check_clients, stack_clients
 from ..core.errors import SettingWarning
@@ -40,8 +40,7 @@ from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
 from .rounds import Member, RunResult, RunState, run_ensemble
 from .strategies import make_strategy
 
-__all__ = ["simulate_many", "ensemble_key", "run_ensemble", "Member", "initial_params", "prepare_run",
-           "run_metadata"]
+__all__ = ["simulate_many", "checked_inputs", "ensemble_key", "initial_params", "prepare_run", "run_metadata"]
 
 #: on NumPy an ensemble holds at most this many bytes of stacked data (more instances form more
 #: ensembles, one after the other); on a GPU half the free device memory
@@ -98,8 +97,8 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
     if params is None:
         params = initial_params(config, d, p)
     else:
-        from ..core.model import _validate_params
-        _validate_params(params, d, p)
+        from ..core.model import validate_params
+        validate_params(params, d, p)
     return data, params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
 
 
@@ -193,7 +192,7 @@ def _is_online(config: RunConfig) -> bool:
 
 def _data_bytes(data: StackedClients) -> int:
     """Bytes of one instance's stacked data (``Ŝ``, ``q``, ``y``, weights, and ``X`` for softmax)."""
-    from ..core.backend import _itemsize
+    from ..core.backend import itemsize as _itemsize
     arrays = [data.S, data.q, data.y, data.sample_weight] + ([] if data.X is None else [data.X])
     return sum(int(np.prod(tuple(a.shape))) for a in arrays) * _itemsize(data.S.dtype)
 

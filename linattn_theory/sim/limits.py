@@ -108,10 +108,10 @@ def _largest_client(config: RunConfig) -> int:
     import numpy as np
 
     from ..core.seeds import SEED_CLIENT, seed_sequence
-    from ..data.tasks import _client_sizes
+    from ..data.tasks import client_sizes
     rngs = [np.random.default_rng(seed_sequence(config.seed, SEED_CLIENT, c))
             for c in range(task.num_clients)]
-    return max(_client_sizes(task.num_clients, task.samples_per_client, task.dirichlet_alpha, rngs))
+    return max(client_sizes(task.num_clients, task.samples_per_client, task.dirichlet_alpha, rngs))
 
 
 def estimate_run(config: RunConfig) -> RunEstimate:
@@ -250,7 +250,7 @@ def float32_step_note(config: RunConfig, data, params) -> str | None:
     """
     import numpy as np
 
-    from ..core._array import array_namespace, to_numpy
+    from ..core.arrays import array_namespace, to_numpy
     from ..core.model import BLOCKS, loss_and_grad_from_inputs
 
     xp = array_namespace(data.S)

@@ -48,16 +48,17 @@ import numpy as np
 import pandas as pd
 
 from ..core import fused as _fused
-from ..core._array import array_namespace, sq_norms, to_numpy
+from ..core.arrays import array_namespace, sq_norms, to_numpy
 from ..core.backend import client_chunks, client_working_bytes
 from ..core.clients import StackedClients
 from ..core.curvature import hessian_curvature, stable_learning_rate
 from ..core.errors import ConfigError
-from ..core.model import BLOCKS, Params, _flat, _value_matrix, kernel, loss_and_grad_from_inputs
+from ..core.model import (BLOCKS, Params, flat as _flat, kernel, loss_and_grad_from_inputs,
+                          value_matrix as _value_matrix)
 from ..core.seeds import SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
 from .config import RunConfig
 from .strategies import Round, Strategy, make_strategy
-from .strategies.base import _instance_rows, local_sgd, weighted_sum
+from .strategies.base import instance_rows as _instance_rows, local_sgd, weighted_sum
 
 __all__ = ["run_ensemble", "Member", "RunResult", "RunState", "Divergence", "select_engine", "objective"]
 
@@ -280,6 +281,8 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
         The strategy.
     instances : bool, default False
         ``data`` is an ensemble's.
+    alone : bool, optional
+        Apply a run alone's threshold (``2¹⁸``) rather than an ensemble instance's; default ``not instances``.
 
     Returns
     -------

@@ -29,7 +29,7 @@ import dataclasses
 
 import numpy as np
 
-from ..core._array import to_numpy
+from ..core.arrays import to_numpy
 from ..core.model import kernel
 from ..core.moments import value_moments
 from .config import RunConfig

@@ -21,7 +21,7 @@ import dataclasses
 
 import numpy as np
 
-from ..core._array import array_namespace, sq_norms, to_numpy
+from ..core.arrays import array_namespace, sq_norms, to_numpy
 from ..core.backend import get_namespace
 from ..core.errors import ConfigError
 from .config import RunConfig
@@ -29,7 +29,7 @@ from .ensemble import (_chunk_bytes, _data_bytes, _per_config, _Plan, _simulate_
                        ensemble_key, prepare_run, run_metadata)
 from .rounds import (Member, RunResult, RunState, _divergence, _participants, _per_instance, _result, _row,
                      objective, run_ensemble)
-from ..core.model import Params, _value_matrix, kernel
+from ..core.model import Params, value_matrix as _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
 from ..core.frozen_map import frozen_client_map
 
@@ -82,7 +82,7 @@ def frozen_stages_from_moments(stages) -> list[RunResult]:
 def _frozen_stages(stages) -> list[RunResult]:
     """:func:`frozen_stages_from_moments` of compatible stages: one program."""
     from ..core.moments import ValueMoments
-    from .strategies.base import _instance_rows, weighted_sum
+    from .strategies.base import instance_rows as _instance_rows, weighted_sum
 
     if not stages:
         return []

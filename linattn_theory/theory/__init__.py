@@ -14,10 +14,10 @@ fixed point ``V_FA``; the value drift floor ``D(K)``.
 :mod:`.profile` (``Φ_λ``, its gradient, ``Φ*_λ``), :mod:`.frozen_stage` (§5),
 :mod:`.decomposition` (§6), :mod:`.inexactness` (the warm-up as inexact descent, §4),
 :mod:`.bound` (the trade-off bound ``U(T0)``, §6–7), :mod:`.scaling_laws` (§7),
-:mod:`.static_heads` (§9). Functions that need a simulated path run it through
-:mod:`linattn_theory.sim` (the layer below) or take it as an argument.
+:mod:`.static_heads` (§9). Functions that need a simulated path take it as an argument
+(:func:`linattn_theory.recommenders.recommendation.warmup_path`, a layer up, runs the FedAvg path).
 """
-from ..core._lazy import attach
+from ..core.lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     ".profile": ["profile_objective", "profile_gradient", "CentralizedOptimum", "centralized_optimum",
@@ -25,7 +25,7 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     ".frozen_stage": ["frozen_stage_map", "fedavg_fixed_point", "contraction_rate", "value_drift_floor"],
     ".decomposition": ["decompose_excess_risk", "excess_risk_by_warmup"],
     ".inexactness": ["local_steps", "replay_round", "warmup_inexactness"],
-    ".bound": ["AssumptionCheck", "BoundConstants", "TradeoffBound", "WarmupPath", "warmup_path", "path_from_states",
+    ".bound": ["AssumptionCheck", "BoundConstants", "TradeoffBound", "WarmupPath", "path_from_states",
         "gradient_dissimilarity", "drift_floor_leading_order", "frozen_stage_bound",
         "tradeoff_bound", "fit_inexact_pl", "closed_form_warmup", "path_terms", "path_optimum",
         "estimate_bound"],

@@ -43,28 +43,27 @@ closed-form minimiser of the two-term model (geometric bias, drift floor growing
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from ..core._array import to_numpy
+from ..core.arrays import to_numpy
 from ..sim.config import RunConfig
 from ..data.families import clients_from_config
-from ..sim.engine import Divergence, initial_params, run_schedule
-from ..core.model import Params, _value_matrix, kernel
+from ..sim.engine import Divergence
+from ..core.model import Params, value_matrix, kernel
 from ..core.clients import StackedClients, stack_clients
 from .profile import centralized_optimum, profile_objective
-from .frozen_stage import _drift_floor, _fixed_point, _frozen_map, _spectral_radius
-from ._shared import (_check_kernel, _host_moments, _host_moments_and_features, _kernel_gradient,
-                      _profile_from_moments)
+from .frozen_stage import drift_floor_from_moments, fixed_point, affine_round, spectral_radius
+from .host import (as_stacked, check_kernel, host_moments, host_moments_and_features, kernel_gradient,
+                   profile_from_moments)
 
 __all__ = [
     "AssumptionCheck",
     "BoundConstants",
     "TradeoffBound",
     "WarmupPath",
-    "warmup_path",
     "path_from_states",
     "gradient_dissimilarity",
     "drift_floor_leading_order",
@@ -75,6 +74,7 @@ __all__ = [
     "path_terms",
     "path_optimum",
     "estimate_bound",
+    "drift_growth_rate",
 ]
 
 
@@ -200,7 +200,8 @@ class TradeoffBound:
     >>> import linattn_theory as lt
     >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
     ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
-    >>> bound = lt.estimate_bound(config, restarts=2)
+    >>> from linattn_theory.recommenders.recommendation import warmup_path   # the theory reads a path
+    >>> bound = lt.estimate_bound(config, path=warmup_path(config), restarts=2)
     >>> len(bound.U), bound.T0_theory == int(bound.U.argmin())
     (9, True)
     >>> [check.name for check in bound.checks if not check.holds] == [check.name for check in bound.violated]
@@ -232,7 +233,8 @@ class WarmupPath:
     """The FedAvg trajectory ``θ^0 … θ^T`` (host arrays): every ``K_{T0}`` a warm-up can stop at.
 
     ``table`` is the simulator's per-round table of the whole run; ``divergence`` is set when the
-    run stopped early (``params`` then ends at the last finite state).
+    run stopped early (``params`` then ends at the last finite state). The theory reads a path, it
+    runs none: :func:`~linattn_theory.recommenders.recommendation.warmup_path` simulates one.
 
     Parameters
     ----------
@@ -249,78 +251,11 @@ class WarmupPath:
     divergence: Divergence | None = None
 
 
-def warmup_path(config: RunConfig, clients=None) -> WarmupPath:
-    """Run plain FedAvg for ``T = config.federated.rounds`` rounds and keep ``θ^t`` at every round.
-
-    ``θ^t`` is the simulator's own state. With full batches and full participation a round does
-    not depend on its index: one :func:`~linattn_theory.sim.engine.run_schedule` of ``T`` rounds
-    gives every ``θ^t`` (:func:`path_from_states`), bit-identical to round ``t`` of
-    :func:`~linattn_theory.simulate`. With minibatches or client sampling, or when the run diverges
-    (to report the round), each round is one ``run_schedule`` call that re-draws from the streams
-    of round 0 (the bound's full-batch assumption is then reported as violated).
-
-    Parameters
-    ----------
-    config : RunConfig
-        The instance (its ``federated.rounds``).
-    clients : FederatedDataset, optional
-        Its clients; default those of ``config``.
-
-    Returns
-    -------
-    WarmupPath
-        The trajectory.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import linattn_theory as lt
-    >>> from linattn_theory.theory.bound import warmup_path
-    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
-    >>> path = warmup_path(config)
-    >>> final = lt.simulate(config).params               # T0 = T: plain FedAvg
-    >>> len(path.params), bool(np.allclose(lt.kernel(path.params[-1]), lt.kernel(final)))
-    (5, True)
-    """
-    clients = clients_from_config(config) if clients is None else clients
-    data = config_stacked(config, clients, np.dtype(config.model.dtype))
-    params = initial_params(config, data.q.shape[-1], data.y.shape[-1])
-    fed = config.federated
-    if fed.batch_size is None and fed.participation >= 1.0:
-        states = []
-        whole = run_schedule(params, data, replace(fed, warmup_rounds=fed.rounds, strategy="fedavg"), fed.rounds,
-                             config.seed, on_round=states.append, engine=config.model.engine)
-        if not whole.diverged:
-            return path_from_states(states)
-    return _path_round_by_round(params, data, config)
-
-
-def _path_round_by_round(params: Params, data: StackedClients, config: RunConfig) -> WarmupPath:
-    """:func:`warmup_path` as ``T`` one-round runs from ``params``, each re-drawing from round 0's
-    streams; a divergence is reported at its round."""
-    one = replace(config.federated, rounds=1, warmup_rounds=1, strategy="fedavg")
-    states, tables, divergence = [params], [], None
-    for t in range(config.federated.rounds):
-        result = run_schedule(params, data, one, 1, config.seed, engine=config.model.engine)
-        table = result.table.iloc[1:].copy()
-        table["round"] = t + 1
-        tables.append(table)
-        if result.diverged:
-            divergence = replace(result.divergence, round=t + 1)
-            break
-        params = result.params
-        states.append(params)
-    table = pd.concat(tables, ignore_index=True)
-    gamma = np.cumsum(table["kernel_drift"].to_numpy())
-    table["cumulative_kernel_drift"] = gamma
-    return WarmupPath(tuple(states), table, divergence)
-
-
 def path_from_states(states) -> WarmupPath:
     """The :class:`WarmupPath` of one FedAvg run from its states after rounds ``0..T`` (what
     :func:`~linattn_theory.sim.engine.run_schedule` passes to ``on_round``): with full batches and
     full participation the same ``θ^t`` and table, bit for bit, as ``T`` one-round runs
-    (:func:`warmup_path` uses it there). A prefix of the states is the path of a pilot of that many rounds.
+    (:func:`~linattn_theory.recommenders.recommendation.warmup_path` uses it there). A prefix of the states is the path of a pilot of that many rounds.
 
     Parameters
     ----------
@@ -345,10 +280,6 @@ def _host(a) -> np.ndarray:
     return np.asarray(to_numpy(a), dtype=np.float64)
 
 
-def _stacked(clients) -> StackedClients:
-    return clients if isinstance(clients, StackedClients) else stack_clients(clients)
-
-
 def config_stacked(config: RunConfig, clients, dtype=np.float64) -> StackedClients:
     """``clients`` stacked with the config's attention and temperature (docs/theory.md §9), once."""
     if isinstance(clients, StackedClients):
@@ -359,7 +290,7 @@ def config_stacked(config: RunConfig, clients, dtype=np.float64) -> StackedClien
 
 def _moments(K, data, lam):
     """Per-client ``Ã_c`` ``(m, Hd, Hd)``, ``B_c``, weights ``p_c`` and the global ``Ã`` (host arrays)."""
-    return _client_moments(_host_moments(K, data), lam)
+    return _client_moments(host_moments(K, data), lam)
 
 
 def _client_moments(moments, lam):
@@ -392,7 +323,7 @@ def gradient_dissimilarity(K, clients, lam: float = 0.0) -> float:
     float
         ``ζ²(K)``; 0 when every client has the same value optimum.
     """
-    data = _stacked(clients)
+    data = as_stacked(clients)
     g, _, w, _ = _client_gradients_at_optimum(K, data, lam)
     return float(np.sum(w * np.sum(g * g, axis=(-2, -1))))
 
@@ -429,7 +360,7 @@ def drift_floor_leading_order(K, clients, eta: float, E: int, lam: float = 0.0) 
     >>> bool(abs(small["leading_order"] - exact) < 0.01 * exact), bool(exact <= small["upper"])
     (True, True)
     """
-    data = _stacked(clients)
+    data = as_stacked(clients)
     return _leading_order(*_client_gradients_at_optimum(K, data, lam), eta, E)
 
 
@@ -581,7 +512,7 @@ def _factor_gradient(params: Params, data, V_star, features=None):
     theorem, :func:`~linattn_theory.theory.profile.profile_gradient`), flattened; ``features``: those
     of ``K`` from :func:`_kernel_terms`, when at hand."""
     WQ, WK = _host(params.WQ), _host(params.WK)
-    G = _kernel_gradient(_check_kernel(WQ @ np.swapaxes(WK, -1, -2), data), V_star, data, features)
+    G = kernel_gradient(check_kernel(WQ @ np.swapaxes(WK, -1, -2), data), V_star, data, features)
     return np.concatenate([(G @ WK).ravel(), (np.swapaxes(G, -1, -2) @ WQ).ravel()])
 
 
@@ -590,15 +521,15 @@ def _kernel_terms(K, data, eta: float, E: int, lam: float, s: float) -> dict:
     clients' moments: each equals its public function's value (``profile_objective``,
     ``frozen_stage_map`` with the server step, ``fedavg_fixed_point``, ``contraction_rate``,
     ``value_drift_floor``, ``drift_floor_leading_order``) bit for bit."""
-    moments, features = _host_moments_and_features(_check_kernel(K, data), data)
-    phi, V_star = _profile_from_moments(moments, lam)
-    M, _ = _frozen_map(moments, eta, E, lam, s)
-    V_FA = _fixed_point(*_frozen_map(moments, eta, E, lam))
+    moments, features = host_moments_and_features(check_kernel(K, data), data)
+    phi, V_star = profile_from_moments(moments, lam)
+    M, _ = affine_round(moments, eta, E, lam, s)
+    V_FA = fixed_point(*affine_round(moments, eta, E, lam))
     A_c, B_c, w, A = _client_moments(moments, lam)
     lead = _leading_order(A_c @ V_star - B_c, A_c, w, A, eta, E)
     return {"phi": phi, "V_star": V_star, "M": M, "V_FA": V_FA, "A_c": A_c, "A": A, "features": features,
-            "rho": _spectral_radius(M), "lead": lead,
-            "drift_floor": _drift_floor(V_FA, V_star, moments, lam)}
+            "rho": spectral_radius(M), "lead": lead,
+            "drift_floor": drift_floor_from_moments(V_FA, V_star, moments, lam)}
 
 
 def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> pd.DataFrame:
@@ -637,7 +568,7 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
         K = _host(kernel(params))
         terms = _kernel_terms(K, data, eta, E, lam, s)
         phi, V_star, M, V_FA, A_c, A = (terms[n] for n in ("phi", "V_star", "M", "V_FA", "A_c", "A"))
-        V = _value_matrix(np, _host(params.WV))
+        V = value_matrix(np, _host(params.WV))
         e, f = V - V_FA, V - V_star
         k = T - t
         transient, complement, sqrt_kappa = _transient(M, A, k)
@@ -734,7 +665,7 @@ def _pl_curves(b, s: int, grid: int):
     return curves, floors, q
 
 
-def _drift_growth(drift_floor, burn_in: int = 0) -> float:
+def drift_growth_rate(drift_floor, burn_in: int = 0) -> float:
     """``γ``: least-squares slope of ``D(K_t)`` against ``t`` over the rounds ``t ≥ t_s``."""
     D = np.asarray(drift_floor, dtype=float)[burn_in:]
     if len(D) < 2:
@@ -770,11 +701,13 @@ def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int 
                                restarts=restarts, seed=config.seed, initial_kernels=starts)
 
 
-def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None = None,
+def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath,
                    optimum=None, restarts: int = 8) -> TradeoffBound:
     """Estimate the constants of ``U`` on an instance and evaluate ``U(T0)`` for ``T0 = 0..T``.
 
-    One FedAvg run of ``T`` rounds (:func:`warmup_path`) gives every warm-up kernel; ``Φ*_λ`` is
+    ``path``, one FedAvg run of ``T`` rounds, gives every warm-up kernel: the theory takes the
+    simulated path, it runs none (:func:`linattn_theory.recommenders.recommendation.warmup_path`
+    runs it, :func:`path_from_states` reads it from a run's states); ``Φ*_λ`` is
     :func:`~linattn_theory.theory.profile.centralized_optimum` (also started from the path's best and
     last kernels, so ``bias ≥ 0`` along the path) unless ``optimum`` (a number or a
     ``CentralizedOptimum``) is given. Every assumption is checked along the path.
@@ -803,14 +736,14 @@ def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath | None =
     >>> import linattn_theory as lt
     >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 64, "dim": 4, "rank": 2},
     ...                               "federated": {"rounds": 8, "warmup_rounds": 4}})
-    >>> bound = lt.estimate_bound(config, restarts=2)
+    >>> from linattn_theory.recommenders.recommendation import warmup_path   # the theory reads a path
+    >>> bound = lt.estimate_bound(config, path=warmup_path(config), restarts=2)
     >>> len(bound.curve), 0 <= bound.T0_theory <= 8
     (9, True)
     >>> bool(bound.curve["U"].min() == bound.curve.loc[bound.curve["round"] == bound.T0_theory, "U"].iloc[0])
     True
     """
     clients = config_stacked(config, clients_from_config(config) if clients is None else clients)
-    path = warmup_path(config, clients) if path is None else path
     fed = config.federated
     T = fed.rounds
     if path.divergence is not None:
@@ -858,7 +791,7 @@ def _constants(curve: pd.DataFrame, config, phi_star, burn_in, b_floor, q, T0) -
         curvature_spread2=float(row["curvature_spread2"]), lambda_min=float(row["lambda_min"]),
         rho=float(row["contraction_rate"]), tau=float(row["tau"]), drift_floor=float(row["drift_floor"]),
         rho_max=float(curve["contraction_rate"].max()), tau_max=float(curve["tau"].max()),
-        drift_growth=_drift_growth(curve["drift_floor"], burn_in),
+        drift_growth=drift_growth_rate(curve["drift_floor"], burn_in),
         drift_floor_initial=float(curve["drift_floor"].iloc[0]))
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..core._array import to_numpy
-from ..core.model import _value_matrix, kernel
+from ..core.arrays import to_numpy
+from ..core.model import value_matrix, kernel
 from .profile import CentralizedOptimum, centralized_optimum
-from ._shared import _attention_of, _check_kernel, _check_ridge, _global_objective, _host_moments, _profile_from_moments, _stacked
-from .frozen_stage import _check_schedule, _drift_floor, _fixed_point, _frozen_map
+from .host import (as_stacked, attention_of, check_kernel, check_ridge, global_objective, host_moments,
+                   profile_from_moments)
+from .frozen_stage import check_schedule, drift_floor_from_moments, fixed_point, affine_round
 
 __all__ = ["decompose_excess_risk", "excess_risk_by_warmup"]
 
@@ -95,28 +96,28 @@ def decompose_excess_risk(run, clients=None, *, optimum=None, lam: float | None 
     eta = float(_run_setting(run, "learning_rate", eta))
     E = int(_run_setting(run, "local_steps", local_steps))
     s = float(_run_setting(run, "server_learning_rate", server_learning_rate))
-    _check_ridge(lam)
-    _check_schedule(eta, E, s)
+    check_ridge(lam)
+    check_schedule(eta, E, s)
     clients = _run_clients(run, clients)
-    data = _stacked(clients, *_attention_of((getattr(run, "metadata", None) or {}).get("config")))
-    K = _check_kernel(kernel(run.warmup_params), data, "kernel(run.warmup_params)")
+    data = as_stacked(clients, *attention_of((getattr(run, "metadata", None) or {}).get("config")))
+    K = check_kernel(kernel(run.warmup_params), data, "kernel(run.warmup_params)")
     if optimum is None:
         optimum = centralized_optimum(clients if data.attention == "linear" else data, lam, rank=run.warmup_params.WQ.shape[-1], heads=K.shape[0],
                                       initial_kernels=[K])
     phi_star = _optimum_objective(optimum)
-    moments = _host_moments(K, data)
-    phi, V_star = _profile_from_moments(moments, lam)
-    M, b = _frozen_map(moments, eta, E, lam, s)
-    V_FA = _fixed_point(M, b)
-    V_T = _value_matrix(np, np.asarray(to_numpy(run.params.WV), dtype=np.float64))
+    moments = host_moments(K, data)
+    phi, V_star = profile_from_moments(moments, lam)
+    M, b = affine_round(moments, eta, E, lam, s)
+    V_FA = fixed_point(M, b)
+    V_T = value_matrix(np, np.asarray(to_numpy(run.params.WV), dtype=np.float64))
     table = run.table
-    F_T = _global_objective(V_T, moments, lam)
+    F_T = global_objective(V_T, moments, lam)
     measured = float(table["loss_regularized"].iloc[-1])
     T0 = int(run.metadata.get("warmup_rounds", -1)) if getattr(run, "metadata", None) else -1
     gamma = table.loc[table["round"] <= max(T0, 0), "cumulative_kernel_drift"].iloc[-1]
     parts = {"bias": phi - phi_star,
-             "drift_floor": _drift_floor(V_FA, V_star, moments, lam),
-             "unfinished": F_T - _global_objective(V_FA, moments, lam)}
+             "drift_floor": drift_floor_from_moments(V_FA, V_star, moments, lam),
+             "unfinished": F_T - global_objective(V_FA, moments, lam)}
     R = measured - phi_star
     return {"warmup_rounds": T0, "rounds": int(table["round"].iloc[-1]), "excess_risk": R, **parts,
             "identity_residual": parts["bias"] + parts["drift_floor"] + parts["unfinished"] - R,
@@ -173,7 +174,7 @@ def excess_risk_by_warmup(config, warmups, clients=None, *, optimum=None, restar
     for T0 in warmups:
         cfg = config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": int(T0)})
         runs[int(T0)] = simulate(cfg, clients, progress=progress)
-    data = _stacked(clients, config.model.attention, config.model.temperature)
+    data = as_stacked(clients, config.model.attention, config.model.temperature)
     if optimum is None:
         kernels = [to_numpy(kernel(r.warmup_params)) for r in runs.values() if not r.diverged]
         optimum = centralized_optimum(clients if data.attention == "linear" else data, config.federated.ridge, rank=config.model.rank,

@@ -8,16 +8,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.moments import ValueMoments
-from ._shared import _check_kernel, _check_ridge, _host_moments, _profile_from_moments, _ridge, _solve_symmetric, _stacked
+from .host import check_kernel, check_ridge, host_moments, profile_from_moments, ridged, solve_symmetric, as_stacked
 from ..core.frozen_map import frozen_client_map
 
-__all__ = ["frozen_stage_map", "fedavg_fixed_point", "contraction_rate", "value_drift_floor"]
+__all__ = ["frozen_stage_map", "fedavg_fixed_point", "contraction_rate", "value_drift_floor", "affine_round",
+           "fixed_point", "spectral_radius", "drift_floor_from_moments", "check_schedule"]
 
 
 # --------------------------------------------------------------------------------------
 # §5 the frozen stage
 # --------------------------------------------------------------------------------------
-def _check_schedule(eta, E, server_learning_rate=1.0):
+def check_schedule(eta, E, server_learning_rate=1.0):
+    """Refuse a step size ``η ≤ 0``, a non-integer ``E < 1`` or a server step ``η_s ≤ 0`` (a ``ValueError``)."""
     if not np.isfinite(eta) or eta <= 0:
         raise ValueError(f"eta = {eta!r}; expected a finite step size η > 0")
     if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
@@ -26,7 +28,7 @@ def _check_schedule(eta, E, server_learning_rate=1.0):
         raise ValueError(f"server_learning_rate = {server_learning_rate!r}; expected a number > 0")
 
 
-def _frozen_map(moments: ValueMoments, eta: float, E: int, lam: float, server_learning_rate: float = 1.0):
+def affine_round(moments: ValueMoments, eta: float, E: int, lam: float, server_learning_rate: float = 1.0):
     """``(M, b)``: ``M = Σ_c p_c (I − ηÃ_c)^E``, ``b = Σ_c p_c Σ_{j<E} (I − ηÃ_c)^j η B_c`` (with server step)."""
     Mc, bc = frozen_client_map(moments, eta, E, lam)
     w = moments.weights
@@ -77,15 +79,15 @@ def frozen_stage_map(K, clients, eta: float, E: int, lam: float = 0.0, server_le
     >>> bool(np.allclose(M @ V + b, V))                 # V_FA is the round's fixed point
     True
     """
-    _check_ridge(lam)
-    _check_schedule(eta, E, server_learning_rate)
-    data = _stacked(clients)
-    return _frozen_map(_host_moments(_check_kernel(K, data), data), eta, E, lam, server_learning_rate)
+    check_ridge(lam)
+    check_schedule(eta, E, server_learning_rate)
+    data = as_stacked(clients)
+    return affine_round(host_moments(check_kernel(K, data), data), eta, E, lam, server_learning_rate)
 
 
-def _fixed_point(M, b):
+def fixed_point(M, b):
     """``V_FA = (I − M)^{-1} b`` (the ``Σ_j`` form: valid when some ``Ã_c`` is singular)."""
-    return _solve_symmetric(np.eye(M.shape[-1]) - M, b)
+    return solve_symmetric(np.eye(M.shape[-1]) - M, b)
 
 
 def fedavg_fixed_point(K, clients, eta: float, E: int, lam: float = 0.0):
@@ -114,7 +116,7 @@ def fedavg_fixed_point(K, clients, eta: float, E: int, lam: float = 0.0):
     >>> bool(np.allclose(V_1, lt.profile_objective(K, clients, lam=0.1)[1]))
     True
     """
-    return _fixed_point(*frozen_stage_map(K, clients, eta, E, lam))
+    return fixed_point(*frozen_stage_map(K, clients, eta, E, lam))
 
 
 def contraction_rate(K, clients, eta: float, E: int, lam: float = 0.0, server_learning_rate: float = 1.0) -> float:
@@ -140,19 +142,19 @@ def contraction_rate(K, clients, eta: float, E: int, lam: float = 0.0, server_le
     >>> bool(0 < rho < 1)
     True
     """
-    return _spectral_radius(frozen_stage_map(K, clients, eta, E, lam, server_learning_rate)[0])
+    return spectral_radius(frozen_stage_map(K, clients, eta, E, lam, server_learning_rate)[0])
 
 
-def _spectral_radius(M) -> float:
+def spectral_radius(M) -> float:
     """``max |μ|`` over the eigenvalues of the symmetric ``M``."""
     return float(np.max(np.abs(np.linalg.eigvalsh(M))))
 
 
-def _drift_floor(V_FA, V_star, moments: ValueMoments, lam: float) -> float:
+def drift_floor_from_moments(V_FA, V_star, moments: ValueMoments, lam: float) -> float:
     """``½ tr((V_FA − V*)^T Ã (V_FA − V*))``."""
     A, _, _ = moments.weighted()
     delta = V_FA - V_star
-    return float(0.5 * np.sum(delta * (_ridge(A, lam) @ delta)))
+    return float(0.5 * np.sum(delta * (ridged(A, lam) @ delta)))
 
 
 def value_drift_floor(K, clients, eta: float, E: int, lam: float = 0.0) -> float:
@@ -178,9 +180,9 @@ def value_drift_floor(K, clients, eta: float, E: int, lam: float = 0.0) -> float
     >>> bool(lt.value_drift_floor(K, clients, eta=0.05, E=1) < 1e-20)   # no local drift with E = 1
     True
     """
-    _check_ridge(lam)
-    _check_schedule(eta, E)
-    data = _stacked(clients)
-    moments = _host_moments(_check_kernel(K, data), data)
-    _, V_star = _profile_from_moments(moments, lam)
-    return _drift_floor(_fixed_point(*_frozen_map(moments, eta, E, lam)), V_star, moments, lam)
+    check_ridge(lam)
+    check_schedule(eta, E)
+    data = as_stacked(clients)
+    moments = host_moments(check_kernel(K, data), data)
+    _, V_star = profile_from_moments(moments, lam)
+    return drift_floor_from_moments(fixed_point(*affine_round(moments, eta, E, lam)), V_star, moments, lam)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..core._array import array_namespace, to_numpy
-from ..core.model import Params, _value_matrix, kernel, loss_and_grad_from_inputs
+from ..core.arrays import array_namespace, to_numpy
+from ..core.model import Params, value_matrix, kernel, loss_and_grad_from_inputs
 from ..core.clients import StackedClients
-from ._shared import _check_ridge, _host_moments, _kernel_gradient, _profile_from_moments, _stacked
-from .frozen_stage import _check_schedule
+from .host import check_ridge, host_moments, kernel_gradient, profile_from_moments, as_stacked
+from .frozen_stage import check_schedule
 
 __all__ = ["local_steps", "replay_round", "warmup_inexactness"]
 
@@ -49,7 +49,7 @@ def local_steps(params: Params, clients, eta: float, E: int, lam: float = 0.0, *
     Params
         Every client's parameters ``(m, …)``, or the centralised ones.
     """
-    data = _stacked(clients)
+    data = as_stacked(clients)
     xp = array_namespace(data.S)
     m = data.S.shape[0]
     params = params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
@@ -105,9 +105,9 @@ def replay_round(params: Params, clients, eta: float, E: int, lam: float = 0.0,
     client_params : Params
         The clients' models ``(m, …)``.
     """
-    _check_ridge(lam)
-    _check_schedule(eta, E, server_learning_rate)
-    data = _stacked(clients)
+    check_ridge(lam)
+    check_schedule(eta, E, server_learning_rate)
+    data = as_stacked(clients)
     client_params = local_steps(params, data, eta, E, lam)
     return _server_step(params, client_params, data.weights, server_learning_rate), client_params
 
@@ -123,10 +123,10 @@ def _inexactness_row(params: Params, data: StackedClients, eta, E, lam, s):
     H, d, p = K.shape[0], K.shape[-1], params.WV.shape[-1]
 
     def profile(K):
-        return _profile_from_moments(_host_moments(K, data), lam)
+        return profile_from_moments(host_moments(K, data), lam)
 
     phi, V_star = profile(K)
-    G = _kernel_gradient(K, V_star, data)
+    G = kernel_gradient(K, V_star, data)
     dK_exact = -s * eta * E * (G @ WK @ np.swapaxes(WK, -1, -2) + WQ @ np.swapaxes(WQ, -1, -2) @ G)
     predicted = float(np.sum(G * dK_exact))
     # (a) exact step: centralised steps from V*_λ(K^t); (b) centralised steps from V^t
@@ -143,7 +143,7 @@ def _inexactness_row(params: Params, data: StackedClients, eta, E, lam, s):
     K_prod = np.sum((w / w.sum())[:, None, None, None] * _host_kernel(own), axis=0)
     K_new = _host_kernel(new)
     phi_a, phi_b, phi_prod, phi_new = (profile(k)[0] for k in (K_a, K_b, K_prod, K_new))
-    V = np.asarray(to_numpy(_value_matrix(xp, params.WV)), dtype=np.float64)
+    V = np.asarray(to_numpy(value_matrix(xp, params.WV)), dtype=np.float64)
     realised = phi_new - phi
     gap = realised - predicted
     value_lag, client_drift, factor_averaging = phi_b - phi_a, phi_prod - phi_b, phi_new - phi_prod
@@ -232,7 +232,7 @@ def warmup_inexactness(config_or_params, clients=None, *, rounds: int | None = N
             raise ValueError(f"warmup_inexactness replays full-batch, full-participation rounds; the config "
                              f"has batch_size = {fed.batch_size}, participation = {fed.participation}")
         clients = clients_from_config(config) if clients is None else clients
-        data = _stacked(clients)
+        data = as_stacked(clients)
         params = initial_params(config, data.q.shape[-1], data.y.shape[-1])
         rounds = config.warmup_rounds if rounds is None else rounds
         lam = fed.ridge if lam is None else lam
@@ -245,10 +245,10 @@ def warmup_inexactness(config_or_params, clients=None, *, rounds: int | None = N
                                   ("local_steps", local_steps)) if v is None]
         if missing:
             raise ValueError(f"warmup_inexactness with Params needs {', '.join(missing)}")
-        data = _stacked(clients)
+        data = as_stacked(clients)
         server_learning_rate = 1.0 if server_learning_rate is None else server_learning_rate
-    _check_ridge(lam)
-    _check_schedule(eta, local_steps, server_learning_rate)
+    check_ridge(lam)
+    check_schedule(eta, local_steps, server_learning_rate)
     xp = array_namespace(data.S)
     params = params.map(lambda a: xp.asarray(a, dtype=data.S.dtype))
     rows = []

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass, field
 
@@ -12,12 +13,12 @@ import pandas as pd
 from scipy import optimize
 from threadpoolctl import threadpool_limits
 
-from ..core._array import to_numpy
+from ..core.arrays import to_numpy
 from ..core.moments import ValueMoments, value_moments_and_features
 from ..core.clients import FederatedDataset, stack_clients
 from ..core.clients import StackedClients
-from ._shared import (SEED_OPTIMUM, _check_kernel, _check_ridge, _host_moments, _host_moments_and_features,
-                      _kernel_gradient, _profile_from_moments, _solve_symmetric, _stacked)
+from .host import (SEED_OPTIMUM, check_kernel, check_ridge, host_moments, host_moments_and_features,
+                   kernel_gradient, profile_from_moments, solve_symmetric, as_stacked)
 
 __all__ = ["profile_objective", "profile_gradient", "CentralizedOptimum", "centralized_optimum",
            "centralized_optima", "population_value_moments"]
@@ -62,10 +63,10 @@ def profile_objective(K, clients, lam: float = 0.0):
     >>> bool(np.isclose(phi_2, lt.profile_objective(K, clients)[0]))
     True
     """
-    _check_ridge(lam)
-    data = _stacked(clients)
-    K = _check_kernel(K, data)
-    return _profile_from_moments(_host_moments(K, data), lam)
+    check_ridge(lam)
+    data = as_stacked(clients)
+    K = check_kernel(K, data)
+    return profile_from_moments(host_moments(K, data), lam)
 
 
 def profile_gradient(K, clients, lam: float = 0.0):
@@ -93,12 +94,12 @@ def profile_gradient(K, clients, lam: float = 0.0):
     >>> bool(np.isclose(change / 2e-6, np.linalg.norm(G), rtol=1e-5))
     True
     """
-    _check_ridge(lam)
-    data = _stacked(clients)
-    K = _check_kernel(K, data)
-    moments, phi = _host_moments_and_features(K, data)
-    _, V = _profile_from_moments(moments, lam)
-    return _kernel_gradient(K, V, data, phi)
+    check_ridge(lam)
+    data = as_stacked(clients)
+    K = check_kernel(K, data)
+    moments, phi = host_moments_and_features(K, data)
+    _, V = profile_from_moments(moments, lam)
+    return kernel_gradient(K, V, data, phi)
 
 
 # --------------------------------------------------------------------------------------
@@ -249,10 +250,10 @@ def _problem(clients, lam: float = 0.0, rank: int | None = None, heads: int | No
              restarts: int = 8, seed: int = 0, initial_kernels=(), max_iterations: int = 1000,
              tolerance: float = 1e-10) -> _Problem:
     """The arguments of :func:`centralized_optimum`, checked, with the starts drawn."""
-    _check_ridge(lam)
-    data = _stacked(clients)
+    check_ridge(lam)
+    data = as_stacked(clients)
     d = data.q.shape[-1]
-    starts = [("initial_kernel_%d" % i, _check_kernel(K, data, f"initial_kernels[{i}]"))
+    starts = [("initial_kernel_%d" % i, check_kernel(K, data, f"initial_kernels[{i}]"))
               for i, K in enumerate(initial_kernels)]
     truth = getattr(clients, "truth", {}) if isinstance(clients, FederatedDataset) else {}
     if heads is None:   # from the supplied kernels, else the teacher, else one head
@@ -280,13 +281,13 @@ def _profile_batch(K, data: StackedClients):
     """``(Φ_0(K_b), V*_0(K_b), φ)`` of a stack of kernels ``K`` ``(B, H, d, d)``: ``(B,)``,
     ``(B, Hd, p)`` and the features ``(B, m, N, Hd)`` they were computed from.
 
-    The batched form of :func:`_profile_from_moments` (per kernel the same arithmetic).
+    The batched form of :func:`profile_from_moments` (per kernel the same arithmetic).
     """
     mom, features = value_moments_and_features(np.asarray(K)[:, None], data)   # A (B, m, n, n), B (B, m, n, p)
     A, B, y2, w = (np.asarray(to_numpy(a), dtype=np.float64) for a in (mom.A, mom.B, mom.y2, mom.weights))
     A = np.sum(w[:, None, None] * A, axis=1)
     B = np.sum(w[:, None, None] * B, axis=1)
-    V = _solve_symmetric(A, B)
+    V = solve_symmetric(A, B)
     return 0.5 * np.sum(w * y2) - 0.5 * np.sum(B * V, axis=(-2, -1)), V, features
 
 
@@ -297,7 +298,7 @@ def _factor_objectives(problem: _Problem, xs: list) -> list:
     WQ, WK = X[:, :size].reshape((-1,) + shape), X[:, size:].reshape((-1,) + shape)
     K = WQ @ np.swapaxes(WK, -1, -2)
     phi, V, features = _profile_batch(K, problem.data)
-    G = _kernel_gradient(K, V, problem.data, features)     # the features of Φ_0's moments serve ∇_K
+    G = kernel_gradient(K, V, problem.data, features)     # the features of Φ_0's moments serve ∇_K
     grads = np.concatenate([(G @ WK).reshape(len(xs), -1), (np.swapaxes(G, -1, -2) @ WQ).reshape(len(xs), -1)],
                            axis=1)
     return [(float(f), g) for f, g in zip(phi, grads)]
@@ -362,7 +363,9 @@ def centralized_optima(problems) -> list[CentralizedOptimum]:
     Every start of every problem runs its own L-BFGS in a thread; their objective and gradient
     evaluations wait for each other and are computed in batches, one array program per problem
     (a leading axis of kernels, :func:`_profile_batch`). Each start follows exactly its
-    sequential path, so every optimum equals the one-at-a-time result, bit for bit.
+    sequential path, so every optimum equals the one-at-a-time result, bit for bit; a start
+    repeated on equal data (problems that share their clients and seed share their random starts)
+    runs once.
 
     Parameters
     ----------
@@ -385,7 +388,7 @@ def centralized_optima(problems) -> list[CentralizedOptimum]:
     True
     """
     problems = [_problem(**dict(problem)) for problem in problems]
-    jobs = [(i, j) for i, problem in enumerate(problems) for j in range(len(problem.inits))]
+    jobs, same = _distinct_starts(problems)
     outcomes: dict = {}
     with threadpool_limits(1, user_api="blas"):   # tiny BLAS calls: threads only spin (10× slower under load)
         for lo in range(0, len(jobs), MAX_CONCURRENT_STARTS):
@@ -400,8 +403,44 @@ def centralized_optima(problems) -> list[CentralizedOptimum]:
     for key, value in outcomes.items():
         if isinstance(value, BaseException):
             raise value
+    outcomes.update({job: outcomes[first] for job, first in same.items()})
     return [_optimum(problem, [outcomes[(i, j)] for j in range(len(problem.inits))])
             for i, problem in enumerate(problems)]
+
+
+def _data_digest(data: StackedClients) -> bytes:
+    """A digest of the stacked clients' contents (equal data, equal digest)."""
+    digest = hashlib.sha256(repr((data.attention, float(data.temperature))).encode())
+    for array in (data.S, data.q, data.y, data.sample_weight, data.weights, data.X):
+        if array is not None:
+            array = np.ascontiguousarray(to_numpy(array), dtype=np.float64)
+            digest.update(repr(array.shape).encode())
+            digest.update(array.tobytes())
+    return digest.digest()
+
+
+def _distinct_starts(problems: list[_Problem]):
+    """``(jobs, same)``: the starts ``(problem, start)`` to run, one per distinct (data, starting
+    point, solver settings), and ``{start: the job it repeats}`` for the others.
+
+    Instances that share their clients and seed (e.g. one task at several step sizes) share their
+    random starts; a start is a deterministic function of its data and starting point (its path
+    does not depend on the batch it runs in), so a repeat's result is the first run's, bit for bit.
+    """
+    jobs, same, seen = [], {}, {}
+    digests: dict = {}
+    for i, problem in enumerate(problems):
+        if id(problem.data) not in digests:
+            digests[id(problem.data)] = _data_digest(problem.data)
+        data = digests[id(problem.data)]
+        for j, (_, WQ, WK) in enumerate(problem.inits):
+            key = (data, problem.shape, WQ.tobytes(), WK.tobytes(), problem.max_iterations, problem.tolerance)
+            if key in seen:
+                same[(i, j)] = seen[key]
+            else:
+                seen[key] = (i, j)
+                jobs.append((i, j))
+    return jobs, same
 
 
 def _minimise(problem: _Problem, index: int, j: int, batches: _Batches, outcomes: dict) -> None:
@@ -485,4 +524,4 @@ def population_value_moments(K, config, samples: int = 4096) -> ValueMoments:
         if not np.array_equal(value, fresh.truth[key]):
             raise RuntimeError(f"regenerating the task changed truth[{key!r}]; cannot draw fresh samples")
     data = stack_clients(FederatedDataset(fresh.clients, train.weights, train.family, train.truth))
-    return _host_moments(_check_kernel(K, data), data)
+    return host_moments(check_kernel(K, data), data)

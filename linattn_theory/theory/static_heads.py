@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..core._array import array_namespace, to_numpy
-from ..core.model import _flat, _heads_to_columns, _value_matrix, context_second_moment, features
+from ..core.arrays import array_namespace, to_numpy
+from ..core.model import flat, heads_to_columns, value_matrix, context_second_moment, features
 from ..core.clients import as_federated, stack_clients
 
 __all__ = ["attention_scores", "input_independent_share", "select_static_heads", "uniform_pattern",
@@ -60,7 +60,7 @@ def attention_scores(K, X, q):
     """
     xp = array_namespace(K, X, q)
     H, d = K.shape[-3], K.shape[-1]
-    k = xp.matmul(q, _heads_to_columns(xp, K))               # (..., N, H·d): (K_h^T q)
+    k = xp.matmul(q, heads_to_columns(xp, K))               # (..., N, H·d): (K_h^T q)
     k = xp.reshape(k, k.shape[:-1] + (H, d))
     return xp.matmul(k, xp.matrix_transpose(X))              # (..., N, H, n)
 
@@ -308,8 +308,8 @@ def predict_static(params, static: StaticHeads, X, q):
     from ..core.model import kernel
 
     xp = array_namespace(X, q, params.WV)
-    phi = _flat(xp, head_features(kernel(params), X, q, static), 2)
-    return xp.matmul(phi, _value_matrix(xp, params.WV))
+    phi = flat(xp, head_features(kernel(params), X, q, static), 2)
+    return xp.matmul(phi, value_matrix(xp, params.WV))
 
 
 def stack_contexts(clients, xp=None, dtype=np.float64):
@@ -377,7 +377,7 @@ def static_profile_objective(K, clients, ridge: float = 0.0, static: StaticHeads
     static = StaticHeads((), None) if static is None else static
     A, B, y2 = 0.0, 0.0, 0.0
     for (X, q, y), p in zip(data, data.weights):
-        phi = _flat(np, head_features(np.asarray(K), X, q, static), 2)
+        phi = flat(np, head_features(np.asarray(K), X, q, static), 2)
         A = A + p * phi.T @ phi / len(y)
         B = B + p * phi.T @ y / len(y)
         y2 = y2 + p * np.sum(y * y) / len(y)
@@ -429,7 +429,7 @@ def static_head_features(clients, kind: str, *, count: int | None = None, gamma:
                  select_static_heads(input_independent_share(K, X_cal, q_cal), count=count))
         static = StaticHeads(heads, static_patterns(kind, K, X_cal, q_cal, gamma))
         X, q = (xp.asarray(a, dtype=params.WV.dtype) for a in (X_all, q_all))
-        return _flat(xp, head_features(xp.asarray(K, dtype=params.WV.dtype), X, q, static), 2)
+        return flat(xp, head_features(xp.asarray(K, dtype=params.WV.dtype), X, q, static), 2)
     return frozen_features
 
 

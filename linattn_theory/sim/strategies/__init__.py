@@ -27,50 +27,34 @@ are chosen by name in configs (``federated.strategy``):
 
 The registry maps names to factories or to ``"module:attribute"`` references imported on first
 use, so that a strategy defined in a higher layer (the online rule lives with the recommenders)
-is registered without this package importing it.
+is registered without this package importing it. Each factory carries what the rest of the
+package needs to know of it (:class:`~.base.Declaration`, ``@declare(...)``): whether and when it
+freezes, the settings it reads and checks, its style in the figures. Adding a strategy is its
+module plus one line in :data:`STRATEGIES` (docs/howto/add-strategy.md).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ...core._lazy import attach
+from ...core.lazy import Registry, attach
 
 if TYPE_CHECKING:
-    from .base import Strategy
+    from .base import Declaration, Strategy
 
 #: the shared shape of a strategy (:mod:`.base`), imported on first use: registering a strategy
 #: (which the package does at import) stays free of NumPy
 __getattr__, __dir__, _base_names = attach(__name__, {
-    ".base": ["ClientRule", "Control", "Freeze", "Round", "ServerRule", "Strategy"]})
+    ".base": ["ClientRule", "Control", "Declaration", "Freeze", "Round", "ServerRule", "Strategy", "declare"]})
 
-__all__ = ["STRATEGIES", "make_strategy", "register_strategy", "effective_warmup_rounds", *_base_names]
-
-
-class _Registry(Mapping):
-    """Strategy factories by name; a ``"module:attribute"`` entry is imported when first used."""
-
-    def __init__(self, entries: dict):
-        self._entries = dict(entries)
-
-    def __getitem__(self, name: str) -> Callable:
-        factory = self._entries[name]
-        if isinstance(factory, str):
-            module, _, attribute = factory.partition(":")
-            factory = getattr(importlib.import_module(module, __name__), attribute)
-            self._entries[name] = factory
-        return factory
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
+__all__ = ["STRATEGIES", "make_strategy", "register_strategy", "declaration", "strategy_settings",
+           "effective_warmup_rounds", *_base_names]
 
 
-STRATEGIES = _Registry({
+#: strategy factories by name, ``factory(fed, warmup_rounds) -> Strategy``, each carrying its
+#: :class:`~.base.Declaration` (``@declare(...)``); ``"module:attribute"`` entries are imported on first use
+STRATEGIES = Registry({
     "fedavg": ".fedavg:strategy",
     "fedfrozen": ".fedfrozen:strategy",
     "random_kernel": ".fedfrozen:random_kernel",
@@ -83,7 +67,7 @@ STRATEGIES = _Registry({
     "fedfrozen_scaffold": ".fedfrozen:fedfrozen_scaffold",
     "value_solve": ".value_solve:strategy",
     "value_solve_final": ".value_solve:value_solve_final",
-})
+}, __name__, "strategy")
 
 
 def register_strategy(name: str, factory: "Callable | str") -> None:
@@ -92,28 +76,35 @@ def register_strategy(name: str, factory: "Callable | str") -> None:
     ``factory`` is a callable or an absolute ``"module:attribute"`` reference, imported on first
     use. Registering a name twice with another factory is an error.
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"strategy name {name!r}: expected an identifier")
-    known = STRATEGIES._entries.get(name)
-    if known is not None and known != factory:
-        raise ValueError(f"strategy {name!r} is registered already")
-    STRATEGIES._entries[name] = factory
+    STRATEGIES.register(name, factory)
 
 
-# strategies whose schedule changes at the configured warm-up length T0
-_WARMUP_STRATEGIES = ("fedfrozen", "value_frozen", "fedfrozen_fedprox", "fedfrozen_scaffold", "value_solve")
+def declaration(name: str) -> Declaration:
+    """What strategy ``name`` declares of itself (:class:`~.base.Declaration`; imports its module)."""
+    from .base import Declaration
+    return getattr(STRATEGIES[name], "declaration", None) or Declaration()
+
+
+def strategy_settings() -> dict[str, tuple[str, ...]]:
+    """``{setting: the strategies that read it}`` for every strategy-specific ``[federated]``
+    setting, from the strategies' declarations (in registry order)."""
+    readers: dict[str, tuple[str, ...]] = {}
+    for name in STRATEGIES:
+        for setting in declaration(name).reads:
+            readers[setting] = readers.get(setting, ()) + (name,)
+    return readers
 
 
 def effective_warmup_rounds(strategy: str, rounds: int, warmup_rounds: int) -> int:
-    """The round ``T0`` at which ``strategy`` freezes a block: ``warmup_rounds`` for the
-    FedFrozen family, ``0`` for ``random_kernel``, ``T − 1`` for ``value_solve_final`` (its solve
-    round), ``T = rounds`` (never) for the others (``fedfrozen_adaptive`` chooses its ``T0`` during
-    the run: its metadata's ``kernel_round``)."""
-    if strategy == "random_kernel":
-        return 0
-    if strategy == "value_solve_final":
-        return rounds - 1
-    return warmup_rounds if strategy in _WARMUP_STRATEGIES else rounds
+    """The round ``T0`` at which ``strategy`` freezes a block: ``warmup_rounds`` for a strategy that
+    declares ``freezes`` (the FedFrozen family), its fixed ``T0`` for one that declares it
+    (``random_kernel``: 0; ``value_solve_final``: −1, the last round ``T − 1``), ``T = rounds`` (never) for the others (``fedfrozen_adaptive`` chooses its
+    ``T0`` during the run: its metadata's ``kernel_round``)."""
+    declared = declaration(strategy) if strategy in STRATEGIES else None
+    if declared is not None and declared.warmup_rounds is not None:     # a negative T0 counts from T
+        fixed = declared.warmup_rounds
+        return fixed if fixed >= 0 else rounds + fixed
+    return warmup_rounds if declared is not None and declared.freezes else rounds
 
 
 def make_strategy(fed, warmup_rounds: int) -> Strategy:

@@ -26,16 +26,17 @@ shape of ``local``. A strategy module exposes ``strategy(fed, warmup_rounds) -> 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...core._array import array_namespace
+from ...core.arrays import array_namespace
 from ...core.model import BLOCKS, Params
 
 __all__ = ["Round", "ClientRule", "ServerRule", "Strategy", "Control", "Freeze", "train_all", "freeze_after",
            "local_sgd", "server_sgd", "zeros_like_blocks", "scatter_clients", "take_clients",
-           "weighted_sum"]
+           "weighted_sum", "instance_rows", "Declaration", "declare"]
 
 
 class Round(NamedTuple):
@@ -168,6 +169,48 @@ class Strategy(NamedTuple):
     client: ClientRule
     server: ServerRule
     control: Control | None = None
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What the rest of the package needs to know of a strategy, declared next to its factory
+    (:func:`declare`), so that adding a strategy is one module plus one registry line.
+
+    ``freezes``: its schedule changes at the configured warm-up ``T0 = federated.warmup_rounds``
+    (it reads that setting); ``warmup_rounds``: a ``T0`` fixed whatever the config
+    (``random_kernel``: 0; a negative one counts from ``T``: ``value_solve_final``'s −1); neither: it never freezes (``T0 = T``). ``settings``: the further
+    ``[federated]`` settings only some strategies read (``prox_mu``, ``server_momentum``, …; a
+    config moving one off its default for a strategy that ignores it gets a warning).
+    ``check(fed, given)``: raises :class:`~linattn_theory.core.errors.ConfigError` for settings it
+    cannot run with (``given``: the keys the config's ``[federated]`` table sets). ``style``:
+    ``(label, colour, marker[, line style])`` in every figure (a colour of
+    :data:`linattn_theory.report.plotting.COLORS` or any Matplotlib colour); ``panel``: the
+    panel of the strategies figure it is drawn in (a key of
+    :data:`linattn_theory.report.plotting.PANELS`; ``None``: a reference drawn in every panel).
+    """
+
+    freezes: bool = False
+    warmup_rounds: int | None = None
+    settings: tuple[str, ...] = ()
+    check: Callable | None = None
+    style: tuple[str, ...] = ()
+    panel: str | None = None
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The strategy-specific ``[federated]`` settings it reads (``warmup_rounds`` first if it freezes)."""
+        return ("warmup_rounds",) * self.freezes + tuple(self.settings)
+
+
+def declare(**declared) -> Callable:
+    """Decorate a strategy factory with its :class:`Declaration` (``factory.declaration``)."""
+    declaration = Declaration(**declared)
+
+    def attach(factory):
+        factory.declaration = declaration
+        return factory
+
+    return attach
 
 
 # -- schedules ----------------------------------------------------------------------------
@@ -304,7 +347,7 @@ def zeros_like_blocks(params: Params, clients: int | None = None) -> dict:
     return {b: xp.zeros(shape(getattr(params, b)), dtype=params.WV.dtype) for b in BLOCKS}
 
 
-def _instance_rows(num_instances: int, num_clients: int, index) -> np.ndarray:
+def instance_rows(num_instances: int, num_clients: int, index) -> np.ndarray:
     """Flat row numbers ``i·m + index[i, j]`` of an ensemble's per-instance client indices."""
     return (np.arange(num_instances)[:, None] * num_clients + index).reshape(-1)
 
@@ -340,7 +383,7 @@ def scatter_clients(full, part_values, rnd: Round):
     np.put_along_axis(position, part, np.broadcast_to(np.arange(k), part.shape), axis=-1)
     np.put_along_axis(mask, part, True, axis=-1)
     if lead:
-        rows = _instance_rows(lead[0], k, position)
+        rows = instance_rows(lead[0], k, position)
         flat = xp.reshape(part_values, (lead[0] * k,) + tuple(part_values.shape[2:]))
         gathered = xp.reshape(xp.take(flat, xp.asarray(rows), axis=0), tuple(full.shape))
     else:
@@ -394,5 +437,5 @@ def take_clients(full, rnd: Round):
         return xp.take(full, xp.asarray(part), axis=0)
     I, m = full.shape[0], full.shape[1]
     flat = xp.reshape(full, (I * m,) + tuple(full.shape[2:]))
-    rows = xp.take(flat, xp.asarray(_instance_rows(I, m, part)), axis=0)
+    rows = xp.take(flat, xp.asarray(instance_rows(I, m, part)), axis=0)
     return xp.reshape(rows, (I, part.shape[-1]) + tuple(full.shape[2:]))

@@ -12,12 +12,16 @@ about ``η_s`` per coordinate, so ``η_s`` (``server_learning_rate``) is much sm
 
 from __future__ import annotations
 
-from ...core._array import array_namespace
-from .base import ServerRule, Strategy, local_sgd, train_all, zeros_like_blocks
+from ...core.arrays import array_namespace
+from ...core.errors import ConfigError
+from .base import ServerRule, Strategy, declare, local_sgd, train_all, zeros_like_blocks
 
-__all__ = ["NAME", "adam", "strategy"]
+__all__ = ["NAME", "MAX_SERVER_STEP", "adam", "check", "strategy"]
 
 NAME = "fedadam"
+
+#: FedAdam's server step is a per-coordinate step size (Reddi et al. 2020): FedAvg's default 1 diverges.
+MAX_SERVER_STEP = 0.1
 
 
 def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> ServerRule:
@@ -55,6 +59,17 @@ def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> Se
     return ServerRule(init, update)
 
 
+def check(fed, given) -> None:
+    """Refuse a server step ``η_s > MAX_SERVER_STEP`` (a ``ConfigError`` that says whether it is the default)."""
+    if fed.server_learning_rate > MAX_SERVER_STEP:
+        default = "" if "server_learning_rate" in given else "federated.strategy = 'fedadam' with the default "
+        raise ConfigError(default + f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
+                          f"every coordinate by about this much per round; expected a value <= "
+                          f"{MAX_SERVER_STEP} for strategy 'fedadam' (e.g. 0.01)")
+
+
+@declare(settings=("server_beta1", "server_beta2", "server_epsilon"), check=check,
+         style=("FedAdam", "brown", "P"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
     """FedAdam with ``η_s = fed.server_learning_rate``, ``β1, β2 = fed.server_beta1/2``, ``τ = fed.server_epsilon``."""
     return Strategy(NAME, train_all, local_sgd(),

@@ -8,13 +8,14 @@ Every block trains in every round: each participant runs ``E`` steps
 
 from __future__ import annotations
 
-from .base import Strategy, local_sgd, server_sgd, train_all
+from .base import Strategy, declare, local_sgd, server_sgd, train_all
 
 __all__ = ["NAME", "strategy"]
 
 NAME = "fedavg"
 
 
+@declare(style=("FedAvg", "blue", "o"))
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
     """FedAvg with the server step ``fed.server_learning_rate`` (``warmup_rounds`` is not used)."""
     return Strategy(NAME, train_all, local_sgd(), server_sgd(fed.server_learning_rate))

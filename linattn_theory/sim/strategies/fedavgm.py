@@ -12,7 +12,7 @@ Clients run plain local gradient descent; the server keeps a momentum buffer ``m
 
 from __future__ import annotations
 
-from .base import ServerRule, Strategy, local_sgd, train_all, zeros_like_blocks
+from .base import ServerRule, Strategy, declare, local_sgd, train_all, zeros_like_blocks
 
 __all__ = ["NAME", "momentum", "strategy"]
 
@@ -44,6 +44,7 @@ def momentum(learning_rate: float, beta: float) -> ServerRule:
     return ServerRule(lambda params: zeros_like_blocks(params), update)
 
 
+@declare(settings=("server_momentum",), style=("FedAvgM", "vermillion", "v"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
     """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``."""
     return Strategy(NAME, train_all, local_sgd(),

@@ -14,7 +14,7 @@ trains, a quadratic problem in ``W_V`` (docs/theory.md §5).
 from __future__ import annotations
 
 from . import fedprox, scaffold
-from .base import Strategy, freeze_after, local_sgd, server_sgd
+from .base import Strategy, declare, freeze_after, local_sgd, server_sgd
 
 __all__ = ["NAME", "strategy", "random_kernel", "fedfrozen_fedprox", "fedfrozen_scaffold"]
 
@@ -22,6 +22,7 @@ NAME = "fedfrozen"
 FROZEN = ("WV",)
 
 
+@declare(freezes=True, style=("FedFrozen", "orange", "s"))
 def strategy(fed, warmup_rounds: int) -> Strategy:
     """FedFrozen with warm-up ``T0 = warmup_rounds`` (``T0 = T``: FedAvg).
 
@@ -41,11 +42,14 @@ def strategy(fed, warmup_rounds: int) -> Strategy:
                     server_sgd(fed.server_learning_rate))
 
 
+@declare(warmup_rounds=0, style=(r"random kernel ($T_0$ = 0)", "grey", "X"), panel="fixed")
 def random_kernel(fed, warmup_rounds: int | None = None) -> Strategy:
     """FedFrozen with ``T0 = 0``: only ``W_V`` ever trains, on the random initial kernel."""
     return strategy(fed, 0)._replace(name="random_kernel")
 
 
+@declare(freezes=True, settings=("prox_mu",), style=("FedFrozen + FedProx", "light_blue", "<"),
+         panel="fedfrozen")
 def fedfrozen_fedprox(fed, warmup_rounds: int) -> Strategy:
     """FedFrozen whose frozen stage (``t ≥ T0``) adds FedProx's ``μ(θ_c − θ^t)``, ``μ = fed.prox_mu``."""
     return Strategy("fedfrozen_fedprox", freeze_after(warmup_rounds, FROZEN),
@@ -53,6 +57,7 @@ def fedfrozen_fedprox(fed, warmup_rounds: int) -> Strategy:
                     server_sgd(fed.server_learning_rate))
 
 
+@declare(freezes=True, style=("FedFrozen + SCAFFOLD", "green", ">"), panel="fedfrozen")
 def fedfrozen_scaffold(fed, warmup_rounds: int) -> Strategy:
     """FedFrozen whose frozen stage (``t ≥ T0``) runs SCAFFOLD on ``W_V``."""
     return Strategy("fedfrozen_scaffold", freeze_after(warmup_rounds, FROZEN),

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core._array import to_numpy
-from .base import ClientRule, Strategy, server_sgd, train_all
+from ...core.arrays import to_numpy
+from .base import ClientRule, Strategy, declare, server_sgd, train_all
 
 __all__ = ["NAME", "proximal", "strategy", "frozen_fixed_point"]
 
@@ -53,6 +53,7 @@ def proximal(mu: float, stage: tuple[str, ...] | None = None) -> ClientRule:
     return ClientRule(lambda params, num_clients: None, correction, lambda state, *args: state)
 
 
+@declare(settings=("prox_mu",), style=("FedProx", "light_blue", "^"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
     """FedProx with ``μ = fed.prox_mu`` on every block in every round."""
     return Strategy(NAME, train_all, proximal(fed.prox_mu), server_sgd(fed.server_learning_rate))

@@ -15,7 +15,7 @@ control variates remove the value drift floor of docs/theory.md §5.
 
 from __future__ import annotations
 
-from .base import (ClientRule, Strategy, scatter_clients, server_sgd, take_clients, train_all, weighted_sum, zeros_like_blocks)
+from .base import (ClientRule, Strategy, declare, scatter_clients, server_sgd, take_clients, train_all, weighted_sum, zeros_like_blocks)
 
 __all__ = ["NAME", "control_variates", "strategy"]
 
@@ -65,6 +65,7 @@ def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
     return ClientRule(init, correction, update)
 
 
+@declare(style=("SCAFFOLD", "green", "D"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
     """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``."""
     return Strategy(NAME, train_all, control_variates(), server_sgd(fed.server_learning_rate))

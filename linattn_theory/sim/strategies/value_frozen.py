@@ -7,13 +7,14 @@ keep training with FedAvg.
 
 from __future__ import annotations
 
-from .base import Strategy, freeze_after, local_sgd, server_sgd
+from .base import Strategy, declare, freeze_after, local_sgd, server_sgd
 
 __all__ = ["NAME", "strategy"]
 
 NAME = "value_frozen"
 
 
+@declare(freezes=True, style=("value frozen", "light_blue", "H"), panel="fixed")
 def strategy(fed, warmup_rounds: int) -> Strategy:
     """All blocks for ``t < T0``, then only ``W_Q, W_K``."""
     return Strategy(NAME, freeze_after(warmup_rounds, ("WQ", "WK")), local_sgd(),

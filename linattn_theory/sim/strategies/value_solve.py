@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core._array import array_namespace, to_numpy
+from ...core.arrays import array_namespace, to_numpy
 from ...core.model import kernel
 from ...core.moments import value_moments
-from .base import Control, ServerRule, Strategy, freeze_after, local_sgd, server_sgd
+from .base import Control, ServerRule, Strategy, declare, freeze_after, local_sgd, server_sgd
 
 __all__ = ["NAME", "strategy", "value_solve_final", "solve_value_block"]
 
@@ -82,12 +82,14 @@ def _solve_at(solve_round: int, fed) -> tuple[Control, ServerRule]:
     return Control(observe, lambda result: {}), ServerRule(fedavg.init, update)
 
 
+@declare(freezes=True, style=(r"value solve at $T_0$, then FedAvg", "vermillion", "x"), panel="fedfrozen")
 def strategy(fed, warmup_rounds: int) -> Strategy:
     """FedAvg for ``t < T0 = warmup_rounds``, the exact value solve in round ``T0``, then value-only FedAvg."""
     control, server = _solve_at(warmup_rounds, fed)
     return Strategy(NAME, freeze_after(warmup_rounds, FROZEN), local_sgd(), server, control)
 
 
+@declare(warmup_rounds=-1, style=("FedAvg, value solve in the last round", "brown", "+"), panel="fedfrozen")
 def value_solve_final(fed, warmup_rounds: int | None = None) -> Strategy:
     """FedAvg for ``T − 1`` rounds, the exact value solve in the last round (``warmup_rounds`` is not used)."""
     return strategy(fed, fed.rounds - 1)._replace(name="value_solve_final")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 from array_api_compat import array_namespace, is_cupy_array, is_numpy_array, size
 
-__all__ = ["array_namespace", "to_numpy", "size", "moveaxis", "sq_norms"]
+#: array_namespace and size (array-api-compat's own) are imported from here too, documented there
+__all__ = ["to_numpy", "moveaxis", "sq_norms"]
 
 
 def to_numpy(x) -> np.ndarray:

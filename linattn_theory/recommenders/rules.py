@@ -1,0 +1,335 @@
+"""Freezing rules of round 4, one per information set (docs/theory.md §8, "Round 4: new signals and
+named information sets").
+
+Each rule's name and docstring say what it reads; each decides at round ``t`` from rounds ``≤ t``
+only, through ``decide(forecasts, T)`` like :class:`~.online.OnlineRule`, so the regret benchmark
+replays all of them on the same records (:func:`~.scoring.replay_online`) and realises each
+decision by its ``outcome`` (:func:`~.scoring.realised_risk`):
+
+* :class:`ValueMomentsRecallRule` — information set **(a) client value moments** (``Ã_c, B_c`` at
+  every stored kernel, as :class:`~.online.OnlineRule`): stopping with recall on the exact offers
+  ``J(s, T − t)``, optionally the stability margin and a no-harm test;
+* :class:`ServerObservableRule` — information set **(b) what a server observes**: the global
+  parameters and the clients' reported losses, no moment; it reads ``F_λ(θ_u)`` alone;
+* :class:`ValueSolveRule` — information set **(c) = (a) plus the exact value solve**
+  (strategy ``value_solve``, docs/theory.md §5).
+
+:data:`RULES` registers them by name, with today's :class:`~.online.OnlineRule` as ``online``;
+:data:`INFORMATION_SETS` says each one's information set in a sentence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .online import (OnlineDecision, OnlineRule, freeze_options, freeze_risk, profiles_and_floors, escape_round,
+                     fedavg_forecast)
+from .signals import decomposition_forecast, margin_crossing, offers, price_of_waiting, recall_margin
+
+__all__ = ["INFORMATION_SETS", "RULES", "ValueMomentsRecallRule", "ServerObservableRule", "ValueSolveRule",
+           "observed_losses", "make_rule"]
+
+#: The information sets of round 4 (docs/theory.md §8), one sentence each.
+INFORMATION_SETS = {
+    "value_moments": ("(a) client value moments: every client's Ã_c and B_c at every stored kernel, "
+                      "(Hd)² + Hdp numbers per client and round, hence the exact J(s, k)"),
+    "server_observable": ("(b) what a server observes: the global parameters and the clients' reported "
+                          "losses (their weighted mean plus the ridge term is F_λ(θ_u)); no moment"),
+    "value_moments_and_solve": ("(c) the client value moments of (a) and the option of the exact value "
+                                "solve V*_λ(K) in the last round (strategy value_solve)"),
+}
+
+
+def _check_int(owner: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{owner}.{name} = {value!r}; expected an integer >= 1")
+
+
+def _check_number(owner: str, name: str, value, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or value < 0:
+        raise ValueError(f"{owner}.{name} = {value!r}; expected a finite number >= 0")
+
+
+def _check_recall(rule) -> None:
+    """A recall rule's ``window`` (an integer ≥ 1), ``fraction`` and ``confidence`` (finite, ≥ 0)."""
+    _check_int(type(rule).__name__, "window", rule.window)
+    for name in ("fraction", "confidence"):
+        _check_number(type(rule).__name__, name, getattr(rule, name))
+
+
+def _round_and_check(forecasts, T: int) -> int:
+    t = len(forecasts) - 1
+    if not 0 <= t <= T:
+        raise ValueError(f"{len(forecasts)} forecasts for T = {T} rounds; expected 1..T+1")
+    return t
+
+
+def observed_losses(forecasts) -> np.ndarray:
+    """``F_λ(θ_u)``, ``u = 0..t``: the training objective of the stored iterates, ``J(u, 0)`` (what a
+    server observes as the clients' reported losses; nothing else of ``forecasts`` is read)."""
+    return np.asarray(freeze_options(forecasts, 0), dtype=float)
+
+
+def _offers(forecasts, T: int) -> np.ndarray:
+    """``B_0..B_t`` (:func:`~.signals.offers`; a record's table gives them at once, the same numbers)."""
+    if hasattr(forecasts, "offers"):
+        return forecasts.offers(T)
+    return offers([freeze_options(forecasts[:u + 1], T - u) for u in range(len(forecasts))])
+
+
+def _value_part(forecasts, offer_values, T: int) -> float:
+    """``B* − Φ_λ(K_{s**})``: the best offer ``B* = B_{u*}`` (``u* = argmin_u B_u``) less the profile of
+    its kernel ``s** = argmin_{s ≤ u*} J(s, T − u*)``, the value block's part of it (``≥ 0``)."""
+    u = int(np.argmin(offer_values))
+    options = np.asarray(freeze_options(forecasts[:u + 1], T - u), dtype=float)
+    s = int(np.argmin(np.where(np.isfinite(options), options, np.inf)))
+    profile, _ = profiles_and_floors(forecasts[:u + 1])
+    return float(offer_values[u] - profile[s])
+
+
+def _loss_offset(forecasts) -> float:
+    """What turns ``J(u, 0)`` into the loss the server observes: ``Φ*_λ`` for a record's forecasts
+    (which store ``J − Φ*_λ``), 0 for a run's own."""
+    if hasattr(forecasts, "optimum"):
+        return float(forecasts.optimum)
+    return float(getattr(forecasts[0], "optimum", 0.0)) if len(forecasts) else 0.0
+
+
+def _margins(forecasts) -> list:
+    if hasattr(forecasts, "stability_margins"):
+        return forecasts.stability_margins
+    return [f.stability_margin for f in forecasts]
+
+
+def _best_iterate(losses, T: int, t: int, test: str, reason: str) -> OnlineDecision:
+    """The decision at ``t = T``: end with the stored iterate of the smallest observed loss (``θ_T``:
+    plain FedAvg)."""
+    s = int(np.argmin(np.where(np.isfinite(losses), losses, np.inf)))
+    nan = float("nan")
+    return OnlineDecision(t, True, s, float(losses[s]), nan, nan, float(losses[-1]), nan, test, reason,
+                          "iterate" if s < T else "freeze")
+
+
+@dataclass(frozen=True)
+class ValueMomentsRecallRule:
+    """Information set (a), client value moments: **stopping with recall** on the exact offers.
+
+    At round ``t`` the best option of freezing now, a roll-back allowed, is
+    ``B_t = min_{s ≤ t} J(s, T − t)`` (exact, :class:`~.online.FreezeForecast`), and the price of
+    having waited is ``W_t = B_t − min_{u ≤ t} B_u`` (:func:`~.signals.price_of_waiting`). After the
+    escape from the saddle (:func:`~.online.escape_round`, window ``w``) the rule keeps training
+    while ``W_t ≤ max(ε (B* − Φ_λ(K_{s**})), z σ_B)`` (:func:`~.signals.recall_margin`), with
+    ``B* = min_u B_u`` and ``K_{s**}`` the kernel of that best offer, and freezes ``K_{s*}``,
+    ``s* = argmin_s J(s, T − t)``, when the price leaves that margin. Its final objective is the
+    best offer it ever had plus the price ``W_t`` it reports (``cost``; exact with full batches and
+    full participation), and ``B* − Φ_λ(K_{s**})``, the value block's part of the best offer, is at
+    most that offer's excess risk: a price within ``ε`` of it costs at most a share ``ε`` of the best
+    offer's excess risk (plus the last round's step, and the noise margin ``z σ_B``). With ``stability`` it also freezes when the straight
+    line through the value block's stability margins ``2 − η max_c λ_max(Ã_c(K_u))`` over the
+    window reaches zero before round ``T`` (:func:`~.signals.margin_crossing`: FedAvg's local value
+    steps are about to lose their stability). With ``no_harm = z_h`` a stop also needs
+    ``B_t < F̂_T − z_h σ`` (FedAvg's end forecast by a straight line, ``forecast = "line"``,
+    :func:`~.online.fedavg_forecast`, or term by term, ``"decomposition"``,
+    :func:`~.signals.decomposition_forecast`). At ``t = T`` it ends with the stored iterate of the
+    smallest training objective (recall; ``θ_T`` is plain FedAvg).
+
+    Parameters
+    ----------
+    window : int, default 10
+        ``w``.
+    fraction : float, default 0.05
+        ``ε``.
+    confidence : float, default 2.0
+        ``z``.
+    stability : bool, default False
+        Use the stability-margin signal.
+    no_harm : float or None, default None
+        ``z_h`` (``None``: no no-harm test).
+    forecast : {"line", "decomposition"}, default "line"
+        FedAvg's end forecast of the no-harm test.
+    """
+
+    window: int = 10
+    fraction: float = 0.05
+    confidence: float = 2.0
+    stability: bool = False
+    no_harm: float | None = None
+    forecast: str = "line"
+    information_set = "value_moments"
+
+    def __post_init__(self):
+        _check_recall(self)
+        _check_number(type(self).__name__, "no_harm", self.no_harm, optional=True)
+        if self.forecast not in ("line", "decomposition"):
+            raise ValueError(f"ValueMomentsRecallRule.forecast = {self.forecast!r}; expected 'line' or 'decomposition'")
+
+    def decide(self, forecasts, T: int) -> OnlineDecision:
+        """The decision at round ``t = len(forecasts) − 1`` from the forecasts of rounds ``0..t``."""
+        t = _round_and_check(forecasts, T)
+        nan = float("nan")
+        if t == T:
+            return _best_iterate(observed_losses(forecasts), T, t, "budget",
+                                 "warm-up budget spent: the stored iterate of the smallest training objective")
+        now = freeze_options(forecasts, T - t)
+        s = int(np.argmin(now))
+        best = float(now[s])
+        risk = freeze_risk(forecasts, T)
+        w = self.window
+
+        def go_on(test, reason, price=nan):
+            return OnlineDecision(t, False, s, best, nan, price, nan, nan, test, reason)
+
+        ready = escape_round(risk, w)
+        if ready is None or t < ready:
+            return go_on("escape", f"escaping the saddle: R_freeze has not yet fallen below R_freeze(0) {w} rounds ago")
+        B = _offers(forecasts, T)
+        price = price_of_waiting(B)
+        tolerated = recall_margin(B, _value_part(forecasts, B, T), self.fraction, w, self.confidence)
+        crossing = margin_crossing(_margins(forecasts), w) if self.stability else float("inf")
+        if price <= tolerated and not crossing <= T:
+            return go_on("recall", f"the price of waiting {price:.3g} is within its margin {tolerated:.3g}", price)
+        test = "recall" if price > tolerated else "stability"
+        error, forecast = 0.0, nan
+        if self.no_harm is not None:
+            objective = observed_losses(forecasts)
+            forecast, error = fedavg_forecast(objective, T, w, self.no_harm)
+            if self.forecast == "decomposition":
+                profile, floor = profiles_and_floors(forecasts)
+                forecast = decomposition_forecast(profile, floor, objective, T, w)
+            if not best < forecast - error:
+                return OnlineDecision(t, False, s, best, nan, price, forecast, error, "no_harm",
+                                      f"freezing ({best:.4g}) does not beat FedAvg's forecast {forecast:.4g} "
+                                      f"by more than {error:.3g}")
+        why = (f"the price of waiting {price:.3g} left its margin {tolerated:.3g}" if test == "recall" else
+               f"the value block's stability margin reaches 0 at round {crossing:.3g} ≤ T = {T}")
+        return OnlineDecision(t, True, s, best, nan, price, forecast, error, test, f"freeze K_{s}: {why}")
+
+
+@dataclass(frozen=True)
+class ServerObservableRule:
+    """Information set (b), what a server observes: the clients' reported losses (their weighted
+    mean plus the ridge term of the global parameters is ``L_u = F_λ(θ_u)``); no moment, no forecast.
+
+    Stopping with recall on the observed losses: after ``L`` has first fallen below ``L_0`` and ``w``
+    more rounds have passed (the escape, :func:`~.online.escape_round` on ``L``), the rule stops when
+    the loss has risen above its best so far by more than ``max(ε min_u L_u, z σ_L)`` (a share ``ε``
+    of the best loss the server saw, or ``z`` residual standard deviations of the losses over the window)
+    (:func:`~.signals.price_of_waiting` and :func:`~.signals.recall_margin` of the loss series: FedAvg's
+    late rise, observed) and recalls the round ``s* = argmin_u L_u``: with ``outcome = "iterate"`` the
+    run ends with ``θ_{s*}`` (its loss is observed, so the outcome is known), with ``"freeze"`` it
+    freezes ``K_{s*}`` for the remaining rounds (an outcome the server cannot forecast). At ``t = T``
+    it ends with the stored iterate of the smallest loss. It reads ``J(u, 0)`` and nothing else of
+    the forecasts (:func:`observed_losses`).
+
+    Parameters
+    ----------
+    window : int, default 10
+        ``w``.
+    fraction : float, default 0.01
+        ``ε``.
+    confidence : float, default 2.0
+        ``z``.
+    outcome : {"iterate", "freeze"}, default "iterate"
+        What a stop before ``T`` does.
+    """
+
+    window: int = 10
+    fraction: float = 0.01
+    confidence: float = 2.0
+    outcome: str = "iterate"
+    information_set = "server_observable"
+
+    def __post_init__(self):
+        _check_recall(self)
+        if self.outcome not in ("iterate", "freeze"):
+            raise ValueError(f"ServerObservableRule.outcome = {self.outcome!r}; expected 'iterate' or 'freeze'")
+
+    def decide(self, forecasts, T: int) -> OnlineDecision:
+        """The decision at round ``t = len(forecasts) − 1`` from the losses of rounds ``0..t``."""
+        t = _round_and_check(forecasts, T)
+        L = observed_losses(forecasts)
+        if t == T:
+            return _best_iterate(L, T, t, "budget", "warm-up budget spent: the stored iterate of the smallest loss")
+        nan = float("nan")
+        s = int(np.argmin(np.where(np.isfinite(L), L, np.inf)))
+        ready = escape_round(L, self.window)
+        if ready is None or t < ready:
+            return OnlineDecision(t, False, s, float(L[s]), nan, nan, nan, nan, "escape",
+                                  f"escaping the saddle: the loss has not yet fallen below L_0 {self.window} rounds ago")
+        rise = price_of_waiting(L)
+        level = float(np.min(L[np.isfinite(L)])) + _loss_offset(forecasts)      # the best loss, as observed
+        tolerated = recall_margin(L, level, self.fraction, self.window, self.confidence)
+        if not rise > tolerated:
+            return OnlineDecision(t, False, s, float(L[s]), nan, rise, nan, nan, "rise",
+                                  f"the loss is {rise:.3g} above its best, within {tolerated:.3g}")
+        return OnlineDecision(t, True, s, float(L[s]), nan, rise, nan, nan, "rise",
+                              f"the loss rose {rise:.3g} above its best (round {s}), beyond {tolerated:.3g}",
+                              self.outcome)
+
+
+@dataclass(frozen=True)
+class ValueSolveRule:
+    """Information set (c): the client value moments of (a) and the option of the exact value solve
+    (strategy ``value_solve``, docs/theory.md §5).
+
+    After the solve at a kernel ``K_s`` the final objective is ``Φ_λ(K_s)``, and every frozen-stage
+    option is worse or equal: ``J(s, k) = Φ_λ(K_s) + ½‖V_T − V*_λ(K_s)‖²_Ã ≥ Φ_λ(K_s)``. So with the
+    solve at hand the best decision waits: FedAvg runs ``T − 1`` rounds, storing the kernels, and in
+    round ``T − 1`` the rule recalls ``s* = argmin_{s ≤ T−1} Φ_λ(K_s)`` and solves the value block at
+    ``K_{s*}`` (the solve is one of the ``T`` rounds). Its outcome, ``Φ_λ(K_{s*}) − Φ*_λ``, is exact
+    under any noise (the solve uses every client's full data); it may beat every ``T0`` of
+    FedFrozen (negative regret).
+    """
+
+    information_set = "value_moments_and_solve"
+
+    def decide(self, forecasts, T: int) -> OnlineDecision:
+        """The decision at round ``t = len(forecasts) − 1``: wait until ``t = T − 1``, then solve."""
+        t = _round_and_check(forecasts, T)
+        profile, _ = profiles_and_floors(forecasts)
+        profile = np.asarray(profile, dtype=float)
+        s = int(np.argmin(np.where(np.isfinite(profile), profile, np.inf)))
+        nan = float("nan")
+        if t < T - 1:
+            return OnlineDecision(t, False, s, float(profile[s]), nan, nan, nan, nan, "solve",
+                                  "waiting: the solve in the last round beats every frozen stage")
+        return OnlineDecision(t, True, s, float(profile[s]), nan, nan, nan, nan, "solve",
+                              f"solve the value block at K_{s}, the smallest profile stored", "solve")
+
+
+#: Rules by name (the regret benchmark's registry): today's rule and the rules of round 4.
+RULES = {"online": OnlineRule, "value_moments_recall": ValueMomentsRecallRule,
+         "server_observable": ServerObservableRule, "value_solve": ValueSolveRule}
+
+
+def make_rule(name: str, **params):
+    """The rule ``RULES[name](**params)`` (a clear error for an unknown name).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`RULES`.
+    **params
+        The rule's parameters.
+
+    Returns
+    -------
+    object
+        The rule (``decide(forecasts, T)``).
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.rules import make_rule
+    >>> make_rule("server_observable", window=8).information_set
+    'server_observable'
+    """
+    try:
+        cls = RULES[name]
+    except KeyError:
+        raise ValueError(f"rule {name!r} is unknown; expected one of {sorted(RULES)}") from None
+    return cls(**params)

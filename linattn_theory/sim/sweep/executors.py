@@ -1,0 +1,270 @@
+"""Where a sweep's runs are computed: in this process, in local worker processes, or on Dask.
+
+The pending runs are grouped into tasks (:func:`plan_tasks`: runs that share a warm-up or an
+ensemble shape stay together), each computed by one worker as ensembles (:func:`compute_task`), and
+:func:`run_tasks` yields each task's results as it finishes. Workers only compute (the caller
+stores every run, :mod:`.store`), exit as soon as the calling process is gone and are stopped on
+an error, Ctrl-C or SIGTERM; a local Dask cluster's scratch folder is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from ...core.errors import ConfigError, SettingWarning
+from ...core.io import timed_run
+from ..config import RunConfig, config_from_dict, warmup_family_key
+
+__all__ = ["EXECUTORS", "TASK_INSTANCES", "PARENT_CHECK_SECONDS", "check_executor", "plan_tasks", "compute_task",
+           "run_tasks"]
+
+
+EXECUTORS = ("serial", "processes", "dask")
+
+#: how often a worker checks that the sweep's process is still alive (seconds)
+PARENT_CHECK_SECONDS = 0.2
+
+#: a task (one worker's share of a sweep, stored when it finishes) holds at most this many
+#: instances: runs, or FedFrozen runs of one instance that differ only in ``T0`` (which share
+#: their warm-up and count once)
+TASK_INSTANCES = 16
+
+
+def _shape_key(config: RunConfig) -> str:
+    """Runs that can share an ensemble (:func:`linattn_theory.sim.ensemble.ensemble_key`, from the
+    config alone): everything but the seed and the per-instance numbers."""
+    data = config.to_dict()
+    data.pop("seed", None)
+    task = data.get("task", {})
+    for key in ("zeta_value", "zeta_covariate", "zeta_mean", "zeta_task", "noise", "positional_strength"):
+        task.pop(key, None)
+    for key in ("learning_rate", "ridge", "warmup_rounds", "divergence_factor", "server_learning_rate",
+                "prox_mu", "server_momentum", "server_beta1", "server_beta2", "server_epsilon"):
+        data.get("federated", {}).pop(key, None)
+    return json.dumps(data, sort_keys=True)
+
+
+def plan_tasks(pending: list[tuple[str, RunConfig]]) -> list[list[tuple[str, dict]]]:
+    """Group the pending runs into tasks, each run by one worker as ensembles (:func:`compute_task`).
+
+    FedFrozen runs that differ only in ``T0``, and the online rule's run of their instance, stay
+    together (they share a warm-up, :func:`~linattn_theory.sim.config.warmup_family_key`); runs of one
+    shape (:func:`_shape_key`) fill tasks of at most :data:`TASK_INSTANCES` instances, and at
+    least one task per core is made where there are enough instances. The grouping changes how
+    fast a sweep runs, never its numbers (an ensemble's results do not depend on its members).
+    """
+    families: dict[str, list] = {}
+    for run_id, config in pending:
+        families.setdefault(warmup_family_key(config) or run_id, []).append((run_id, config))
+    shapes: dict[str, list] = {}
+    for family in families.values():
+        shapes.setdefault(_shape_key(family[0][1]), []).append(family)
+    total = sum(len(group) for group in shapes.values())
+    size = max(1, min(TASK_INSTANCES, math.ceil(total / (os.cpu_count() or 1))))
+    tasks = []
+    for group in shapes.values():
+        for lo in range(0, len(group), size):
+            tasks.append([(run_id, config.to_dict()) for family in group[lo:lo + size]
+                          for run_id, config in family])
+    return tasks
+
+
+@timed_run
+def compute_task(task: list[tuple[str, dict]]) -> list:
+    """Worker side: simulate one task (nothing is written here); returns ``[(run_id, RunResult)]``,
+    each result's provenance recording when the task started and its wall time.
+
+    The runs go through :func:`~linattn_theory.sim.ensemble.simulate_many`: runs of equal shapes
+    as one array program, FedFrozen runs that differ only in ``T0`` sharing their warm-up; each
+    result is bit-identical whatever the task holds (and equals ``simulate(config)`` to rounding).
+    """
+    from ..ensemble import simulate_many
+    configs = [config_from_dict(data) for _, data in task]
+    with warnings.catch_warnings():                 # run_sweep said them once, before any run
+        warnings.simplefilter("ignore", SettingWarning)
+        results = simulate_many(configs)
+    return [(run_id, result) for (run_id, _), result in zip(task, results)]
+
+
+def check_executor(executor: str, workers: int | None, scheduler: str | None) -> None:
+    """Refuse an unknown executor, a worker count below 1 or a scheduler for an executor other than
+    ``dask`` (a ``ConfigError``); check that Dask imports when it is asked for."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor = {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"workers = {workers!r}: expected a positive integer")
+    if scheduler is not None and executor != "dask":
+        raise ConfigError(f"scheduler = {scheduler!r} applies only to executor 'dask'")
+    if executor == "dask":
+        _dask()
+        if scheduler is not None:
+            _check_scheduler(scheduler)
+
+
+def _check_scheduler(address: str, timeout: float = 5.0) -> None:
+    """Refuse a Dask scheduler address that does not accept a TCP connection (before any work)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    text = address if "://" in address else f"tcp://{address}"
+    parts = urlsplit(text)
+    if parts.scheme not in ("tcp", "tls"):
+        return                                  # inproc://, ucx://: left to Dask
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        raise ConfigError(f"scheduler = {address!r}: expected an address such as tcp://host:8786")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        raise ConfigError(f"scheduler = {address!r}: no Dask scheduler reachable there "
+                          f"({err.strerror or err}); start one with `dask scheduler` or leave "
+                          f"--scheduler out for a local cluster") from None
+
+
+def _dask():
+    try:
+        from dask import distributed
+    except ImportError:
+        raise ConfigError("executor 'dask' needs dask.distributed, an optional extra: "
+                          "pip install 'linattn-theory[dask]'") from None
+    return distributed
+
+
+def _worker_init(parent_pid: int, threads: int) -> None:
+    """Worker process start: leave Ctrl-C to the sweep's process (it stops the workers), limit
+    BLAS threads to this worker's share of the cores, and exit as soon as the sweep's process
+    is gone (killed by SIGKILL, say), so that no worker outlives its sweep."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import tqdm.auto
+    import tqdm.std
+    for cls in {tqdm.std.tqdm, tqdm.auto.tqdm}:     # a forked copy of a lock may be held: fresh ones
+        cls.set_lock(tqdm.std.TqdmDefaultWriteLock())
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(threads)
+    except ImportError:                                  # pragma: no cover - comes with joblib
+        pass
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="linattn-parent-watch", daemon=True).start()
+
+
+def _stop_pool(pool, processes: list) -> None:
+    """Stop a process pool now: cancel what has not started and terminate the workers."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
+    for process in processes:
+        process.join(timeout=5)
+
+
+def _process_results(tasks: list, workers: int):
+    """``executor="processes"``: a pool of forked workers that die with the sweep."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    workers = min(workers, len(tasks))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_worker_init, initargs=(os.getpid(), threads))
+    finished = False
+    try:
+        pending = {pool.submit(compute_task, task) for task in tasks}
+        processes = list(pool._processes.values())
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield future.result()
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:                                   # an error, Ctrl-C or SIGTERM: stop the workers now
+            _stop_pool(pool, list(pool._processes.values() if pool._processes else processes))
+
+
+#: prefix of a local Dask cluster's scratch folder (in the system's temporary folder)
+_DASK_SCRATCH = "linattn-dask-"
+
+
+def _dask_scratch() -> Path:
+    """A fresh scratch folder for a local Dask cluster; removes those of sweeps that were killed."""
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"{_DASK_SCRATCH}*"):
+        try:
+            pid = int(old.name[len(_DASK_SCRATCH):].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except (ValueError, OSError):
+            pass
+    return Path(tempfile.mkdtemp(prefix=f"{_DASK_SCRATCH}{os.getpid()}-"))
+
+
+def _remove_scratch(folder: Path, seconds: float = 5.0) -> None:
+    """Remove a Dask scratch folder; workers still shutting down may recreate lock files in it
+    for a moment, so remove until it stays gone for 0.3 s (at most ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shutil.rmtree(folder, ignore_errors=True)
+        time.sleep(0.3)
+        if not folder.exists() or time.monotonic() > deadline:
+            return
+
+
+def _dask_results(tasks: list, workers: int, scheduler: str | None):
+    distributed = _dask()
+    cluster = scratch = None
+    if scheduler is None:
+        scratch = _dask_scratch()
+        cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                           host="127.0.0.1", dashboard_address=None,
+                                           local_directory=str(scratch), silence_logs=logging.ERROR)
+    try:
+        try:
+            client = distributed.Client(cluster if cluster is not None else scheduler, timeout=10)
+        except (OSError, TimeoutError) as err:
+            raise ConfigError(f"scheduler = {scheduler!r}: cannot connect ({err})") from None
+        try:
+            futures = [client.submit(compute_task, task, pure=False) for task in tasks]
+            for future in distributed.as_completed(futures):
+                yield future.result()
+        finally:
+            client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if scratch is not None:
+            _remove_scratch(scratch)
+
+
+def run_tasks(executor: str, tasks: list, workers: int | None, scheduler: str | None):
+    """Yield ``[(run_id, RunResult)]`` for each task as it finishes (any order)."""
+    if executor == "serial" or not tasks:
+        yield from map(compute_task, tasks)
+        return
+    workers = workers or os.cpu_count() or 1
+    if executor == "processes":
+        yield from _process_results(tasks, workers)
+        return
+    yield from _dask_results(tasks, workers, scheduler)

@@ -1,0 +1,455 @@
+"""Round 4's freeze signals and the rules of its information sets, at the arithmetic (docs/theory.md §8).
+
+Every number below is computed by hand on a hand-made history (the docstrings show the sums);
+the histories are those of tests/test_recommenders.py: ``J(s, k) = A_s − c_s k``, ``c_s = 0.03 + 0.001 s``,
+``T = 20``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from linattn_theory.core.curvature import value_curvature
+from linattn_theory.core.model import kernel
+from linattn_theory.recommenders.online import freeze_forecast
+from linattn_theory.recommenders.recommendation import pilot_bound
+from linattn_theory.recommenders.rules import (INFORMATION_SETS, RULES, ServerObservableRule, ValueMomentsRecallRule,
+                                               ValueSolveRule, make_rule, observed_losses)
+from linattn_theory.recommenders.scoring import realised_risk, replay_online, score_instance
+from linattn_theory.recommenders.signals import (decomposition_forecast, margin_crossing, offers, price_of_waiting,
+                                                 recall_margin, stability_margin)
+from linattn_theory.sim.config import config_from_dict
+from linattn_theory.sim.engine import clients_from_config, prepare_run, simulate
+from tests.test_recommenders import SMALL
+
+
+class Hand:
+    """A hand-made forecast of round ``s``: ``J(s, k) = A_s − c_s k``, profile, drift floor and
+    stability margin given."""
+
+    def __init__(self, s, A, profile=0.0, drift_floor=0.0, margin=1.0):
+        self.round, self.A, self.c = s, A, 0.03 + 0.001 * s
+        self.profile, self.drift_floor, self.stability_margin = profile, drift_floor, margin
+
+    def final_objective(self, k):
+        return self.A - self.c * np.asarray(k, dtype=float)
+
+
+A = [5.0, 5.2, 4.9, 4.6, 4.3, 4.06, 4.04, 4.03, 4.02]
+PROFILE = [3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.42]
+FLOOR = [0.1, 0.1, 0.1, 0.1, 0.1, 0.10, 0.11, 0.12, 0.13]
+#: B_u = min_{s ≤ u} (A_s − c_s (20 − u)), by hand: u = 0: 5 − 0.6; u = 1: J(0, 19) = 4.43 < J(1, 19) = 4.611;
+#: u = 2..5: the newest kernel (4.9 − 0.576, 4.6 − 0.561, 4.3 − 0.544, 4.06 − 0.525); u = 6: J(6, 14) =
+#: 4.04 − 0.504 < J(5, 14) = 3.57; u = 7: J(7, 13) = 4.03 − 0.481; u = 8: J(8, 12) = 4.02 − 0.456.
+OFFERS = [4.4, 4.43, 4.324, 4.039, 3.756, 3.535, 3.536, 3.549, 3.564]
+
+
+def hand(A=A, profile=PROFILE, floor=FLOOR, margins=None, upto=8):
+    margins = [1.0] * len(A) if margins is None else margins
+    return [Hand(s, A[s], profile[s], floor[s], margins[s]) for s in range(upto + 1)]
+
+
+# ------------------------------------------------------------------------------- pure signals
+def test_stability_margin_and_its_crossing_by_hand():
+    """2 − 0.02 × 40 = 1.2; the margins 1, 1, 0.9, 0.7, 0.5, 0.3 fall by 0.2 a round over rounds 2..5
+    (w = 3; the least-squares slope of 0.9, 0.7, 0.5, 0.3), so from 0.3 at round 5 they reach 0 at
+    round 5 + 0.3/0.2 = 6.5; a margin already ≤ 0 crosses now; a rising one never."""
+    assert stability_margin([10.0, 40.0, 25.0], 0.02) == pytest.approx(1.2, abs=1e-15)
+    assert stability_margin([10.0, np.inf], 0.02) == -np.inf
+    assert margin_crossing([1.0, 1.0, 0.9, 0.7, 0.5, 0.3], 3) == pytest.approx(6.5, abs=1e-12)
+    assert margin_crossing([1.0, 0.5, -0.1], 2) == 2.0
+    assert margin_crossing([0.5, 0.6, 0.7], 2) == np.inf
+    assert margin_crossing([0.5, -np.inf], 1) == 1.0 and margin_crossing([0.5, np.nan], 1) == np.inf
+    # the window is exactly rounds t − w..t: with w = 5 the flat start enters, slope Σ x m / Σ x² =
+    # −2.6/17.5 (x = −2.5..2.5), and the crossing is 5 + 0.3 × 17.5/2.6
+    assert margin_crossing([1.0, 1.0, 0.9, 0.7, 0.5, 0.3], 5) == pytest.approx(5 + 0.3 * 17.5 / 2.6, abs=1e-12)
+
+
+def test_offers_price_of_waiting_and_margin_by_hand():
+    """The offers of the hand-made history (OFFERS, computed in its comment); at round 8 the price of
+    waiting is B_8 − min B = 3.564 − 3.535 = 0.029; the offers of rounds 5..8 have residuals 0.004,
+    −0.005, −0.002, 0.003 about their line, σ_B = √(54e-6/2); the margin is the larger of ε × scale
+    and z σ_B."""
+    forecasts = hand()
+    rows = [[f.final_objective(20 - u) for f in forecasts[:u + 1]] for u in range(9)]
+    np.testing.assert_allclose(offers(rows), OFFERS, rtol=0, atol=1e-12)
+    assert offers([[np.inf, 2.0], [np.nan]]).tolist() == [2.0, np.inf]
+    assert price_of_waiting(OFFERS) == pytest.approx(0.029, abs=1e-12)
+    assert price_of_waiting(OFFERS[:6]) == 0.0
+    sigma = np.sqrt(27e-6)
+    assert recall_margin(OFFERS, 1.135, 0.1, 3, 0.0) == pytest.approx(0.1135, abs=1e-12)
+    assert recall_margin(OFFERS, 1.135, 0.0, 3, 2.0) == pytest.approx(2 * sigma, rel=1e-9)
+    assert recall_margin(OFFERS, 1.135, 0.005, 3, 2.0) == pytest.approx(max(0.005675, 2 * sigma), rel=1e-9)
+    assert recall_margin(OFFERS, 1.135, 0.01, 3, 2.0) == pytest.approx(0.01135, rel=1e-9)
+
+
+def test_decomposition_forecast_by_hand():
+    """Φ = 4, 3, 2.5: steps −1, −0.5, ratio q = 0.5, remaining fall over k = 2 rounds −0.5 (0.5 + 0.25)
+    = −0.375; D grows 0.1 a round: 0.3 + 0.2; lag 3.0 − 2.5 − 0.3 = 0.2; F̂ = 2.125 + 0.5 + 0.2.
+    Steps that do not shrink (q = 1) continue in a straight line; a rising profile is held."""
+    assert decomposition_forecast([4.0, 3.0, 2.5], [0.1, 0.2, 0.3], [5.0, 3.6, 3.0], 4, 2) == pytest.approx(2.825)
+    # q = 1: Φ falls 0.5 a round, 2 rounds more: 2.0 − 1.0; D flat; lag 0.1
+    assert decomposition_forecast([3.0, 2.5, 2.0], [0.2, 0.2, 0.2], [2.3, 2.8, 2.3], 4, 2) == pytest.approx(1.3)
+    # the profile rose in the last step: held at 2.1; D falls (never extrapolated down): 0.2; lag 0.5
+    assert decomposition_forecast([3.0, 2.0, 2.1], [0.4, 0.3, 0.2], [3.0, 3.0, 2.8], 10, 2) == pytest.approx(2.8)
+    # on the hand-made history at round 8 (w = 3): Φ rose in its last step (held at 2.42), D grows 0.01 a
+    # round over rounds 5..8 (12 rounds left: + 0.12), lag 4.02 − 2.42 − 0.13 = 1.47
+    assert decomposition_forecast(PROFILE, FLOOR, A, 20, 3) == pytest.approx(2.42 + 0.13 + 0.12 + 1.47, abs=1e-12)
+
+
+def test_the_pilots_drift_extrapolation_by_hand():
+    """docs/theory.md §8, Pilot: beyond the pilot's T_p rounds the drift floor grows linearly at the
+    pilot's least-squares rate γ. With D(K_t) = 0.1 + 0.02 t on rounds 0..5 (T_p = 5) γ = 0.02 whatever
+    the burn-in, so U_pilot's drift column is D_5 + 0.02 (T0 − 5) = 0.2 + 0.02 j; a falling floor
+    (0.3 − 0.05 t) is extrapolated down to 0 and held there."""
+    Tp, T = 5, 12
+    t = np.arange(Tp + 1, dtype=float)
+
+    def terms(drift):
+        return pd.DataFrame({"bias": 2.0 * 0.7 ** t + 0.1, "drift_floor": drift, "value_lag": 0.01 * np.ones(Tp + 1),
+                             "transient": 0.001 * np.ones(Tp + 1), "contraction_rate": 0.9 * np.ones(Tp + 1),
+                             "tau": 0.001 * np.ones(Tp + 1)})
+
+    rising = pilot_bound(terms(0.1 + 0.02 * t), T)["drift_floor"].to_numpy()
+    np.testing.assert_allclose(rising, 0.1 + 0.02 * np.arange(T + 1), rtol=0, atol=1e-12)
+    falling = pilot_bound(terms(0.3 - 0.05 * t), T)["drift_floor"].to_numpy()
+    np.testing.assert_allclose(falling[:Tp + 1], 0.3 - 0.05 * t, atol=1e-12)
+    np.testing.assert_allclose(falling[Tp + 1:], np.maximum(0.05 - 0.05 * np.arange(1, T - Tp + 1), 0.0), atol=1e-12)
+    assert falling[Tp + 1] == pytest.approx(0.0, abs=1e-12) and falling[-1] == 0.0
+
+
+# ------------------------------------------------------------------------------- (a) recall
+def test_recall_rule_stops_when_the_price_of_waiting_leaves_its_margin():
+    """At round 8 (w = 3; the escape ended at round 2 + 3 = 5): the best offer is B_5 = J(5, 15) =
+    3.535 with Φ_λ(K_5) = 2.40 (not the latest kernel's 2.42), value part 1.135; price 0.029 against ε × 1.135: ε = 0.025 tolerates
+    0.028375 and freezes K_8 (its forecast 3.564 = min B + price), ε = 0.026 tolerates 0.02951 and
+    trains on; with ε = 0 the noise term decides: z σ_B ≥ 0.029 for z ≥ 0.029/√27e-6 = 5.581. At
+    round 7 the price is 0.014: ε = 0.03 (0.03405) trains on."""
+    d = ValueMomentsRecallRule(window=3, fraction=0.025, confidence=0.0).decide(hand(), 20)
+    assert d.stop and d.kernel_round == 8 and d.test == "recall" and d.outcome == "freeze"
+    assert d.cost == pytest.approx(0.029, abs=1e-12)
+    assert d.freeze_objective == pytest.approx(min(OFFERS) + d.cost, abs=1e-12)
+    assert not ValueMomentsRecallRule(window=3, fraction=0.026, confidence=0.0).decide(hand(), 20).stop
+    assert ValueMomentsRecallRule(window=3, fraction=0.0, confidence=5.5).decide(hand(), 20).stop
+    assert not ValueMomentsRecallRule(window=3, fraction=0.0, confidence=5.6).decide(hand(), 20).stop
+    held = ValueMomentsRecallRule(window=3, fraction=0.03, confidence=0.0).decide(hand(upto=7), 20)
+    assert not held.stop and held.test == "recall" and held.cost == pytest.approx(0.014, abs=1e-12)
+    # before the escape (rounds 3, 4) it never stops, whatever the price
+    for t in (3, 4):
+        assert ValueMomentsRecallRule(window=3, fraction=0.0, confidence=0.0).decide(hand(upto=t), 20).test == "escape"
+
+
+def test_recall_rule_rolls_back_and_recalls_the_best_iterate_at_the_end():
+    """A_6 = 3.90 is the lowest: at round 8 the options J(s, 12) are 3.64, 3.468, 3.506, 3.544 (s = 5..8),
+    so a stop freezes K_6. At t = T the run ends with the stored iterate of the smallest F_λ(θ_s) = A_s
+    (J(s, 0)): round 6, an ``iterate`` outcome; with a falling path it is θ_T itself, plain FedAvg."""
+    rolled = A[:6] + [3.90, 3.95, 4.00]
+    d = ValueMomentsRecallRule(window=3, fraction=0.0, confidence=0.0).decide(hand(A=rolled), 20)
+    assert d.stop and d.kernel_round == 6 and d.freeze_objective == pytest.approx(3.468, abs=1e-12)
+    end = ValueMomentsRecallRule(window=3).decide(hand(A=rolled), 8)
+    assert end.stop and end.kernel_round == 6 and end.outcome == "iterate" and end.test == "budget"
+    fedavg = ValueMomentsRecallRule(window=3).decide(hand(), 8)
+    assert fedavg.kernel_round == 8 and fedavg.outcome == "freeze"
+
+
+def test_recall_rule_stability_and_no_harm_tests():
+    """With ε = 0.1 the price (0.029 ≤ 0.1135) keeps the rule training; stability margins falling
+    0.2 a round to 0.3 at round 8 cross 0 at round 9.5 ≤ T = 20, so with the stability signal it
+    freezes (test ``stability``), and not when they hold at 1. No harm at round 8: FedAvg's straight
+    line gives F̂ = 3.864 with σ = √1.5e-5 (tests/test_recommenders.py), so B = 3.564 beats it by
+    77.46 σ: z_h = 75 freezes, z_h = 80 trains on; the decomposition forecast is 4.14 (the last sum of
+    test_decomposition_forecast_by_hand), which 3.564 beats by 0.576 = 148.72 σ."""
+    falling = [1.0] * 5 + [0.9, 0.7, 0.5, 0.3]
+    quiet = ValueMomentsRecallRule(window=3, fraction=0.1, confidence=0.0, stability=True)
+    assert not quiet.decide(hand(), 20).stop
+    d = quiet.decide(hand(margins=falling), 20)
+    assert d.stop and d.test == "stability" and d.kernel_round == 8
+    assert not ValueMomentsRecallRule(window=3, fraction=0.1, confidence=0.0).decide(hand(margins=falling), 20).stop
+    rule = dict(window=3, fraction=0.0, confidence=0.0)
+    assert ValueMomentsRecallRule(**rule, no_harm=75.0).decide(hand(), 20).stop
+    blocked = ValueMomentsRecallRule(**rule, no_harm=80.0).decide(hand(), 20)
+    assert not blocked.stop and blocked.test == "no_harm"
+    assert blocked.fedavg_forecast == pytest.approx(3.864, abs=1e-12)
+    assert blocked.forecast_error == pytest.approx(80 * np.sqrt(1.5e-5), rel=1e-9)
+    by_parts = ValueMomentsRecallRule(**rule, no_harm=148.0, forecast="decomposition").decide(hand(), 20)
+    assert by_parts.stop and by_parts.fedavg_forecast == pytest.approx(4.14, abs=1e-12)
+    assert not ValueMomentsRecallRule(**rule, no_harm=149.0, forecast="decomposition").decide(hand(), 20).stop
+
+
+# ------------------------------------------------------------------------------- (b) server observable
+#: Observed losses that fall to 4.04 at round 6 and rise to 4.08 by round 8.
+RISING = A[:6] + [4.04, 4.05, 4.08]
+
+
+def test_server_rule_stops_on_the_observed_rise_by_hand():
+    """L = F_λ(θ_u) = A_u: the best loss is 4.04 (round 6), the rise at round 8 is 0.04: ε = 0.0098
+    tolerates ε × 4.04 = 0.039592 and stops (recalling θ_6), ε = 0.01 tolerates 0.0404 and trains on. Rounds 5..8 (4.06, 4.04, 4.05, 4.08) have slope 0.007 and residuals 0.013,
+    −0.014, −0.011, 0.012: σ_L = √(630e-6/2), and z σ_L ≥ 0.04 for z ≥ 2.2538."""
+    d = ServerObservableRule(window=3, fraction=0.0098, confidence=0.0).decide(hand(A=RISING), 20)
+    assert d.stop and d.kernel_round == 6 and d.outcome == "iterate" and d.cost == pytest.approx(0.04, abs=1e-12)
+    assert not ServerObservableRule(window=3, fraction=0.01, confidence=0.0).decide(hand(A=RISING), 20).stop
+    assert ServerObservableRule(window=3, fraction=0.0, confidence=2.25).decide(hand(A=RISING), 20).stop
+    assert not ServerObservableRule(window=3, fraction=0.0, confidence=2.26).decide(hand(A=RISING), 20).stop
+    frozen = ServerObservableRule(window=3, fraction=0.0098, confidence=0.0, outcome="freeze").decide(hand(A=RISING), 20)
+    assert frozen.stop and frozen.outcome == "freeze" and frozen.kernel_round == 6
+    # the escape reads the losses too: L first falls below 5.0 at round 2, so rounds 3 and 4 escape
+    assert ServerObservableRule(window=3, fraction=0.0, confidence=0.0).decide(hand(A=RISING, upto=4), 20).test \
+        == "escape"
+
+
+def test_server_rule_reads_the_observed_losses_and_nothing_else():
+    """Its information set: replacing every J(s, k > 0) by a history that escapes the saddle at round 1
+    (R_freeze = 100 − s − ...: a rule reading it would end its escape two rounds early) and the profile,
+    drift floor and stability margin by noise leaves each decision unchanged."""
+    rng = np.random.default_rng(0)
+
+    class Scrambled(Hand):
+        def final_objective(self, k):
+            k = np.asarray(k, dtype=float)
+            return np.where(k == 0, self.A, 100.0 - self.round - 0.001 * k + rng.uniform(0, 1e-3, k.shape))
+
+    rule = ServerObservableRule(window=3, fraction=0.02, confidence=1.0)
+    for upto in range(9):
+        plain = rule.decide(hand(A=RISING, upto=upto), 20)
+        noisy = [Scrambled(s, RISING[s], *rng.uniform(0, 10, 2), rng.uniform(-1, 1)) for s in range(upto + 1)]
+        assert repr(rule.decide(noisy, 20)) == repr(plain)       # NaN fields compare equal as text
+    np.testing.assert_array_equal(observed_losses(hand(A=RISING)), RISING)
+    assert rule.information_set == "server_observable"
+
+
+# ------------------------------------------------------------------------------- (c) value solve
+def test_value_solve_rule_waits_and_solves_at_the_smallest_profile():
+    """Φ = 3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.39, 2.395, 2.42: with T = 9 it waits until round 8 = T − 1,
+    then solves at K_6 (Φ = 2.39); its forecast is Φ(K_6) itself."""
+    rule = ValueSolveRule()
+    for t in range(8):
+        assert not rule.decide(hand(upto=t), 9).stop
+    d = rule.decide(hand(), 9)
+    assert d.stop and d.kernel_round == 6 and d.outcome == "solve" and d.freeze_objective == 2.39
+
+
+def test_rules_are_registered_with_their_information_sets():
+    assert set(RULES) == {"online", "value_moments_recall", "server_observable", "value_solve"}
+    for name, cls in RULES.items():
+        assert cls.information_set in INFORMATION_SETS, name
+    for cls in (ValueMomentsRecallRule, ServerObservableRule, ValueSolveRule):     # "(a)", "(b)", "(c)"
+        assert f"Information set {INFORMATION_SETS[cls.information_set][:3]}" in cls.__doc__
+    assert make_rule("value_moments_recall", window=4).window == 4
+    with pytest.raises(ValueError, match="unknown"):
+        make_rule("oracle")
+    with pytest.raises(ValueError, match="fraction"):
+        ValueMomentsRecallRule(fraction=-0.1)
+    with pytest.raises(ValueError, match="outcome"):
+        ServerObservableRule(outcome="solve")
+    with pytest.raises(ValueError, match="forecast"):
+        ValueMomentsRecallRule(forecast="spline")
+
+
+# ------------------------------------------------------------------------------- on a real instance
+@pytest.fixture(scope="module")
+def small():
+    config = config_from_dict(SMALL)
+    return config, clients_from_config(config)
+
+
+def test_forecast_stability_margin_is_the_curvatures(small):
+    """FreezeForecast's margin against core.curvature.value_curvature (eigenvalues of the clients'
+    Ã_c, computed from the features there, from the moments here)."""
+    config, clients = small
+    data, params = prepare_run(config, clients)
+    forecast = freeze_forecast(params, data, config.federated)
+    expected = 2.0 - 0.01 * np.max(value_curvature(kernel(params), data, 0.01))
+    assert forecast.stability_margin == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_realised_outcomes_of_recall_and_solve_are_the_simulated_ones(small):
+    """``iterate``: the loss of the record's own iterate θ_s (the FedAvg run's table); ``solve`` at
+    K_{T−1}: strategy value_solve_final's final loss (the solve in round T − 1), to 1e-10."""
+    config, clients = small
+    record = score_instance(config, clients, restarts=2)
+    T = config.federated.rounds
+    fedavg = simulate(config.with_updates({"federated.warmup_rounds": T}), clients).table["loss_regularized"]
+    for s in (2, 5, T):
+        assert realised_risk(record, T, s, outcome="iterate") == pytest.approx(
+            fedavg.iloc[s] - record["optimum"], rel=1e-10)
+    solved = simulate(config.with_updates({"federated.strategy": "value_solve_final"}), clients)
+    assert realised_risk(record, T - 1, T - 1, outcome="solve") == pytest.approx(
+        solved.table["loss_regularized"].iloc[-1] - record["optimum"], rel=1e-10)
+    assert len(record["stability_margin"]) == T + 1
+    # what the server rule reads from a record is the loss the run observed: J(u, 0) + Φ*_λ
+    from linattn_theory.recommenders.rules import _loss_offset
+    from linattn_theory.recommenders.scoring import stored_forecasts
+    table = stored_forecasts(record)
+    for forecasts in (table, list(table[u] for u in range(len(table)))):
+        np.testing.assert_allclose(observed_losses(forecasts) + _loss_offset(forecasts), fedavg.to_numpy(), rtol=1e-10)
+    t, s, decision = replay_online(record, ValueSolveRule())
+    assert (t, decision.outcome) == (T - 1, "solve") and s == int(np.argmin(record["profile"][:T]))
+    with pytest.raises(ValueError, match="outcome"):
+        realised_risk(record, T, T, outcome="oracle")
+
+
+def test_a_records_offers_are_the_rounds_offers_and_the_rules_decide_the_same(small):
+    """A record's table gives B_u at once (StoredForecasts.offers): the same numbers as the loop
+    over its rounds' StoredForecast, and every round-4 rule decides the same on both."""
+    from linattn_theory.recommenders.scoring import stored_forecasts
+
+    config, clients = small
+    record = score_instance(config, clients, restarts=2)
+    table = stored_forecasts(record)
+    T = config.federated.rounds
+    plain = list(table[u] for u in range(len(table)))
+    loop = offers([[f.final_objective(T - u) for f in plain[:u + 1]] for u in range(len(plain))])
+    np.testing.assert_array_equal(table.offers(T), loop)
+    rules = [ValueMomentsRecallRule(window=2, fraction=0.0, confidence=0.0, stability=True, no_harm=0.0),
+             ServerObservableRule(window=2, fraction=0.0, confidence=0.0), ValueSolveRule()]
+    for rule in rules:
+        for t in range(T + 1):
+            assert repr(rule.decide(table[:t + 1], T)) == repr(rule.decide(plain[:t + 1], T))
+
+
+# ------------------------------------------------------------------------------- round 4's declaration
+def test_round4_evaluation_is_out_of_distribution_and_declared_in_the_docs():
+    """Fresh seeds (none used by rounds 1–3), held-out settings whose configs (seed aside) no design
+    instance has, every design set of rounds 1–3 a design set of round 4, and docs/theory.md §8
+    naming every round-4 evaluation set with its variant and seeds."""
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    table = bench.instances(False, sets=bench.SETS_R4)
+    design, evaluation = table[table["role"] == "design"], table[table["role"] == "evaluation"]
+    assert set(design["set"]) == set(bench.SETS)
+    assert not set(evaluation["seed"]) & {s for _, _, seeds in bench.SETS.values() for s in seeds}
+    unseed = lambda config: repr({k: v for k, v in config.items() if k != "seed"})  # noqa: E731
+    seen = set(design["config"].map(unseed))
+    held = evaluation[evaluation["variant"].isin(list(bench.HELD_OUT))]
+    assert set(held["variant"]) == set(bench.HELD_OUT) and not set(held["config"].map(unseed)) & seen
+    fresh = evaluation[~evaluation["variant"].isin(list(bench.HELD_OUT))]
+    assert set(fresh["config"].map(unseed)) <= seen                 # in distribution: the design's settings
+    docs = " ".join((root / "docs" / "theory.md").read_text().split())
+    for name, (variant, role, seeds) in bench.SETS_R4.items():
+        if role == "evaluation":
+            assert list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+            assert f"`{name}` ({variant}, seeds {seeds[0]}–{seeds[-1]}" in docs, name
+    goal = bench.GOAL_R4
+    assert (f"median regret ≤ {100 * goal['median']:g} %, worst ≤ {100 * goal['max']:g} %, harm on ≤ "
+            f"{100 * goal['harm_share']:g} %") in docs
+    assert f"at least {100 * goal['captured']:g} %" in docs and f"exceeds {100 * goal['gap']:g} %" in docs
+    assert f"at most {100 * bench.DESIGN_HARM_LIMIT_R4:g} % of every design variant" in docs
+
+
+def test_round4_captured_share_and_criterion_by_hand():
+    """Captured share (r_F − r)/r_F where r_F > 10 %: FedAvg 0.5 and 0.2 with the rule at 0.1 and 0.2 →
+    0.8 and 0; instances at r_F = 0.1 or below do not count. The criterion: per information set the
+    admissible candidate (harm ≤ 0.5 % on every variant) of smallest mean of means; round 3's rule
+    is no candidate; with none admissible, the smallest largest harm share."""
+    from tests.test_recommenders import _benchmark
+
+    bench, _ = _benchmark()
+    np.testing.assert_allclose(bench.captured_share([0.1, 0.2, 0.0], [0.5, 0.2, 0.1]), [0.8, 0.0])
+    row = lambda rule, kind, info, variant, harm, mean: {  # noqa: E731
+        "rule": rule, "kind": kind, "information_set": info, "variant": variant, "instances": 200, "harm": harm,
+        "mean": mean}
+    design = pd.DataFrame([row("a1", "value_moments_recall", "value_moments", "linear", 0, 0.05),
+                           row("a1", "value_moments_recall", "value_moments", "minibatch", 1, 0.07),
+                           row("a2", "value_moments_recall", "value_moments", "linear", 2, 0.01),
+                           row("a2", "value_moments_recall", "value_moments", "minibatch", 0, 0.01),
+                           row("r3", "online", "value_moments", "linear", 0, 0.0),
+                           row("r3", "online", "value_moments", "minibatch", 0, 0.0),
+                           row("b1", "server_observable", "server_observable", "linear", 3, 0.2),
+                           row("b2", "server_observable", "server_observable", "linear", 2, 0.3)])
+    chosen = bench.choose_rules_r4(design)
+    assert chosen["value_moments"] == {"rule": "a1", "admissible": 1, "candidates": 2}
+    assert chosen["server_observable"] == {"rule": "b2", "admissible": 0, "candidates": 2}
+
+
+@pytest.mark.slow
+def test_round4_quick_benchmark_runs_and_scores_each_information_set(tmp_path):
+    """``--round 4 --quick`` (a smoke test, not a score): the design table, one choice per information
+    set, and every chosen rule, round 3's rule, FedAvg and the value solve scored on each evaluation set."""
+    import json
+
+    from tests.test_recommenders import _benchmark
+
+    bench, _ = _benchmark()
+    assert bench.main(["--round", "4", "--quick", "--workers", "1", "--out", str(tmp_path / "out"),
+                       "--cache", str(tmp_path / "cache")]) == 0
+    chosen = json.loads((tmp_path / "out" / "predictive_regret_r4_choice.json").read_text())
+    assert set(chosen) == {"value_moments", "server_observable", "value_moments_and_solve"}
+    scores = pd.read_csv(tmp_path / "out" / "predictive_regret_r4_scores.csv")
+    assert set(scores["set"]) == set(bench.QUICK_R4["sets"]) - {"design", "design_minibatch"}
+    arms = {c["rule"] for c in chosen.values()} | {"fedavg", "value_solve_final",
+                                                   bench.rule_name_r4("online", bench.ROUND3_RULE)}
+    for _, part in scores.groupby("set"):
+        assert set(part["rule"]) == arms
+    solve = scores[scores["rule"] == "value_solve"]
+    assert (solve["outcome"] == "solve").all()
+
+
+def test_the_simulator_refuses_an_outcome_it_does_not_realise(small):
+    """run_online realises freezes; the value solve's decision (outcome ``solve`` at round T − 1) is
+    refused with a clear error instead of being run as a freeze."""
+    from linattn_theory.recommenders.online import run_online
+
+    config, clients = small
+    with pytest.raises(ValueError, match="realises freezes only"):
+        run_online(config, clients, ValueSolveRule())
+
+
+class Table:
+    """A hand-made forecast of round ``s`` given as its table ``J(s, k)`` (any shape in ``k``)."""
+
+    def __init__(self, s, J, profile):
+        self.round, self.J, self.profile, self.drift_floor, self.stability_margin = s, J, profile, 0.0, 1.0
+
+    def final_objective(self, k):
+        return self.J[int(k)]
+
+
+#: T = 4, rounds 0..3. Offers: B_0 = J(0, 4) = 4; B_1 = J(1, 3) = 3; B_2 = J(1, 2) = 2 (a roll-back:
+#: K_1 beats K_2's 2.8); B_3 = J(1, 1) = 2.6. Profiles 3.5, 1.2, 1.9, 1.0.
+TABLE = [Table(0, {4: 4.0, 3: 9.0, 2: 9.0, 1: 9.0, 0: 9.0}, 3.5), Table(1, {3: 3.0, 2: 2.0, 1: 2.6, 0: 2.65}, 1.2),
+         Table(2, {2: 2.8, 1: 2.9, 0: 3.0}, 1.9), Table(3, {1: 2.7, 0: 2.75}, 1.0)]
+
+
+def test_recall_margin_scale_is_the_value_part_of_the_best_offer():
+    """The best offer is B_2 = 2.0, made by K_1 (Φ = 1.2): value part 0.8 — not the latest offer's, nor
+    the latest kernel's profile. At round 3 (w = 1; R_freeze = 4, 3, 2.8, 2.7 fell below 4 at round 1)
+    the price is 2.6 − 2.0 = 0.6: ε = 0.74 tolerates 0.592 and rolls back to K_1, ε = 0.76 (0.608) trains on."""
+    from linattn_theory.recommenders.rules import _value_part
+
+    B = offers([[f.final_objective(4 - u) for f in TABLE[:u + 1]] for u in range(4)])
+    np.testing.assert_allclose(B, [4.0, 3.0, 2.0, 2.6])
+    assert _value_part(TABLE, B, 4) == pytest.approx(0.8, abs=1e-12)
+    d = ValueMomentsRecallRule(window=1, fraction=0.74, confidence=0.0).decide(TABLE, 4)
+    assert d.stop and d.kernel_round == 1 and d.cost == pytest.approx(0.6, abs=1e-12)
+    assert not ValueMomentsRecallRule(window=1, fraction=0.76, confidence=0.0).decide(TABLE, 4).stop
+
+
+def test_server_rule_scales_by_the_observed_loss_level():
+    """A record stores J − Φ*_λ; the server observes J. The same history stored 10 below, with its Φ*_λ
+    = 10 alongside, gives the same decisions (ε = 0.01 tolerates 0.0404 of the best loss 4.04)."""
+
+    class Stored(Hand):
+        optimum = 10.0
+
+    stored = [Stored(s, RISING[s] - 10.0) for s in range(9)]
+    rule = ServerObservableRule(window=3, fraction=0.01, confidence=0.0)
+    verdict = lambda d: (d.stop, d.kernel_round, d.test, d.outcome)  # noqa: E731
+    for upto in range(9):
+        assert verdict(rule.decide(stored[:upto + 1], 20)) == verdict(rule.decide(hand(A=RISING, upto=upto), 20))
+    assert not rule.decide(stored, 20).stop
+
+
+def test_a_records_offers_roll_back_as_the_loop_does():
+    """TABLE stored as a record: StoredForecasts.offers gives 4, 3, 2, 2.6 (B_2 and B_3 by the
+    roll-back to K_1), as the loop over the rounds does."""
+    from linattn_theory.recommenders.scoring import StoredForecasts
+
+    T = 4
+    record = {"excess_risk": [0.0] * (T + 1), "optimum": 0.0, "profile": [f.profile for f in TABLE],
+              "drift_floor": [0.0] * 4, "freeze_objective": [[f.J[T - f.round - i] for i in range(T - f.round + 1)]
+                                                             for f in TABLE]}
+    np.testing.assert_allclose(StoredForecasts(record).offers(T), [4.0, 3.0, 2.0, 2.6])
+    assert ValueMomentsRecallRule(window=1, fraction=0.74, confidence=0.0).decide(StoredForecasts(record), T).stop
