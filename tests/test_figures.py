@@ -23,10 +23,11 @@ EXPECTED = {"kernel_bias_drift", "tradeoff", "excess_risk_decomposition", "heatm
 #: per-instance best warm-up and static heads, and issue 12's softmax figures (digits needs the
 #: optional scikit-learn)
 STYLED = (EXPECTED | {"strategies", "best_warmup", "static_heads", "softmax_static_heads", "tradeoff_attention",
-                      "phase_diagram"}
-          | ({"digits"} if find_spec("sklearn") else set()))
+                      "phase_diagram", "phase_diagram_arms"}
+          | ({"digits", "digits_phase"} if find_spec("sklearn") else set()))
 #: the CSV of the plotted numbers where NAME.csv is another table (strategies.csv: issue 5's summary)
-PLOT_DATA = {"strategies": "strategies_plot", "phase_diagram": "phase_diagram_plot"}
+PLOT_DATA = {"strategies": "strategies_plot", "phase_diagram": "phase_diagram_plot",
+             "phase_diagram_arms": "phase_diagram_arms_plot", "digits_phase": "digits_phase_plot"}
 
 
 @pytest.fixture(scope="module")

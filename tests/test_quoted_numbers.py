@@ -16,8 +16,9 @@ FIGURES = ROOT / "figures"
 EXPECTED_BLOCKS = {"README.md": {"headline-caption", "tradeoff-caption", "figure-times"},
                    "figures/README.md": {"headline", "heatmaps", "drift-scaling", "static-heads",
                                          "softmax-static-heads", "tradeoff-attention", "digits",
-                                         "figure-times-table", "phase-diagram"},
-                   "docs/theory.md": {"phase-diagram"}}
+                                         "figure-times-table", "phase-diagram", "phase-diagram-arms",
+                                         "digits-phase"},
+                   "docs/theory.md": {"phase-diagram", "phase-diagram-arms", "digits-phase"}}
 
 
 @pytest.mark.parametrize("name", QUOTED_FILES)

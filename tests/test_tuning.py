@@ -55,7 +55,7 @@ def test_the_choice_is_the_least_median_ratio_on_the_design_seeds(tuned):
 
 def test_held_out_rows_run_the_chosen_step_and_their_risk_is_the_runs_own(tuned):
     heldout = tuned.heldout
-    assert sorted(heldout.columns) == sorted(["seed", "cell", "arm", "step", "learning_rate", "excess_risk",
+    assert sorted(heldout.columns) == sorted(["seed", "cell", "arm", "step", "setting", "learning_rate", "excess_risk",
                                               "diverged", "oracle_best_iterate"])
     assert set(heldout["seed"]) == {3, 4} and len(heldout) == 2 * 2 * 2
     chosen = tuned.choices.set_index(["cell", "arm"])["step"]

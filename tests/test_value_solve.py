@@ -76,6 +76,21 @@ def test_simulate_many_runs_it_as_simulate_does():
         np.testing.assert_array_equal(result.params.WV, alone.params.WV)
 
 
+def test_instances_of_one_ensemble_each_solve_at_their_own_kernel():
+    """Equal client sizes (no Dirichlet split), so that the seeds share one ensemble: each instance's
+    V must be its own V*_λ(K_{T0}), not the first instance's (as when one rule served the group).
+    Tolerance 1e-12 relative: the ensemble's fused engine and simulate's adds in another order."""
+    equal = {**BASE, "task": {k: v for k, v in BASE["task"].items() if k != "dirichlet_alpha"}}
+    configs = [config_from_dict({**equal, "seed": seed, "federated": {**BASE["federated"], "strategy": strategy}})
+               for strategy in ("value_solve_final", "value_solve") for seed in (0, 1, 2)]
+    configs.append(configs[0].with_updates({"federated.learning_rate": 50.0, "seed": 3}))   # diverges before its solve
+    for cfg, result in zip(configs, simulate_many(configs)):
+        alone = simulate(cfg)
+        assert result.diverged == alone.diverged == (cfg.seed == 3)
+        np.testing.assert_allclose(result.table["loss_regularized"], alone.table["loss_regularized"], rtol=1e-12)
+        np.testing.assert_allclose(result.params.WV, alone.params.WV, rtol=1e-10, atol=1e-12)
+
+
 def test_value_solve_is_registered_with_its_warmup():
     assert config("value_solve").warmup_rounds == 4
     assert config("value_solve", warmup_rounds=8).warmup_rounds == 8      # T0 = T: never solves, FedAvg

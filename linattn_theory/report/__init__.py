@@ -25,7 +25,7 @@ __getattr__, __dir__, __all__ = attach(__name__, {
         "left_out_text"],
     ".figures": ["find_root", "discover", "make_figures", "figure_sweep", "script_main", "config_path",
         "analysis_workers", "excess_risk_sweep"],
-    ".tuning": ["tune_and_hold_out", "choose_steps", "TunedComparison"],
+    ".tuning": ["tune_and_hold_out", "choose_steps", "TunedComparison", "grid_settings", "setting_label"],
     ".figure_numbers": ["headline_numbers", "blocks", "replace_blocks", "QUOTED_FILES", "main"],
     ".teaching": ["PASS", "FAIL", "UNANSWERED", "TheoremViolation", "check_exercise", "theorem", "tendency",
         "excess_risk_curve", "notebook_style", "show", "check_legible", "committed_table", "committed_table_folders",

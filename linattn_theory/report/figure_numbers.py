@@ -352,10 +352,116 @@ def _phase_diagram(figures: Path) -> str:
             f"**{int((late < 0).sum())} of {len(late)}** (median share of the gap {100 * late.median():.0f} %).\n")
 
 
+ARM_NAMES = {"scaffold": "SCAFFOLD", "fedavgm": "FedAvgM", "fedprox": "FedProx", "fedadam": "FedAdam",
+             "fedfrozen": "FedFrozen, `(c, T0)` tuned", "value_solve_final": "FedAvg, then the value solve",
+             "fedavg_oracle": "FedAvg's best iterate (oracle)"}
+
+
+def _marks(row) -> str:
+    return ("†" if row["diverged"] else "") + ("‡" if row["chaotic"] else "")
+
+
+def _phase_diagram_arms(figures: Path) -> str:
+    """Every arm tuned (``phase_diagram_arms_cells.csv``): per arm and cell its chosen setting and gain."""
+    cells = read_csv_exact(figures / "phase_diagram_arms_cells.csv")
+    keys = list(cells[["zeta_value", "local_steps"]].drop_duplicates().itertuples(index=False, name=None))
+    head = " | ".join(f"`ζ_V = {z:g}`, `E = {E}`: setting | gain" for z, E in keys)
+    lines = [f"| arm | {head} |", "|---|" + "---|---|" * len(keys)]
+    pick = {(r["arm"], r["zeta_value"], r["local_steps"]): r for _, r in cells.iterrows()}
+    for arm in cells["arm"].drop_duplicates():
+        parts = [f"`{pick[arm, z, E]['setting']}` | {_gain(pick[arm, z, E])}{_marks(pick[arm, z, E])}" for z, E in keys]
+        lines.append(f"| {ARM_NAMES.get(arm, arm)} | " + " | ".join(parts) + " |")
+    reference = ", ".join(f"`{pick[cells['arm'].iloc[0], z, E]['reference_setting']}` at `E = {E}`" for z, E in keys)
+    return ("\n".join(lines) + f"\n\nGain over tuned FedAvg ({reference}) on the held-out instances: median "
+            f"[bootstrap 95 % interval], wins above 2 %; † the arm diverged on some instances, ‡ some of its or "
+            f"FedAvg's runs are chaotic (the statistics without them: `phase_diagram_arms_cells.csv`).\n")
+
+
+def _gain_ci(median, low=None, high=None, wins=None, n=None) -> str:
+    """``+5 % [−1, 9], 4/6`` (NaN: ``–``)."""
+    if not np.isfinite(median):
+        return "–"
+    text = f"{100 * median:+.0f} %"
+    if low is not None:
+        lo = "−∞" if not np.isfinite(low) else f"{100 * low:.0f}"
+        text += f" [{lo}, {100 * high:.0f}]"
+    return text + (f", {int(wins)}/{int(n)}" if wins is not None else "")
+
+
+def _digits_phase(figures: Path) -> str:
+    """Digits searched (``digits_phase_cells.csv``, ``digits_phase.csv``, ``digits_phase_optimum.csv``): per
+    (attention, α, E) the tuned steps, FedFrozen with its own tuned ``(c, T0)``, its best oracle column, and
+    oracle against oracle; gains in ``F_λ`` and, for linear attention, in excess risk."""
+    cells = read_csv_exact(figures / "digits_phase_cells.csv", dtype={"column": str})
+    runs = read_csv_exact(figures / "digits_phase.csv")
+    optima = read_csv_exact(figures / "digits_phase_optimum.csv")
+    oracle = digits_oracle_gains(runs, optima).set_index(["attention", "label_alpha", "local_steps"])
+    lines = ["| attention | `α` | `E` | tuned FedAvg's `c` | FedFrozen, own tuned `(c, T0)`: gain in `F` ; in `R` | "
+             "FedFrozen at its best `T0` (oracle), best `c`: in `F` ; in `R` ; accuracy | oracle against oracle: in `F` ; "
+             "in `R` ; accuracy |", "|---|---|---|---|---|---|---|"]
+    steps = cells[cells["column"] != "tuned"]
+    for (attention, alpha, E), group in cells.groupby(["attention", "label_alpha", "local_steps"], sort=True):
+        tuned = group[group["column"] == "tuned"].iloc[0]
+        best = group[group["column"] != "tuned"].loc[lambda d: d["gain_median"].idxmax()]
+        o = oracle.loc[(attention, alpha, E)]
+        lines.append(
+            f"| {attention} | {alpha:g} | {E} | {tuned['tuned_fedavg_step']:g} | `c = {tuned['step_scale']:g}`, "
+            f"`T0 = {int(tuned['T0'])}`: {_gain(tuned)} ; {_gain_ci(tuned['excess_gain_median'])} | "
+            f"`c = {best['column']}`: {_gain(best)} ; {_gain_ci(best['excess_gain_median'])} ; "
+            f"{best['accuracy_change_median']:+.1f} pp | {_gain_ci(o['gain_median'], wins=o['wins'], n=o['instances'])} ; "
+            f"{_gain_ci(o['excess_gain_median'], o['excess_gain_low'], o['excess_gain_high'], o['excess_wins'], o['instances'])} ; "
+            f"{o['accuracy_change_median']:+.1f} pp |")
+    pays = steps[(steps["gain_median"] > 0.02) & (steps["accuracy_change_median"] >= 0)]
+    tuned = cells[cells["column"] == "tuned"]
+    own = tuned[(tuned["gain_median"] > 0.02) & (tuned["accuracy_change_median"] >= 0)]
+    linear = oracle[oracle.index.get_level_values("attention") == "linear"]
+    pays_R = linear[linear["excess_gain_low"] > 0]
+    spread = optima.groupby("seed")["optimum"].agg(lambda v: v.max() - v.min())
+    return ("\n".join(lines) + f"\n\nGains over tuned FedAvg: median [bootstrap 95 % interval], wins above 2 % of "
+            f"the held-out instances; `F` the final training objective, `R = F − Φ*_λ` for linear attention "
+            f"(`Φ*_λ` per instance in `digits_phase_optimum.csv`; both label skews of a seed pool the same samples, "
+            f"and their two estimates of its optimum differ by at most {spread.max():.1e}); accuracy: median change in points. "
+            f"Of the {len(steps)} (cell, `c`) pairs, FedFrozen at its best `T0` (an oracle) has a median gain in `F` "
+            f"above 2 % with a test accuracy not lower in **{len(pays)}**, all linear; with its own `(c, T0)` tuned on "
+            f"the design seeds, in **{len(own)} of {len(tuned)}** cells. Oracle against oracle (FedFrozen at its "
+            f"best `(c, T0)`, FedAvg at its best `c`, both chosen on each held-out instance), the median gain in `F` "
+            f"is {100 * oracle['gain_median'].min():+.1f} to {100 * oracle['gain_median'].max():+.1f} %, and in `R` "
+            f"(linear) its interval lies above zero in **{len(pays_R)}** of {len(linear)} cells.\n")
+
+
+def digits_oracle_gains(runs: pd.DataFrame, optima: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (attention, α, E) of ``digits_phase.csv``'s held-out runs, oracle against oracle: the gain
+    ``1 − min_{c,T0} F / min_c F(T0 = T)`` of FedFrozen at its best ``(c, T0)`` over FedAvg at its best
+    ``c``, each chosen on the held-out instance itself (median, wins above 2 %), the same gain in excess
+    risk ``R = F − Φ*_λ`` where ``optima`` gives ``Φ*_λ`` (median with a bootstrap 95 % interval, wins)
+    and the median change of the test accuracy between the two chosen runs (points)."""
+    from .phase_diagram import bootstrap_median
+
+    held = runs[runs["role"] == "heldout"].assign(F=lambda d: d["final_loss"].where(~d["diverged"], np.inf))
+    held = held.merge(optima, on=["attention", "label_alpha", "seed"], how="left") if optima is not None \
+        else held.assign(optimum=np.nan)
+    T = int(runs["T0"].max())
+    out = []
+    for (attention, alpha, E), group in held.groupby(["attention", "label_alpha", "local_steps"], sort=True):
+        frozen = group.sort_values(["F", "T0", "step_scale"]).groupby("seed").head(1).set_index("seed")
+        fedavg = group[group["T0"] == T].sort_values(["F", "step_scale"]).groupby("seed").head(1).set_index("seed")
+        frozen = frozen.reindex(fedavg.index)
+        gain = 1.0 - frozen["F"] / fedavg["F"]
+        excess = 1.0 - (frozen["F"] - frozen["optimum"]) / (fedavg["F"] - fedavg["optimum"])
+        median, low, high = bootstrap_median(excess)
+        out.append({"attention": attention, "label_alpha": alpha, "local_steps": E, "instances": len(gain),
+                    "gain_median": float(np.median(gain)), "wins": int((gain > 0.02).sum()),
+                    "excess_gain_median": median, "excess_gain_low": low, "excess_gain_high": high,
+                    "excess_wins": int((excess > 0.02).sum()),
+                    "accuracy_change_median": float(np.median(100 * (frozen["test_accuracy"] - fedavg["test_accuracy"])))})
+    return pd.DataFrame(out)
+
+
 _MAKERS = {"headline-caption": _phase_caption, "tradeoff-caption": _caption, "headline": _headline, "heatmaps": _heatmaps,
            "drift-scaling": _drift, "static-heads": _static, "softmax-static-heads": _softmax_static,
            "tradeoff-attention": _tradeoff_attention, "digits": _digits, "figure-times": _times,
-           "figure-times-table": _times_table, "phase-diagram": _phase_diagram}
+           "figure-times-table": _times_table, "phase-diagram": _phase_diagram,
+           "phase-diagram-arms": _phase_diagram_arms, "digits-phase": _digits_phase}
 
 
 def blocks(figures="figures") -> dict[str, str]:

@@ -69,9 +69,10 @@ ROW_COLUMNS = ["role", "seed", "zeta_value", "local_steps", "step_scale", "arm",
                "bias", "drift_floor", "unfinished", "contraction_rate"]
 
 
-def load_settings(path, quick: bool = False) -> dict:
-    """The declared settings of ``path`` (``phase_diagram.toml``), ``[quick]`` applied: the keys of
-    :data:`SETTINGS` and ``base``, the :class:`RunConfig` every run starts from."""
+def load_settings(path, quick: bool = False, keys: tuple = SETTINGS) -> dict:
+    """The declared settings of ``path`` (``phase_diagram.toml``), ``[quick]`` applied: the ``keys``
+    (default :data:`SETTINGS`; another diagram's, e.g. digits') and ``base``, the :class:`RunConfig`
+    every run starts from."""
     import tomllib
     from pathlib import Path
 
@@ -79,13 +80,13 @@ def load_settings(path, quick: bool = False) -> dict:
     from ..sim.config import config_from_dict
 
     raw = tomllib.loads(Path(path).read_text())
-    unknown = sorted(set(raw) - {*SETTINGS, "base", "quick"})
+    unknown = sorted(set(raw) - {*keys, "base", "quick"})
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown key; allowed keys are {', '.join((*SETTINGS, 'base', 'quick'))}")
-    missing = [k for k in SETTINGS if k not in raw]
+        raise ConfigError(f"{unknown[0]}: unknown key; allowed keys are {', '.join((*keys, 'base', 'quick'))}")
+    missing = [k for k in keys if k not in raw]
     if missing:
-        raise ConfigError(f"{missing[0]}: missing; the phase diagram declares {', '.join(SETTINGS)}")
-    settings = {k: raw[k] for k in SETTINGS}
+        raise ConfigError(f"{missing[0]}: missing; {Path(path).name} declares {', '.join(keys)}")
+    settings = {k: raw[k] for k in keys}
     base = config_from_dict(raw["base"])
     if quick:
         extra = dict(raw.get("quick", {}))

@@ -3,8 +3,10 @@ scored on held-out seeds (docs/theory.md §6).
 
 Every arm of a comparison (FedAvg, FedFrozen, SCAFFOLD, …: a name and its config updates) gets a
 declared grid of steps, values of ``federated.step_scale`` (``η = c · 2 / max_c λ_max(Ã_c)`` at
-``θ⁰``, :mod:`linattn_theory.sim.step_size`; or of another key, ``step_key``). In every cell (a set
-of config updates, e.g. a heterogeneity level) and for every arm:
+``θ⁰``, :mod:`linattn_theory.sim.step_size`; or of another key, ``step_key``), or a grid of
+settings, the product of declared values of several keys (the step and the arm's own
+hyper-parameters, e.g. FedProx's ``μ``: :func:`grid_settings`; "step" below is then a setting). In
+every cell (a set of config updates, e.g. a heterogeneity level) and for every arm:
 
 1. **design**: every step of the arm's grid runs on the design seeds; the final excess risk of a run
    is ``R = F_λ(θ_T) − Φ*_λ`` of its instance (``∞`` when it diverged), and the arm's step is, among
@@ -17,12 +19,17 @@ of config updates, e.g. a heterogeneity level) and for every arm:
 Every row also carries the run's best iterate on its own path (``oracle_best_iterate``: the least
 ``F_λ(θ^t) − Φ*_λ`` over its rounds, an oracle: early stopping chosen after seeing the path).
 
+With ``sensitivity`` the held-out runs are also run from ``θ⁰ ⊙ (1 + 10⁻¹² ξ)`` and flagged
+``chaotic`` when their end moves by more than :data:`~linattn_theory.sim.sensitivity.CHAOS_AMPLIFICATION`
+times that (:func:`~linattn_theory.sim.sensitivity.run_sensitivity`, docs/theory.md §6).
+
 ``Φ*_λ`` of an instance is :func:`~linattn_theory.theory.profile.centralized_optimum` started from the
 teacher, random kernels and every final kernel the instance's runs reached (``optimum`` replaces it).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -34,10 +41,27 @@ from ..sim.config import RunConfig
 from ..sim.engine import clients_from_config
 from ..sim.ensemble import simulate_many
 
-__all__ = ["TunedComparison", "tune_and_hold_out", "choose_steps"]
+__all__ = ["TunedComparison", "tune_and_hold_out", "choose_steps", "grid_settings", "setting_label"]
 
-#: the per-instance columns of both tables
-COLUMNS = ["seed", "cell", "arm", "step", "learning_rate", "excess_risk", "diverged", "oracle_best_iterate"]
+#: the per-instance columns of both tables (``chaotic`` too in ``heldout`` with ``sensitivity``)
+COLUMNS = ["seed", "cell", "arm", "step", "setting", "learning_rate", "excess_risk", "diverged", "oracle_best_iterate"]
+
+
+def grid_settings(grid, step_key: str = "federated.step_scale") -> list[dict]:
+    """A declared grid as a list of config updates: a sequence of numbers is ``[{step_key: v}, …]``; a
+    mapping ``{key: [values]}`` is the product of its lists, the first key outermost (every
+    setting must set ``step_key``)."""
+    if isinstance(grid, Mapping):
+        if step_key not in grid:
+            raise ValueError(f"grid {dict(grid)!r}: declares no {step_key!r}; a grid of settings sets the step too")
+        keys = list(grid)
+        return [dict(zip(keys, values)) for values in itertools.product(*(list(grid[k]) for k in keys))]
+    return [{step_key: v} for v in grid]
+
+
+def setting_label(updates: Mapping) -> str:
+    """``"step_scale=0.15, prox_mu=1"``: a setting's keys (their last part) and values, in order."""
+    return ", ".join(f"{key.rsplit('.', 1)[-1]}={value:g}" for key, value in updates.items())
 
 
 class TunedComparison(NamedTuple):
@@ -58,12 +82,25 @@ def _optimum(config: RunConfig, clients, kernels) -> float:
                                seed=config.seed, initial_kernels=kernels).objective
 
 
-def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable) -> pd.DataFrame:
-    """Rows :data:`COLUMNS` of the runs ``configs`` at ``points`` ``(seed, cell, arm, step)``; one
-    ``Φ*_λ`` per instance (cell, seed), from every final kernel its runs reached."""
+def _chaotic(configs: list[RunConfig], results) -> list[bool]:
+    """Per run: is it chaotic (:func:`~linattn_theory.sim.sensitivity.run_sensitivity` against one run
+    from ``θ⁰ ⊙ (1 + 10⁻¹² ξ)``)?"""
+    from ..sim.engine import prepare_run
+    from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
+    clients = [clients_from_config(c) for c in configs]
+    starts = [perturbed_params(prepare_run(c, cl)[1], PERTURBATION, c.seed) for c, cl in zip(configs, clients)]
+    again = simulate_many(configs, clients, params=starts)
+    return [bool(run_sensitivity(c, cl, reference=r, runs=[a]).chaotic)
+            for c, cl, r, a in zip(configs, clients, results, again)]
+
+
+def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable, sensitivity: bool = False) -> pd.DataFrame:
+    """Rows :data:`COLUMNS` of the runs ``configs`` at ``points`` ``(seed, cell, arm, step, setting)``;
+    one ``Φ*_λ`` per instance (cell, seed), from every final kernel its runs reached; with
+    ``sensitivity`` a column ``chaotic``."""
     results = simulate_many(configs)
     instances: dict = {}
-    for i, (seed, cell, _, _) in enumerate(points):
+    for i, (seed, cell, *_) in enumerate(points):
         instances.setdefault((cell, seed), []).append(i)
     rows = [None] * len(points)
     for indices in instances.values():
@@ -76,38 +113,51 @@ def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable) -> pd
             rows[i] = (*points[i], float(result.metadata["config"]["federated"]["learning_rate"]),
                        np.nan if result.diverged else float(F[-1]) - phi_star, bool(result.diverged),
                        float(np.nanmin(F)) - phi_star)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    return table.assign(chaotic=_chaotic(configs, results)) if sensitivity else table
 
 
-def choose_steps(design: pd.DataFrame, grids: Mapping[str, Sequence[float]]) -> pd.DataFrame:
+def choose_steps(design: pd.DataFrame, grids: Mapping, step_key: str = "federated.step_scale") -> pd.DataFrame:
     """Per (cell, arm) of ``design``: among the steps of ``grids[arm]`` that diverged on the fewest design
     seeds, the one of least median paired ratio ``R(c) / min_c' R(c')`` over them (diverged: ``R = ∞``;
-    ties: the earlier step of the grid); with its ``median_ratio`` and ``diverged`` count."""
+    ties: the earlier step of the grid); with its ``median_ratio`` and ``diverged`` count. Where
+    ``design`` has a column ``setting`` the grids are :func:`grid_settings`' and the choice is among
+    settings (``setting``: its :func:`setting_label`, ``step``: its value of ``step_key``)."""
     rows = []
+    by_setting = "setting" in design.columns
     for (cell, arm), group in design.groupby(["cell", "arm"], sort=False):
         risk = group.assign(R=group["excess_risk"].where(~group["diverged"], np.inf))
-        steps = list(grids[arm])
-        R = risk.pivot(index="seed", columns="step", values="R")[steps].to_numpy()   # (seeds, steps)
+        if by_setting:
+            settings = grid_settings(grids[arm], step_key)
+            steps = [setting_label(u) for u in settings]
+            step_of = {label: u[step_key] for label, u in zip(steps, settings)}
+        else:
+            steps = list(grids[arm])
+        R = risk.pivot(index="seed", columns="setting" if by_setting else "step", values="R")[steps].to_numpy()
         best = R.min(axis=1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratios = np.where(np.isinf(best), np.inf, R / np.where(best > 0, best, np.nan))
         medians = np.nanmedian(ratios, axis=0)       # a seed whose best R is not > 0 has no ratios
         diverged = np.isinf(R).sum(axis=0)
         k = min(range(len(steps)), key=lambda j: (diverged[j], medians[j], j))
-        rows.append({"cell": cell, "arm": arm, "step": steps[k], "median_ratio": float(medians[k]),
-                     "diverged": int(diverged[k])})
-    return pd.DataFrame(rows, columns=["cell", "arm", "step", "median_ratio", "diverged"])
+        row = {"cell": cell, "arm": arm, "step": step_of[steps[k]] if by_setting else steps[k],
+               "median_ratio": float(medians[k]), "diverged": int(diverged[k])}
+        rows.append({**row, "setting": steps[k]} if by_setting else row)
+    return pd.DataFrame(rows, columns=["cell", "arm", "step", "median_ratio", "diverged"]
+                        + (["setting"] if by_setting else []))
 
 
-def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping[str, Sequence[float]],
+def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping,
                       design_seeds: Sequence[int], heldout_seeds: Sequence[int], *,
                       cells: Mapping[str, dict] | None = None, step_key: str = "federated.step_scale",
-                      optimum: Callable | None = None) -> TunedComparison:
+                      optimum: Callable | None = None, sensitivity: bool = False) -> TunedComparison:
     """Choose each arm's step on ``design_seeds`` and score it on ``heldout_seeds`` (module docstring).
 
     ``arms`` maps a name to its config updates (``{"federated.strategy": "fedavg"}``), ``grids`` a name
-    to its declared steps (values of ``step_key``), ``cells`` a cell name to its updates (default: one
-    cell ``""``). ``optimum(config, clients, kernels) -> Φ*_λ`` replaces the centralised optimum.
+    to its declared steps (values of ``step_key``) or settings (a mapping of keys to values, their
+    product: :func:`grid_settings`), ``cells`` a cell name to its updates (default: one cell ``""``).
+    ``optimum(config, clients, kernels) -> Φ*_λ`` replaces the centralised optimum; ``sensitivity``
+    flags the chaotic held-out runs (module docstring).
     """
     cells = {"": {}} if cells is None else dict(cells)
     missing = sorted(set(arms) - set(grids))
@@ -121,14 +171,19 @@ def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping[
         raise ValueError("expected at least one design seed and one held-out seed")
     optimum = _optimum if optimum is None else optimum
 
-    def config(cell, arm, step, seed):
-        return base.with_updates({**cells[cell], **arms[arm], step_key: step, "seed": seed})
+    settings = {arm: {setting_label(u): u for u in grid_settings(grids[arm], step_key)} for arm in arms}
 
-    points = [(seed, cell, arm, step) for cell in cells for arm in arms for step in grids[arm]
+    def config(cell, arm, label, seed):
+        return base.with_updates({**cells[cell], **arms[arm], **settings[arm][label], "seed": seed})
+
+    def point(seed, cell, arm, label):
+        return (seed, cell, arm, settings[arm][label][step_key], label)
+
+    points = [point(seed, cell, arm, label) for cell in cells for arm in arms for label in settings[arm]
               for seed in design_seeds]
-    design = _run(points, [config(c, a, s, seed) for seed, c, a, s in points], optimum)
-    choices = choose_steps(design, grids)
-    chosen = {(r.cell, r.arm): r.step for r in choices.itertuples()}
-    points = [(seed, cell, arm, chosen[cell, arm]) for cell in cells for arm in arms for seed in heldout_seeds]
-    heldout = _run(points, [config(c, a, s, seed) for seed, c, a, s in points], optimum)
+    design = _run(points, [config(c, a, label, seed) for seed, c, a, _, label in points], optimum)
+    choices = choose_steps(design, grids, step_key)
+    chosen = {(r.cell, r.arm): r.setting for r in choices.itertuples()}
+    points = [point(seed, cell, arm, chosen[cell, arm]) for cell in cells for arm in arms for seed in heldout_seeds]
+    heldout = _run(points, [config(c, a, label, seed) for seed, c, a, _, label in points], optimum, sensitivity)
     return TunedComparison(heldout, design, choices)

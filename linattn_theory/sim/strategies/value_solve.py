@@ -75,7 +75,7 @@ def _solve_at(solve_round: int, fed) -> tuple[Control, ServerRule]:
         return None
 
     def update(state, rnd, delta):
-        if rnd.t != solve_round:
+        if rnd.t != solve_round or "WV" not in pending:    # no solve seen: a run that diverged before it
             return fedavg.update(state, rnd, delta)
         return {"WV": pending.pop("WV")}, state
 

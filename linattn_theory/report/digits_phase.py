@@ -1,0 +1,184 @@
+"""Digits, searched: where (if anywhere) freezing pays on real data against tuned FedAvg
+(docs/theory.md §6 "Digits, searched"; simulations/digits_phase.py; issue 30, item 7).
+
+An instance is ``(attention, α, seed)`` of the digits family (scikit-learn's handwritten digits over
+clients with Dirichlet(α) label skew, :mod:`linattn_theory.data.digits`); its step scale ``c`` sets
+``η = c · 2 / λ_max(θ⁰)``, the full model's curvature at ``θ⁰`` computed once per instance
+(:func:`~linattn_theory.report.phase_diagram.stable_step`). Every run sweeps the declared warm-ups
+``T0`` (``T0 = T``: FedAvg). No ``Φ*_λ`` is known here, so a run is scored by its final training
+objective ``F_λ(θ_T)`` and, beside it, its held-out test accuracy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..data.digits import evaluate
+from ..sim.engine import clients_from_config
+from .phase_diagram import bootstrap_median, load_settings, stable_step
+from .tuning import choose_steps
+
+__all__ = ["load_digits_settings", "run_digits", "tuned_choices", "digits_cells", "linear_optima"]
+
+#: the keys of ``digits_phase.toml`` besides ``base`` and ``quick``
+SETTINGS = ("step_scales", "fedavg_steps", "label_alpha", "local_steps", "attention", "warmups", "design_seeds",
+            "heldout_seeds", "threshold", "bootstrap_resamples", "bootstrap_seed")
+#: the per-run table's columns (figures/digits_phase.csv)
+ROW_COLUMNS = ["role", "seed", "attention", "label_alpha", "local_steps", "step_scale", "learning_rate", "T0",
+               "final_loss", "test_accuracy", "diverged"]
+KEYS = ["attention", "label_alpha", "local_steps"]
+
+
+def load_digits_settings(path, quick: bool = False) -> dict:
+    """The declared settings of ``path`` (``digits_phase.toml``, ``[quick]`` applied) with ``base``
+    (:func:`~linattn_theory.report.phase_diagram.load_settings` with :data:`SETTINGS`)."""
+    from ..core.errors import ConfigError
+
+    settings = load_settings(path, quick=quick, keys=SETTINGS)
+    T = settings["base"].federated.rounds
+    if T not in settings["warmups"]:
+        raise ConfigError(f"warmups {settings['warmups']}: must hold T = {T} (FedAvg)")
+    return settings
+
+
+def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
+    """Every instance at every ``E``, step scale and warm-up: one row (:data:`ROW_COLUMNS`) per run, its
+    final ``F_λ`` and test accuracy (NaN when it diverged)."""
+    from ..sim.warmup_grid import warmup_sweeps_and_paths
+
+    base = settings["base"]
+    scales = sorted(set(settings["step_scales"]) | set(settings["fedavg_steps"]))
+    roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
+    points, configs, clients = [], [], []
+    for attention in settings["attention"]:
+        for alpha in settings["label_alpha"]:
+            for role, seed in roles:
+                config = base.with_updates({"model.attention": attention, "task.label_alpha": alpha, "seed": seed})
+                inst_clients = clients_from_config(config)
+                eta_stable, _ = stable_step(config, inst_clients)
+                for E in settings["local_steps"]:
+                    for c in scales:
+                        points.append((role, seed, attention, alpha, E, c, c * eta_stable))
+                        configs.append(config.with_updates({"federated.local_steps": E,
+                                                            "federated.learning_rate": c * eta_stable}))
+                        clients.append(inst_clients)
+    sweeps = warmup_sweeps_and_paths(configs, settings["warmups"], clients, progress=progress)[0]
+    rows = []
+    for point, config, inst_clients, sweep in zip(points, configs, clients, sweeps):
+        truth = inst_clients.truth
+        for T0 in settings["warmups"]:
+            run = sweep[T0]
+            scores = ({"accuracy": np.nan} if run.diverged else
+                      evaluate(run.params, truth["test_X"], truth["test_q"], truth["test_y"],
+                               config.model.attention, config.model.temperature))
+            loss = np.nan if run.diverged else float(run.table["loss_regularized"].iloc[-1])
+            rows.append((*point, T0, loss, float(scores["accuracy"]), bool(run.diverged)))
+    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+
+
+#: Φ*_λ of a held-out linear instance: L-BFGS from the kernels of its runs of least F_λ and random starts
+OPTIMUM_STARTS, OPTIMUM_RESTARTS = 3, 2
+
+
+def linear_optima(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """``Φ*_λ`` of every held-out linear-attention instance (docs/theory.md §4): the centralised optimum
+    (:func:`~linattn_theory.theory.profile.centralized_optima`) started from the final kernels of its
+    :data:`OPTIMUM_STARTS` runs of least ``F_λ`` (run again from ``rows``: their ``E``, ``η`` and ``T0``)
+    and :data:`OPTIMUM_RESTARTS` random kernels, so that ``Φ*_λ ≤ Φ_λ(K) ≤ F_λ`` of each of them and
+    ``R = F_λ − Φ*_λ ≥ 0`` for every run of the instance. One row per instance: attention, α, seed, optimum."""
+    from ..core.model import kernel
+    from ..sim.ensemble import simulate_many
+    from ..theory.profile import centralized_optima
+
+    base = settings["base"]
+    held = rows[(rows["role"] == "heldout") & (rows["attention"] == "linear") & ~rows["diverged"]]
+    keys, problems = [], []
+    for (alpha, seed), group in held.groupby(["label_alpha", "seed"], sort=True):
+        config = base.with_updates({"model.attention": "linear", "task.label_alpha": alpha, "seed": int(seed)})
+        best = group.nsmallest(OPTIMUM_STARTS, "final_loss")
+        runs = [config.with_updates({"federated.local_steps": int(r.local_steps), "federated.learning_rate": r.learning_rate,
+                                     "federated.warmup_rounds": int(r.T0)}) for r in best.itertuples()]
+        clients = clients_from_config(config)
+        kernels = [np.asarray(kernel(run.params)) for run in simulate_many(runs, [clients] * len(runs))]
+        keys.append(("linear", alpha, seed))
+        problems.append(dict(clients=clients, lam=config.federated.ridge, rank=config.model.rank, heads=config.model.heads,
+                             restarts=OPTIMUM_RESTARTS, seed=int(seed), initial_kernels=kernels))
+    optima = [o.objective for o in centralized_optima(problems)]
+    return pd.DataFrame([(*k, o) for k, o in zip(keys, optima)], columns=["attention", "label_alpha", "seed", "optimum"])
+
+
+def _cell(frame: pd.DataFrame) -> pd.Series:
+    return frame["attention"] + "|" + frame["label_alpha"].map("{:g}".format) + "|" + frame["local_steps"].astype(str)
+
+
+def tuned_choices(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """Per (attention, α, E), chosen on the design seeds by :func:`~linattn_theory.report.tuning.choose_steps`
+    on ``F_λ``: FedAvg's step scale (``T0 = T``, from ``fedavg_steps``) and FedFrozen's ``(c, T0)`` (from
+    ``step_scales`` × ``warmups``; no oracle)."""
+    T = settings["base"].federated.rounds
+    design = rows[rows["role"] == "design"].assign(cell=_cell, excess_risk=lambda d: d["final_loss"])
+    fedavg = design[(design["T0"] == T) & design["step_scale"].isin(settings["fedavg_steps"])].assign(
+        arm="fedavg", step=lambda d: d["step_scale"])
+    frozen = design[design["step_scale"].isin(settings["step_scales"])].assign(
+        arm="fedfrozen", step=lambda d: d["step_scale"],
+        setting=lambda d: "step_scale=" + d["step_scale"].map("{:g}".format) + ", warmup_rounds=" + d["T0"].astype(str))
+    grid = {"federated.step_scale": settings["step_scales"], "federated.warmup_rounds": settings["warmups"]}
+    choices = pd.concat([choose_steps(fedavg, {"fedavg": settings["fedavg_steps"]}),
+                         choose_steps(frozen, {"fedfrozen": grid})], ignore_index=True)
+    parts = choices["cell"].str.split("|", expand=True)
+    choices = choices.assign(attention=parts[0], label_alpha=parts[1].astype(float), local_steps=parts[2].astype(int))
+    T0 = choices["setting"].str.extract(r"warmup_rounds=(\d+)")[0]
+    return choices.assign(T0=T0.fillna(T).astype(int)).drop(columns=["cell", "setting"])
+
+
+def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict, optima: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (attention, α, E, column) over the held-out instances, against tuned FedAvg of the same
+    instance: the gain ``1 − F_arm / F_tuned`` (median, bootstrap 95 % interval, wins above the
+    threshold; a diverged arm ``−∞``) and the accuracy difference ``acc_arm − acc_tuned`` (median,
+    percentage points). Columns: a step scale ``c`` (FedFrozen at its best ``T0`` on the held-out run's
+    own ``F_λ``, an oracle over the warm-ups, ``T0 = T`` included) and ``"tuned"`` (FedFrozen at its
+    ``(c, T0)`` chosen on the design seeds). Where ``optima`` (:func:`linear_optima`) holds the instance's
+    ``Φ*_λ``, the same gain in excess risk ``R = F_λ − Φ*_λ`` (``excess_gain_*``, ``excess_wins``; NaN elsewhere)."""
+    T = settings["base"].federated.rounds
+    held = rows[rows["role"] == "heldout"]
+    if optima is not None:
+        held = held.merge(optima, on=["attention", "label_alpha", "seed"], how="left")
+    else:
+        held = held.assign(optimum=np.nan)
+    pick = choices.set_index(["arm", *KEYS])
+    out = []
+    for (attention, alpha, E), group in held.groupby(KEYS, sort=True):
+        ref = pick.loc[("fedavg", attention, alpha, E)]
+        tuned = group[(group["step_scale"] == ref["step"]) & (group["T0"] == T)].set_index("seed")
+        F_ref = tuned["final_loss"].where(~tuned["diverged"])
+        R_ref = F_ref - tuned["optimum"]
+        own = pick.loc[("fedfrozen", attention, alpha, E)]
+        columns = [(f"{c:g}", c, None) for c in settings["step_scales"]] + [("tuned", own["step"], int(own["T0"]))]
+        for column, c, T0 in columns:
+            runs = group[group["step_scale"] == c]
+            F = runs.assign(F=runs["final_loss"].where(~runs["diverged"], np.inf))
+            if T0 is None:       # the oracle over T0: the least F of the held-out run's own warm-ups
+                best = F.loc[F.sort_values(["F", "T0"]).groupby("seed", sort=False).head(1).index]
+            else:
+                best = F[F["T0"] == T0]
+            best = best.set_index("seed").reindex(F_ref.index)
+            with np.errstate(invalid="ignore"):
+                gain = 1.0 - best["F"] / F_ref
+                excess = (1.0 - (best["F"] - best["optimum"]) / R_ref)
+            accuracy = 100 * (best["test_accuracy"] - tuned["test_accuracy"])
+            median, low, high = bootstrap_median(gain, resamples=settings["bootstrap_resamples"],
+                                                 seed=settings["bootstrap_seed"])
+            R_median, R_low, R_high = bootstrap_median(excess, resamples=settings["bootstrap_resamples"],
+                                                       seed=settings["bootstrap_seed"])
+            out.append({"attention": attention, "label_alpha": alpha, "local_steps": E, "column": column,
+                        "step_scale": c, "T0": T0 if T0 is not None else np.nan, "tuned_fedavg_step": ref["step"],
+                        "median_best_T0": float(best["T0"].median()), "instances": int(gain.notna().sum()),
+                        "diverged": int(np.isinf(best["F"]).sum()), "tuned_diverged": int(F_ref.isna().sum()),
+                        "gain_median": median, "gain_low": low, "gain_high": high,
+                        "wins": int((gain > settings["threshold"]).sum()),
+                        "accuracy_change_median": float(np.nanmedian(accuracy)) if accuracy.notna().any() else np.nan,
+                        "accuracy_wins": int((accuracy > 0).sum()), "excess_gain_median": R_median,
+                        "excess_gain_low": R_low, "excess_gain_high": R_high,
+                        "excess_wins": int((excess > settings["threshold"]).sum())})
+    return pd.DataFrame(out)
