@@ -169,10 +169,6 @@ class RunState(NamedTuple):
 ENGINE_SETTINGS = ("learning_rate", "ridge", "warmup_rounds", "divergence_factor")
 
 
-#: strategies whose rules (not only their schedule) read ``T0``: the server's exact value solve
-#: steps to ``V*`` in round ``T0`` (:mod:`~linattn_theory.sim.strategies.value_solve`), so its
-#: instances of other ``T0`` run other rules
-RULES_READ_WARMUP = ("value_solve",)
 #: strategies whose server rule reads one run's own state: the value solve's server steps to the
 #: ``V*`` its run's control computed from that run's clients, so every instance is a rule group of
 #: its own (sharing the first instance's rule set every instance's ``V`` to the first's ``V*``)
@@ -182,13 +178,10 @@ RULES_PER_RUN = ("value_solve", "value_solve_final")
 def _rule_key(member: "Member") -> str:
     """Instances whose strategy rules are the same functions: every federated setting but the
     engine's (a member's own :class:`~linattn_theory.sim.strategies.Strategy` object: its own group;
-    ``T0`` too for :data:`RULES_READ_WARMUP`; each instance its own group for :data:`RULES_PER_RUN`)."""
+    each instance its own group for :data:`RULES_PER_RUN`)."""
     if member.config.federated.strategy in RULES_PER_RUN:
         return json.dumps(["per run", id(member)])
-    shared = ENGINE_SETTINGS
-    if member.config.federated.strategy in RULES_READ_WARMUP:
-        shared = tuple(k for k in ENGINE_SETTINGS if k != "warmup_rounds")
-    fed = {k: v for k, v in dataclasses.asdict(member.config.federated).items() if k not in shared}
+    fed = {k: v for k, v in dataclasses.asdict(member.config.federated).items() if k not in ENGINE_SETTINGS}
     return json.dumps([fed, None if member.strategy is None else id(member.strategy)], sort_keys=True, default=str)
 
 
