@@ -45,7 +45,21 @@ class TunedComparison(NamedTuple):
     row per (design seed, cell, arm, step); ``choices``: the chosen ``step`` per (cell, arm) with the
     ``median_ratio`` that chose it and its ``diverged`` design seeds. Columns of the runs: :data:`COLUMNS` (``learning_rate``: the
     resolved ``η``; ``excess_risk``: ``NaN`` when the run diverged; ``oracle_best_iterate``: the least
-    ``F_λ(θ^t) − Φ*_λ`` over the run's own rounds, early stopping chosen after the fact, an oracle)."""
+    ``F_λ(θ^t) − Φ*_λ`` over the run's own rounds, early stopping chosen after the fact, an oracle).
+
+    Parameters
+    ----------
+    heldout : pandas.DataFrame
+        The held-out runs at the chosen steps (:data:`COLUMNS`).
+    design : pandas.DataFrame
+        The design runs, every step of every grid (:data:`COLUMNS`).
+    choices : pandas.DataFrame
+        ``cell``, ``arm``, the chosen ``step``, its ``median_ratio`` and ``diverged`` count.
+
+    Examples
+    --------
+    See :func:`tune_and_hold_out`.
+    """
 
     heldout: pd.DataFrame
     design: pd.DataFrame
@@ -82,7 +96,32 @@ def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable) -> pd
 def choose_steps(design: pd.DataFrame, grids: Mapping[str, Sequence[float]]) -> pd.DataFrame:
     """Per (cell, arm) of ``design``: among the steps of ``grids[arm]`` that diverged on the fewest design
     seeds, the one of least median paired ratio ``R(c) / min_c' R(c')`` over them (diverged: ``R = ∞``;
-    ties: the earlier step of the grid); with its ``median_ratio`` and ``diverged`` count."""
+    ties: the earlier step of the grid); with its ``median_ratio`` and ``diverged`` count.
+
+    Parameters
+    ----------
+    design : pandas.DataFrame
+        The design runs: ``seed``, ``cell``, ``arm``, ``step``, ``excess_risk``, ``diverged``.
+    grids : mapping of str to sequence of float
+        Each arm's declared steps, in order.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (cell, arm): ``cell``, ``arm``, ``step``, ``median_ratio``, ``diverged``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.tuning import choose_steps
+    >>> design = pd.DataFrame({"seed": [0, 0, 1, 1], "cell": "", "arm": "fedavg", "step": [0.1, 0.5, 0.1, 0.5],
+    ...                        "excess_risk": [2.0, 1.0, 3.0, 1.5], "diverged": False})
+    >>> choose_steps(design, {"fedavg": [0.1, 0.5]})[["step", "median_ratio", "diverged"]].to_dict("records")
+    [{'step': 0.5, 'median_ratio': 1.0, 'diverged': 0}]
+    >>> design.loc[3, "diverged"] = True                  # the larger step diverged on seed 1
+    >>> choose_steps(design, {"fedavg": [0.1, 0.5]})[["step", "median_ratio", "diverged"]].to_dict("records")
+    [{'step': 0.1, 'median_ratio': 1.5, 'diverged': 0}]
+    """
     rows = []
     for (cell, arm), group in design.groupby(["cell", "arm"], sort=False):
         risk = group.assign(R=group["excess_risk"].where(~group["diverged"], np.inf))
@@ -108,6 +147,40 @@ def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping[
     ``arms`` maps a name to its config updates (``{"federated.strategy": "fedavg"}``), ``grids`` a name
     to its declared steps (values of ``step_key``), ``cells`` a cell name to its updates (default: one
     cell ``""``). ``optimum(config, clients, kernels) -> Φ*_λ`` replaces the centralised optimum.
+
+    Parameters
+    ----------
+    base : RunConfig
+        The configuration every run starts from.
+    arms : mapping of str to dict
+        Each arm's config updates.
+    grids : mapping of str to sequence of float
+        Each arm's declared steps (values of ``step_key``).
+    design_seeds : sequence of int
+        The seeds the steps are chosen on.
+    heldout_seeds : sequence of int
+        The seeds the chosen steps are scored on (disjoint from ``design_seeds``).
+    cells : mapping of str to dict, optional
+        Each cell's config updates; default one cell ``""`` of none.
+    step_key : str, default "federated.step_scale"
+        The setting the grids' values set.
+    optimum : callable, optional
+        ``optimum(config, clients, kernels) -> Φ*_λ``; default the centralised optimum.
+
+    Returns
+    -------
+    TunedComparison
+        The held-out and design runs and the choices.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.report.tuning import tune_and_hold_out
+    >>> base = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> out = tune_and_hold_out(base, {"fedavg": {"federated.strategy": "fedavg"}}, {"fedavg": [0.02, 0.05]},
+    ...                         design_seeds=[0], heldout_seeds=[1])
+    >>> len(out.design), out.heldout[["seed", "step", "diverged"]].values.tolist()
+    (2, [[1, 0.05, False]])
     """
     cells = {"": {}} if cells is None else dict(cells)
     missing = sorted(set(arms) - set(grids))
