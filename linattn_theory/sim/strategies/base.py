@@ -187,6 +187,28 @@ class Declaration:
     :data:`linattn_theory.report.plotting.COLORS` or any Matplotlib colour); ``panel``: the
     panel of the strategies figure it is drawn in (a key of
     :data:`linattn_theory.report.plotting.PANELS`; ``None``: a reference drawn in every panel).
+
+    Parameters
+    ----------
+    freezes : bool, default False
+        Its schedule changes at ``T0 = federated.warmup_rounds``.
+    warmup_rounds : int, optional
+        A fixed ``T0`` (negative: counted from ``T``).
+    settings : tuple of str, default ()
+        The strategy-specific ``[federated]`` settings it reads.
+    check : callable, optional
+        ``check(fed, given)``, raising ``ConfigError`` for settings it cannot run with.
+    style : tuple of str, default ()
+        ``(label, colour, marker[, line style])`` in the figures.
+    panel : str, optional
+        Its panel of the strategies figure (``None``: every panel).
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies import declaration
+    >>> declared = declaration("fedfrozen_fedprox")
+    >>> declared.freezes, declared.reads
+    (True, ('warmup_rounds', 'prox_mu'))
     """
 
     freezes: bool = False
@@ -203,7 +225,27 @@ class Declaration:
 
 
 def declare(**declared) -> Callable:
-    """Decorate a strategy factory with its :class:`Declaration` (``factory.declaration``)."""
+    """Decorate a strategy factory with its :class:`Declaration` (``factory.declaration``).
+
+    Parameters
+    ----------
+    **declared
+        The :class:`Declaration`'s fields.
+
+    Returns
+    -------
+    callable
+        The decorator; it returns the factory with ``factory.declaration`` set.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import declare
+    >>> @declare(settings=("prox_mu",), style=("mine", "black", "o"))
+    ... def mine(fed, warmup_rounds=None):
+    ...     ...
+    >>> mine.declaration.reads, mine.declaration.freezes
+    (('prox_mu',), False)
+    """
     declaration = Declaration(**declared)
 
     def attach(factory):
@@ -348,7 +390,29 @@ def zeros_like_blocks(params: Params, clients: int | None = None) -> dict:
 
 
 def instance_rows(num_instances: int, num_clients: int, index) -> np.ndarray:
-    """Flat row numbers ``i·m + index[i, j]`` of an ensemble's per-instance client indices."""
+    """Flat row numbers ``i·m + index[i, j]`` of an ensemble's per-instance client indices.
+
+    Parameters
+    ----------
+    num_instances : int
+        The ensemble's instances.
+    num_clients : int
+        ``m``, the clients of each.
+    index : array of int, shape (num_instances, k)
+        Each instance's client indices.
+
+    Returns
+    -------
+    numpy.ndarray, shape (num_instances · k,)
+        The rows in the flattened ``(instance, client)`` axis.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import instance_rows
+    >>> instance_rows(2, 3, np.array([[0, 2], [1, 2]])).tolist()
+    [0, 2, 4, 5]
+    """
     return (np.arange(num_instances)[:, None] * num_clients + index).reshape(-1)
 
 

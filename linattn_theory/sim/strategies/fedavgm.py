@@ -46,6 +46,27 @@ def momentum(learning_rate: float, beta: float) -> ServerRule:
 
 @declare(settings=("server_momentum",), style=("FedAvgM", "vermillion", "v"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``."""
+    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedavgm import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # every block, every round
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV')]
+    """
     return Strategy(NAME, train_all, local_sgd(),
                     momentum(fed.server_learning_rate, fed.server_momentum))

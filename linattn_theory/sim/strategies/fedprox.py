@@ -55,7 +55,28 @@ def proximal(mu: float, stage: tuple[str, ...] | None = None) -> ClientRule:
 
 @declare(settings=("prox_mu",), style=("FedProx", "light_blue", "^"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedProx with ``μ = fed.prox_mu`` on every block in every round."""
+    """FedProx with ``μ = fed.prox_mu`` on every block in every round.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedprox import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # every block, every round
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV')]
+    """
     return Strategy(NAME, train_all, proximal(fed.prox_mu), server_sgd(fed.server_learning_rate))
 
 

@@ -67,5 +67,26 @@ def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
 
 @declare(style=("SCAFFOLD", "green", "D"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``."""
+    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.scaffold import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # every block, every round
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV')]
+    """
     return Strategy(NAME, train_all, control_variates(), server_sgd(fed.server_learning_rate))
