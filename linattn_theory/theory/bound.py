@@ -666,7 +666,26 @@ def _pl_curves(b, s: int, grid: int):
 
 
 def drift_growth_rate(drift_floor, burn_in: int = 0) -> float:
-    """``γ``: least-squares slope of ``D(K_t)`` against ``t`` over the rounds ``t ≥ t_s``."""
+    """``γ``: least-squares slope of ``D(K_t)`` against ``t`` over the rounds ``t ≥ t_s``.
+
+    Parameters
+    ----------
+    drift_floor : sequence of float
+        ``D(K_t)``, ``t = 0..T``.
+    burn_in : int, default 0
+        ``t_s``.
+
+    Returns
+    -------
+    float
+        The slope ``γ``.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.bound import drift_growth_rate
+    >>> round(drift_growth_rate([1.0, 3.0, 5.0, 7.0]), 12), round(drift_growth_rate([9.0, 0.0, 1.0, 2.0], burn_in=1), 12)
+    (2.0, 1.0)
+    """
     D = np.asarray(drift_floor, dtype=float)[burn_in:]
     if len(D) < 2:
         return 0.0
