@@ -64,6 +64,15 @@ def initial_params(config: RunConfig, d: int, p: int) -> Params:
     -------
     Params
         ``θ^0`` (NumPy, float64).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.ensemble import initial_params
+    >>> params = initial_params(config, d=6, p=2)
+    >>> params.WQ.shape, bool((params.WQ == initial_params(config, d=6, p=2).WQ).all())     # (H, d, r); seeded
+    ((1, 6, 3), True)
     """
     m = config.model
     return Params.init(d, m.rank, p, heads=m.heads, scale=m.init_scale,
@@ -88,6 +97,15 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
         The clients, on ``model.backend`` in ``model.dtype``.
     params : Params
         ``θ^0`` there.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> data, params = prepare_run(config)
+    >>> data.S.shape, params.WV.shape                      # (m, N, d, d), (H, d, p)
+    ((8, 128, 6, 6), (1, 6, 2))
     """
     xp = get_namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
@@ -116,6 +134,15 @@ def run_metadata(config: RunConfig) -> dict:
     -------
     dict
         The record.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.ensemble import run_metadata
+    >>> record = run_metadata(config)
+    >>> sorted(record), record["config"] == config.to_dict()
+    (['config', 'git_dirty', 'git_revision', 'provenance', 'seed', 'version'], True)
     """
     from .. import __version__
 

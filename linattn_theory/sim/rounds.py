@@ -76,6 +76,17 @@ class Divergence:
         The value block's stability limit at the initial kernel (:func:`stable_learning_rate`).
     message : str
         What happened and what to try.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2, "learning_rate": 50.0}})
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     result = lt.simulate(config)
+    >>> result.diverged, result.divergence.round, result.divergence.message.startswith("diverged at round 1")
+    (True, 1, True)
     """
 
     round: int
@@ -150,6 +161,22 @@ class RunState(NamedTuple):
         ``θ^{T0}`` once reached.
     client_state, server_state : object
         The strategy's states.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> data, params = prepare_run(config)
+    >>> states = []
+    >>> run = lt.run_schedule(params, data, config.federated, warmup_rounds=2, seed=config.seed,
+    ...                       on_round=states.append)
+    >>> [state.round for state in states], states[1].warmup_params is None, states[2].warmup_params is None
+    ([0, 1, 2, 3, 4], True, False)
+    >>> later = lt.run_schedule(states[2].params, data, config.federated, warmup_rounds=2, seed=config.seed,
+    ...                         prefix=states[2])                     # continues exactly
+    >>> later.table["loss"].tolist() == run.table["loss"].tolist()
+    True
     """
 
     round: int
@@ -313,6 +340,21 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     -------
     FusedEngine or None
         The engine.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.sim.rounds import select_engine
+    >>> from linattn_theory.sim.strategies import make_strategy
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> data, _ = prepare_run(config)
+    >>> strategy = make_strategy(config.federated, 2)
+    >>> select_engine("array_api", np, data, config.federated, strategy) is None
+    True
+    >>> select_engine("auto", np, data, config.federated, strategy) is None     # m·N·d² = 8·128·36 < 2¹⁸
+    True
     """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
