@@ -50,6 +50,19 @@ def check_output_folder(out, flag: str = "--out") -> Path:
     -------
     pathlib.Path
         ``Path(out)``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.sim.limits import check_output_folder
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> check_output_folder(folder / "out") == folder / "out"          # need not exist yet
+    True
+    >>> _ = (folder / "notes.txt").write_text("x")
+    >>> check_output_folder(folder / "notes.txt")
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ArgumentError: --out '...notes.txt' exists and is not a folder...
     """
     error = ArgumentError if flag.startswith("--") else ConfigError
     if out is None or str(out).strip() == "":
@@ -77,6 +90,12 @@ def default_memory_limit() -> float:
     -------
     float
         Bytes.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.limits import default_memory_limit
+    >>> default_memory_limit() > 0
+    True
     """
     try:
         return 0.8 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -94,6 +113,15 @@ class RunEstimate:
         Peak memory.
     seconds : float
         Running time.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.limits import estimate_run
+    >>> estimate = estimate_run(config)
+    >>> estimate.bytes > 8 * 128 * 8 * 6 * 8, estimate.seconds < 1      # at least the contexts m·N·n·d
+    (True, True)
     """
 
     bytes: float
@@ -132,6 +160,10 @@ def estimate_run(config: RunConfig) -> RunEstimate:
     -------
     RunEstimate
         The estimate.
+
+    Examples
+    --------
+    See :class:`RunEstimate`.
     """
     task, model, fed = config.task, config.model, config.federated
     m, N, n = task.num_clients, task.samples_per_client, task.tokens
@@ -197,6 +229,18 @@ def check_resources(configs, *, workers: int = 1, max_memory_gb: float | None = 
     -------
     list of RunEstimate
         One per run.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.limits import check_resources
+    >>> len(check_resources([config]))
+    1
+    >>> check_resources([config.with_updates({"federated.rounds": 10**7})], max_hours=1.0)
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ConfigError: estimated running time ... h exceeds the limit 1 h: ...
     """
     configs = list(configs)
     estimates = [estimate_run(c) for c in configs]
@@ -247,6 +291,18 @@ def float32_step_note(config: RunConfig, data, params) -> str | None:
     -------
     str or None
         The warning.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.sim.limits import float32_step_note
+    >>> float32_step_note(config, *prepare_run(config)) is None
+    True
+    >>> tiny = config.with_updates({"model.dtype": "float32", "federated.learning_rate": 1e-9})
+    >>> float32_step_note(tiny, *prepare_run(tiny)).startswith("model.dtype = 'float32'")
+    True
     """
     import numpy as np
 
