@@ -61,6 +61,16 @@ class Round(NamedTuple):
         ``E``.
     learning_rate : float
         ``η``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)              # clients 0 and 2 of m = 3
+    >>> rnd.participants.tolist(), float(rnd.weights.sum())
+    ([0, 2], 1.0)
     """
 
     t: int
@@ -269,6 +279,12 @@ def train_all(t: int) -> tuple[str, ...]:
     -------
     tuple of str
         ``("WQ", "WK", "WV")``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import train_all
+    >>> train_all(5)
+    ('WQ', 'WK', 'WV')
     """
     return BLOCKS
 
@@ -324,6 +340,14 @@ def local_sgd() -> ClientRule:
     -------
     ClientRule
         The rule.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import local_sgd
+    >>> rule = local_sgd()
+    >>> rule.init(lt.Params.init(d=6, r=3, p=2), 3), rule.correction(None, None, {}, {})
+    (None, {})
     """
     return ClientRule(_no_state, _no_correction, _keep_state)
 
@@ -340,6 +364,19 @@ def server_sgd(learning_rate: float = 1.0) -> ServerRule:
     -------
     ServerRule
         The rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)              # clients 0 and 2 of m = 3
+    >>> from linattn_theory.sim.strategies.base import server_sgd
+    >>> rule = server_sgd(0.5)
+    >>> step, state = rule.update(rule.init(None), rnd, {"WV": np.ones((1, 6, 2))})
+    >>> float(step["WV"][0, 0, 0]), state                  # η_s Δ
+    (0.5, None)
     """
 
     def update(state, rnd: Round, delta: dict):
@@ -378,6 +415,14 @@ def zeros_like_blocks(params: Params, clients: int | None = None) -> dict:
     -------
     dict of str to array
         The zeros.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import zeros_like_blocks
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> zeros_like_blocks(params)["WQ"].shape, zeros_like_blocks(params, clients=4)["WV"].shape
+    ((1, 6, 3), (4, 1, 6, 2))
     """
     xp = array_namespace(params.WV)
 
@@ -435,6 +480,17 @@ def scatter_clients(full, part_values, rnd: Round):
     -------
     array
         The updated values.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)              # clients 0 and 2 of m = 3
+    >>> from linattn_theory.sim.strategies.base import scatter_clients
+    >>> scatter_clients(np.array([[1.0], [2.0], [3.0]]), np.array([[10.0], [30.0]]), rnd).tolist()
+    [[10.0], [2.0], [30.0]]
     """
     part = np.asarray(rnd.participants)
     k, m = part.shape[-1], rnd.num_clients
@@ -471,6 +527,15 @@ def weighted_sum(weights, a):
     -------
     array
         The sum.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import weighted_sum
+    >>> weighted_sum(np.array([0.5, 0.5]), np.array([[1.0], [3.0]])).tolist()
+    [2.0]
+    >>> weighted_sum(np.array([[0.5, 0.5]]), np.array([[[1.0], [3.0]]])).shape    # an ensemble: (I, 1, ...)
+    (1, 1, 1)
     """
     xp = array_namespace(weights, a)
     axis = _client_axis(weights)
@@ -492,6 +557,17 @@ def take_clients(full, rnd: Round):
     -------
     array
         The participants' values.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)              # clients 0 and 2 of m = 3
+    >>> from linattn_theory.sim.strategies.base import take_clients
+    >>> take_clients(np.array([[1.0], [2.0], [3.0]]), rnd).tolist()
+    [[1.0], [3.0]]
     """
     part = np.asarray(rnd.participants)
     if part.shape[-1] == rnd.num_clients:
