@@ -40,6 +40,23 @@ def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> Se
     -------
     ServerRule
         The rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> delta = {block: np.ones_like(getattr(params, block)) for block in ("WQ", "WK", "WV")}   # Δ = 1
+    >>> from linattn_theory.sim.strategies.fedadam import adam
+    >>> rule = adam(learning_rate=0.01, beta1=0.9, beta2=0.99, epsilon=1e-3)
+    >>> step, state = rule.update(rule.init(params), rnd, delta)
+    >>> m, v = 0.1 * 1.0, 0.99 * 1e-3 ** 2 + 0.01 * 1.0                # v starts at τ²
+    >>> bool(np.isclose(step["WV"][0, 0, 0], 0.01 * m / (np.sqrt(v) + 1e-3), rtol=1e-12, atol=0))   # η_s m / (√v + τ)
+    True
     """
 
     def init(params):

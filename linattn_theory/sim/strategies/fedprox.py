@@ -43,6 +43,25 @@ def proximal(mu: float, stage: tuple[str, ...] | None = None) -> ClientRule:
     -------
     ClientRule
         The rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> anchor = {block: np.zeros_like(getattr(params, block)) for block in ("WQ", "WK", "WV")}         # θ^t = 0
+    >>> local = {block: np.ones((2,) + getattr(params, block).shape) for block in ("WQ", "WK", "WV")}  # θ_c = 1
+    >>> from linattn_theory.sim.strategies.fedprox import proximal
+    >>> rule = proximal(0.5)
+    >>> {block: float(term[0, 0, 0, 0]) for block, term in rule.correction(rule.init(params, 3), rnd, anchor, local).items()}
+    {'WQ': 0.5, 'WK': 0.5, 'WV': 0.5}
+    >>> frozen_only = proximal(0.5, stage=("WV",))                 # this round trains every block: no term
+    >>> frozen_only.correction(frozen_only.init(params, 3), rnd, anchor, local)
+    {}
     """
 
     def correction(state, rnd, anchor, local):
