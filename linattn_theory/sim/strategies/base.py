@@ -96,6 +96,12 @@ class ClientRule(NamedTuple):
         clients' current ones).
     update : callable
         ``update(state, rnd, anchor, local) -> state``, after the local steps.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import ClientRule, local_sgd
+    >>> isinstance(local_sgd(), ClientRule), ClientRule._fields
+    (True, ('init', 'correction', 'update'))
     """
 
     init: Callable[[Params, int], Any]
@@ -112,6 +118,12 @@ class ServerRule(NamedTuple):
         ``init(params) -> state``.
     update : callable
         ``update(state, rnd, delta) -> (step, state)``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import ServerRule, server_sgd
+    >>> isinstance(server_sgd(), ServerRule), ServerRule._fields
+    (True, ('init', 'update'))
     """
 
     init: Callable[[Params], Any]
@@ -130,6 +142,14 @@ class Freeze(NamedTuple):
         The round whose kernel is frozen.
     params : Params
         ``θ^{kernel_round}``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import Freeze
+    >>> decision = Freeze(kernel_round=3, params=lt.Params.init(d=6, r=3, p=2))
+    >>> decision.kernel_round
+    3
     """
 
     kernel_round: int
@@ -150,6 +170,15 @@ class Control(NamedTuple):
         ``observe(state, data) -> Freeze | None``.
     finish : callable
         ``finish(result) -> dict``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import Control, Freeze
+    >>> def observe(state, data):                      # freeze at round 3's kernel once it is reached
+    ...     return Freeze(3, state.params) if state.round == 3 else None
+    >>> control = Control(observe, finish=lambda result: {"kernel_round": 3})
+    >>> control.finish(None)
+    {'kernel_round': 3}
     """
 
     observe: Callable[[Any, Any], "Freeze | None"]
@@ -172,6 +201,15 @@ class Strategy(NamedTuple):
         The server side.
     control : Control, optional
         The per-round hook.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies import make_strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> strategy = make_strategy(fed, 2)
+    >>> strategy.name, strategy.schedule(1), strategy.schedule(2), strategy.control
+    ('fedfrozen', ('WQ', 'WK', 'WV'), ('WV',), None)
     """
 
     name: str

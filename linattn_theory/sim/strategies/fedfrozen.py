@@ -37,6 +37,14 @@ def strategy(fed, warmup_rounds: int) -> Strategy:
     -------
     Strategy
         The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedfrozen import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WV',), ('WV',)]
     """
     return Strategy(NAME, freeze_after(warmup_rounds, FROZEN), local_sgd(),
                     server_sgd(fed.server_learning_rate))
