@@ -57,6 +57,10 @@ class DivergedRun:
         ``F_λ`` there.
     stable_learning_rate : float
         The stable step its divergence report suggests.
+
+    Examples
+    --------
+    See :func:`stored_divergences` and :func:`divergence_report`.
     """
 
     run_id: str
@@ -208,6 +212,17 @@ def store_run(run_id: str, result, out: Path) -> bool:
     -------
     bool
         Whether the run diverged.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import is_complete, store_run
+    >>> store_run(config_hash(config), lt.simulate(config), out), is_complete(out, config)   # (diverged, finished)
+    (False, True)
     """
     target = run_dir(out, run_id)
     for stale in target.glob(".*.tmp"):     # left by a writer killed mid-file
@@ -234,6 +249,19 @@ def sweep_manifest(sweep: Sweep, out: Path, existing: str) -> dict:
     -------
     dict
         The manifest: ``source``, ``grid``, ``base``, ``figure``, ``runs`` and ``points``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2},
+    ...                          "grid": {"federated.learning_rate": [0.05, 50.0]}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import sweep_manifest
+    >>> manifest = sweep_manifest(sweep, out, "refuse")
+    >>> manifest["runs"] == sweep.run_ids, manifest["points"]
+    (True, [{'federated.learning_rate': 0.05}, {'federated.learning_rate': 50.0}])
     """
     manifest = {"source": sweep.source, "grid": sweep.grid, "base": sweep.base,
                 "figure": sweep.figure, "runs": sweep.run_ids,
@@ -475,6 +503,10 @@ def summary_row(metadata: dict, table, run_id: str) -> dict:
     -------
     dict
         :data:`SUMMARY_COLUMNS`, then the configuration's dotted keys (and the step scale, where one set ``η``).
+
+    Examples
+    --------
+    See :func:`summary_table`, whose rows these are.
     """
     last = table.iloc[-1]
     div = metadata.get("divergence") or {}
@@ -553,6 +585,18 @@ def write_summary(out: Path):
     -------
     pandas.DataFrame
         The table written.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import SUMMARY, store_run, write_summary
+    >>> _ = store_run(config_hash(config), lt.simulate(config), out)
+    >>> len(write_summary(out)), (out / SUMMARY).is_file()
+    (1, True)
     """
     table = summary_table(out)
     atomic_write_bytes(out / SUMMARY, table.to_csv(index=False).encode())
@@ -576,6 +620,19 @@ def stored_divergences(out: Path, sweep: Sweep, table) -> tuple[DivergedRun, ...
     -------
     tuple of DivergedRun
         The diverged runs, in grid order.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2},
+    ...                          "grid": {"federated.learning_rate": [0.05, 50.0]}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import stored_divergences, summary_table
+    >>> _ = lt.run_sweep(sweep, out)
+    >>> [(run.learning_rate, run.round) for run in stored_divergences(out, sweep, summary_table(out))]
+    [(50.0, 1)]
     """
     if not len(table):
         return ()
