@@ -461,6 +461,12 @@ def gain_and_cost(risk, now, later, window: int, horizon: int) -> tuple[float, f
     -------
     tuple of (float, float)
         ``(gain, cost)``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import gain_and_cost
+    >>> gain_and_cost([5.0, 4.0, 3.0, 2.0], now=[3.0, 2.5], later=[2.0, 2.2], window=3, horizon=2)
+    (2.0, -0.5)
     """
     return _gain_cost_and_error(risk, now, later, window, horizon)[0]
 
@@ -480,6 +486,14 @@ def gain_error(risk, window: int, horizon: int) -> float:
     -------
     float
         ``se(gain)``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import gain_error
+    >>> gain_error([5.0, 4.0, 3.0, 2.0], window=3, horizon=2)        # on a straight line: no error
+    0.0
+    >>> round(gain_error([5.0, 4.0, 3.5, 2.0], window=3, horizon=2), 6)
+    0.264575
     """
     return _gain_and_error(risk, window, horizon)[1]
 
@@ -511,6 +525,12 @@ def still_descending(gain: float, error: float, descent_confidence: float | None
     -------
     bool
         The verdict.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import still_descending
+    >>> still_descending(2.0, 0.5, 2.0), still_descending(2.0, 1.5, 2.0), still_descending(2.0, 0.5, None)
+    (True, False, False)
     """
     return descent_confidence is not None and bool(gain > descent_confidence * error)
 
@@ -530,6 +550,14 @@ def drift_turn(profile, drift_floor, window: int) -> bool:
     -------
     bool
         The verdict.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import drift_turn
+    >>> drift_turn([1.0, 1.0, 1.2], [0.0, 0.1, 0.3], window=2)     # Φ rose 0.2, D rose 0.3
+    True
+    >>> drift_turn([1.0, 1.0, 1.5], [0.0, 0.1, 0.3], window=2)
+    False
     """
     return bool(profile[-1] - profile[-window - 1] <= max(0.0, drift_floor[-1] - drift_floor[-window - 1]))
 
@@ -554,6 +582,14 @@ def fedavg_forecast(objective, T: int, window: int, confidence: float) -> tuple[
     -------
     tuple of (float, float)
         ``(F̂_T, z σ)``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import fedavg_forecast
+    >>> fedavg_forecast([5.0, 4.0, 3.0, 2.0], T=10, window=3, confidence=2.0)    # the line 2 − (10 − 3)
+    (-5.0, 0.0)
+    >>> fedavg_forecast([1.0, 2.0, 3.0], T=10, window=2, confidence=2.0)         # a rise is not extrapolated
+    (3.0, 0.0)
     """
     b, sigma, _ = _line_fit(np.asarray(objective)[-window - 1:])
     t = len(objective) - 1
