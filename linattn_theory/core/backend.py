@@ -186,7 +186,25 @@ def resolve_max_bytes(max_bytes, data, heads: int, batch_size: int | None = None
 
 
 def itemsize(dtype) -> int:
-    """Bytes per element of an array-library dtype (NumPy, CuPy, array-api-strict)."""
+    """Bytes per element of an array-library dtype (NumPy, CuPy, array-api-strict).
+
+    Parameters
+    ----------
+    dtype : dtype
+        The dtype.
+
+    Returns
+    -------
+    int
+        Its bytes per element.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.backend import itemsize
+    >>> itemsize(np.float32), itemsize(np.float64)
+    (4, 8)
+    """
     try:
         return np.dtype(dtype).itemsize
     except TypeError:

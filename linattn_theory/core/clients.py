@@ -187,6 +187,28 @@ def check_clients(clients) -> FederatedDataset:
     first client's ``n, d, p`` and ``N ≥ 1``, and hold finite real numbers; the weights ``p_c``
     are finite, ``≥ 0`` and not all 0. Raises ``ValueError`` naming the client and the array
     (a NaN in the data would otherwise surface as a diverged run blaming the step size).
+
+    Parameters
+    ----------
+    clients : FederatedDataset or sequence of (X, q, y)
+        The clients.
+
+    Returns
+    -------
+    FederatedDataset
+        The clients (:func:`as_federated`), checked.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.clients import check_clients
+    >>> pairs = [(np.ones((4, 3, 2)), np.ones((4, 2)), np.ones((4, 1))) for _ in range(2)]
+    >>> len(check_clients(pairs))
+    2
+    >>> check_clients([pairs[0], (np.ones((4, 2)), np.ones((4, 2)), np.ones((4, 1)))])
+    Traceback (most recent call last):
+    ...
+    ValueError: client 1: ...
     """
     data = as_federated(clients)
     _check_shapes(data.clients)

@@ -128,6 +128,24 @@ def read_csv_exact(source, **options):
     Tables are written with ``%.17g`` (:func:`write_run`) and must read back exactly, whatever the
     pandas release: pandas 3's default parser does; before it the default (``"high"``) is an ulp off
     for about one value in three, and ``float_precision="round_trip"`` (deprecated by pandas 3) is exact.
+
+    Parameters
+    ----------
+    source : str, Path or bytes
+        The file, or its contents.
+    **options
+        Passed on to ``pandas.read_csv``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table.
+
+    Examples
+    --------
+    >>> from linattn_theory.core.io import read_csv_exact
+    >>> read_csv_exact(b"x\\n0.1\\n0.30000000000000004\\n")["x"].tolist() == [0.1, 0.1 + 0.2]
+    True
     """
     import pandas as pd
 

@@ -16,7 +16,33 @@ __all__ = ["attach", "Registry"]
 
 def attach(package: str, names: dict[str, list[str]], submodules: tuple[str, ...] = ()):
     """``(__getattr__, __dir__, __all__)`` for ``package``: ``names`` maps a relative module
-    (``".engine"``) to the public names it defines; ``submodules`` are reachable as attributes."""
+    (``".engine"``) to the public names it defines; ``submodules`` are reachable as attributes.
+
+    Parameters
+    ----------
+    package : str
+        The package's ``__name__``.
+    names : dict of str to list of str
+        Relative module to the public names it defines.
+    submodules : tuple of str, default ()
+        Submodules reachable as attributes.
+
+    Returns
+    -------
+    __getattr__ : callable
+        The module-level ``__getattr__`` (imports on first use).
+    __dir__ : callable
+        The module-level ``__dir__``.
+    public : list of str
+        The public names (for ``__all__``).
+
+    Examples
+    --------
+    >>> from linattn_theory.core.lazy import attach
+    >>> getattr_, dir_, public = attach("json", {".decoder": ["JSONDecoder"]})
+    >>> public, getattr_("JSONDecoder").__name__
+    (['JSONDecoder'], 'JSONDecoder')
+    """
     where = {name: module for module, listed in names.items() for name in listed}
     public = sorted(where) + list(submodules)
 
@@ -40,7 +66,28 @@ class Registry(Mapping):
     """Objects by name, each given as itself or as a ``"module:attribute"`` reference imported on
     first use (relative to ``package``), so that registering one imports nothing: the strategies
     (:data:`linattn_theory.sim.strategies.STRATEGIES`) and the task families
-    (:data:`linattn_theory.data.families.FAMILIES`) are registries."""
+    (:data:`linattn_theory.data.families.FAMILIES`) are registries.
+
+    Parameters
+    ----------
+    entries : dict
+        Name to object or ``"module:attribute"`` reference.
+    package : str
+        The package relative references are imported from.
+    what : str
+        What the entries are, for error messages.
+
+    Examples
+    --------
+    >>> from linattn_theory.core.lazy import Registry
+    >>> functions = Registry({"sqrt": "math:sqrt"}, "linattn_theory", "function")
+    >>> "sqrt" in functions, functions["sqrt"](4.0)
+    (True, 2.0)
+    >>> functions.register("sqrt", "math:exp")
+    Traceback (most recent call last):
+    ...
+    ValueError: function 'sqrt' is registered already
+    """
 
     def __init__(self, entries: dict, package: str, what: str):
         self._entries, self._package, self._what = dict(entries), package, what

@@ -171,7 +171,29 @@ def context_second_moment(X):
 
 
 def heads_to_columns(xp, K):
-    """``(..., H, d, e) -> (..., d, H·e)`` so that column ``h·e + b`` is ``K[h, :, b]``."""
+    """``(..., H, d, e) -> (..., d, H·e)`` so that column ``h·e + b`` is ``K[h, :, b]``.
+
+    Parameters
+    ----------
+    xp : module
+        The array namespace.
+    K : array, shape (..., H, d, e)
+        Per-head blocks.
+
+    Returns
+    -------
+    array, shape (..., d, H·e)
+        The heads side by side.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.model import heads_to_columns
+    >>> K = np.arange(12.0).reshape(2, 3, 2)
+    >>> columns = heads_to_columns(np, K)
+    >>> columns.shape, bool((columns[:, 1 * 2 + 1] == K[1, :, 1]).all())
+    ((3, 4), True)
+    """
     H, d, e = K.shape[-3:]
     return xp.reshape(moveaxis(xp, K, -3, -2), K.shape[:-3] + (d, H * e))
 
@@ -213,7 +235,29 @@ def features(K, S, q):
 
 
 def flat(xp, a, tail: int):
-    """Merge the last ``tail`` axes of ``a``."""
+    """Merge the last ``tail`` axes of ``a``.
+
+    Parameters
+    ----------
+    xp : module
+        The array namespace.
+    a : array
+        The array.
+    tail : int
+        How many trailing axes to merge.
+
+    Returns
+    -------
+    array
+        ``a`` reshaped.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.model import flat
+    >>> flat(np, np.zeros((2, 3, 4)), 2).shape
+    (2, 12)
+    """
     n = 1
     for s in a.shape[-tail:]:
         n *= s
@@ -221,7 +265,28 @@ def flat(xp, a, tail: int):
 
 
 def value_matrix(xp, WV):
-    """Stack heads: ``V = (W_V^1; …; W_V^H)``, shape ``(..., H·d, p)``."""
+    """Stack heads: ``V = (W_V^1; …; W_V^H)``, shape ``(..., H·d, p)``.
+
+    Parameters
+    ----------
+    xp : module
+        The array namespace.
+    WV : array, shape (..., H, d, p)
+        Value blocks.
+
+    Returns
+    -------
+    array, shape (..., H·d, p)
+        The stacked value block ``V``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import value_matrix
+    >>> value_matrix(np, lt.Params.init(d=6, r=3, p=2, heads=2).WV).shape
+    (12, 2)
+    """
     H, d, p = WV.shape[-3:]
     return xp.reshape(WV, WV.shape[:-3] + (H * d, p))
 
@@ -270,7 +335,32 @@ def _validate(X, q, y=None):
 
 def validate_params(params: Params, d: int, p: int | None = None):
     """Check that ``params`` fit data of token dimension ``d`` (and ``p`` outputs) and are finite;
-    a ``TypeError`` or ``ValueError`` names the first block that does not."""
+    a ``TypeError`` or ``ValueError`` names the first block that does not.
+
+    Parameters
+    ----------
+    params : Params
+        The layer.
+    d : int
+        The data's token dimension.
+    p : int, optional
+        The data's output dimension (not checked when ``None``).
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import validate_params
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> validate_params(params, 6, 2)
+    >>> validate_params(params, 5)
+    Traceback (most recent call last):
+    ...
+    ValueError: params have token dimension d=6 but the data have d=5
+    """
     if not isinstance(params, Params):
         raise TypeError(f"params is a {type(params).__name__}; expected a Params")
     if params.WQ.ndim != 3:

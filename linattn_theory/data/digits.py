@@ -260,7 +260,23 @@ def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
 
 def check_task(task) -> None:
     """Refuse a ``[task]`` of the digits family with more clients than its training images allow
-    (:func:`max_clients`), a :class:`~linattn_theory.core.errors.ConfigError` before any work."""
+    (:func:`max_clients`), a :class:`~linattn_theory.core.errors.ConfigError` before any work.
+
+    Parameters
+    ----------
+    task : TaskConfig
+        The validated ``[task]`` section.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.digits import check_task
+    >>> check_task(lt.config_from_dict({"task": {"family": "digits", "num_clients": 4}}).task)
+    """
     most = max_clients(task.test_fraction)
     if task.num_clients > most:
         raise ConfigError(f"task.num_clients = {task.num_clients}: expected a value <= {most} for "

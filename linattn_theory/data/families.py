@@ -35,7 +35,24 @@ FACTORY_ARGUMENTS = ("seed", "fresh_samples")
 def family_keys(family: str) -> frozenset[str]:
     """The ``[task]`` keys of ``family``: its factory's keyword arguments other than :data:`FACTORY_ARGUMENTS`.
 
-    A factory must take both of those (a ``TypeError`` names the one it lacks)."""
+    A factory must take both of those (a ``TypeError`` names the one it lacks).
+
+    Parameters
+    ----------
+    family : str
+        A registered task family.
+
+    Returns
+    -------
+    frozenset of str
+        Its ``[task]`` keys.
+
+    Examples
+    --------
+    >>> from linattn_theory.data.families import family_keys
+    >>> {"zeta_value", "rank"} <= family_keys("planted_kernel")
+    True
+    """
     parameters = inspect.signature(FAMILIES[family]).parameters
     missing = [name for name in FACTORY_ARGUMENTS if name not in parameters]
     if missing:
@@ -47,7 +64,24 @@ def family_keys(family: str) -> frozenset[str]:
 def family_check(family: str):
     """The family's own check of a validated ``[task]`` section, ``check(task)`` raising
     :class:`~linattn_theory.core.errors.ConfigError` (the factory's ``check`` attribute; the digits
-    family refuses more clients than its images allow), or ``None``."""
+    family refuses more clients than its images allow), or ``None``.
+
+    Parameters
+    ----------
+    family : str
+        A registered task family.
+
+    Returns
+    -------
+    callable or None
+        ``check(task)``, or ``None`` where the family has none.
+
+    Examples
+    --------
+    >>> from linattn_theory.data.families import family_check
+    >>> family_check("planted_kernel") is None, family_check("digits").__name__
+    (True, 'check_task')
+    """
     return getattr(FAMILIES[family], "check", None)
 
 

@@ -43,6 +43,32 @@ def client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=F
     more for the largest remainders, ``R = m(N − 1)``, so the total stays ``m·N``.
     ``fresh=True`` (evaluation samples) still makes the Gamma draws, so that every client's
     distribution is the training one, but gives every client ``samples_per_client`` samples.
+
+    Parameters
+    ----------
+    num_clients : int
+        ``m``.
+    samples_per_client : int
+        ``N``, the mean size.
+    dirichlet_alpha : float or None
+        ``α`` (``None``: equal sizes).
+    rngs : sequence of numpy.random.Generator
+        One stream per client.
+    fresh : bool, default False
+        Evaluation samples: ``N`` each.
+
+    Returns
+    -------
+    list of int
+        ``N_c``, summing to ``m·N``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.data.tasks import client_sizes
+    >>> rngs = [np.random.default_rng(c) for c in range(4)]
+    >>> client_sizes(4, 10, None, rngs), sum(client_sizes(4, 10, 0.5, rngs))
+    ([10, 10, 10, 10], 40)
     """
     if dirichlet_alpha is None:
         return [samples_per_client] * num_clients
@@ -62,7 +88,32 @@ def client_sizes(num_clients, samples_per_client, dirichlet_alpha, rngs, fresh=F
 def sample_stream(client_rng, seed, client, fresh):
     """Where client ``c``'s samples come from: its own stream ``client_rng`` (training) or, with
     ``fresh=True``, the evaluation stream ``(SEED_EVAL, c)``: new samples of the same client
-    distribution, drawn after everything that defines the client came from ``client_rng``."""
+    distribution, drawn after everything that defines the client came from ``client_rng``.
+
+    Parameters
+    ----------
+    client_rng : numpy.random.Generator
+        The client's own stream.
+    seed : int
+        The run's seed.
+    client : int
+        ``c``.
+    fresh : bool
+        Evaluation samples.
+
+    Returns
+    -------
+    numpy.random.Generator
+        ``client_rng``, or the evaluation stream.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.data.tasks import sample_stream
+    >>> rng = np.random.default_rng(0)
+    >>> sample_stream(rng, 0, 0, fresh=False) is rng, sample_stream(rng, 0, 0, fresh=True) is rng
+    (True, False)
+    """
     return np.random.default_rng(seed_sequence(seed, SEED_EVAL, client)) if fresh else client_rng
 
 

@@ -316,7 +316,29 @@ class OnlineRule:
 
 def freeze_options(forecasts, frozen_rounds: int) -> np.ndarray:
     """``J(s, k)`` for every stored round ``s`` and ``k = frozen_rounds`` (a whole column at once
-    from a sequence that has ``column``, a record's table)."""
+    from a sequence that has ``column``, a record's table).
+
+    Parameters
+    ----------
+    forecasts : sequence of FreezeForecast
+        The stored rounds' forecasts (or a record's table).
+    frozen_rounds : int
+        ``k``, the rounds of the frozen stage.
+
+    Returns
+    -------
+    numpy.ndarray, shape (t + 1,)
+        ``J(s, k)``, ``s = 0..t``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, u=u: 3.0 - u + 0.1 * k,
+    ...                              profile=1.0 / (u + 1), drift_floor=0.01 * u) for u in range(3)]
+    >>> from linattn_theory.recommenders.online import freeze_options
+    >>> freeze_options(forecasts, 10).tolist()                  # J(s, k) = 3 − s + 0.1 k here
+    [4.0, 3.0, 2.0]
+    """
     column = getattr(forecasts, "column", None)
     if column is not None:
         return column(frozen_rounds)
@@ -324,7 +346,29 @@ def freeze_options(forecasts, frozen_rounds: int) -> np.ndarray:
 
 
 def freeze_risk(forecasts, T: int) -> np.ndarray:
-    """``J(s, T − s)`` for every stored round ``s``: ``R_freeze(0..t) + Φ*``."""
+    """``J(s, T − s)`` for every stored round ``s``: ``R_freeze(0..t) + Φ*``.
+
+    Parameters
+    ----------
+    forecasts : sequence of FreezeForecast
+        The stored rounds' forecasts (or a record's table).
+    T : int
+        The rounds of the run.
+
+    Returns
+    -------
+    numpy.ndarray, shape (t + 1,)
+        ``J(s, T − s)``, ``s = 0..t``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, u=u: 3.0 - u + 0.1 * k,
+    ...                              profile=1.0 / (u + 1), drift_floor=0.01 * u) for u in range(3)]
+    >>> from linattn_theory.recommenders.online import freeze_risk
+    >>> freeze_risk(forecasts, 10).round(12).tolist()        # 3 − s + 0.1 (10 − s)
+    [4.0, 2.9, 1.8]
+    """
     diagonal = getattr(forecasts, "diagonal", None)
     if diagonal is not None:
         return diagonal(T)
@@ -332,7 +376,29 @@ def freeze_risk(forecasts, T: int) -> np.ndarray:
 
 
 def profiles_and_floors(forecasts) -> tuple[list, list]:
-    """``Φ_λ(K_s)`` and ``D(K_s)`` of every stored round ``s``."""
+    """``Φ_λ(K_s)`` and ``D(K_s)`` of every stored round ``s``.
+
+    Parameters
+    ----------
+    forecasts : sequence of FreezeForecast
+        The stored rounds' forecasts (or a record's table).
+
+    Returns
+    -------
+    profiles : list of float
+        ``Φ_λ(K_s)``.
+    drift_floors : list of float
+        ``D(K_s)``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, u=u: 3.0 - u + 0.1 * k,
+    ...                              profile=1.0 / (u + 1), drift_floor=0.01 * u) for u in range(3)]
+    >>> from linattn_theory.recommenders.online import profiles_and_floors
+    >>> profiles_and_floors(forecasts)
+    ([1.0, 0.5, 0.3333333333333333], [0.0, 0.01, 0.02])
+    """
     if hasattr(forecasts, "profiles"):
         return forecasts.profiles, forecasts.drift_floors
     return [f.profile for f in forecasts], [f.drift_floor for f in forecasts]
@@ -395,6 +461,12 @@ def gain_and_cost(risk, now, later, window: int, horizon: int) -> tuple[float, f
     -------
     tuple of (float, float)
         ``(gain, cost)``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import gain_and_cost
+    >>> gain_and_cost([5.0, 4.0, 3.0, 2.0], now=[3.0, 2.5], later=[2.0, 2.2], window=3, horizon=2)
+    (2.0, -0.5)
     """
     return _gain_cost_and_error(risk, now, later, window, horizon)[0]
 
@@ -414,6 +486,14 @@ def gain_error(risk, window: int, horizon: int) -> float:
     -------
     float
         ``se(gain)``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import gain_error
+    >>> gain_error([5.0, 4.0, 3.0, 2.0], window=3, horizon=2)        # on a straight line: no error
+    0.0
+    >>> round(gain_error([5.0, 4.0, 3.5, 2.0], window=3, horizon=2), 6)
+    0.264575
     """
     return _gain_and_error(risk, window, horizon)[1]
 
@@ -445,6 +525,12 @@ def still_descending(gain: float, error: float, descent_confidence: float | None
     -------
     bool
         The verdict.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import still_descending
+    >>> still_descending(2.0, 0.5, 2.0), still_descending(2.0, 1.5, 2.0), still_descending(2.0, 0.5, None)
+    (True, False, False)
     """
     return descent_confidence is not None and bool(gain > descent_confidence * error)
 
@@ -464,6 +550,14 @@ def drift_turn(profile, drift_floor, window: int) -> bool:
     -------
     bool
         The verdict.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import drift_turn
+    >>> drift_turn([1.0, 1.0, 1.2], [0.0, 0.1, 0.3], window=2)     # Φ rose 0.2, D rose 0.3
+    True
+    >>> drift_turn([1.0, 1.0, 1.5], [0.0, 0.1, 0.3], window=2)
+    False
     """
     return bool(profile[-1] - profile[-window - 1] <= max(0.0, drift_floor[-1] - drift_floor[-window - 1]))
 
@@ -488,6 +582,14 @@ def fedavg_forecast(objective, T: int, window: int, confidence: float) -> tuple[
     -------
     tuple of (float, float)
         ``(F̂_T, z σ)``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import fedavg_forecast
+    >>> fedavg_forecast([5.0, 4.0, 3.0, 2.0], T=10, window=3, confidence=2.0)    # the line 2 − (10 − 3)
+    (-5.0, 0.0)
+    >>> fedavg_forecast([1.0, 2.0, 3.0], T=10, window=2, confidence=2.0)         # a rise is not extrapolated
+    (3.0, 0.0)
     """
     b, sigma, _ = _line_fit(np.asarray(objective)[-window - 1:])
     t = len(objective) - 1

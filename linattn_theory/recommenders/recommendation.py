@@ -131,6 +131,28 @@ def warmup_path(config, clients=None):
     :func:`~linattn_theory.simulate`. With minibatches or client sampling, or when the run diverges
     (to report the round), each round is one ``run_schedule`` call that re-draws from the streams
     of round 0 (the bound's full-batch assumption is then reported as violated).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    clients : FederatedDataset or StackedClients, optional
+        Its clients; default: built from ``config``.
+
+    Returns
+    -------
+    WarmupPath
+        ``θ^0 … θ^T``, the run's table and its divergence (if any).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 32, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.recommendation import warmup_path
+    >>> path = warmup_path(config)
+    >>> len(path.params), path.divergence            # θ^0 … θ^4
+    (5, None)
     """
     from ..sim.engine import clients_from_config, initial_params, run_schedule
     from ..theory.bound import config_stacked, path_from_states
@@ -174,7 +196,34 @@ def _path_round_by_round(params, data, config):
 
 def a_posteriori_bound(config, clients=None, *, optimum=None, restarts: int = 8):
     """:func:`~linattn_theory.theory.bound.estimate_bound` on the instance's own FedAvg path of
-    ``T`` rounds (:func:`warmup_path`, on the clients stacked once in float64)."""
+    ``T`` rounds (:func:`warmup_path`, on the clients stacked once in float64).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    clients : FederatedDataset, optional
+        Its clients; default: built from ``config``.
+    optimum : float, optional
+        ``Φ*_λ``; default: computed (:func:`~linattn_theory.theory.bound.estimate_bound`).
+    restarts : int, default 8
+        Restarts of the centralised optimum's search.
+
+    Returns
+    -------
+    TradeoffBound
+        The fitted bound ``U(T0)``, its minimiser ``T0_theory``, constants and assumption checks.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"task": {"num_clients": 3, "samples_per_client": 32, "dim": 4, "rank": 2},
+    ...                               "federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.recommendation import a_posteriori_bound
+    >>> bound = a_posteriori_bound(config, restarts=1)
+    >>> bound.curve["round"].tolist(), 0 <= bound.T0_theory <= 4
+    ([0, 1, 2, 3, 4], True)
+    """
     from ..sim.engine import clients_from_config
     from ..theory.bound import config_stacked, estimate_bound
 

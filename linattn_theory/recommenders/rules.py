@@ -71,7 +71,28 @@ def _round_and_check(forecasts, T: int) -> int:
 
 def observed_losses(forecasts) -> np.ndarray:
     """``F_λ(θ_u)``, ``u = 0..t``: the training objective of the stored iterates, ``J(u, 0)`` (what a
-    server observes as the clients' reported losses; nothing else of ``forecasts`` is read)."""
+    server observes as the clients' reported losses; nothing else of ``forecasts`` is read).
+
+    Parameters
+    ----------
+    forecasts : sequence of FreezeForecast
+        The stored rounds' forecasts ``0..t`` (or a record's table, which has ``column``).
+
+    Returns
+    -------
+    numpy.ndarray, shape (t + 1,)
+        ``J(u, 0) = F_λ(θ_u)``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> losses = [5.0, 4.0, 3.0, 2.0, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]      # F_λ(θ_u), u = 0..9
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, L=L: L, profile=L / 2, drift_floor=0.0)
+    ...              for u, L in enumerate(losses)]           # stand-ins: J(u, k) = F_λ(θ_u), Φ_λ(K_u) = F_λ / 2
+    >>> from linattn_theory.recommenders.rules import observed_losses
+    >>> observed_losses(forecasts)[:5].tolist()
+    [5.0, 4.0, 3.0, 2.0, 1.0]
+    """
     return np.asarray(freeze_options(forecasts, 0), dtype=float)
 
 
@@ -152,6 +173,20 @@ class ValueMomentsRecallRule:
         ``z_h`` (``None``: no no-harm test).
     forecast : {"line", "decomposition"}, default "line"
         FedAvg's end forecast of the no-harm test.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> losses = [5.0, 4.0, 3.0, 2.0, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]      # F_λ(θ_u), u = 0..9
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, L=L: L, profile=L / 2, drift_floor=0.0)
+    ...              for u, L in enumerate(losses)]           # stand-ins: J(u, k) = F_λ(θ_u) for every k
+    >>> from linattn_theory.recommenders.rules import ValueMomentsRecallRule
+    >>> rule = ValueMomentsRecallRule(window=2)
+    >>> rule.decide(forecasts[:3], T=20).test                  # R_freeze fell at round 1: w = 2 more rounds
+    'escape'
+    >>> decision = rule.decide(forecasts, T=20)                # B_t = min_{s ≤ t} J(s, ·): waiting costs nothing
+    >>> decision.stop, decision.kernel_round, decision.cost
+    (False, 4, 0.0)
     """
 
     window: int = 10
@@ -236,6 +271,17 @@ class ServerObservableRule:
         ``z``.
     outcome : {"iterate", "freeze"}, default "iterate"
         What a stop before ``T`` does.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> losses = [5.0, 4.0, 3.0, 2.0, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]      # F_λ(θ_u), u = 0..9
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, L=L: L, profile=L / 2, drift_floor=0.0)
+    ...              for u, L in enumerate(losses)]           # stand-ins: J(u, k) = F_λ(θ_u), Φ_λ(K_u) = F_λ / 2
+    >>> from linattn_theory.recommenders.rules import ServerObservableRule
+    >>> decision = ServerObservableRule(window=2).decide(forecasts, T=20)
+    >>> decision.stop, decision.kernel_round, decision.cost, decision.test     # 3.5 − 1.0 > 0.01 · 1.0
+    (True, 4, 2.5, 'rise')
     """
 
     window: int = 10
@@ -284,6 +330,19 @@ class ValueSolveRule:
     ``K_{s*}`` (the solve is one of the ``T`` rounds). Its outcome, ``Φ_λ(K_{s*}) − Φ*_λ``, is exact
     under any noise (the solve uses every client's full data); it may beat every ``T0`` of
     FedFrozen (negative regret).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> losses = [5.0, 4.0, 3.0, 2.0, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]      # F_λ(θ_u), u = 0..9
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, L=L: L, profile=L / 2, drift_floor=0.0)
+    ...              for u, L in enumerate(losses)]           # stand-ins: J(u, k) = F_λ(θ_u), Φ_λ(K_u) = F_λ / 2
+    >>> from linattn_theory.recommenders.rules import ValueSolveRule
+    >>> ValueSolveRule().decide(forecasts, T=20).stop          # t = 9 < T − 1: wait
+    False
+    >>> decision = ValueSolveRule().decide(forecasts, T=10)    # t = T − 1: solve at the least Φ_λ(K_s)
+    >>> decision.stop, decision.kernel_round, decision.freeze_objective
+    (True, 4, 0.5)
     """
 
     information_set = "value_moments_and_solve"

@@ -110,6 +110,12 @@ def offers(options_by_round) -> np.ndarray:
     -------
     numpy.ndarray, shape (t + 1,)
         ``B_0..B_t`` (non-finite options never win).
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.signals import offers
+    >>> offers([[3.0], [2.5, 4.0], [float("nan"), 3.0, 1.0]]).tolist()
+    [3.0, 2.5, 1.0]
     """
     best = []
     for row in options_by_round:

@@ -49,7 +49,25 @@ class SweepAnalysis:
     ``R(T0)`` and its parts; NaN for a diverged run), ``instances`` (one row per instance: its grid
     point, ``best_T0``, ``R_best``, ``R_fedavg``, ``gain``, ``T``, ``diverged_runs``), the grid
     columns that tell instances apart, the diverged runs left out of every statistic
-    (``dropped``: ``count``, ``of``, ``run_id``, ``why``) and the files written."""
+    (``dropped``: ``count``, ``of``, ``run_id``, ``why``) and the files written.
+
+    Parameters
+    ----------
+    runs : pandas.DataFrame
+        One row per run.
+    instances : pandas.DataFrame
+        One row per instance.
+    grid_columns : tuple of str
+        The grid columns that tell instances apart.
+    dropped : dict
+        The diverged runs left out: ``count``, ``of``, ``run_id``, ``why``.
+    paths : dict, default {}
+        The files written, by name.
+
+    Examples
+    --------
+    See :func:`analyze_sweep`.
+    """
 
     runs: pd.DataFrame
     instances: pd.DataFrame
@@ -89,7 +107,29 @@ def _check_finished(folder: Path, manifest: dict) -> None:
 
 def grid_columns(manifest: dict, results: pd.DataFrame) -> list[str]:
     """The grid's keys that tell instances apart: every key of the sweep's grid(s) but the warm-up
-    length, in grid order, that is a column of ``results``."""
+    length, in grid order, that is a column of ``results``.
+
+    Parameters
+    ----------
+    manifest : dict
+        The sweep's ``sweep.json``.
+    results : pandas.DataFrame
+        Its runs (:func:`~linattn_theory.report.results.load_results`).
+
+    Returns
+    -------
+    list of str
+        The keys.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> results = pd.DataFrame({"seed": [0, 0, 1, 1], "federated.warmup_rounds": [0, 4, 0, 4],
+    ...                         "task.zeta_value": [0.5, 0.5, 0.5, 0.5]})
+    >>> from linattn_theory.report.analysis import grid_columns
+    >>> grid_columns({"grid": {"seed": [0, 1], "federated.warmup_rounds": [0, 4]}}, results)
+    ['seed']
+    """
     grids = manifest.get("grid") or {}
     keys = [k for grid in (grids if isinstance(grids, list) else [grids]) for k in (grid or {})]
     return [k for k in dict.fromkeys(keys) if k != _WARMUP and k in results.columns]
@@ -97,7 +137,27 @@ def grid_columns(manifest: dict, results: pd.DataFrame) -> list[str]:
 
 def instance_ids(results: pd.DataFrame) -> pd.Series:
     """Per run, its instance: ``0, 1, …`` in order of first appearance of the configuration without
-    the warm-up length (the flattened config columns of :func:`~linattn_theory.report.results.load_results`)."""
+    the warm-up length (the flattened config columns of :func:`~linattn_theory.report.results.load_results`).
+
+    Parameters
+    ----------
+    results : pandas.DataFrame
+        The runs, with their flattened config columns.
+
+    Returns
+    -------
+    pandas.Series
+        ``instance`` per run, on the index of ``results``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> results = pd.DataFrame({"seed": [0, 0, 1, 1], "federated.warmup_rounds": [0, 4, 0, 4],
+    ...                         "task.zeta_value": [0.5, 0.5, 0.5, 0.5]})
+    >>> from linattn_theory.report.analysis import instance_ids
+    >>> instance_ids(results).tolist()
+    [0, 0, 1, 1]
+    """
     config = [c for c in results.columns if ("." in c or c == "seed") and c != _WARMUP]
     ids = results.groupby(config, sort=False, dropna=False).ngroup() if config else 0
     return pd.Series(ids, index=results.index, name="instance")
@@ -178,7 +238,32 @@ def analyze_sweep(folder, out=None, *, bound: bool = False, workers: int | None 
 def analysis_summary(analysis: SweepAnalysis) -> str:
     """Lines that say what :func:`analyze_sweep` found: runs, instances and the diverged runs left
     out; the best ``T0`` over instances (median, quartiles); how often FedFrozen at its best ``T0``
-    beats FedAvg (instances whose FedAvg run diverged have no gain and are counted apart)."""
+    beats FedAvg (instances whose FedAvg run diverged have no gain and are counted apart).
+
+    Parameters
+    ----------
+    analysis : SweepAnalysis
+        What :func:`analyze_sweep` returned.
+
+    Returns
+    -------
+    str
+        The lines, joined by newlines.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.report.analysis import analysis_summary
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "sweep.toml").write_text(
+    ...     '[task]\\nnum_clients = 3\\nsamples_per_client = 32\\ndim = 4\\nrank = 2\\n'
+    ...     '[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\n')
+    >>> _ = lt.run_sweep(lt.load_sweep(folder / "sweep.toml"), folder / "out")
+    >>> print(analysis_summary(lt.analyze_sweep(folder / "out", workers=1, write=False)))
+    3 runs, 1 instances
+    best T0 per instance: median ... of T = 4; FedFrozen at its best T0 beats FedAvg in ... of 1 instances ...
+    """
     from .sweep_analysis import quartiles
 
     runs, instances, dropped = analysis.runs, analysis.instances, analysis.dropped

@@ -290,7 +290,28 @@ def _gain(row) -> str:
 def dominant_parts(attribution: pd.DataFrame) -> pd.Series:
     """Per win of ``phase_diagram_attribution.csv``, its largest part: ``"FedAvg diverged"``, or the
     largest of ``step``, ``late_rise``, ``drift_floor``, ``unfinished`` (``value`` where the drift floor
-    and the unfinished part are not split, a frozen map with ``ρ ≥ 1``)."""
+    and the unfinished part are not split, a frozen map with ``ρ ≥ 1``).
+
+    Parameters
+    ----------
+    attribution : pandas.DataFrame
+        The wins' parts: ``fedavg_diverged``, ``step``, ``late_rise``, ``drift_floor``, ``unfinished``, ``value``.
+
+    Returns
+    -------
+    pandas.Series
+        Each win's largest part.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.figure_numbers import dominant_parts
+    >>> wins = pd.DataFrame({"fedavg_diverged": [True, False, False], "step": [0.0, 0.1, 0.5],
+    ...                      "late_rise": [0.0, 0.3, 0.1], "drift_floor": [0.0, 0.2, float("nan")],
+    ...                      "unfinished": [0.0, 0.0, float("nan")], "value": [0.0, 0.0, 0.2]})
+    >>> dominant_parts(wins).tolist()
+    ['FedAvg diverged', 'late_rise', 'step']
+    """
     def largest(row):
         if row["fedavg_diverged"]:
             return "FedAvg diverged"

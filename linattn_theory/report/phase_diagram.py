@@ -29,7 +29,30 @@ __all__ = ["stable_step", "predictor_inputs"]
 
 def stable_step(config: RunConfig, clients=None) -> tuple[float, float]:
     """``(2/λ_max, λ_max)``, ``λ_max = max_c λ_max(∇²F_{λ,c}(θ⁰))`` of ``config``'s instance (the
-    ``"model"`` curvature of :func:`~linattn_theory.sim.step_size.resolve_step_scale`, same iterations)."""
+    ``"model"`` curvature of :func:`~linattn_theory.sim.step_size.resolve_step_scale`, same iterations).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance.
+    clients : FederatedDataset, optional
+        Its clients; default: built from ``config``.
+
+    Returns
+    -------
+    step : float
+        ``2 / λ_max``.
+    curvature : float
+        ``λ_max``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.report.phase_diagram import stable_step
+    >>> step, curvature = stable_step(lt.config_from_dict({"federated": {"rounds": 20, "warmup_rounds": 2}}))
+    >>> round(step * curvature, 12)
+    2.0
+    """
     data, theta0 = prepare_run(config, clients)
     curvature = float(np.max(hessian_curvature(theta0, data, config.federated.ridge, iterations=MODEL_ITERATIONS)))
     return 2.0 / curvature, curvature
@@ -39,7 +62,37 @@ def predictor_inputs(config: RunConfig, eta: float, curvature: float, clients=No
     """What the predictor knows at the start of ``config``'s run at step ``eta`` (docs/theory.md §6):
     the stability margin ``m = 2 − ηλ_max(θ⁰)``, the drift floor's leading order ``D₂(K⁰)`` (§5) at
     the initial kernel with ``η`` and ``E``, the profile ``Φ_λ(K⁰)``, their ratio, the edge round and
-    the predictions (a) ``predicted_pays`` and (b) ``predicted_T0`` (on the grid ``warmups``)."""
+    the predictions (a) ``predicted_pays`` and (b) ``predicted_T0`` (on the grid ``warmups``).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The instance (its ``T``, ``E`` and ``λ``).
+    eta : float
+        The step ``η``.
+    curvature : float
+        ``λ_max(θ⁰)`` (:func:`stable_step`).
+    clients : FederatedDataset, optional
+        Its clients; default: built from ``config``.
+    warmups : sequence of int, optional
+        The grid of ``T0`` for (b); default every round.
+
+    Returns
+    -------
+    dict
+        ``margin``, ``drift_leading_order``, ``profile_initial``, ``drift_share``, ``edge_round``,
+        ``predicted_pays`` and ``predicted_T0``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.report.phase_diagram import predictor_inputs, stable_step
+    >>> config = lt.config_from_dict({"federated": {"rounds": 20, "warmup_rounds": 2}})
+    >>> step, curvature = stable_step(config)
+    >>> inputs = predictor_inputs(config, 0.9 * step, curvature, warmups=[0, 5, 10, 20])
+    >>> round(inputs["margin"], 12), inputs["predicted_pays"], inputs["predicted_T0"]
+    (0.2, True, 0)
+    """
     clients = clients_from_config(config) if clients is None else clients
     fed = config.federated
     _, theta0 = prepare_run(config, clients)

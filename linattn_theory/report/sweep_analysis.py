@@ -421,6 +421,17 @@ def select_instances(table: pd.DataFrame, by, risk: str = "excess_risk"):
         The kept instances' best warm-ups.
     left_out : pandas.DataFrame
         The instances left out.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 1], "T0": [0, 2, 4, 0, 2, 4], "federated.rounds": 4,
+    ...                       "excess_risk": [2.0, 1.0, 4.0, 3.0, 6.0, float("nan")],
+    ...                       "diverged": [False, False, False, False, False, True]})   # seed 1: FedAvg diverged
+    >>> from linattn_theory.report.sweep_analysis import select_instances
+    >>> runs, best, left_out = select_instances(table, ["seed"])
+    >>> len(runs), best[["seed", "best_T0", "gain"]].values.tolist(), left_out["seed"].tolist()
+    (3, [[0.0, 2.0, 0.75]], [1])
     """
     by = list(by)
     best = best_warmup(table, by, risk)
@@ -450,6 +461,17 @@ def paired_ratios(table: pd.DataFrame, by, column: str = "excess_risk") -> pd.Da
     -------
     pandas.DataFrame
         The runs with ``ratio``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 1], "T0": [0, 2, 4, 0, 2, 4], "federated.rounds": 4,
+    ...                       "excess_risk": [2.0, 1.0, 4.0, 3.0, 6.0, float("nan")],
+    ...                       "diverged": [False, False, False, False, False, True]})   # seed 1: FedAvg diverged
+    >>> from linattn_theory.report.sweep_analysis import paired_ratios
+    >>> ratios = paired_ratios(table, ["seed"])
+    >>> ratios["ratio"].tolist(), ratios.attrs["dropped"]["count"]                   # R(T0) / R(T) of seed 0
+    ([0.5, 0.25, 1.0], 3)
     """
     by = list(by)
     ok = table[~table["diverged"].astype(bool)]
@@ -484,6 +506,18 @@ def gain_summary(best: pd.DataFrame, level, left_out: pd.DataFrame | None = None
     -------
     pandas.DataFrame
         One row per level.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> table = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 1], "T0": [0, 2, 4, 0, 2, 4], "federated.rounds": 4,
+    ...                       "excess_risk": [2.0, 1.0, 4.0, 3.0, 6.0, float("nan")],
+    ...                       "diverged": [False, False, False, False, False, True]})   # seed 1: FedAvg diverged
+    >>> from linattn_theory.report.sweep_analysis import gain_summary, select_instances
+    >>> _, best, _ = select_instances(table, ["seed"])
+    >>> summary = gain_summary(best.assign(zeta=0.5), "zeta")
+    >>> summary[["instances", "beats", "gain_median", "best_T0_median"]].values.tolist()
+    [[1.0, 1.0, 0.75, 2.0]]
     """
     columns = [level] if isinstance(level, str) else list(level)
     lost = (left_out.groupby(columns).size() if left_out is not None and len(left_out)
@@ -529,6 +563,13 @@ def spearman_interval(x, y, instances, *, level: float = 0.95, resamples: int = 
     -------
     dict
         ``rho``, ``low``, ``high``, ``instances``, ``pairs``.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.sweep_analysis import spearman_interval
+    >>> found = spearman_interval([1, 2, 3, 4, 5, 6], [1, 3, 2, 4, 6, 5], instances=[0, 0, 1, 1, 2, 2], resamples=200)
+    >>> round(found["rho"], 4), found["instances"], found["pairs"], found["low"] <= found["rho"] <= found["high"]
+    (0.8857, 3, 6, True)
     """
     from scipy.stats import rankdata
 

@@ -275,7 +275,24 @@ def committed_table_folders(start=None) -> list:
     """Where :func:`committed_table` looks, in order: ``figures/`` of the checkout around ``start``
     (default: the working folder; the repository root, ``notebooks/`` or any folder inside it), the
     copy the package ships (``linattn_theory/_examples/figures``: a wheel, or a notebook copied
-    elsewhere), and ``figures/`` next to the package (a source or editable install)."""
+    elsewhere), and ``figures/`` next to the package (a source or editable install).
+
+    Parameters
+    ----------
+    start : str or Path, optional
+        Where to look for a checkout; default the working folder.
+
+    Returns
+    -------
+    list of Path
+        The folders, in the order searched.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.teaching import committed_table_folders
+    >>> all(folder.name == "figures" for folder in committed_table_folders())
+    True
+    """
     from pathlib import Path
 
     here = (Path.cwd() if start is None else Path(start)).resolve()
@@ -288,7 +305,26 @@ def committed_table(name: str, start=None) -> pd.DataFrame:
     """The committed table ``figures/<name>`` (e.g. ``best_warmup.csv``, one row per instance of the
     headline figure), from the first of :func:`committed_table_folders` that holds it, so that the
     notebook reads the same numbers from the repository root, from ``notebooks/`` and from a copy
-    anywhere else. Raises ``FileNotFoundError`` naming the folders searched and how to remake it."""
+    anywhere else. Raises ``FileNotFoundError`` naming the folders searched and how to remake it.
+
+    Parameters
+    ----------
+    name : str
+        The file's name in ``figures/``.
+    start : str or Path, optional
+        Where to look for a checkout; default the working folder.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.teaching import committed_table
+    >>> "best_T0" in committed_table("best_warmup.csv").columns
+    True
+    """
     folders = committed_table_folders(start)
     for folder in folders:
         if (folder / name).is_file():

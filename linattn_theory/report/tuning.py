@@ -69,7 +69,21 @@ class TunedComparison(NamedTuple):
     row per (design seed, cell, arm, step); ``choices``: the chosen ``step`` per (cell, arm) with the
     ``median_ratio`` that chose it and its ``diverged`` design seeds. Columns of the runs: :data:`COLUMNS` (``learning_rate``: the
     resolved ``η``; ``excess_risk``: ``NaN`` when the run diverged; ``oracle_best_iterate``: the least
-    ``F_λ(θ^t) − Φ*_λ`` over the run's own rounds, early stopping chosen after the fact, an oracle)."""
+    ``F_λ(θ^t) − Φ*_λ`` over the run's own rounds, early stopping chosen after the fact, an oracle).
+
+    Parameters
+    ----------
+    heldout : pandas.DataFrame
+        The held-out runs at the chosen steps (:data:`COLUMNS`).
+    design : pandas.DataFrame
+        The design runs, every step of every grid (:data:`COLUMNS`).
+    choices : pandas.DataFrame
+        ``cell``, ``arm``, the chosen ``step``, its ``median_ratio`` and ``diverged`` count.
+
+    Examples
+    --------
+    See :func:`tune_and_hold_out`.
+    """
 
     heldout: pd.DataFrame
     design: pd.DataFrame
@@ -122,7 +136,35 @@ def choose_steps(design: pd.DataFrame, grids: Mapping, step_key: str = "federate
     seeds, the one of least median paired ratio ``R(c) / min_c' R(c')`` over them (diverged: ``R = ∞``;
     ties: the earlier step of the grid); with its ``median_ratio`` and ``diverged`` count. Where
     ``design`` has a column ``setting`` the grids are :func:`grid_settings`' and the choice is among
-    settings (``setting``: its :func:`setting_label`, ``step``: its value of ``step_key``)."""
+    settings (``setting``: its :func:`setting_label`, ``step``: its value of ``step_key``).
+
+    Parameters
+    ----------
+    design : pandas.DataFrame
+        The design runs: ``seed``, ``cell``, ``arm``, ``step``, ``excess_risk``, ``diverged``.
+    grids : mapping of str to sequence
+        Each arm's declared steps, or settings (:func:`grid_settings`), in order.
+    step_key : str, default "federated.step_scale"
+        The setting a step sets (the ``step`` of a setting is its value of this key).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (cell, arm): ``cell``, ``arm``, ``step``, ``median_ratio``, ``diverged``
+        (and ``setting`` where the grids are settings).
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.tuning import choose_steps
+    >>> design = pd.DataFrame({"seed": [0, 0, 1, 1], "cell": "", "arm": "fedavg", "step": [0.1, 0.5, 0.1, 0.5],
+    ...                        "excess_risk": [2.0, 1.0, 3.0, 1.5], "diverged": False})
+    >>> choose_steps(design, {"fedavg": [0.1, 0.5]})[["step", "median_ratio", "diverged"]].to_dict("records")
+    [{'step': 0.5, 'median_ratio': 1.0, 'diverged': 0}]
+    >>> design.loc[3, "diverged"] = True                  # the larger step diverged on seed 1
+    >>> choose_steps(design, {"fedavg": [0.1, 0.5]})[["step", "median_ratio", "diverged"]].to_dict("records")
+    [{'step': 0.1, 'median_ratio': 1.5, 'diverged': 0}]
+    """
     rows = []
     by_setting = "setting" in design.columns
     for (cell, arm), group in design.groupby(["cell", "arm"], sort=False):
@@ -158,6 +200,43 @@ def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping,
     product: :func:`grid_settings`), ``cells`` a cell name to its updates (default: one cell ``""``).
     ``optimum(config, clients, kernels) -> Φ*_λ`` replaces the centralised optimum; ``sensitivity``
     flags the chaotic held-out runs (module docstring).
+
+    Parameters
+    ----------
+    base : RunConfig
+        The configuration every run starts from.
+    arms : mapping of str to dict
+        Each arm's config updates.
+    grids : mapping of str to sequence
+        Each arm's declared steps (values of ``step_key``) or settings (mappings of keys to values,
+        their product: :func:`grid_settings`).
+    design_seeds : sequence of int
+        The seeds the steps are chosen on.
+    heldout_seeds : sequence of int
+        The seeds the chosen steps are scored on (disjoint from ``design_seeds``).
+    cells : mapping of str to dict, optional
+        Each cell's config updates; default one cell ``""`` of none.
+    step_key : str, default "federated.step_scale"
+        The setting the grids' values set.
+    optimum : callable, optional
+        ``optimum(config, clients, kernels) -> Φ*_λ``; default the centralised optimum.
+    sensitivity : bool, default False
+        Flag the chaotic held-out runs (:func:`~linattn_theory.sim.sensitivity.run_sensitivity`).
+
+    Returns
+    -------
+    TunedComparison
+        The held-out and design runs and the choices.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.report.tuning import tune_and_hold_out
+    >>> base = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> out = tune_and_hold_out(base, {"fedavg": {"federated.strategy": "fedavg"}}, {"fedavg": [0.02, 0.05]},
+    ...                         design_seeds=[0], heldout_seeds=[1])
+    >>> len(out.design), out.heldout[["seed", "step", "diverged"]].values.tolist()
+    (2, [[1, 0.05, False]])
     """
     cells = {"": {}} if cells is None else dict(cells)
     missing = sorted(set(arms) - set(grids))

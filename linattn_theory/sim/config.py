@@ -403,6 +403,15 @@ def ignored_settings(config: RunConfig) -> list[str]:
     -------
     list of str
         The messages (empty when every setting is read).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import ignored_settings
+    >>> ignored_settings(lt.config_from_dict({"federated": {"strategy": "fedavg", "prox_mu": 0.5}}))
+    ["federated.prox_mu = 0.5 is ignored by strategy 'fedavg' (only fedprox, fedfrozen_fedprox read it)"]
+    >>> ignored_settings(lt.config_from_dict({}))
+    []
     """
     fed = config.federated
     defaults = {f.name: f.default for f in fields(FederatedConfig)}
@@ -432,6 +441,19 @@ def read_toml(path, what: str = "config file") -> dict:
     -------
     dict
         Its top-level table.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.sim.config import read_toml
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.toml"
+    >>> _ = path.write_text("seed = 3\\n[federated]\\nrounds = 20\\n")
+    >>> read_toml(path)
+    {'seed': 3, 'federated': {'rounds': 20}}
+    >>> read_toml(path.parent / "missing.toml")
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ConfigError: config file '...missing.toml' does not exist
     """
     path = Path(path)
     if str(path) == "":
@@ -516,6 +538,14 @@ def set_dotted(data: dict, key: str, value, where: str) -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.config import set_dotted
+    >>> data = {"federated": {"rounds": 20}}
+    >>> set_dotted(data, "federated.local_steps", 2, "--set")
+    >>> data
+    {'federated': {'rounds': 20, 'local_steps': 2}}
     """
     if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"{where}: {key!r} is not a dotted key such as 'federated.local_steps'")
@@ -580,6 +610,12 @@ def apply_overrides(data: dict, overrides: dict, where: str = "--set") -> dict:
     -------
     dict
         The new configuration (``data`` is unchanged).
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.config import apply_overrides
+    >>> apply_overrides({"federated": {"rounds": 20}}, {"federated.rounds": 30, "model.rank": 2})
+    {'federated': {'rounds': 30}, 'model': {'rank': 2}}
     """
     import copy
 
@@ -601,6 +637,16 @@ def to_toml(data: dict) -> str:
     -------
     str
         The TOML text.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.config import to_toml
+    >>> print(to_toml({"seed": 1, "federated": {"rounds": 20, "batch_size": None}}))
+    seed = 1
+    <BLANKLINE>
+    [federated]
+    rounds = 20
+    <BLANKLINE>
     """
     import tomli_w
 
@@ -663,6 +709,13 @@ def field_docs(cls) -> dict[str, str]:
     -------
     dict of str to str
         The descriptions, in field order.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.config import ModelConfig, field_docs
+    >>> docs = field_docs(ModelConfig)
+    >>> list(docs)[:3], docs["rank"]
+    (['heads', 'rank', 'init_scale'], 'head width r')
     """
     return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
 

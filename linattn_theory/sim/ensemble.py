@@ -64,6 +64,15 @@ def initial_params(config: RunConfig, d: int, p: int) -> Params:
     -------
     Params
         ``θ^0`` (NumPy, float64).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.ensemble import initial_params
+    >>> params = initial_params(config, d=6, p=2)
+    >>> params.WQ.shape, bool((params.WQ == initial_params(config, d=6, p=2).WQ).all())     # (H, d, r); seeded
+    ((1, 6, 3), True)
     """
     m = config.model
     return Params.init(d, m.rank, p, heads=m.heads, scale=m.init_scale,
@@ -88,6 +97,15 @@ def prepare_run(config: RunConfig, clients=None, params: Params | None = None):
         The clients, on ``model.backend`` in ``model.dtype``.
     params : Params
         ``θ^0`` there.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> data, params = prepare_run(config)
+    >>> data.S.shape, params.WV.shape                      # (m, N, d, d), (H, d, p)
+    ((8, 128, 6, 6), (1, 6, 2))
     """
     xp = get_namespace(config.model.backend)
     clients = clients_from_config(config) if clients is None else clients
@@ -116,6 +134,15 @@ def run_metadata(config: RunConfig) -> dict:
     -------
     dict
         The record.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.ensemble import run_metadata
+    >>> record = run_metadata(config)
+    >>> sorted(record), record["config"] == config.to_dict()
+    (['config', 'git_dirty', 'git_revision', 'provenance', 'seed', 'version'], True)
     """
     from .. import __version__
 
@@ -163,6 +190,29 @@ def ensemble_key(config: RunConfig, data: StackedClients) -> str:
     Shapes of the stacked data (``m``, padded ``N``, ``n`` for softmax attention, ``d``, ``p``),
     the model (heads, rank, dtype, backend, attention, temperature, engine) and the schedule's
     structure (strategy, rounds, local steps, minibatch size, participation).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+    data : StackedClients
+        Its stacked clients.
+
+    Returns
+    -------
+    str
+        A JSON string; runs of equal keys can run as one ensemble.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import ensemble_key, prepare_run
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> data, _ = prepare_run(config)
+    >>> ensemble_key(config, data) == ensemble_key(config.with_updates({"seed": 3}), data)
+    True
+    >>> ensemble_key(config, data) == ensemble_key(config.with_updates({"federated.rounds": 5}), data)
+    False
     """
     model, fed = config.model, config.federated
     shapes = [tuple(data.S.shape), tuple(data.y.shape)]
@@ -315,7 +365,41 @@ def checked_inputs(configs, clients, stacklevel: int = 4):
     (:func:`~linattn_theory.core.clients.check_clients`: shapes and finite values, a ``ValueError``
     naming the client and the array) and the settings' warnings issued once
     (:func:`~linattn_theory.sim.limits.setting_notes`), before any round; shared by :func:`simulate_many`
-    and :func:`~linattn_theory.sim.engine.simulate` (``stacklevel``: the warnings point at their caller)."""
+    and :func:`~linattn_theory.sim.engine.simulate` (``stacklevel``: the warnings point at their caller).
+
+    Parameters
+    ----------
+    configs : iterable of RunConfig
+        The runs.
+    clients : FederatedDataset, sequence or None
+        ``None`` (built from each config), one dataset for all, or one entry (or ``None``) per config.
+    stacklevel : int, default 4
+        The warnings' ``stacklevel``.
+
+    Returns
+    -------
+    configs : list of RunConfig
+        The runs.
+    clients : list of FederatedDataset or None, or None
+        One checked dataset (or ``None``) per config; ``None`` where none was given.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import checked_inputs
+    >>> config = lt.config_from_dict({"task": {"num_clients": 2, "dim": 2, "outputs": 1, "tokens": 3},
+    ...                               "model": {"rank": 2}})
+    >>> pairs = [(np.ones((4, 3, 2)), np.ones((4, 2)), np.ones((4, 1))) for _ in range(2)]
+    >>> _, [clients] = checked_inputs([config], [pairs])
+    >>> clients.weights.tolist()
+    [0.5, 0.5]
+    >>> pairs[1][0][0, 0, 0] = np.nan
+    >>> checked_inputs([config], [pairs])
+    Traceback (most recent call last):
+    ...
+    ValueError: client 1: X holds 1 non-finite value (the first: X[0, 0, 0] = nan); expected finite numbers: ...
+    """
     from .limits import setting_notes, warn_settings
     configs = list(configs)
     if clients is not None:

@@ -50,6 +50,19 @@ def check_output_folder(out, flag: str = "--out") -> Path:
     -------
     pathlib.Path
         ``Path(out)``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.sim.limits import check_output_folder
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> check_output_folder(folder / "out") == folder / "out"          # need not exist yet
+    True
+    >>> _ = (folder / "notes.txt").write_text("x")
+    >>> check_output_folder(folder / "notes.txt")
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ArgumentError: --out '...notes.txt' exists and is not a folder...
     """
     error = ArgumentError if flag.startswith("--") else ConfigError
     if out is None or str(out).strip() == "":
@@ -77,6 +90,12 @@ def default_memory_limit() -> float:
     -------
     float
         Bytes.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.limits import default_memory_limit
+    >>> default_memory_limit() > 0
+    True
     """
     try:
         return 0.8 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -94,6 +113,15 @@ class RunEstimate:
         Peak memory.
     seconds : float
         Running time.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.limits import estimate_run
+    >>> estimate = estimate_run(config)
+    >>> estimate.bytes > 8 * 128 * 8 * 6 * 8, estimate.seconds < 1      # at least the contexts m·N·n·d
+    (True, True)
     """
 
     bytes: float
@@ -132,6 +160,10 @@ def estimate_run(config: RunConfig) -> RunEstimate:
     -------
     RunEstimate
         The estimate.
+
+    Examples
+    --------
+    See :class:`RunEstimate`.
     """
     task, model, fed = config.task, config.model, config.federated
     m, N, n = task.num_clients, task.samples_per_client, task.tokens
@@ -197,6 +229,18 @@ def check_resources(configs, *, workers: int = 1, max_memory_gb: float | None = 
     -------
     list of RunEstimate
         One per run.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.limits import check_resources
+    >>> len(check_resources([config]))
+    1
+    >>> check_resources([config.with_updates({"federated.rounds": 10**7})], max_hours=1.0)
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ConfigError: estimated running time ... h exceeds the limit 1 h: ...
     """
     configs = list(configs)
     estimates = [estimate_run(c) for c in configs]
@@ -247,6 +291,18 @@ def float32_step_note(config: RunConfig, data, params) -> str | None:
     -------
     str or None
         The warning.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.sim.limits import float32_step_note
+    >>> float32_step_note(config, *prepare_run(config)) is None
+    True
+    >>> tiny = config.with_updates({"model.dtype": "float32", "federated.learning_rate": 1e-9})
+    >>> float32_step_note(tiny, *prepare_run(tiny)).startswith("model.dtype = 'float32'")
+    True
     """
     import numpy as np
 
@@ -278,7 +334,27 @@ def float32_step_note(config: RunConfig, data, params) -> str | None:
 
 def token_dimension(config: RunConfig) -> int:
     """The token dimension ``d`` of the clients ``config.task`` describes (in-context regression:
-    ``dim + 1``, the target rides in the token; digits: 16)."""
+    ``dim + 1``, the target rides in the token; digits: 16).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+
+    Returns
+    -------
+    int
+        ``d``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.limits import token_dimension
+    >>> token_dimension(lt.config_from_dict({"task": {"dim": 6}}))
+    6
+    >>> token_dimension(lt.config_from_dict({"task": {"family": "in_context_regression", "dim": 6}}))
+    7
+    """
     task = config.task
     return {"in_context_regression": task.dim + 1, "digits": 16}.get(task.family, task.dim)
 
@@ -286,7 +362,29 @@ def token_dimension(config: RunConfig) -> int:
 def setting_notes(config: RunConfig, clients=None) -> list[str]:
     """Settings of ``config`` that run but that a user should revisit (warnings, not errors):
     ``model.rank`` above the token dimension ``d`` and a federation of one client. ``d`` and the
-    number of clients ``m`` are the data's when ``clients`` (a ``FederatedDataset``) is given."""
+    number of clients ``m`` are the data's when ``clients`` (a ``FederatedDataset``) is given.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+    clients : FederatedDataset, optional
+        Its clients, when given rather than built from ``config``.
+
+    Returns
+    -------
+    list of str
+        The notes (empty when there is nothing to revisit).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.limits import setting_notes
+    >>> setting_notes(lt.config_from_dict({}))
+    []
+    >>> [note[:30] for note in setting_notes(lt.config_from_dict({"task": {"num_clients": 1}, "model": {"rank": 8}}))]
+    ['model.rank = 8 is above the to', 'the federation has one client ']
+    """
     d = token_dimension(config) if clients is None else clients.dims[1]
     m = config.task.num_clients if clients is None else len(clients)
     notes = []
@@ -301,7 +399,29 @@ def setting_notes(config: RunConfig, clients=None) -> list[str]:
 
 
 def warn_settings(notes, stacklevel: int = 3) -> None:
-    """Each distinct note once, as a :class:`~linattn_theory.core.errors.SettingWarning`."""
+    """Each distinct note once, as a :class:`~linattn_theory.core.errors.SettingWarning`.
+
+    Parameters
+    ----------
+    notes : iterable of str
+        The notes (:func:`setting_notes`, :func:`workers_note`).
+    stacklevel : int, default 3
+        The warnings' ``stacklevel``.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from linattn_theory.sim.limits import warn_settings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn_settings(["check this", "check this", "and that"])
+    >>> [str(w.message) for w in caught], caught[0].category.__name__
+    (['check this', 'and that'], 'SettingWarning')
+    """
     import warnings
 
     from ..core.errors import SettingWarning
@@ -310,7 +430,20 @@ def warn_settings(notes, stacklevel: int = 3) -> None:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system says, else all)."""
+    """The cores this process may run on (its CPU affinity where the system says, else all).
+
+    Returns
+    -------
+    int
+        The number of cores (at least 1).
+
+    Examples
+    --------
+    >>> import os
+    >>> from linattn_theory.sim.limits import usable_cores
+    >>> 1 <= usable_cores() <= (os.cpu_count() or 1)
+    True
+    """
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):                    # pragma: no cover - not Linux
@@ -319,7 +452,28 @@ def usable_cores() -> int:
 
 def workers_note(workers: int | None, what: str = "workers") -> str | None:
     """A warning when more worker processes are asked for than there are cores (they only
-    contend for them: each run is no faster and memory grows with the workers), else ``None``."""
+    contend for them: each run is no faster and memory grows with the workers), else ``None``.
+
+    Parameters
+    ----------
+    workers : int or None
+        The worker processes asked for (``None``: the default, one per core).
+    what : str, default "workers"
+        The setting's name in the note.
+
+    Returns
+    -------
+    str or None
+        The note, or ``None`` when ``workers`` fits the cores.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.limits import usable_cores, workers_note
+    >>> workers_note(None), workers_note(usable_cores())
+    (None, None)
+    >>> workers_note(usable_cores() + 1, "--workers").startswith("--workers = ")
+    True
+    """
     cores = usable_cores()
     if workers is None or workers <= cores:
         return None

@@ -76,6 +76,17 @@ class Divergence:
         The value block's stability limit at the initial kernel (:func:`stable_learning_rate`).
     message : str
         What happened and what to try.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2, "learning_rate": 50.0}})
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     result = lt.simulate(config)
+    >>> result.diverged, result.divergence.round, result.divergence.message.startswith("diverged at round 1")
+    (True, 1, True)
     """
 
     round: int
@@ -150,6 +161,22 @@ class RunState(NamedTuple):
         ``θ^{T0}`` once reached.
     client_state, server_state : object
         The strategy's states.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> data, params = prepare_run(config)
+    >>> states = []
+    >>> run = lt.run_schedule(params, data, config.federated, warmup_rounds=2, seed=config.seed,
+    ...                       on_round=states.append)
+    >>> [state.round for state in states], states[1].warmup_params is None, states[2].warmup_params is None
+    ([0, 1, 2, 3, 4], True, False)
+    >>> later = lt.run_schedule(states[2].params, data, config.federated, warmup_rounds=2, seed=config.seed,
+    ...                         prefix=states[2])                     # continues exactly
+    >>> later.table["loss"].tolist() == run.table["loss"].tolist()
+    True
     """
 
     round: int
@@ -197,6 +224,37 @@ class Member:
     frozen stage's features, and ``on_round(state)`` sees the member's
     :class:`~linattn_theory.sim.rounds.RunState` after every round (as does the strategy's
     :class:`~linattn_theory.sim.strategies.Control`, which may freeze the kernel).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+    data : StackedClients
+        Its stacked clients (:func:`~linattn_theory.sim.ensemble.prepare_run`).
+    params : Params
+        ``θ^start``: ``θ^0``, or ``prefix.params``.
+    prefix : RunState, optional
+        The state to continue from (default: start at round 0).
+    checkpoints : tuple of int, default ()
+        Rounds whose :class:`RunState` :func:`run_ensemble` returns.
+    strategy : Strategy, optional
+        Replaces the strategy ``config`` names.
+    T0 : int, optional
+        Warm-up length; default ``config.warmup_rounds``.
+    frozen_features : callable, optional
+        ``frozen_features(params) -> φ`` ``(m, N, H·d)``, the frozen stage's features.
+    on_round : callable, optional
+        ``on_round(state)``, called with the member's :class:`RunState` after every round.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.sim.rounds import Member
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> member = Member(config, *prepare_run(config), checkpoints=(2,))
+    >>> member.start, member.warmup_rounds, member.make_strategy().name
+    (0, 2, 'fedfrozen')
     """
 
     config: RunConfig
@@ -281,6 +339,21 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     -------
     FusedEngine or None
         The engine.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.sim.rounds import select_engine
+    >>> from linattn_theory.sim.strategies import make_strategy
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> data, _ = prepare_run(config)
+    >>> strategy = make_strategy(config.federated, 2)
+    >>> select_engine("array_api", np, data, config.federated, strategy) is None
+    True
+    >>> select_engine("auto", np, data, config.federated, strategy) is None     # m·N·d² = 8·128·36 < 2¹⁸
+    True
     """
     if engine not in _fused.ENGINES:
         raise ConfigError(f"engine = {engine!r}: expected one of {', '.join(map(repr, _fused.ENGINES))}")
@@ -306,6 +379,34 @@ def objective(xp, weights, losses, WV, ridge):
     ``ridge`` ``λ`` an array of the run's dtype, ``()`` or ``(...)``: one run, an ensemble
     (leading instance axis) and the moment-space frozen stages compute the table's ``F`` and
     ``F_λ`` with this one function, so that they agree bit for bit in every dtype.
+
+    Parameters
+    ----------
+    xp : module
+        The array namespace.
+    weights : array, shape (..., m)
+        Client weights ``p_c``.
+    losses : array, shape (..., m)
+        Client losses ``F_c``.
+    WV : array, shape (..., H, d, p)
+        Value blocks, with the leading axes of ``losses``.
+    ridge : array, shape () or (...)
+        ``λ``, in the run's dtype.
+
+    Returns
+    -------
+    F : array, shape (...)
+        ``Σ_c p_c F_c``.
+    F_reg : array, shape (...)
+        ``F_λ = F + ½λ‖W_V‖²``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.rounds import objective
+    >>> F, F_reg = objective(np, np.array([0.25, 0.75]), np.array([2.0, 4.0]), np.ones((1, 2, 1)), np.float64(0.5))
+    >>> float(F), float(F_reg)                 # 0.25·2 + 0.75·4; + ½·0.5·2
+    (3.5, 4.0)
     """
     F = xp.sum(weights * losses, axis=-1)
     WV = xp.reshape(WV, tuple(F.shape) + (-1,))
@@ -815,6 +916,42 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
     ``max_bytes`` bounds the working set of a chunk of one round's local steps (``None``: one chunk).
     A member's ``on_round`` and its strategy's control see its state after every round (a host
     synchronisation per round for those members only).
+
+    Parameters
+    ----------
+    members : list of Member
+        The instances, all of one :func:`~linattn_theory.sim.ensemble.ensemble_key`.
+    max_bytes : int, optional
+        Bound on the working set of a chunk of one round's local steps (default: one chunk).
+    engine : {"auto", "array_api", "fused"}, optional
+        Overrides ``model.engine``.
+    keep_history : bool, default False
+        Also return every round's host parameters.
+    progress : bool, default False
+        Show a progress bar over the rounds (tqdm).
+    alone : bool, default False
+        Use ``engine="auto"``'s rule of a run alone (:func:`select_engine`).
+
+    Returns
+    -------
+    list of tuple
+        Per member, in the members' order, ``(RunResult, {round: RunState}, history)``; ``history``
+        is ``None`` without ``keep_history``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.sim.rounds import Member, run_ensemble
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> members = [Member(c, *prepare_run(c), checkpoints=(2,))
+    ...            for c in (config, config.with_updates({"seed": 1}))]
+    >>> out = run_ensemble(members)
+    >>> [(len(result.table), sorted(states), history) for result, states, history in out]
+    [(5, [2], None), (5, [2], None)]
+    >>> alone = lt.simulate(config.with_updates({"seed": 1})).table["loss"]
+    >>> bool(abs(out[1][0].table["loss"] - alone).max() < 1e-9 * alone.abs().max())
+    True
     """
     if not members:
         return []

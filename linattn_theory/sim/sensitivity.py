@@ -44,6 +44,26 @@ class Sensitivity:
     ``|F_λ' − F_λ| / (s |F_λ|)`` at the last round; ``spread``: the largest relative change of
     ``F_λ(θ^T)`` itself (what a table of the run may move by on another CPU, to first order);
     ``diverged``: a repeat (or the run) diverged, where the other did not.
+
+    Parameters
+    ----------
+    parameter_amplification : float
+        ``‖θ^T' − θ^T‖ / (s ‖θ^T‖)``.
+    objective_amplification : float
+        ``|F_λ' − F_λ| / (s |F_λ|)``.
+    spread : float
+        The largest relative change of ``F_λ(θ^T)``.
+    diverged : bool
+        A repeat or the run diverged where the other did not.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sensitivity import Sensitivity
+    >>> calm = Sensitivity(parameter_amplification=3.0, objective_amplification=1.0, spread=1e-12, diverged=False)
+    >>> calm.amplification, calm.chaotic
+    (3.0, False)
+    >>> Sensitivity(1e9, 1.0, 1e-3, False).chaotic          # above CHAOS_AMPLIFICATION
+    True
     """
 
     parameter_amplification: float
@@ -62,7 +82,34 @@ class Sensitivity:
 
 
 def perturbed_params(params: Params, scale: float, seed: int, repeat: int = 0) -> Params:
-    """``θ ⊙ (1 + s ξ)`` with ``ξ ~ N(0, 1)`` from the stream ``(seed, SEED_PERTURBATION, repeat)``."""
+    """``θ ⊙ (1 + s ξ)`` with ``ξ ~ N(0, 1)`` from the stream ``(seed, SEED_PERTURBATION, repeat)``.
+
+    Parameters
+    ----------
+    params : Params
+        ``θ``.
+    scale : float
+        The relative size ``s``.
+    seed : int
+        The run's seed.
+    repeat : int, default 0
+        Which perturbation ``j`` (an independent stream each).
+
+    Returns
+    -------
+    Params
+        ``θ ⊙ (1 + s ξ)``, in the dtype of ``params``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sensitivity import perturbed_params
+    >>> params = lt.Params.init(d=6, r=3, p=2, seed=0)
+    >>> moved = perturbed_params(params, 1e-6, seed=0)
+    >>> bool(np.max(np.abs(moved.WV / params.WV - 1)) < 1e-5), bool((moved.WV != params.WV).any())
+    (True, True)
+    """
     rng = np.random.default_rng(seed_sequence(seed, SEED_PERTURBATION, repeat))
     return params.map(lambda block: block * (1.0 + scale * rng.standard_normal(block.shape)).astype(block.dtype))
 
@@ -72,7 +119,32 @@ def _flat(params: Params) -> np.ndarray:
 
 
 def perturbed_runs(config: RunConfig, clients=None, *, scale: float = PERTURBATION, repeats: int = 2) -> list:
-    """``config`` run ``repeats`` times from ``θ^0 ⊙ (1 + s ξ_j)``, ``j = 0 … repeats − 1`` (:class:`RunResult` each)."""
+    """``config`` run ``repeats`` times from ``θ^0 ⊙ (1 + s ξ_j)``, ``j = 0 … repeats − 1`` (:class:`RunResult` each).
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+    clients : FederatedDataset, optional
+        Its clients; default: built from ``config``.
+    scale : float, default PERTURBATION
+        The relative size ``s`` (``1e-12``).
+    repeats : int, default 2
+        The number of perturbed runs.
+
+    Returns
+    -------
+    list of RunResult
+        The perturbed runs, ``j = 0 … repeats − 1``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sensitivity import perturbed_runs
+    >>> runs = perturbed_runs(lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}))
+    >>> len(runs), [len(run.table) for run in runs]
+    (2, [5, 5])
+    """
     if not (scale > 0 and np.isfinite(scale)) or not (isinstance(repeats, int) and repeats >= 1):
         raise ValueError(f"perturbed_runs: scale={scale!r}, repeats={repeats!r}; expected scale > 0 and an "
                          "integer repeats >= 1")
@@ -87,6 +159,34 @@ def run_sensitivity(config: RunConfig, clients=None, *, scale: float = PERTURBAT
 
     ``reference`` (the unperturbed run's result) and ``runs`` (the perturbed ones, made with the same
     ``scale``) are used when given, run otherwise.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run.
+    clients : FederatedDataset, optional
+        Its clients; default: built from ``config``.
+    scale : float, default PERTURBATION
+        The relative size ``s`` of the perturbations.
+    repeats : int, default 2
+        The number of perturbed runs.
+    reference : RunResult, optional
+        The unperturbed run, if already run.
+    runs : list of RunResult, optional
+        The perturbed runs (:func:`perturbed_runs` with ``scale``), if already run.
+
+    Returns
+    -------
+    Sensitivity
+        The largest amplifications over the repeats.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sensitivity import run_sensitivity
+    >>> found = run_sensitivity(lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}))
+    >>> found.chaotic, found.diverged, bool(found.amplification < 100)
+    (False, False, True)
     """
     clients = clients_from_config(config) if clients is None else clients
     runs = perturbed_runs(config, clients, scale=scale, repeats=repeats) if runs is None else runs

@@ -52,6 +52,37 @@ def resolve_step_scale(config: RunConfig, data, params, hessian_curvature=None) 
     scale comes back unchanged with an empty record. The returned config holds ``learning_rate = η``
     and no step scale; the record is ``{"step_scale": {"step_scale": c, "step_curvature": …, "learning_rate": η,
     "stable_learning_rate": η_stable, "curvature": CURVATURE[step_curvature]}}``, for the run's metadata.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run; ``federated.step_scale`` is ``c`` (or ``None``).
+    data : StackedClients
+        Its stacked clients.
+    params : Params
+        Its ``θ⁰``.
+    hessian_curvature : callable, optional
+        :func:`~linattn_theory.core.curvature.hessian_curvature`; needed for ``step_curvature = "model"``.
+
+    Returns
+    -------
+    config : RunConfig
+        ``config`` with ``learning_rate = η`` and no step scale.
+    record : dict
+        ``{"step_scale": {...}}`` for the run's metadata (``{}`` without a step scale).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.sim.step_size import resolve_step_scale
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2, "step_scale": 0.5}})
+    >>> resolved, record = resolve_step_scale(config, *prepare_run(config))
+    >>> step = record["step_scale"]
+    >>> resolved.federated.learning_rate == step["learning_rate"] == 0.5 * step["stable_learning_rate"]
+    True
+    >>> resolved.federated.step_scale is None
+    True
     """
     fed = config.federated
     c = fed.step_scale

@@ -52,6 +52,35 @@ def frozen_stage_from_moments(prefix: RunState, data, fed, warmup_rounds: int,
     rounding (the moment form ``½ tr(VᵀA_cV) − tr(VᵀB_c) + ½ y2_c`` loses about
     ``ε · y2_c / F_c`` in relative precision where the fit is nearly exact).
     (One stage of :func:`frozen_stages_from_moments`.)
+
+    Parameters
+    ----------
+    prefix : RunState
+        The run's state at round ``T0``.
+    data : StackedClients
+        Its stacked clients.
+    fed : FederatedConfig
+        The schedule (full batches).
+    warmup_rounds : int
+        ``T0``.
+    seed : int
+        The run's seed (participation draws).
+
+    Returns
+    -------
+    RunResult
+        The whole run, rounds ``0..T`` (the prefix's rows, then the frozen stage's).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.warmup_grid import frozen_stage_from_moments, warmup_sweeps_and_paths
+    >>> config = lt.config_from_dict({"federated": {"rounds": 6, "warmup_rounds": 6}})
+    >>> sweeps, [(data, states)] = warmup_sweeps_and_paths([config])
+    >>> run = frozen_stage_from_moments(states[3], data, config.federated, 3, config.seed)
+    >>> final = sweeps[0][3].table["loss_regularized"].iloc[-1]
+    >>> bool(abs(run.table["loss_regularized"].iloc[-1] - final) <= 1e-9 * final)
+    True
     """
     return frozen_stages_from_moments([(prefix, data, fed, warmup_rounds, seed)])[0]
 
@@ -65,6 +94,26 @@ def frozen_stages_from_moments(stages) -> list[RunResult]:
     (the value moments ``A_c, B_c`` of the stages of one ``data`` are computed in one call, at
     their frozen kernels). Each stage runs its own rounds ``T0..T−1`` and reports its own
     divergence. Returns the results in the stages' order.
+
+    Parameters
+    ----------
+    stages : iterable of tuple
+        ``(prefix, data, fed, warmup_rounds, seed)``, each as :func:`frozen_stage_from_moments` takes it.
+
+    Returns
+    -------
+    list of RunResult
+        One per stage, in the stages' order.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.warmup_grid import frozen_stages_from_moments, warmup_sweeps_and_paths
+    >>> config = lt.config_from_dict({"federated": {"rounds": 6, "warmup_rounds": 6}})
+    >>> _, [(data, states)] = warmup_sweeps_and_paths([config])
+    >>> runs = frozen_stages_from_moments([(states[T0], data, config.federated, T0, config.seed) for T0 in (2, 4)])
+    >>> [len(run.table) for run in runs]
+    [7, 7]
     """
     groups: dict = {}
     for j, (prefix, data, fed, _, _) in enumerate(stages):
@@ -327,7 +376,45 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     the FedAvg trajectory, in moment space or explicitly), else ``None``. A consumer of the FedAvg
     path (the regret benchmark's record) reads it here instead of running it again. ``params``:
     ``None`` or one ``θ^0`` (or ``None``) per config; ``alone``: a run alone's ``engine="auto"``
-    rule (:func:`~linattn_theory.sim.rounds.select_engine`)."""
+    rule (:func:`~linattn_theory.sim.rounds.select_engine`).
+
+    Parameters
+    ----------
+    configs : sequence of RunConfig
+        The instances.
+    warmups : iterable of int, optional
+        The warm-up lengths ``T0``, the same for every instance; default ``0..T`` of each.
+    clients : sequence of FederatedDataset or None, optional
+        One entry per config (``None``: built from the config).
+    frozen_stage : {"auto", "moments", "explicit"}, default "auto"
+        As in :func:`warmup_sweep`.
+    max_bytes : int, str or None, default "auto"
+        Bound on an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
+    progress : bool, default False
+        Show a progress bar.
+    params : sequence of Params or None, optional
+        One ``θ^0`` (or ``None``: drawn from the config) per config.
+    alone : bool, default False
+        Use a run alone's ``engine="auto"`` rule.
+
+    Returns
+    -------
+    sweeps : list of dict of int to RunResult
+        As :func:`warmup_sweep_many` returns them.
+    paths : list of tuple or None
+        Per config, ``(data, states)`` (states after rounds ``0..T``) when every ``T0`` was swept, else ``None``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.warmup_grid import warmup_sweeps_and_paths
+    >>> config = lt.config_from_dict({"federated": {"rounds": 6, "warmup_rounds": 6}})
+    >>> sweeps, [(data, states)] = warmup_sweeps_and_paths([config])
+    >>> sorted(sweeps[0]), [state.round for state in states]
+    ([0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 6])
+    >>> warmup_sweeps_and_paths([config], warmups=[0, 6])[1]      # not every T0: no path
+    [None]
+    """
     configs = list(configs)
     clients = _per_config(clients, len(configs), "clients")
     params = _per_config(params, len(configs), "params")

@@ -322,6 +322,17 @@ def gradient_dissimilarity(K, clients, lam: float = 0.0) -> float:
     -------
     float
         ``ζ²(K)``; 0 when every client has the same value optimum.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.bound import gradient_dissimilarity
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> bool(gradient_dissimilarity(clients.truth["kernel"], clients, lam=0.1) > 0)
+    True
+    >>> one = lt.planted_kernel_clients(num_clients=1, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> bool(gradient_dissimilarity(one.truth["kernel"], one, lam=0.1) < 1e-20)     # V*_λ is its own optimum
+    True
     """
     data = as_stacked(clients)
     g, _, w, _ = _client_gradients_at_optimum(K, data, lam)
@@ -461,6 +472,17 @@ def tradeoff_bound(T0, T, b_start, b_floor, q, drift_floor, lag, rho, tau, burn_
     -------
     float or numpy.ndarray
         ``U(T0)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.bound import tradeoff_bound
+    >>> U = tradeoff_bound(np.arange(5), T=4, b_start=1.0, b_floor=0.1, q=0.5, drift_floor=0.01, lag=1.0,
+    ...                    rho=0.9, tau=0.2)
+    >>> bool(np.isclose(U[4], 0.1 + 0.9 * 0.5 ** 4 + (0.01 ** 0.5 + 0.2) ** 2))   # T0 = T: ρ⁰ = 1
+    True
+    >>> int(np.argmin(U))
+    4
     """
     T0 = np.asarray(T0, dtype=float)
     tail = b_floor + (b_start - b_floor) * np.power(q, np.maximum(T0 - burn_in, 0.0))
@@ -666,7 +688,26 @@ def _pl_curves(b, s: int, grid: int):
 
 
 def drift_growth_rate(drift_floor, burn_in: int = 0) -> float:
-    """``γ``: least-squares slope of ``D(K_t)`` against ``t`` over the rounds ``t ≥ t_s``."""
+    """``γ``: least-squares slope of ``D(K_t)`` against ``t`` over the rounds ``t ≥ t_s``.
+
+    Parameters
+    ----------
+    drift_floor : sequence of float
+        ``D(K_t)``, ``t = 0..T``.
+    burn_in : int, default 0
+        ``t_s``.
+
+    Returns
+    -------
+    float
+        The slope ``γ``.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.bound import drift_growth_rate
+    >>> round(drift_growth_rate([1.0, 3.0, 5.0, 7.0]), 12), round(drift_growth_rate([9.0, 0.0, 1.0, 2.0], burn_in=1), 12)
+    (2.0, 1.0)
+    """
     D = np.asarray(drift_floor, dtype=float)[burn_in:]
     if len(D) < 2:
         return 0.0

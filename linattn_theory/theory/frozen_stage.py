@@ -19,7 +19,30 @@ __all__ = ["frozen_stage_map", "fedavg_fixed_point", "contraction_rate", "value_
 # §5 the frozen stage
 # --------------------------------------------------------------------------------------
 def check_schedule(eta, E, server_learning_rate=1.0):
-    """Refuse a step size ``η ≤ 0``, a non-integer ``E < 1`` or a server step ``η_s ≤ 0`` (a ``ValueError``)."""
+    """Refuse a step size ``η ≤ 0``, a non-integer ``E < 1`` or a server step ``η_s ≤ 0`` (a ``ValueError``).
+
+    Parameters
+    ----------
+    eta : float
+        Client step size ``η``.
+    E : int
+        Local steps per round.
+    server_learning_rate : float, default 1.0
+        Server step size ``η_s``.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.frozen_stage import check_schedule
+    >>> check_schedule(0.05, 5)
+    >>> check_schedule(0.0, 5)
+    Traceback (most recent call last):
+    ...
+    ValueError: eta = 0.0; expected a finite step size η > 0
+    """
     if not np.isfinite(eta) or eta <= 0:
         raise ValueError(f"eta = {eta!r}; expected a finite step size η > 0")
     if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
@@ -29,7 +52,42 @@ def check_schedule(eta, E, server_learning_rate=1.0):
 
 
 def affine_round(moments: ValueMoments, eta: float, E: int, lam: float, server_learning_rate: float = 1.0):
-    """``(M, b)``: ``M = Σ_c p_c (I − ηÃ_c)^E``, ``b = Σ_c p_c Σ_{j<E} (I − ηÃ_c)^j η B_c`` (with server step)."""
+    """``(M, b)``: ``M = Σ_c p_c (I − ηÃ_c)^E``, ``b = Σ_c p_c Σ_{j<E} (I − ηÃ_c)^j η B_c`` (with server step).
+
+    Parameters
+    ----------
+    moments : ValueMoments
+        The clients' value moments at the frozen kernel (:func:`~linattn_theory.theory.host.host_moments`).
+    eta : float
+        Client step size ``η``.
+    E : int
+        Local steps per round.
+    lam : float
+        Ridge ``λ``.
+    server_learning_rate : float, default 1.0
+        Server step size ``η_s``.
+
+    Returns
+    -------
+    M : numpy.ndarray, shape (H·d, H·d)
+        The linear part of the round.
+    b : numpy.ndarray, shape (H·d, p)
+        Its constant part.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.host import as_stacked, host_moments
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> moments = host_moments(K, as_stacked(clients))
+    >>> from linattn_theory.theory.frozen_stage import affine_round
+    >>> M, b = affine_round(moments, eta=0.05, E=5, lam=0.0)
+    >>> M_ref, b_ref = lt.frozen_stage_map(K, clients, eta=0.05, E=5)
+    >>> bool(np.allclose(M, M_ref) and np.allclose(b, b_ref))
+    True
+    """
     Mc, bc = frozen_client_map(moments, eta, E, lam)
     w = moments.weights
     n = Mc.shape[-1]
@@ -86,7 +144,34 @@ def frozen_stage_map(K, clients, eta: float, E: int, lam: float = 0.0, server_le
 
 
 def fixed_point(M, b):
-    """``V_FA = (I − M)^{-1} b`` (the ``Σ_j`` form: valid when some ``Ã_c`` is singular)."""
+    """``V_FA = (I − M)^{-1} b`` (the ``Σ_j`` form: valid when some ``Ã_c`` is singular).
+
+    Parameters
+    ----------
+    M : array_like, shape (H·d, H·d)
+        The round's linear part (:func:`affine_round`).
+    b : array_like, shape (H·d, p)
+        Its constant part.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H·d, p)
+        ``V_FA``, the round's fixed point.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.host import as_stacked, host_moments
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> moments = host_moments(K, as_stacked(clients))
+    >>> from linattn_theory.theory.frozen_stage import affine_round, fixed_point
+    >>> M, b = affine_round(moments, eta=0.05, E=5, lam=0.0)
+    >>> V_FA = fixed_point(M, b)
+    >>> bool(np.allclose(M @ V_FA + b, V_FA))
+    True
+    """
     return solve_symmetric(np.eye(M.shape[-1]) - M, b)
 
 
@@ -146,12 +231,62 @@ def contraction_rate(K, clients, eta: float, E: int, lam: float = 0.0, server_le
 
 
 def spectral_radius(M) -> float:
-    """``max |μ|`` over the eigenvalues of the symmetric ``M``."""
+    """``max |μ|`` over the eigenvalues of the symmetric ``M``.
+
+    Parameters
+    ----------
+    M : array_like, shape (n, n)
+        Symmetric.
+
+    Returns
+    -------
+    float
+        The spectral radius.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.frozen_stage import spectral_radius
+    >>> spectral_radius(np.diag([0.5, -0.9]))
+    0.9
+    """
     return float(np.max(np.abs(np.linalg.eigvalsh(M))))
 
 
 def drift_floor_from_moments(V_FA, V_star, moments: ValueMoments, lam: float) -> float:
-    """``½ tr((V_FA − V*)^T Ã (V_FA − V*))``."""
+    """``½ tr((V_FA − V*)^T Ã (V_FA − V*))``.
+
+    Parameters
+    ----------
+    V_FA : array_like, shape (H·d, p)
+        The frozen stage's fixed point.
+    V_star : array_like, shape (H·d, p)
+        ``V*_λ``.
+    moments : ValueMoments
+        The clients' moments at the kernel.
+    lam : float
+        ``λ``.
+
+    Returns
+    -------
+    float
+        The drift floor ``D(K)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.host import as_stacked, host_moments
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=64, tokens=8, dim=4, rank=2)
+    >>> K = clients.truth["kernel"]
+    >>> moments = host_moments(K, as_stacked(clients))
+    >>> from linattn_theory.theory.frozen_stage import affine_round, drift_floor_from_moments, fixed_point
+    >>> from linattn_theory.theory.host import profile_from_moments
+    >>> V_FA = fixed_point(*affine_round(moments, eta=0.05, E=5, lam=0.0))
+    >>> floor = drift_floor_from_moments(V_FA, profile_from_moments(moments, 0.0)[1], moments, 0.0)
+    >>> bool(np.isclose(floor, lt.value_drift_floor(K, clients, eta=0.05, E=5), rtol=1e-9, atol=0))
+    True
+    """
     A, _, _ = moments.weighted()
     delta = V_FA - V_star
     return float(0.5 * np.sum(delta * (ridged(A, lam) @ delta)))

@@ -47,12 +47,50 @@ def _positive(name: str, value: float) -> float:
 
 
 def stability_margin(eta: float, curvature: float) -> float:
-    """``m = 2 − η λ_max(θ⁰)`` (§5): ``> 0`` where gradient descent on the full model is stable at ``θ⁰``."""
+    """``m = 2 − η λ_max(θ⁰)`` (§5): ``> 0`` where gradient descent on the full model is stable at ``θ⁰``.
+
+    Parameters
+    ----------
+    eta : float
+        The step ``η``.
+    curvature : float
+        ``λ_max(θ⁰)``, the largest Hessian eigenvalue of the clients' objectives at ``θ⁰``.
+
+    Returns
+    -------
+    float
+        The margin ``m``.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.phase_predictor import stability_margin
+    >>> stability_margin(0.5, 2.5)
+    0.75
+    """
     return 2.0 - _positive("eta", eta) * _positive("curvature", curvature)
 
 
 def drift_share(leading_order: float, profile: float) -> float:
-    """``D₂(K⁰) / Φ_λ(K⁰)``: the drift floor's leading order (§5) as a share of the profile at ``K⁰``."""
+    """``D₂(K⁰) / Φ_λ(K⁰)``: the drift floor's leading order (§5) as a share of the profile at ``K⁰``.
+
+    Parameters
+    ----------
+    leading_order : float
+        ``D₂(K⁰)``.
+    profile : float
+        ``Φ_λ(K⁰)`` (``> 0``).
+
+    Returns
+    -------
+    float
+        Their ratio.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.phase_predictor import drift_share
+    >>> drift_share(0.02, 0.5)
+    0.04
+    """
     if not (float(leading_order) >= 0 and math.isfinite(float(leading_order))):
         raise ValueError(f"leading_order = {leading_order!r}: expected a finite number >= 0")
     return float(leading_order) / _positive("profile", profile)
@@ -60,7 +98,30 @@ def drift_share(leading_order: float, profile: float) -> float:
 
 def edge_round(margin: float, rounds: int, growth: float = CURVATURE_GROWTH) -> float:
     """``t_edge = T ln(2/(2 − m)) / ln g``: the round at which ``ηλ_max(θ^t) = 2`` if ``λ_max`` grows
-    geometrically by ``g`` over ``T`` rounds (``0`` when the step is unstable at ``θ⁰``, ``m ≤ 0``)."""
+    geometrically by ``g`` over ``T`` rounds (``0`` when the step is unstable at ``θ⁰``, ``m ≤ 0``).
+
+    Parameters
+    ----------
+    margin : float
+        The stability margin ``m`` (:func:`stability_margin`).
+    rounds : int
+        ``T``.
+    growth : float, default CURVATURE_GROWTH
+        ``g``, the growth of ``λ_max`` over the run.
+
+    Returns
+    -------
+    float
+        ``t_edge`` (may exceed ``T``: the run ends before the edge).
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.phase_predictor import edge_round
+    >>> round(edge_round(0.5, 100, growth=2.0), 2)           # 100 · ln(2/1.5) / ln 2
+    41.5
+    >>> edge_round(-0.1, 100)
+    0.0
+    """
     growth = _positive("growth", growth)
     if growth <= 1:
         raise ValueError(f"growth = {growth!r}: expected a factor > 1")
@@ -75,14 +136,60 @@ def edge_round(margin: float, rounds: int, growth: float = CURVATURE_GROWTH) -> 
 
 def predict_pays(margin: float, rounds: int, growth: float = CURVATURE_GROWTH) -> bool:
     """(a) FedFrozen at its best ``T0`` beats tuned FedAvg by more than :data:`GAIN_THRESHOLD`:
-    the run meets the edge before its last round, ``t_edge < T`` (``⇔ ηλ_max(θ⁰) > 2/g``)."""
+    the run meets the edge before its last round, ``t_edge < T`` (``⇔ ηλ_max(θ⁰) > 2/g``).
+
+    Parameters
+    ----------
+    margin : float
+        The stability margin ``m``.
+    rounds : int
+        ``T``.
+    growth : float, default CURVATURE_GROWTH
+        ``g``.
+
+    Returns
+    -------
+    bool
+        The prediction (a).
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.phase_predictor import predict_pays
+    >>> predict_pays(0.5, 100, growth=2.0), predict_pays(1.5, 100, growth=2.0)     # ηλ_max = 1.5, 0.5 vs 2/g = 1
+    (True, False)
+    """
     return edge_round(margin, rounds, growth) < rounds
 
 
 def predict_best_warmup(margin: float, rounds: int, grid=None, growth: float = CURVATURE_GROWTH) -> int:
     """(b) the best warm-up: ``T`` where :func:`predict_pays` says no, else ``⌊t_edge⌋``, the last
     round before the edge; with a ``grid`` of warm-ups, its largest value ``≤`` that round (or its
-    smallest)."""
+    smallest).
+
+    Parameters
+    ----------
+    margin : float
+        The stability margin ``m``.
+    rounds : int
+        ``T``.
+    grid : sequence of int, optional
+        The warm-ups allowed (default: every round ``0..T``).
+    growth : float, default CURVATURE_GROWTH
+        ``g``.
+
+    Returns
+    -------
+    int
+        The predicted best ``T0``.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.phase_predictor import predict_best_warmup
+    >>> predict_best_warmup(0.5, 100, growth=2.0), predict_best_warmup(1.5, 100, growth=2.0)
+    (41, 100)
+    >>> predict_best_warmup(0.5, 100, grid=[0, 10, 20, 40, 80], growth=2.0)
+    40
+    """
     T0 = rounds if not predict_pays(margin, rounds, growth) else int(math.floor(edge_round(margin, rounds, growth)))
     if grid is None:
         return T0

@@ -75,19 +75,69 @@ def register_strategy(name: str, factory: "Callable | str") -> None:
 
     ``factory`` is a callable or an absolute ``"module:attribute"`` reference, imported on first
     use. Registering a name twice with another factory is an error.
+
+    Parameters
+    ----------
+    name : str
+        The strategy's name (an identifier), the value of ``federated.strategy``.
+    factory : callable or str
+        ``factory(fed, warmup_rounds) -> Strategy``, or a ``"module:attribute"`` reference to one.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies import register_strategy
+    >>> register_strategy("fedavg", "linattn_theory.sim.strategies.fedprox:strategy")
+    Traceback (most recent call last):
+    ...
+    ValueError: strategy 'fedavg' is registered already
+
+    docs/howto/add-strategy.md registers a strategy of its own.
     """
     STRATEGIES.register(name, factory)
 
 
 def declaration(name: str) -> Declaration:
-    """What strategy ``name`` declares of itself (:class:`~.base.Declaration`; imports its module)."""
+    """What strategy ``name`` declares of itself (:class:`~.base.Declaration`; imports its module).
+
+    Parameters
+    ----------
+    name : str
+        A registered strategy.
+
+    Returns
+    -------
+    Declaration
+        Its declaration (an empty one where it declares nothing).
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies import declaration
+    >>> declaration("fedprox").settings, declaration("fedfrozen").freezes
+    (('prox_mu',), True)
+    """
     from .base import Declaration
     return getattr(STRATEGIES[name], "declaration", None) or Declaration()
 
 
 def strategy_settings() -> dict[str, tuple[str, ...]]:
     """``{setting: the strategies that read it}`` for every strategy-specific ``[federated]``
-    setting, from the strategies' declarations (in registry order)."""
+    setting, from the strategies' declarations (in registry order).
+
+    Returns
+    -------
+    dict of str to tuple of str
+        The strategies that read each setting, in registry order.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies import strategy_settings
+    >>> strategy_settings()["prox_mu"]
+    ('fedprox', 'fedfrozen_fedprox')
+    """
     readers: dict[str, tuple[str, ...]] = {}
     for name in STRATEGIES:
         for setting in declaration(name).reads:
@@ -99,7 +149,28 @@ def effective_warmup_rounds(strategy: str, rounds: int, warmup_rounds: int) -> i
     """The round ``T0`` at which ``strategy`` freezes a block: ``warmup_rounds`` for a strategy that
     declares ``freezes`` (the FedFrozen family), its fixed ``T0`` for one that declares it
     (``random_kernel``: 0; ``value_solve_final``: −1, the last round ``T − 1``), ``T = rounds`` (never) for the others (``fedfrozen_adaptive`` chooses its
-    ``T0`` during the run: its metadata's ``kernel_round``)."""
+    ``T0`` during the run: its metadata's ``kernel_round``).
+
+    Parameters
+    ----------
+    strategy : str
+        The strategy's name.
+    rounds : int
+        ``T``.
+    warmup_rounds : int
+        The configured ``T0`` (``federated.warmup_rounds``).
+
+    Returns
+    -------
+    int
+        The ``T0`` the strategy runs with.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies import effective_warmup_rounds
+    >>> [effective_warmup_rounds(name, 20, 5) for name in ("fedfrozen", "fedavg", "random_kernel", "value_solve_final")]
+    [5, 20, 0, 19]
+    """
     declared = declaration(strategy) if strategy in STRATEGIES else None
     if declared is not None and declared.warmup_rounds is not None:     # a negative T0 counts from T
         fixed = declared.warmup_rounds
@@ -108,7 +179,28 @@ def effective_warmup_rounds(strategy: str, rounds: int, warmup_rounds: int) -> i
 
 
 def make_strategy(fed, warmup_rounds: int) -> Strategy:
-    """The :class:`Strategy` named by ``fed.strategy`` with the federated settings ``fed``."""
+    """The :class:`Strategy` named by ``fed.strategy`` with the federated settings ``fed``.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The federated settings; ``fed.strategy`` names the strategy.
+    warmup_rounds : int
+        ``T0``.
+
+    Returns
+    -------
+    Strategy
+        The strategy (schedule, client rule, server rule).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies import make_strategy
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2, "strategy": "fedprox"}})
+    >>> make_strategy(config.federated, 2).name
+    'fedprox'
+    """
     if fed.strategy not in STRATEGIES:
         raise ValueError(f"federated.strategy = {fed.strategy!r}: expected one of "
                          f"{', '.join(map(repr, STRATEGIES))}")

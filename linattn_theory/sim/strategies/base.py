@@ -61,6 +61,16 @@ class Round(NamedTuple):
         ``E``.
     learning_rate : float
         ``η``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)              # clients 0 and 2 of m = 3
+    >>> rnd.participants.tolist(), float(rnd.weights.sum())
+    ([0, 2], 1.0)
     """
 
     t: int
@@ -86,6 +96,12 @@ class ClientRule(NamedTuple):
         clients' current ones).
     update : callable
         ``update(state, rnd, anchor, local) -> state``, after the local steps.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import ClientRule, local_sgd
+    >>> isinstance(local_sgd(), ClientRule), ClientRule._fields
+    (True, ('init', 'correction', 'update'))
     """
 
     init: Callable[[Params, int], Any]
@@ -102,6 +118,12 @@ class ServerRule(NamedTuple):
         ``init(params) -> state``.
     update : callable
         ``update(state, rnd, delta) -> (step, state)``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import ServerRule, server_sgd
+    >>> isinstance(server_sgd(), ServerRule), ServerRule._fields
+    (True, ('init', 'update'))
     """
 
     init: Callable[[Params], Any]
@@ -120,6 +142,14 @@ class Freeze(NamedTuple):
         The round whose kernel is frozen.
     params : Params
         ``θ^{kernel_round}``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import Freeze
+    >>> decision = Freeze(kernel_round=3, params=lt.Params.init(d=6, r=3, p=2))
+    >>> decision.kernel_round
+    3
     """
 
     kernel_round: int
@@ -140,6 +170,15 @@ class Control(NamedTuple):
         ``observe(state, data) -> Freeze | None``.
     finish : callable
         ``finish(result) -> dict``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import Control, Freeze
+    >>> def observe(state, data):                      # freeze at round 3's kernel once it is reached
+    ...     return Freeze(3, state.params) if state.round == 3 else None
+    >>> control = Control(observe, finish=lambda result: {"kernel_round": 3})
+    >>> control.finish(None)
+    {'kernel_round': 3}
     """
 
     observe: Callable[[Any, Any], "Freeze | None"]
@@ -162,6 +201,15 @@ class Strategy(NamedTuple):
         The server side.
     control : Control, optional
         The per-round hook.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies import make_strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> strategy = make_strategy(fed, 2)
+    >>> strategy.name, strategy.schedule(1), strategy.schedule(2), strategy.control
+    ('fedfrozen', ('WQ', 'WK', 'WV'), ('WV',), None)
     """
 
     name: str
@@ -187,6 +235,28 @@ class Declaration:
     :data:`linattn_theory.report.plotting.COLORS` or any Matplotlib colour); ``panel``: the
     panel of the strategies figure it is drawn in (a key of
     :data:`linattn_theory.report.plotting.PANELS`; ``None``: a reference drawn in every panel).
+
+    Parameters
+    ----------
+    freezes : bool, default False
+        Its schedule changes at ``T0 = federated.warmup_rounds``.
+    warmup_rounds : int, optional
+        A fixed ``T0`` (negative: counted from ``T``).
+    settings : tuple of str, default ()
+        The strategy-specific ``[federated]`` settings it reads.
+    check : callable, optional
+        ``check(fed, given)``, raising ``ConfigError`` for settings it cannot run with.
+    style : tuple of str, default ()
+        ``(label, colour, marker[, line style])`` in the figures.
+    panel : str, optional
+        Its panel of the strategies figure (``None``: every panel).
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies import declaration
+    >>> declared = declaration("fedfrozen_fedprox")
+    >>> declared.freezes, declared.reads
+    (True, ('warmup_rounds', 'prox_mu'))
     """
 
     freezes: bool = False
@@ -203,7 +273,27 @@ class Declaration:
 
 
 def declare(**declared) -> Callable:
-    """Decorate a strategy factory with its :class:`Declaration` (``factory.declaration``)."""
+    """Decorate a strategy factory with its :class:`Declaration` (``factory.declaration``).
+
+    Parameters
+    ----------
+    **declared
+        The :class:`Declaration`'s fields.
+
+    Returns
+    -------
+    callable
+        The decorator; it returns the factory with ``factory.declaration`` set.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import declare
+    >>> @declare(settings=("prox_mu",), style=("mine", "black", "o"))
+    ... def mine(fed, warmup_rounds=None):
+    ...     ...
+    >>> mine.declaration.reads, mine.declaration.freezes
+    (('prox_mu',), False)
+    """
     declaration = Declaration(**declared)
 
     def attach(factory):
@@ -227,6 +317,12 @@ def train_all(t: int) -> tuple[str, ...]:
     -------
     tuple of str
         ``("WQ", "WK", "WV")``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.strategies.base import train_all
+    >>> train_all(5)
+    ('WQ', 'WK', 'WV')
     """
     return BLOCKS
 
@@ -282,6 +378,14 @@ def local_sgd() -> ClientRule:
     -------
     ClientRule
         The rule.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import local_sgd
+    >>> rule = local_sgd()
+    >>> rule.init(lt.Params.init(d=6, r=3, p=2), 3), rule.correction(None, None, {}, {})
+    (None, {})
     """
     return ClientRule(_no_state, _no_correction, _keep_state)
 
@@ -298,6 +402,19 @@ def server_sgd(learning_rate: float = 1.0) -> ServerRule:
     -------
     ServerRule
         The rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)              # clients 0 and 2 of m = 3
+    >>> from linattn_theory.sim.strategies.base import server_sgd
+    >>> rule = server_sgd(0.5)
+    >>> step, state = rule.update(rule.init(None), rnd, {"WV": np.ones((1, 6, 2))})
+    >>> float(step["WV"][0, 0, 0]), state                  # η_s Δ
+    (0.5, None)
     """
 
     def update(state, rnd: Round, delta: dict):
@@ -336,6 +453,14 @@ def zeros_like_blocks(params: Params, clients: int | None = None) -> dict:
     -------
     dict of str to array
         The zeros.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import zeros_like_blocks
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> zeros_like_blocks(params)["WQ"].shape, zeros_like_blocks(params, clients=4)["WV"].shape
+    ((1, 6, 3), (4, 1, 6, 2))
     """
     xp = array_namespace(params.WV)
 
@@ -348,7 +473,29 @@ def zeros_like_blocks(params: Params, clients: int | None = None) -> dict:
 
 
 def instance_rows(num_instances: int, num_clients: int, index) -> np.ndarray:
-    """Flat row numbers ``i·m + index[i, j]`` of an ensemble's per-instance client indices."""
+    """Flat row numbers ``i·m + index[i, j]`` of an ensemble's per-instance client indices.
+
+    Parameters
+    ----------
+    num_instances : int
+        The ensemble's instances.
+    num_clients : int
+        ``m``, the clients of each.
+    index : array of int, shape (num_instances, k)
+        Each instance's client indices.
+
+    Returns
+    -------
+    numpy.ndarray, shape (num_instances · k,)
+        The rows in the flattened ``(instance, client)`` axis.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import instance_rows
+    >>> instance_rows(2, 3, np.array([[0, 2], [1, 2]])).tolist()
+    [0, 2, 4, 5]
+    """
     return (np.arange(num_instances)[:, None] * num_clients + index).reshape(-1)
 
 
@@ -371,6 +518,17 @@ def scatter_clients(full, part_values, rnd: Round):
     -------
     array
         The updated values.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)              # clients 0 and 2 of m = 3
+    >>> from linattn_theory.sim.strategies.base import scatter_clients
+    >>> scatter_clients(np.array([[1.0], [2.0], [3.0]]), np.array([[10.0], [30.0]]), rnd).tolist()
+    [[10.0], [2.0], [30.0]]
     """
     part = np.asarray(rnd.participants)
     k, m = part.shape[-1], rnd.num_clients
@@ -407,6 +565,15 @@ def weighted_sum(weights, a):
     -------
     array
         The sum.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import weighted_sum
+    >>> weighted_sum(np.array([0.5, 0.5]), np.array([[1.0], [3.0]])).tolist()
+    [2.0]
+    >>> weighted_sum(np.array([[0.5, 0.5]]), np.array([[[1.0], [3.0]]])).shape    # an ensemble: (I, 1, ...)
+    (1, 1, 1)
     """
     xp = array_namespace(weights, a)
     axis = _client_axis(weights)
@@ -428,6 +595,17 @@ def take_clients(full, rnd: Round):
     -------
     array
         The participants' values.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)              # clients 0 and 2 of m = 3
+    >>> from linattn_theory.sim.strategies.base import take_clients
+    >>> take_clients(np.array([[1.0], [2.0], [3.0]]), rnd).tolist()
+    [[1.0], [3.0]]
     """
     part = np.asarray(rnd.participants)
     if part.shape[-1] == rnd.num_clients:

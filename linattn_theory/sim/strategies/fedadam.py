@@ -40,6 +40,23 @@ def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> Se
     -------
     ServerRule
         The rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> delta = {block: np.ones_like(getattr(params, block)) for block in ("WQ", "WK", "WV")}   # Δ = 1
+    >>> from linattn_theory.sim.strategies.fedadam import adam
+    >>> rule = adam(learning_rate=0.01, beta1=0.9, beta2=0.99, epsilon=1e-3)
+    >>> step, state = rule.update(rule.init(params), rnd, delta)
+    >>> m, v = 0.1 * 1.0, 0.99 * 1e-3 ** 2 + 0.01 * 1.0                # v starts at τ²
+    >>> bool(np.isclose(step["WV"][0, 0, 0], 0.01 * m / (np.sqrt(v) + 1e-3), rtol=1e-12, atol=0))   # η_s m / (√v + τ)
+    True
     """
 
     def init(params):
@@ -60,7 +77,29 @@ def adam(learning_rate: float, beta1: float, beta2: float, epsilon: float) -> Se
 
 
 def check(fed, given) -> None:
-    """Refuse a server step ``η_s > MAX_SERVER_STEP`` (a ``ConfigError`` that says whether it is the default)."""
+    """Refuse a server step ``η_s > MAX_SERVER_STEP`` (a ``ConfigError`` that says whether it is the default).
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The federated settings.
+    given : collection of str
+        The keys the config's ``[federated]`` table sets.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedadam import check
+    >>> fed = lt.config_from_dict({}).federated                       # η_s = 1, the default
+    >>> check(fed, given=set())
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ConfigError: federated.strategy = 'fedadam' with the default federated.server_learning_rate = 1.0: ...
+    """
     if fed.server_learning_rate > MAX_SERVER_STEP:
         default = "" if "server_learning_rate" in given else "federated.strategy = 'fedadam' with the default "
         raise ConfigError(default + f"federated.server_learning_rate = {fed.server_learning_rate!r}: FedAdam moves "
@@ -71,7 +110,28 @@ def check(fed, given) -> None:
 @declare(settings=("server_beta1", "server_beta2", "server_epsilon"), check=check,
          style=("FedAdam", "brown", "P"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAdam with ``η_s = fed.server_learning_rate``, ``β1, β2 = fed.server_beta1/2``, ``τ = fed.server_epsilon``."""
+    """FedAdam with ``η_s = fed.server_learning_rate``, ``β1, β2 = fed.server_beta1/2``, ``τ = fed.server_epsilon``.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedadam import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # every block, every round
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV')]
+    """
     return Strategy(NAME, train_all, local_sgd(),
                     adam(fed.server_learning_rate, fed.server_beta1, fed.server_beta2,
                          fed.server_epsilon))

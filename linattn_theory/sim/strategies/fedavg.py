@@ -17,5 +17,26 @@ NAME = "fedavg"
 
 @declare(style=("FedAvg", "blue", "o"))
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAvg with the server step ``fed.server_learning_rate`` (``warmup_rounds`` is not used)."""
+    """FedAvg with the server step ``fed.server_learning_rate`` (``warmup_rounds`` is not used).
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedavg import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # every block, every round
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV')]
+    """
     return Strategy(NAME, train_all, local_sgd(), server_sgd(fed.server_learning_rate))

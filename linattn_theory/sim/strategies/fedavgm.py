@@ -33,6 +33,23 @@ def momentum(learning_rate: float, beta: float) -> ServerRule:
     -------
     ServerRule
         The rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> delta = {block: np.ones_like(getattr(params, block)) for block in ("WQ", "WK", "WV")}   # Δ = 1
+    >>> from linattn_theory.sim.strategies.fedavgm import momentum
+    >>> rule = momentum(learning_rate=1.0, beta=0.9)
+    >>> first, state = rule.update(rule.init(params), rnd, delta)
+    >>> second, state = rule.update(state, rnd, delta)
+    >>> float(first["WV"][0, 0, 0]), float(second["WV"][0, 0, 0])      # m = 1, then 0.9 + 1
+    (1.0, 1.9)
     """
 
     def update(state, rnd, delta):
@@ -46,6 +63,27 @@ def momentum(learning_rate: float, beta: float) -> ServerRule:
 
 @declare(settings=("server_momentum",), style=("FedAvgM", "vermillion", "v"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``."""
+    """FedAvgM with ``β = fed.server_momentum`` and ``η_s = fed.server_learning_rate``.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedavgm import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # every block, every round
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV')]
+    """
     return Strategy(NAME, train_all, local_sgd(),
                     momentum(fed.server_learning_rate, fed.server_momentum))

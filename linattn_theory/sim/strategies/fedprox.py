@@ -43,6 +43,25 @@ def proximal(mu: float, stage: tuple[str, ...] | None = None) -> ClientRule:
     -------
     ClientRule
         The rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> anchor = {block: np.zeros_like(getattr(params, block)) for block in ("WQ", "WK", "WV")}         # θ^t = 0
+    >>> local = {block: np.ones((2,) + getattr(params, block).shape) for block in ("WQ", "WK", "WV")}  # θ_c = 1
+    >>> from linattn_theory.sim.strategies.fedprox import proximal
+    >>> rule = proximal(0.5)
+    >>> {block: float(term[0, 0, 0, 0]) for block, term in rule.correction(rule.init(params, 3), rnd, anchor, local).items()}
+    {'WQ': 0.5, 'WK': 0.5, 'WV': 0.5}
+    >>> frozen_only = proximal(0.5, stage=("WV",))                 # this round trains every block: no term
+    >>> frozen_only.correction(frozen_only.init(params, 3), rnd, anchor, local)
+    {}
     """
 
     def correction(state, rnd, anchor, local):
@@ -55,7 +74,28 @@ def proximal(mu: float, stage: tuple[str, ...] | None = None) -> ClientRule:
 
 @declare(settings=("prox_mu",), style=("FedProx", "light_blue", "^"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedProx with ``μ = fed.prox_mu`` on every block in every round."""
+    """FedProx with ``μ = fed.prox_mu`` on every block in every round.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.fedprox import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # every block, every round
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV')]
+    """
     return Strategy(NAME, train_all, proximal(fed.prox_mu), server_sgd(fed.server_learning_rate))
 
 

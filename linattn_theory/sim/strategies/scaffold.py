@@ -36,6 +36,23 @@ def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
     -------
     ClientRule
         The rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.base import Round
+    >>> rnd = Round(t=0, blocks=("WQ", "WK", "WV"), participants=np.array([0, 2]), num_clients=3,
+    ...             client_weights=np.array([0.25, 0.25]), weights=np.array([0.5, 0.5]),
+    ...             local_steps=1, learning_rate=0.1)
+    >>> params = lt.Params.init(d=6, r=3, p=2)
+    >>> anchor = {block: np.zeros_like(getattr(params, block)) for block in ("WQ", "WK", "WV")}         # θ^t = 0
+    >>> local = {block: np.ones((2,) + getattr(params, block).shape) for block in ("WQ", "WK", "WV")}  # θ_c = 1
+    >>> from linattn_theory.sim.strategies.scaffold import control_variates
+    >>> rule = control_variates()
+    >>> correction = rule.correction(rule.init(params, 3), rnd, anchor, local)
+    >>> {block: float(abs(term).max()) for block, term in correction.items()}     # c − c_i = 0 at the start
+    {'WQ': 0.0, 'WK': 0.0, 'WV': 0.0}
     """
 
     def active(rnd):
@@ -67,5 +84,26 @@ def control_variates(stage: tuple[str, ...] | None = None) -> ClientRule:
 
 @declare(style=("SCAFFOLD", "green", "D"), panel="baselines")
 def strategy(fed, warmup_rounds: int | None = None) -> Strategy:
-    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``."""
+    """SCAFFOLD on every block in every round, server step ``η_g = fed.server_learning_rate``.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.scaffold import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # every block, every round
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV')]
+    """
     return Strategy(NAME, train_all, control_variates(), server_sgd(fed.server_learning_rate))

@@ -50,6 +50,30 @@ def solve_value_block(K, data, ridge: float) -> np.ndarray:
     """``V*_λ(K) = (Σ_c p_c A_c + λI)⁻¹ Σ_c p_c B_c`` from the clients' value moments (host array ``(H·d, p)``).
 
     Solved in float64; with ``λ = 0`` and a singular ``A`` the minimum-norm solution (docs/theory.md §4).
+
+    Parameters
+    ----------
+    K : array, shape (H, d, d)
+        The kernels.
+    data : StackedClients
+        The clients.
+    ridge : float
+        ``λ``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H·d, p)
+        ``V*_λ(K)``, float64.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.sim.strategies.value_solve import solve_value_block
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> data, params = prepare_run(config)
+    >>> solve_value_block(lt.kernel(params), data, ridge=0.1).shape           # H·d = 6, p = 2
+    (6, 2)
     """
     moments = value_moments(K, data, ridge)
     A, B, p = (np.asarray(to_numpy(a), dtype=np.float64) for a in (moments.A, moments.B, moments.weights))
@@ -84,12 +108,54 @@ def _solve_at(solve_round: int, fed) -> tuple[Control, ServerRule]:
 
 @declare(freezes=True, style=(r"value solve at $T_0$, then FedAvg", "vermillion", "x"), panel="fedfrozen")
 def strategy(fed, warmup_rounds: int) -> Strategy:
-    """FedAvg for ``t < T0 = warmup_rounds``, the exact value solve in round ``T0``, then value-only FedAvg."""
+    """FedAvg for ``t < T0 = warmup_rounds``, the exact value solve in round ``T0``, then value-only FedAvg.
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int
+        ``T0``, the round of the solve.
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.value_solve import strategy
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [strategy(fed, 2).schedule(t) for t in range(4)]      # the solve in round T0 = 2
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WV',), ('WV',)]
+    """
     control, server = _solve_at(warmup_rounds, fed)
     return Strategy(NAME, freeze_after(warmup_rounds, FROZEN), local_sgd(), server, control)
 
 
 @declare(warmup_rounds=-1, style=("FedAvg, value solve in the last round", "brown", "+"), panel="fedfrozen")
 def value_solve_final(fed, warmup_rounds: int | None = None) -> Strategy:
-    """FedAvg for ``T − 1`` rounds, the exact value solve in the last round (``warmup_rounds`` is not used)."""
+    """FedAvg for ``T − 1`` rounds, the exact value solve in the last round (``warmup_rounds`` is not used).
+
+    Parameters
+    ----------
+    fed : FederatedConfig
+        The schedule and the strategy's settings (``config.federated``).
+    warmup_rounds : int, optional
+        Not used (the solve is in round ``T − 1``).
+
+    Returns
+    -------
+    Strategy
+        The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.strategies.value_solve import value_solve_final
+    >>> fed = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}}).federated
+    >>> [value_solve_final(fed, 2).schedule(t) for t in range(4)]
+    [('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WQ', 'WK', 'WV'), ('WV',)]
+    """
     return strategy(fed, fed.rounds - 1)._replace(name="value_solve_final")

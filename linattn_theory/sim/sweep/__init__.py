@@ -80,6 +80,19 @@ class SweepSummary:
         The summary table written.
     divergences : tuple of DivergedRun, default ()
         Every diverged run of the sweep, in grid order.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2},
+    ...                          "grid": {"federated.learning_rate": [0.05, 50.0]}})
+    >>> summary = lt.run_sweep(sweep, pathlib.Path(tempfile.mkdtemp()) / "out")
+    >>> summary.total, summary.computed, summary.diverged, summary.divergences[0].learning_rate
+    (2, 2, 1, 50.0)
+    >>> print(summary.divergence_report())
+    1 of 2 runs diverged; the earliest: run ... with learning_rate η = 50; try η < ...
 """
 
     total: int
@@ -100,7 +113,27 @@ class SweepSummary:
 
 class SweepDiverged(RuntimeError):
     """``run_sweep(..., fail_on_divergence=True)``: runs diverged (every run is stored, the summary
-    written); ``summary`` is the :class:`SweepSummary`."""
+    written); ``summary`` is the :class:`SweepSummary`.
+
+    Parameters
+    ----------
+    summary : SweepSummary
+        What the sweep did; the message is its :meth:`~SweepSummary.divergence_report`.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep import SweepDiverged
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2},
+    ...                          "grid": {"federated.learning_rate": [0.05, 50.0]}})
+    >>> try:
+    ...     lt.run_sweep(sweep, pathlib.Path(tempfile.mkdtemp()) / "out", fail_on_divergence=True)
+    ... except SweepDiverged as err:
+    ...     print(err.summary.total, err.summary.diverged)
+    2 1
+    """
 
     def __init__(self, summary: SweepSummary):
         self.summary = summary

@@ -62,6 +62,29 @@ def plan_tasks(pending: list[tuple[str, RunConfig]]) -> list[list[tuple[str, dic
     shape (:func:`_shape_key`) fill tasks of at most :data:`TASK_INSTANCES` instances, and at
     least one task per core is made where there are enough instances. The grouping changes how
     fast a sweep runs, never its numbers (an ensemble's results do not depend on its members).
+
+    Parameters
+    ----------
+    pending : list of (str, RunConfig)
+        The runs to compute, with their ids.
+
+    Returns
+    -------
+    list of list of (str, dict)
+        The tasks: each a list of ``(run id, config as a dict)``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> from linattn_theory.sim.sweep.executors import compute_task, plan_tasks
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> pending = [(config_hash(c), c) for c in (config, config.with_updates({"seed": 1}))]
+    >>> tasks = plan_tasks(pending)
+    >>> sorted(run_id for task in tasks for run_id, _ in task) == sorted(run_id for run_id, _ in pending)
+    True
+    >>> [(run_id == pending[0][0], result.diverged) for run_id, result in compute_task(tasks[0])]
+    [(True, False)]
     """
     families: dict[str, list] = {}
     for run_id, config in pending:
@@ -87,6 +110,20 @@ def compute_task(task: list[tuple[str, dict]]) -> list:
     The runs go through :func:`~linattn_theory.sim.ensemble.simulate_many`: runs of equal shapes
     as one array program, FedFrozen runs that differ only in ``T0`` sharing their warm-up; each
     result is bit-identical whatever the task holds (and equals ``simulate(config)`` to rounding).
+
+    Parameters
+    ----------
+    task : list of (str, dict)
+        ``(run id, config as a dict)`` pairs, as :func:`plan_tasks` makes them.
+
+    Returns
+    -------
+    list of (str, RunResult)
+        The results, in the task's order.
+
+    Examples
+    --------
+    See :func:`plan_tasks`.
     """
     from ..ensemble import simulate_many
     configs = [config_from_dict(data) for _, data in task]
@@ -98,7 +135,31 @@ def compute_task(task: list[tuple[str, dict]]) -> list:
 
 def check_executor(executor: str, workers: int | None, scheduler: str | None) -> None:
     """Refuse an unknown executor, a worker count below 1 or a scheduler for an executor other than
-    ``dask`` (a ``ConfigError``); check that Dask imports when it is asked for."""
+    ``dask`` (a ``ConfigError``); check that Dask imports when it is asked for.
+
+    Parameters
+    ----------
+    executor : {"serial", "processes", "dask"}
+        The executor.
+    workers : int, optional
+        The number of workers.
+    scheduler : str, optional
+        A Dask scheduler's address (``dask`` only).
+
+    Returns
+    -------
+    None
+        Raises :class:`~linattn_theory.core.errors.ConfigError` on a bad choice.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.executors import check_executor
+    >>> check_executor("processes", 2, None)
+    >>> check_executor("threads", None, None)
+    Traceback (most recent call last):
+    ...
+    linattn_theory.core.errors.ConfigError: executor = 'threads': expected one of serial, processes, dask
+    """
     if executor not in EXECUTORS:
         raise ConfigError(f"executor = {executor!r}: expected one of {', '.join(EXECUTORS)}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
@@ -259,7 +320,34 @@ def _dask_results(tasks: list, workers: int, scheduler: str | None):
 
 
 def run_tasks(executor: str, tasks: list, workers: int | None, scheduler: str | None):
-    """Yield ``[(run_id, RunResult)]`` for each task as it finishes (any order)."""
+    """Yield ``[(run_id, RunResult)]`` for each task as it finishes (any order).
+
+    Parameters
+    ----------
+    executor : {"serial", "processes", "dask"}
+        Where the tasks run.
+    tasks : list
+        The tasks (:func:`plan_tasks`).
+    workers : int, optional
+        The number of workers (default: the machine's cores).
+    scheduler : str, optional
+        A Dask scheduler's address.
+
+    Yields
+    ------
+    list of (str, RunResult)
+        One task's results (:func:`compute_task`).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> from linattn_theory.sim.sweep.executors import plan_tasks, run_tasks
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> tasks = plan_tasks([(config_hash(config), config)])
+    >>> [[result.diverged for _, result in done] for done in run_tasks("serial", tasks, None, None)]
+    [[False]]
+    """
     if executor == "serial" or not tasks:
         yield from map(compute_task, tasks)
         return

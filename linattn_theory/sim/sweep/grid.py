@@ -42,6 +42,13 @@ class Sweep:
         The ``[figure]`` table.
     source : str, optional
         The file it was read from.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4}, "grid": {"federated.warmup_rounds": [0, 4]}})
+    >>> len(sweep), [point["federated.warmup_rounds"] for point in sweep.points], len(sweep.run_ids[0])
+    (2, [0, 4], 16)
 """
 
     configs: tuple[RunConfig, ...]
@@ -79,7 +86,26 @@ def _table(data: dict, name: str) -> dict:
 
 
 def flatten(data: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}} -> {"a.b": 1}`` (TOML's dotted keys inside ``[grid]`` arrive nested)."""
+    """``{"a": {"b": 1}} -> {"a.b": 1}`` (TOML's dotted keys inside ``[grid]`` arrive nested).
+
+    Parameters
+    ----------
+    data : dict
+        Nested tables.
+    prefix : str, default ""
+        Prepended to every key (with a dot).
+
+    Returns
+    -------
+    dict
+        ``{dotted key: value}``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.grid import flatten
+    >>> flatten({"federated": {"rounds": 4, "warmup_rounds": 2}, "seed": 1})
+    {'federated.rounds': 4, 'federated.warmup_rounds': 2, 'seed': 1}
+    """
     out = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
@@ -133,7 +159,24 @@ def _apply_overrides(overrides: dict, base: dict, grids: list[dict], where: str)
 
 
 def grid_size(grids: list[dict]) -> int:
-    """Runs of the grids before duplicates are removed: the sum of the products of list lengths."""
+    """Runs of the grids before duplicates are removed: the sum of the products of list lengths.
+
+    Parameters
+    ----------
+    grids : list of dict
+        The grids, ``{dotted key: list of values}`` each.
+
+    Returns
+    -------
+    int
+        Their number of runs.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.grid import grid_size
+    >>> grid_size([{"seed": [0, 1, 2], "federated.warmup_rounds": [0, 4]}, {"seed": [5]}])
+    7
+    """
     return sum(math.prod(len(values) for values in grid.values()) for grid in grids)
 
 
@@ -248,6 +291,25 @@ def with_backend(sweep: Sweep, backend: str) -> Sweep:
 
     Runs on another backend are other runs (their numbers differ by rounding), so they get
     other run ids; a grid that varies ``model.backend`` itself is refused.
+
+    Parameters
+    ----------
+    sweep : Sweep
+        The sweep.
+    backend : {"numpy", "cupy"}
+        The array library.
+
+    Returns
+    -------
+    Sweep
+        The sweep on ``backend`` (``sweep`` itself where nothing changes).
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict, with_backend
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4}, "grid": {"federated.warmup_rounds": [0, 4]}})
+    >>> [config.model.backend for config in with_backend(sweep, "numpy").configs]
+    ['numpy', 'numpy']
     """
     grids = sweep.grid if isinstance(sweep.grid, list) else [sweep.grid]
     if any("model.backend" in grid for grid in grids):

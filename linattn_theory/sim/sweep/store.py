@@ -39,7 +39,29 @@ EXISTING = ("refuse", "add", "replace")
 @dataclass(frozen=True)
 class DivergedRun:
     """A diverged run of a sweep (from its ``metadata.json``): its id and grid point, its seed and
-    step ``η``, the round and ``F_λ`` at which it stopped, and the stable step its report suggests."""
+    step ``η``, the round and ``F_λ`` at which it stopped, and the stable step its report suggests.
+
+    Parameters
+    ----------
+    run_id : str
+        The run's id (its config hash).
+    point : dict
+        Its grid point (dotted keys).
+    seed : int
+        Its seed.
+    learning_rate : float
+        Its step ``η``.
+    round : int
+        The round at which it stopped.
+    loss : float
+        ``F_λ`` there.
+    stable_learning_rate : float
+        The stable step its divergence report suggests.
+
+    Examples
+    --------
+    See :func:`stored_divergences` and :func:`divergence_report`.
+    """
 
     run_id: str
     point: dict
@@ -51,13 +73,55 @@ class DivergedRun:
 
 
 def worst_divergence(divergences) -> DivergedRun:
-    """The earliest divergence (ties: the run furthest above its suggested stable step)."""
+    """The earliest divergence (ties: the run furthest above its suggested stable step).
+
+    Parameters
+    ----------
+    divergences : iterable of DivergedRun
+        The diverged runs (at least one).
+
+    Returns
+    -------
+    DivergedRun
+        The earliest.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.store import DivergedRun, worst_divergence
+    >>> late = DivergedRun("b", {}, 0, 1.0, 7, 1e9, 0.3)
+    >>> early = DivergedRun("a", {}, 1, 5.0, 2, 1e9, 0.21)
+    >>> worst_divergence([late, early]).run_id
+    'a'
+    """
     return min(divergences, key=lambda d: (d.round, d.stable_learning_rate / d.learning_rate))
 
 
 def divergence_report(divergences, total: int) -> str:
     """``"3 of 12 runs diverged; the earliest: run <id> (seed=1, ...) at round 2 with η = 5; try
-    η < 0.21, the smallest stable step suggested for them (each run's metadata.json has its own)"``."""
+    η < 0.21, the smallest stable step suggested for them (each run's metadata.json has its own)"``.
+
+    Parameters
+    ----------
+    divergences : sequence of DivergedRun
+        The diverged runs.
+    total : int
+        The sweep's number of runs.
+
+    Returns
+    -------
+    str
+        The report; ``""`` when nothing diverged.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.store import DivergedRun, divergence_report
+    >>> runs = [DivergedRun("a", {"federated.learning_rate": 5.0}, 1, 5.0, 2, 1e9, 0.21),
+    ...         DivergedRun("b", {"federated.learning_rate": 1.0}, 0, 1.0, 7, 1e9, 0.3)]
+    >>> print(divergence_report(runs, 12))
+    2 of 12 runs diverged; the earliest: run a (seed=1, federated.learning_rate=5.0) at round 2 with learning_rate η = 5; try η < 0.21, ...
+    >>> divergence_report([], 12)
+    ''
+    """
     if not divergences:
         return ""
     worst = worst_divergence(divergences)
@@ -70,19 +134,96 @@ def divergence_report(divergences, total: int) -> str:
 
 
 def run_dir(out, config_or_id) -> Path:
-    """``DIR/runs/<config_hash>``: where a run of the sweep stored in ``out`` lives."""
+    """``DIR/runs/<config_hash>``: where a run of the sweep stored in ``out`` lives.
+
+    Parameters
+    ----------
+    out : str or Path
+        The sweep folder ``DIR``.
+    config_or_id : RunConfig or str
+        The run, or its id (:func:`~linattn_theory.sim.config.config_hash`).
+
+    Returns
+    -------
+    Path
+        The run's folder (which need not exist).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> from linattn_theory.sim.sweep.store import run_dir
+    >>> config = lt.config_from_dict({"seed": 1})
+    >>> run_dir("out", config) == run_dir("out", config_hash(config))
+    True
+    >>> run_dir("out", "0123abcd").as_posix()
+    'out/runs/0123abcd'
+    """
     key = config_or_id if isinstance(config_or_id, str) else config_hash(config_or_id)
     return Path(out) / "runs" / key
 
 
 def is_complete(out, config_or_id) -> bool:
     """A run is finished when its ``metadata.json`` (written last, atomically) exists and its
-    files match the hashes recorded there (:func:`~linattn_theory.core.io.read_run`)."""
+    files match the hashes recorded there (:func:`~linattn_theory.core.io.read_run`).
+
+    Parameters
+    ----------
+    out : str or Path
+        The sweep folder.
+    config_or_id : RunConfig or str
+        The run, or its id.
+
+    Returns
+    -------
+    bool
+        Whether the run is finished and intact.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4}, "grid": {"federated.warmup_rounds": [0, 4]}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import is_complete
+    >>> is_complete(out, sweep.configs[0])
+    False
+    >>> _ = lt.run_sweep(sweep, out)
+    >>> is_complete(out, sweep.configs[0])
+    True
+    """
     return run_status(run_dir(out, config_or_id))[0] == "finished"
 
 
 def store_run(run_id: str, result, out: Path) -> bool:
-    """Caller side: write one finished run; returns whether it diverged."""
+    """Caller side: write one finished run; returns whether it diverged.
+
+    Parameters
+    ----------
+    run_id : str
+        The run's id; its folder is :func:`run_dir` ``(out, run_id)``.
+    result : RunResult
+        The finished run (its metadata gets ``run_id``).
+    out : Path
+        The sweep folder.
+
+    Returns
+    -------
+    bool
+        Whether the run diverged.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import is_complete, store_run
+    >>> store_run(config_hash(config), lt.simulate(config), out), is_complete(out, config)   # (diverged, finished)
+    (False, True)
+    """
     target = run_dir(out, run_id)
     for stale in target.glob(".*.tmp"):     # left by a writer killed mid-file
         stale.unlink(missing_ok=True)
@@ -93,7 +234,35 @@ def store_run(run_id: str, result, out: Path) -> bool:
 
 def sweep_manifest(sweep: Sweep, out: Path, existing: str) -> dict:
     """The ``sweep.json`` to write: this sweep's, or (``existing="add"``) the union with the
-    sweep already in ``out``. A folder holding a sweep with other runs is refused by default."""
+    sweep already in ``out``. A folder holding a sweep with other runs is refused by default.
+
+    Parameters
+    ----------
+    sweep : Sweep
+        The sweep to write.
+    out : Path
+        Its folder.
+    existing : {"refuse", "add", "replace"}
+        What to do with another sweep already in ``out`` (:data:`EXISTING`).
+
+    Returns
+    -------
+    dict
+        The manifest: ``source``, ``grid``, ``base``, ``figure``, ``runs`` and ``points``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2},
+    ...                          "grid": {"federated.learning_rate": [0.05, 50.0]}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import sweep_manifest
+    >>> manifest = sweep_manifest(sweep, out, "refuse")
+    >>> manifest["runs"] == sweep.run_ids, manifest["points"]
+    (True, [{'federated.learning_rate': 0.05}, {'federated.learning_rate': 50.0}])
+    """
     manifest = {"source": sweep.source, "grid": sweep.grid, "base": sweep.base,
                 "figure": sweep.figure, "runs": sweep.run_ids,
                 "points": [dict(p) for p in sweep.points]}
@@ -146,6 +315,29 @@ def sweep_lock(out, *, wait: bool = False):
     it behind, unlocked, for the next sweep to take). When another process holds it:
     ``wait=False`` raises :class:`ConfigError` naming the holder, ``wait=True`` says on stderr that
     it waits, and waits. Where ``fcntl`` is missing (Windows) nothing is locked.
+
+    Parameters
+    ----------
+    out : str or Path
+        The sweep folder.
+    wait : bool, default False
+        Wait for another holder rather than raise.
+
+    Returns
+    -------
+    context manager
+        Holds the lock inside its ``with`` block.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.sim.sweep.store import LOCK, sweep_lock
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> with sweep_lock(out):
+    ...     print((out / LOCK).exists())
+    True
+    >>> (out / LOCK).exists()                    # removed when the block ends
+    False
     """
     import socket
     import sys
@@ -210,7 +402,25 @@ SUMMARY_COLUMNS = ("run_id", "T0", "rounds_completed", "final_loss", "final_loss
 
 
 def read_table(data: bytes):
-    """A run's ``rounds.csv`` (its bytes) with its dtypes restored (a column of zeros reads back as integers)."""
+    """A run's ``rounds.csv`` (its bytes) with its dtypes restored (a column of zeros reads back as integers).
+
+    Parameters
+    ----------
+    data : bytes
+        The file's contents.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table: ``round`` and ``participants`` integers, every other numeric column float64.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.store import read_table
+    >>> table = read_table(b"round,loss,kernel_drift\\n0,1.5,0\\n1,1.25,0\\n")
+    >>> table.dtypes.astype(str).tolist()
+    ['int64', 'float64', 'float64']
+    """
     table = read_csv_exact(data)
     cast = {c: "float64" for c in table.select_dtypes(include="number").columns
             if c not in _INTEGER_COLUMNS and table[c].dtype != "float64"}
@@ -238,7 +448,30 @@ def _run_dirs(out: Path) -> list[Path]:
 def finished_runs(out) -> list[tuple[Path, dict, dict]]:
     """``(folder, metadata, {file: bytes})`` of every finished run under ``out`` (a sweep or run
     folder), unfinished ones left out; raises :class:`~linattn_theory.core.errors.RunIntegrityError`
-    naming the first broken run (and how many there are)."""
+    naming the first broken run (and how many there are).
+
+    Parameters
+    ----------
+    out : str or Path
+        A sweep folder or a run folder.
+
+    Returns
+    -------
+    list of tuple
+        ``(folder, metadata, {file name: bytes})`` per finished run, in the sweep's grid order.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4}, "grid": {"federated.warmup_rounds": [0, 4]}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import finished_runs
+    >>> _ = lt.run_sweep(sweep, out)
+    >>> [(metadata["warmup_rounds"], sorted(files)) for _, metadata, files in finished_runs(out)]
+    [(0, ['params.npz', 'rounds.csv']), (4, ['params.npz', 'rounds.csv'])]
+    """
     finished, broken = [], []
     for path in _run_dirs(Path(out)):
         if not (path / "metadata.json").is_file():
@@ -255,7 +488,26 @@ def finished_runs(out) -> list[tuple[Path, dict, dict]]:
 
 
 def summary_row(metadata: dict, table, run_id: str) -> dict:
-    """One row of :func:`summary_table`: the run's last round and its flattened configuration."""
+    """One row of :func:`summary_table`: the run's last round and its flattened configuration.
+
+    Parameters
+    ----------
+    metadata : dict
+        The run's ``metadata.json``.
+    table : pandas.DataFrame
+        Its ``rounds.csv`` (:func:`read_table`).
+    run_id : str
+        Its id.
+
+    Returns
+    -------
+    dict
+        :data:`SUMMARY_COLUMNS`, then the configuration's dotted keys (and the step scale, where one set ``η``).
+
+    Examples
+    --------
+    See :func:`summary_table`, whose rows these are.
+    """
     last = table.iloc[-1]
     div = metadata.get("divergence") or {}
     row = {"run_id": run_id,
@@ -274,7 +526,34 @@ def summary_row(metadata: dict, table, run_id: str) -> dict:
 
 
 def summary_table(out, *, rounds: bool = False):
-    """The finished runs under ``out`` as a DataFrame (see :func:`linattn_theory.report.results.load_results`)."""
+    """The finished runs under ``out`` as a DataFrame (see :func:`linattn_theory.report.results.load_results`).
+
+    Parameters
+    ----------
+    out : str or Path
+        A sweep folder or a run folder.
+    rounds : bool, default False
+        One row per round of every run (with the run's configuration columns) instead of one per run.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One :func:`summary_row` per finished run (or, with ``rounds``, the runs' tables joined).
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4}, "grid": {"federated.warmup_rounds": [0, 4]}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import summary_table
+    >>> _ = lt.run_sweep(sweep, out)
+    >>> summary_table(out)[["T0", "rounds_completed", "diverged"]].values.tolist()
+    [[0, 4, False], [4, 4, False]]
+    >>> len(summary_table(out, rounds=True))          # rounds 0..4 of both runs
+    10
+    """
     import pandas as pd
 
     summaries, tables = [], []
@@ -295,7 +574,30 @@ def summary_table(out, *, rounds: bool = False):
 
 
 def write_summary(out: Path):
-    """``out/summary.csv``: :func:`summary_table` of the sweep folder, written atomically; returns the table."""
+    """``out/summary.csv``: :func:`summary_table` of the sweep folder, written atomically; returns the table.
+
+    Parameters
+    ----------
+    out : Path
+        The sweep folder.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table written.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import config_hash
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import SUMMARY, store_run, write_summary
+    >>> _ = store_run(config_hash(config), lt.simulate(config), out)
+    >>> len(write_summary(out)), (out / SUMMARY).is_file()
+    (1, True)
+    """
     table = summary_table(out)
     atomic_write_bytes(out / SUMMARY, table.to_csv(index=False).encode())
     return table
@@ -303,7 +605,35 @@ def write_summary(out: Path):
 
 def stored_divergences(out: Path, sweep: Sweep, table) -> tuple[DivergedRun, ...]:
     """The diverged runs of ``sweep`` (computed now or before), in grid order, from the summary
-    ``table`` and each diverged run's ``metadata.json``."""
+    ``table`` and each diverged run's ``metadata.json``.
+
+    Parameters
+    ----------
+    out : Path
+        The sweep folder.
+    sweep : Sweep
+        The sweep.
+    table : pandas.DataFrame
+        Its summary (:func:`summary_table`).
+
+    Returns
+    -------
+    tuple of DivergedRun
+        The diverged runs, in grid order.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.grid import sweep_from_dict
+    >>> sweep = sweep_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2},
+    ...                          "grid": {"federated.learning_rate": [0.05, 50.0]}})
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> from linattn_theory.sim.sweep.store import stored_divergences, summary_table
+    >>> _ = lt.run_sweep(sweep, out)
+    >>> [(run.learning_rate, run.round) for run in stored_divergences(out, sweep, summary_table(out))]
+    [(50.0, 1)]
+    """
     if not len(table):
         return ()
     diverged = set(table.loc[table["diverged"].astype(bool), "run_id"])
