@@ -9,6 +9,7 @@ from linattn_theory import simulate
 from linattn_theory.report.arms import arm_summary
 from linattn_theory.report.tuning import choose_steps, grid_settings, setting_label, tune_and_hold_out
 from linattn_theory.sim.config import config_from_dict
+from linattn_theory.core.io import read_csv_exact   # every float as written, whatever the pandas
 
 BASE = config_from_dict({"task": {"num_clients": 3, "samples_per_client": 16, "tokens": 4, "dim": 3, "rank": 2,
                                   "outputs": 1, "zeta_value": 1.0},
@@ -101,7 +102,7 @@ def test_committed_held_out_rows_of_seeds_0_and_19_are_regenerated():
     root = Path(__file__).resolve().parents[1]
     configs = root / "simulations" / "configs"
     settings = load_arms_settings(configs / "phase_diagram_arms.toml", configs / "phase_diagram.toml")
-    committed = pd.read_csv(root / "figures" / "phase_diagram_arms.csv")
+    committed = read_csv_exact(root / "figures" / "phase_diagram_arms.csv")
     committed = committed[committed["seed"].isin([0, 19])]
     assert committed["chaotic"].any() and not committed["chaotic"].all()
     labels = {(arm, lab): u for arm in settings["arms"] for u in grid_settings(settings["grids"][arm])

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from linattn_theory.core.io import read_csv_exact   # every float as written, whatever the pandas
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
 CONFIGS = ROOT / "simulations" / "configs"
@@ -33,8 +35,8 @@ def _choose(R: pd.DataFrame) -> str:
 @pytest.fixture(scope="module")
 def arms():
     declared = tomllib.loads((CONFIGS / "phase_diagram_arms.toml").read_text())
-    return (declared, pd.read_csv(FIGURES / "phase_diagram_arms.csv"),
-            pd.read_csv(FIGURES / "phase_diagram_arms_design.csv"), pd.read_csv(FIGURES / "phase_diagram_arms_cells.csv"))
+    return (declared, read_csv_exact(FIGURES / "phase_diagram_arms.csv"),
+            read_csv_exact(FIGURES / "phase_diagram_arms_design.csv"), read_csv_exact(FIGURES / "phase_diagram_arms_cells.csv"))
 
 
 def test_every_arm_ran_its_declared_grid_and_holds_out_the_setting_its_design_seeds_chose(arms):
@@ -106,9 +108,9 @@ def test_what_the_docs_say_about_every_arm_tuned(arms):
 @pytest.fixture(scope="module")
 def digits():
     declared = tomllib.loads((CONFIGS / "digits_phase.toml").read_text())
-    optima = pd.read_csv(FIGURES / "digits_phase_optimum.csv")
-    runs = pd.read_csv(FIGURES / "digits_phase.csv").merge(optima, on=["attention", "label_alpha", "seed"], how="left")
-    return declared, runs, pd.read_csv(FIGURES / "digits_phase_cells.csv", dtype={"column": str})
+    optima = read_csv_exact(FIGURES / "digits_phase_optimum.csv")
+    runs = read_csv_exact(FIGURES / "digits_phase.csv").merge(optima, on=["attention", "label_alpha", "seed"], how="left")
+    return declared, runs, read_csv_exact(FIGURES / "digits_phase_cells.csv", dtype={"column": str})
 
 
 def test_the_digits_cells_follow_from_the_runs(digits):
