@@ -608,7 +608,8 @@ class ScriptedRule:
     >>> from linattn_theory.recommenders.scoring import ScriptedRule, score_instance, stored_forecasts
     >>> forecasts = stored_forecasts(score_instance(config, restarts=1))
     >>> rule = ScriptedRule(stop_round=2, kernel_round=1)
-    >>> rule.decide(forecasts[:2], 4).stop, rule.decide(forecasts[:3], 4).stop, rule.decide(forecasts[:3], 4).kernel_round
+    >>> at_2 = rule.decide(forecasts[:3], 4)                  # forecasts of rounds 0..2
+    >>> rule.decide(forecasts[:2], 4).stop, at_2.stop, at_2.kernel_round
     (False, True, 1)
     """
 

@@ -127,7 +127,8 @@ def discover(root=None, only=None) -> dict[str, Path]:
     >>> from linattn_theory.report.figures import discover
     >>> root = pathlib.Path(tempfile.mkdtemp())
     >>> (root / "simulations").mkdir()
-    >>> _ = (root / "simulations" / "demo.py").write_text('# A figure\\ndef make(out_dir, quick=False):\\n    return [out_dir]\\n')
+    >>> script = '# A figure\\ndef make(out_dir, quick=False):\\n    return [out_dir]\\n'
+    >>> _ = (root / "simulations" / "demo.py").write_text(script)
     >>> _ = (root / "simulations" / "notes.py").write_text("x = 1\\n")            # no make: not a figure script
     >>> discover(root) == {"demo": root / "simulations" / "demo.py"}
     True
@@ -197,7 +198,8 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
     >>> from linattn_theory.report.figures import discover, make_figures
     >>> root = pathlib.Path(tempfile.mkdtemp())
     >>> (root / "simulations").mkdir()
-    >>> _ = (root / "simulations" / "demo.py").write_text('# A figure\\ndef make(out_dir, quick=False):\\n    return [out_dir]\\n')
+    >>> script = '# A figure\\ndef make(out_dir, quick=False):\\n    return [out_dir]\\n'
+    >>> _ = (root / "simulations" / "demo.py").write_text(script)
     >>> _ = (root / "simulations" / "notes.py").write_text("x = 1\\n")            # no make: not a figure script
     >>> made = make_figures(discover(root), root / "figures", executor="serial")   # demo's make takes no executor
     >>> list(made), made["demo"][0] == [root / "figures"]
@@ -301,7 +303,8 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
     >>> import pathlib, tempfile
     >>> from linattn_theory.report.figures import figure_sweep
     >>> folder = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (folder / "demo.toml").write_text('[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\n')
+    >>> sweep_toml = '[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\n'
+    >>> _ = (folder / "demo.toml").write_text(sweep_toml)
     >>> sweep, results, sweep_dir = figure_sweep(folder / "demo.toml", folder, executor="serial")
     >>> len(sweep), sorted(results["T0"]), sweep_dir.relative_to(folder).as_posix()
     (3, [0, 2, 4], '_sweeps/demo')
@@ -355,7 +358,8 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
     >>> import pathlib, tempfile
     >>> from linattn_theory.report.figures import excess_risk_sweep
     >>> folder = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (folder / "demo.toml").write_text('[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\n')
+    >>> sweep_toml = '[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\n'
+    >>> _ = (folder / "demo.toml").write_text(sweep_toml)
     >>> table, best, left_out = excess_risk_sweep(folder / "demo.toml", folder, by=["seed"], executor="serial")
     >>> len(table), len(best), len(left_out)
     (3, 1, 0)
