@@ -82,7 +82,15 @@ class TunedComparison(NamedTuple):
 
     Examples
     --------
-    See :func:`tune_and_hold_out`.
+    >>> import pandas as pd
+    >>> from linattn_theory.report.tuning import TunedComparison
+    >>> choices = pd.DataFrame({"cell": ["c0"], "arm": ["fedavg"], "step": [0.05], "median_ratio": [1.0],
+    ...                         "diverged": [0]})
+    >>> comparison = TunedComparison(heldout=pd.DataFrame(), design=pd.DataFrame(), choices=choices)
+    >>> comparison._fields, float(comparison.choices["step"].iloc[0])
+    (('heldout', 'design', 'choices'), 0.05)
+
+    :func:`tune_and_hold_out` makes it.
     """
 
     heldout: pd.DataFrame
