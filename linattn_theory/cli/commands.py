@@ -394,6 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     -------
     argparse.ArgumentParser
         The ``linattn`` parser with its subcommands.
+
+    Examples
+    --------
+    >>> from linattn_theory.cli.commands import build_parser
+    >>> args = build_parser().parse_args(["simulate", "run.toml"])
+    >>> args.command, args.config
+    ('simulate', 'run.toml')
     """
     parser = argparse.ArgumentParser(
         prog="linattn",

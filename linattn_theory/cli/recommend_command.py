@@ -49,6 +49,17 @@ def format_recommendation(rec, curve_rows: int | None = None) -> str:
     -------
     str
         The report.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 8, "warmup_rounds": 8}})
+    >>> from linattn_theory.cli.recommend_command import format_recommendation
+    >>> from linattn_theory.recommenders.recommendation import recommend
+    >>> rec = recommend(config, mode="online", measure=False)
+    >>> report = format_recommendation(rec)
+    >>> report.splitlines()[0] == f"recommended warm-up  T0 = {rec.T0_theory}   (mode: online)"
+    True
     """
     cfg, T = rec.config, rec.config.federated.rounds
     fed = cfg.federated
@@ -120,6 +131,18 @@ def recommend_main(config_path_or_config, out=None, *, mode: str = "online", mea
     -------
     int
         The exit status.
+
+    Examples
+    --------
+    >>> import io
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 8, "warmup_rounds": 8}})
+    >>> from linattn_theory.cli.recommend_command import recommend_main
+    >>> out = io.StringIO()
+    >>> recommend_main(config, out, mode="online", measure=False)
+    0
+    >>> out.getvalue().startswith("recommended warm-up  T0 = ")
+    True
     """
     from ..recommenders.recommendation import recommend
 

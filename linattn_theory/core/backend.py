@@ -33,6 +33,13 @@ class BackendUnavailableError(ConfigError):
 
     A :class:`~linattn_theory.core.errors.ConfigError`, so the command line reports it like any
     other invalid setting (exit status 2, nothing written).
+
+    Examples
+    --------
+    >>> from linattn_theory.core.errors import ConfigError
+    >>> from linattn_theory.core.backend import BackendUnavailableError
+    >>> issubclass(BackendUnavailableError, ConfigError)            # reported as an invalid setting (exit 2)
+    True
     """
 
 
@@ -173,6 +180,15 @@ def resolve_max_bytes(max_bytes, data, heads: int, batch_size: int | None = None
     -------
     int or None
         The budget for :func:`client_chunks`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.clients import stack_clients
+    >>> data = stack_clients([(np.ones((8, 4, 3)), np.ones((8, 3)), np.ones((8, 1)))])   # 8 samples, d = 3, p = 1
+    >>> from linattn_theory.core.backend import resolve_max_bytes
+    >>> resolve_max_bytes("auto", data, heads=1) is None, resolve_max_bytes(4096, data, heads=1)   # small: one chunk
+    (True, 4096)
     """
     if not isinstance(max_bytes, str):
         return max_bytes
@@ -234,6 +250,17 @@ def client_working_bytes(data, heads: int, batch_size: int | None = None) -> int
     -------
     int
         Bytes.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.clients import stack_clients
+    >>> data = stack_clients([(np.ones((8, 4, 3)), np.ones((8, 3)), np.ones((8, 1)))])   # 8 samples, d = 3, p = 1
+    >>> from linattn_theory.core.backend import client_working_bytes
+    >>> client_working_bytes(data, heads=1)                  # 8 samples × (9 + 3 + 1 + 1 + 4·3 + 2) × 8 bytes
+    1792
+    >>> client_working_bytes(data, heads=1, batch_size=4)
+    896
     """
     N = data.S.shape[1] if batch_size is None else batch_size
     d, p = data.S.shape[-1], data.y.shape[-1]

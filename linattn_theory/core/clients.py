@@ -259,6 +259,17 @@ class StackedClients:
         The layer that reads the data.
     temperature : float, default 1.0
         Softmax temperature.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.clients import StackedClients, stack_clients
+    >>> data = stack_clients([(np.ones((2, 4, 3)), np.ones((2, 3)), np.ones((2, 1))),      # N_c = 2 and 3
+    ...                       (np.ones((3, 4, 3)), np.ones((3, 3)), np.ones((3, 1)))])
+    >>> isinstance(data, StackedClients), data.S.shape, data.sizes.tolist()
+    (True, (2, 3, 3, 3), [2, 3])
+    >>> data.sample_weight[0].tolist(), data.X is None                   # 1/N_c, then padding; linear attention
+    ([0.5, 0.5, 0.0], True)
     """
 
     S: object

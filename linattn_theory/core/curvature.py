@@ -33,6 +33,22 @@ def value_curvature(K, data: StackedClients, ridge: float = 0.0):
     -------
     numpy.ndarray, shape (m,)
         The largest eigenvalues.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.clients import stack_clients
+    >>> rng = np.random.default_rng(0)
+    >>> X, q, y = rng.normal(size=(8, 5, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 1))
+    >>> data = stack_clients([(X, q, y)])                                # one client
+    >>> from linattn_theory.core.curvature import value_curvature
+    >>> K = rng.normal(size=(2, 3, 3))
+    >>> phi = lt.features(K, lt.context_second_moment(X), q).reshape(8, -1)
+    >>> bool(np.isclose(value_curvature(K, data)[0], np.linalg.eigvalsh(phi.T @ phi / 8)[-1]))   # Ã = E[φφ^T]
+    True
+    >>> bool(np.isclose(value_curvature(K, data, ridge=0.5)[0] - value_curvature(K, data)[0], 0.5))
+    True
     """
     xp = array_namespace(data.S)
     phi = _flat(xp, data.features(K), 2)
@@ -94,6 +110,22 @@ def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
     -------
     numpy.ndarray, shape (m,) or (points, m)
         The largest eigenvalues.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.clients import stack_clients
+    >>> rng = np.random.default_rng(0)
+    >>> X, q, y = rng.normal(size=(8, 5, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 1))
+    >>> data = stack_clients([(X, q, y)])                                # one client
+    >>> from linattn_theory.core.curvature import hessian_curvature, value_curvature
+    >>> params, other = lt.Params.init(d=3, r=2, p=1, seed=0), lt.Params.init(d=3, r=2, p=1, seed=1)
+    >>> full = hessian_curvature(params, data)
+    >>> bool(full[0] >= 0.999 * value_curvature(lt.kernel(params), data)[0])   # Ã is a block of the Hessian
+    True
+    >>> bool(np.array_equal(hessian_curvature([params, other], data)[1], hessian_curvature(other, data)))
+    True
     """
     xp = array_namespace(data.S)
     single = isinstance(params, Params)

@@ -29,7 +29,17 @@ class ConfigError(ValueError):
 
 class ArgumentError(ConfigError):
     """A command-line argument is invalid (a flag's value, e.g. ``--only`` naming no figure
-    script); the command line says "invalid argument" (exit 2)."""
+    script); the command line says "invalid argument" (exit 2).
+
+    Examples
+    --------
+    >>> from linattn_theory.core.errors import ArgumentError, ConfigError
+    >>> try:
+    ...     raise ArgumentError("--only 'nope': no such figure script")
+    ... except ConfigError as error:                            # an invalid argument is an invalid setting
+    ...     print(type(error).__name__, error)
+    ArgumentError --only 'nope': no such figure script
+    """
 
 
 class RunIntegrityError(ValueError):
@@ -65,4 +75,15 @@ class RunIntegrityError(ValueError):
 
 class SettingWarning(UserWarning):
     """A setting that runs but that a user should revisit (``model.rank`` above the token
-    dimension, a one-client federation, more workers than cores)."""
+    dimension, a one-client federation, more workers than cores).
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from linattn_theory.core.errors import SettingWarning
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warnings.warn("model.rank = 8 exceeds the token dimension 4", SettingWarning)
+    >>> issubclass(SettingWarning, UserWarning), caught[0].category.__name__
+    (True, 'SettingWarning')
+    """

@@ -35,6 +35,23 @@ def frozen_client_map(moments: ValueMoments, eta: float, E: int, lam: float = 0.
         Each client's linear part.
     b : array, shape (m, H·d, p)
         Each client's constant part.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.clients import stack_clients
+    >>> from linattn_theory.core.frozen_map import frozen_client_map
+    >>> from linattn_theory.core.moments import value_moments
+    >>> rng = np.random.default_rng(0)
+    >>> data = stack_clients([(rng.normal(size=(8, 5, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 1)))])
+    >>> moments = value_moments(rng.normal(size=(2, 3, 3)), data)               # H·d = 6, p = 1
+    >>> M, b = frozen_client_map(moments, eta=0.01, E=3, lam=0.2)
+    >>> V0 = rng.normal(size=(6, 1))
+    >>> V = V0
+    >>> for _ in range(3):                                                       # three local steps by hand
+    ...     V = V - 0.01 * ((moments.A[0] + 0.2 * np.eye(6)) @ V - moments.B[0])
+    >>> bool(np.allclose(M[0] @ V0 + b[0], V))
+    True
     """
     A, B = moments.A, moments.B
     xp = array_namespace(A, B)

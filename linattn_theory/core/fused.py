@@ -60,6 +60,12 @@ def numba_available() -> bool:
     -------
     bool
         Whether the fused engine can run.
+
+    Examples
+    --------
+    >>> from linattn_theory.core.fused import ENGINES, numba_available
+    >>> isinstance(numba_available(), bool), ENGINES          # "fused" runs only where numba is installed
+    (True, ('auto', 'fused', 'array_api'))
     """
     return importlib.util.find_spec("numba") is not None
 
@@ -72,6 +78,16 @@ def default_threads() -> int:
     -------
     int
         The thread count.
+
+    Examples
+    --------
+    >>> from linattn_theory.core.fused import default_threads, set_threads
+    >>> set_threads(3)
+    >>> default_threads()
+    3
+    >>> set_threads(None)                                        # back to LINATTN_THREADS, OMP_NUM_THREADS or the cores
+    >>> default_threads() >= 1
+    True
     """
     if _threads is not None:
         return _threads
@@ -96,6 +112,18 @@ def set_threads(threads: int | None) -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> from linattn_theory.core.fused import default_threads, set_threads
+    >>> set_threads(2)
+    >>> default_threads()
+    2
+    >>> set_threads(None)
+    >>> set_threads(0)
+    Traceback (most recent call last):
+        ...
+    ValueError: threads = 0; expected an integer >= 1 or None
     """
     global _threads
     if threads is not None and (isinstance(threads, bool) or int(threads) != threads or threads < 1):

@@ -57,6 +57,16 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     -------
     pathlib.Path
         ``path``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.core.io import atomic_write_bytes
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "new" / "data.bin"
+    >>> atomic_write_bytes(path, b"abc") == path, path.read_bytes()
+    (True, b'abc')
+    >>> [p.name for p in path.parent.iterdir()]                  # no temporary file left behind
+    ['data.bin']
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +98,14 @@ def atomic_write_text(path, text: str) -> Path:
     -------
     pathlib.Path
         ``path``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.core.io import atomic_write_text
+    >>> path = atomic_write_text(pathlib.Path(tempfile.mkdtemp()) / "note.txt", "ζ_V = 3")
+    >>> path.read_bytes() == "ζ_V = 3".encode("utf-8")
+    True
     """
     return atomic_write_bytes(path, text.encode())
 
@@ -118,6 +136,15 @@ def write_json(path, data: dict) -> Path:
     -------
     pathlib.Path
         ``path``.
+
+    Examples
+    --------
+    >>> import json, pathlib, tempfile
+    >>> import numpy as np
+    >>> from linattn_theory.core.io import write_json
+    >>> path = write_json(pathlib.Path(tempfile.mkdtemp()) / "a.json", {"b": np.float64(0.5), 1: float("inf")})
+    >>> json.loads(path.read_text())                            # keys sorted and strings, inf as a string
+    {'1': 'inf', 'b': 0.5}
     """
     return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
 
@@ -220,6 +247,21 @@ def read_run(folder) -> tuple[dict, dict[str, bytes]]:
         The run's ``metadata.json``.
     files : dict of str to bytes
         The content of every file it lists, checked.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.core.io import read_run, write_run
+    >>> import linattn_theory as lt
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = write_run(lt.simulate(lt.config_from_dict({"federated": {"rounds": 2, "warmup_rounds": 1}})), folder)
+    >>> metadata, files = read_run(folder)
+    >>> sorted(files), metadata["files"]["rounds.csv"]["bytes"] == len(files["rounds.csv"])
+    (['params.npz', 'rounds.csv'], True)
+    >>> read_run(pathlib.Path(tempfile.mkdtemp()))
+    Traceback (most recent call last):
+        ...
+    FileNotFoundError: ...: no finished run here (metadata.json is missing)
     """
     folder = Path(folder)
     path = folder / "metadata.json"
@@ -261,6 +303,19 @@ def run_status(folder) -> tuple[str, str]:
         What :func:`read_run` would find.
     detail : str
         Why (empty when finished).
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.core.io import run_status, write_run
+    >>> import linattn_theory as lt
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = write_run(lt.simulate(lt.config_from_dict({"federated": {"rounds": 2, "warmup_rounds": 1}})), folder)
+    >>> run_status(folder), run_status(pathlib.Path(tempfile.mkdtemp()))
+    (('finished', ''), ('unfinished', ''))
+    >>> _ = (folder / "rounds.csv").write_text("edited")         # no longer the recorded SHA-256
+    >>> run_status(folder)[0]
+    'broken'
     """
     try:
         read_run(folder)
@@ -327,6 +382,17 @@ def provenance() -> dict:
     -------
     dict
         The record (a copy: the caller may change it).
+
+    Examples
+    --------
+    >>> import platform
+    >>> import numpy as np
+    >>> from linattn_theory.core.io import provenance
+    >>> record = provenance()
+    >>> sorted(record)
+    ['git_dirty', 'git_revision', 'host', 'libraries', 'platform', 'python', 'version']
+    >>> record["python"] == platform.python_version(), record["libraries"]["numpy"] == np.__version__
+    (True, True)
     """
     return {key: (dict(value) if isinstance(value, dict) else value) for key, value in _provenance()}
 
@@ -346,6 +412,17 @@ def timed_run(run):
     -------
     callable
         The function, recording its time in its results' metadata.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from linattn_theory.core.io import timed_run
+    >>> @timed_run
+    ... def run():
+    ...     return [SimpleNamespace(metadata={}), SimpleNamespace(metadata={})]
+    >>> results = run()
+    >>> sorted(results[0].metadata["provenance"]), results[1].metadata["provenance"]["computed_with"]
+    (['computed_with', 'started', 'wall_seconds'], 2)
     """
     @functools.wraps(run)
     def timed(*args, **kwargs):

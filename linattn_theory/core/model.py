@@ -307,6 +307,18 @@ def predict_from_moments(params: Params, S, q):
     -------
     array, shape (..., N, p)
         ``ŷ``, equal to :func:`predict` on the contexts ``Ŝ`` comes from.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import predict_from_moments
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> y_hat = predict_from_moments(params, lt.context_second_moment(X), q)
+    >>> y_hat.shape, bool(np.allclose(y_hat, lt.predict(params, X, q)))
+    ((8, 1), True)
     """
     xp = array_namespace(S, q, params.WV)
     phi = flat(xp, features(kernel(params), S, q), 2)
@@ -547,6 +559,18 @@ def kernel_gradient_from_moments(params: Params, S, q, y, sample_weight=None, *,
     -------
     array, shape (..., H, d, d)
         ``∇_{K_h} ℓ``; ``∇_{W_Q^h} = ∇_{K_h} W_K^h`` (:func:`loss_and_grad_from_moments`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import kernel_gradient_from_moments
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> gK = kernel_gradient_from_moments(params, lt.context_second_moment(X), q, y)
+    >>> gK.shape, bool(np.allclose(gK @ params.WK, lt.loss_and_grad(params, X, q, y)[1].WQ))   # ∇_{W_Q} = ∇_K W_K
+    ((1, 4, 4), True)
     """
     xp = array_namespace(S, q, y, params.WV)
     H, d, _ = params.WV.shape[-3:]
@@ -661,6 +685,17 @@ def softmax_features(K, X, q, temperature: float = 1.0):
     -------
     array, shape (..., N, H, d)
         ``φ_h``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import softmax_features
+    >>> rng = np.random.default_rng(0)
+    >>> X, q = rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 3))
+    >>> phi = softmax_features(np.zeros((2, 3, 3)), X, q)         # zero kernels: uniform weights
+    >>> phi.shape, bool(np.allclose(phi, X.mean(axis=1)[:, None, :]))
+    ((4, 2, 3), True)
     """
     xp = array_namespace(K, X, q)
     return xp.matmul(softmax_weights(K, X, q, temperature), X)
@@ -686,6 +721,19 @@ def attention_features(K, inputs, q, attention: str = "linear", temperature: flo
     -------
     array, shape (..., N, H, d)
         ``φ_h`` (:func:`features` or :func:`softmax_features`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import attention_features, features, softmax_features
+    >>> rng = np.random.default_rng(0)
+    >>> K, X, q = rng.normal(size=(2, 3, 3)), rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 3))
+    >>> S = lt.context_second_moment(X)
+    >>> bool(np.allclose(attention_features(K, S, q), features(K, S, q)))
+    True
+    >>> bool(np.allclose(attention_features(K, X, q, "softmax"), softmax_features(K, X, q)))
+    True
     """
     if attention == "softmax":
         return softmax_features(K, inputs, q, temperature)
@@ -712,6 +760,21 @@ def predict_from_contexts(params: Params, X, q, attention: str = "linear", tempe
     -------
     array, shape (..., N, p)
         ``ŷ``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import predict_from_contexts
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q = rng.normal(size=(2, 8, 5, 4)), rng.normal(size=(2, 8, 4))     # two clients of 8 samples
+    >>> y_hat = predict_from_contexts(params, X, q)
+    >>> y_hat.shape, bool(np.allclose(y_hat[1], lt.predict(params, X[1], q[1])))
+    ((2, 8, 1), True)
+    >>> softmax = predict_from_contexts(params, X[0], q[0], "softmax")
+    >>> bool(np.allclose(softmax, lt.predict(params, X[0], q[0], "softmax")))
+    True
     """
     xp = array_namespace(X, q, params.WV)
     inputs = X if attention == "softmax" else context_second_moment(X)
@@ -779,6 +842,24 @@ def loss_and_grad_from_contexts(params: Params, X, q, y, sample_weight=None, blo
         The weighted loss.
     grads : Params
         The gradients of ``blocks``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import loss_and_grad_from_contexts
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> loss, grads = loss_and_grad_from_contexts(params, X, q, y, attention="softmax")
+    >>> mean_loss, mean_grads = lt.loss_and_grad(params, X, q, y, "softmax")     # default weights 1/N
+    >>> bool(np.isclose(loss, mean_loss)), bool(np.allclose(grads.WQ, mean_grads.WQ))
+    (True, True)
+    >>> w = np.zeros(8)
+    >>> w[0] = 1.0                                               # all weight on the first sample
+    >>> first = loss_and_grad_from_contexts(params, X, q, y, w)[0]
+    >>> bool(np.isclose(first, 0.5 * np.sum((lt.predict(params, X[:1], q[:1]) - y[:1]) ** 2)))
+    True
     """
     if attention != "softmax":
         return loss_and_grad_from_moments(params, context_second_moment(X), q, y, sample_weight, blocks)
@@ -812,6 +893,21 @@ def loss_and_grad_from_inputs(params: Params, inputs, q, y, sample_weight=None, 
     -------
     loss, grads
         As :func:`loss_and_grad_from_contexts`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import loss_and_grad_from_inputs
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> loss, grads = loss_and_grad_from_inputs(params, lt.context_second_moment(X), q, y, with_loss=False)
+    >>> loss is None, bool(np.allclose(grads.WV, lt.loss_and_grad(params, X, q, y)[1].WV))
+    (True, True)
+    >>> loss, grads = loss_and_grad_from_inputs(params, X, q, y, attention="softmax")    # inputs = X
+    >>> bool(np.isclose(loss, lt.loss_and_grad(params, X, q, y, "softmax")[0]))
+    True
     """
     if attention == "softmax":
         return loss_and_grad_from_contexts(params, inputs, q, y, sample_weight, blocks,
@@ -837,6 +933,18 @@ def kernel_gradient_from_inputs(params: Params, inputs, q, y, sample_weight=None
     -------
     array, shape (..., H, d, d)
         ``∇_{K_h} ℓ``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import kernel_gradient_from_inputs
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> gK = kernel_gradient_from_inputs(params, X, q, y, attention="softmax")
+    >>> gK.shape, bool(np.allclose(gK @ params.WK, lt.loss_and_grad(params, X, q, y, "softmax")[1].WQ))
+    ((1, 4, 4), True)
     """
     if attention == "softmax":
         if phi is not None:

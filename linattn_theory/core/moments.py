@@ -124,6 +124,20 @@ def value_moments_and_features(K, clients, lam: float = 0.0, *, xp=None) -> tupl
         :func:`value_moments`'s result.
     phi : array, shape (..., m, N, H·d)
         The features the moments are built from.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.clients import stack_clients
+    >>> from linattn_theory.core.moments import value_moments, value_moments_and_features
+    >>> rng = np.random.default_rng(0)
+    >>> data = stack_clients([(rng.normal(size=(8, 5, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 1)))])
+    >>> K = rng.normal(size=(2, 3, 3))
+    >>> moments, phi = value_moments_and_features(K, data)
+    >>> phi.shape, bool(np.allclose(moments.A[0], phi[0].T @ phi[0] / 8))       # A_c = E_c[φφ^T]
+    ((1, 8, 6), True)
+    >>> bool(np.allclose(moments.A, value_moments(K, data).A))
+    True
     """
     if not lam >= 0:
         raise ValueError(f"lam = {lam!r}; expected a number >= 0")

@@ -64,6 +64,12 @@ def max_clients(test_fraction: float = 0.25, class_counts=DIGITS_CLASS_COUNTS) -
     -------
     int
         That many clients (a configuration of the ``digits`` family with more is refused).
+
+    Examples
+    --------
+    >>> from linattn_theory.data.digits import max_clients
+    >>> max_clients(0.0, class_counts=[4, 6]), max_clients(0.5, class_counts=[4, 6])   # (10 // 2, (2 + 3) // 2)
+    (5, 2)
     """
     return sum(n - _held_out(n, test_fraction) for n in class_counts) // FIRST_SAMPLES
 

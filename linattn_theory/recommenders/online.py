@@ -67,6 +67,18 @@ class FreezeForecast:
         ``Ã``.
     stability_margin : float, default NaN
         ``2 − η max_c λ_max(Ã_c(K_s))`` (docs/theory.md §5; :func:`~.signals.stability_margin`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.recommenders.online import FreezeForecast
+    >>> forecast = FreezeForecast(round=3, profile=1.0, drift_floor=0.25, contraction_rate=0.5,
+    ...                           offset=np.array([[0.5]]), start=np.array([[1.0]]), basis=np.eye(1),
+    ...                           eigenvalues=np.array([0.5]), curvature=np.array([[2.0]]))
+    >>> forecast.final_objective(0), forecast.final_objective(1)       # 1 + ½ · 2 · (0.5 + 0.5^k)²
+    (3.25, 2.0)
+    >>> forecast.final_objective(200) == forecast.profile + forecast.drift_floor   # k → ∞: Φ_λ + D
+    True
     """
 
     round: int
@@ -211,6 +223,14 @@ class OnlineDecision:
         ``θ_{s*}`` (no frozen rounds: its loss is observed); or solve the value block exactly at
         ``K_{s*}`` in the last round (``value_solve``, docs/theory.md §5). The rules of
         :mod:`.rules` use the last two; :func:`~.scoring.realised_risk` realises each.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.online import OnlineDecision
+    >>> decision = OnlineDecision(round=5, stop=True, kernel_round=3, freeze_objective=0.8, gain=0.0, cost=0.1,
+    ...                           fedavg_forecast=1.0, forecast_error=0.05, test="no_harm", reason="freeze")
+    >>> decision.kernel_round < decision.round, decision.outcome      # a roll-back to round 3; a freeze
+    (True, 'freeze')
     """
 
     round: int
@@ -631,6 +651,19 @@ def online_decision(forecasts, T: int, window: int = OnlineRule.window, horizon:
     -------
     OnlineDecision
         The verdict.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from linattn_theory.recommenders.online import online_decision
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, u=u: 3.0 - u + 0.1 * k,
+    ...                              profile=1.0 / (u + 1), drift_floor=0.01 * u) for u in range(11)]
+    >>> early = online_decision(forecasts[:3], T=10, window=4)       # round 2: still escaping the saddle
+    >>> early.test, early.stop
+    ('escape', False)
+    >>> last = online_decision(forecasts, T=10)                        # round T: plain FedAvg
+    >>> last.test, last.stop, last.kernel_round
+    ('budget', True, 10)
     """
     t = len(forecasts) - 1
     if not 0 <= t <= T:
@@ -701,6 +734,17 @@ class OnlineRun:
         The forecast final objective.
     decisions : pandas.DataFrame
         One row per round the rule saw.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 6, "warmup_rounds": 6}})
+    >>> from linattn_theory.recommenders.online import OnlineRun
+    >>> run = lt.run_online(config, rule=lt.OnlineRule(window=2))
+    >>> isinstance(run, OnlineRun), run.kernel_round <= run.stop_round <= 6
+    (True, True)
+    >>> len(run.decisions) == run.stop_round + 1                       # one row per round the rule saw
+    True
     """
 
     result: object
@@ -726,6 +770,17 @@ class OnlineControl:
         The rule.
     fed : FederatedConfig
         The run's schedule.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 6, "warmup_rounds": 6}})
+    >>> from linattn_theory.recommenders.scoring import fedavg_path
+    >>> from linattn_theory.recommenders.online import OnlineControl
+    >>> control = OnlineControl(lt.OnlineRule(window=2), config.federated)
+    >>> data, states = fedavg_path(config, None)
+    >>> control.observe(states[0], data) is None, len(control.forecasts), control.decisions[0]["test"]
+    (True, 1, 'escape')
     """
 
     def __init__(self, rule: OnlineRule, fed):
@@ -792,6 +847,14 @@ def adaptive_strategy(fed, warmup_rounds: int | None = None, *, control: OnlineC
     -------
     Strategy
         The strategy.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 6, "warmup_rounds": 6}})
+    >>> from linattn_theory.recommenders.online import adaptive_strategy
+    >>> adaptive_strategy(config.federated).name
+    'fedfrozen_adaptive'
     """
     from ..sim.strategies import Control, Strategy
     from ..sim.strategies.base import freeze_after, local_sgd, server_sgd

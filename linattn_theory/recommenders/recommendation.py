@@ -97,6 +97,22 @@ def pilot_bound(terms: pd.DataFrame, T: int) -> pd.DataFrame:
     -------
     pandas.DataFrame
         ``U_pilot``, one row per ``T0 = 0..T``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> config = lt.config_from_dict({"federated": {"rounds": 8, "warmup_rounds": 8}})
+    >>> clients = clients_from_config(config)
+    >>> from linattn_theory.recommenders.recommendation import pilot_bound, pilot_path
+    >>> from linattn_theory.theory.bound import path_optimum, path_terms
+    >>> pilot = pilot_path(config, clients, 3)                          # T_p = 3 of T = 8 rounds
+    >>> optimum = path_optimum(config, clients, pilot, restarts=1).objective
+    >>> terms = path_terms(pilot, clients, config, optimum)
+    >>> curve = pilot_bound(terms, T=8)
+    >>> curve["round"].tolist() == list(range(9)), bool(np.allclose(curve["drift_floor"][:4], terms["drift_floor"]))
+    (True, True)
     """
     from ..theory.bound import drift_growth_rate, fit_inexact_pl, frozen_stage_bound, tradeoff_bound
 
@@ -245,6 +261,20 @@ def pilot_path(config, clients, pilot_rounds: int):
     -------
     WarmupPath
         ``θ^0 … θ^{T_p}``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> config = lt.config_from_dict({"federated": {"rounds": 8, "warmup_rounds": 8}})
+    >>> clients = clients_from_config(config)
+    >>> from linattn_theory.recommenders.recommendation import pilot_path, warmup_path
+    >>> pilot = pilot_path(config, clients, 3)
+    >>> len(pilot.params), len(pilot.table)                             # θ^0..θ^3, rounds 1..3
+    (4, 3)
+    >>> bool(np.array_equal(pilot.params[3].WV, warmup_path(config, clients).params[3].WV))   # the run's own rounds
+    True
     """
     path = warmup_path(config.with_updates({"federated.rounds": pilot_rounds, "federated.warmup_rounds": 0}),
                        clients)
@@ -274,6 +304,21 @@ def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFra
         The recommendation.
     U_pilot : pandas.DataFrame
         The extrapolated bound (:func:`pilot_bound`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> config = lt.config_from_dict({"federated": {"rounds": 8, "warmup_rounds": 8}})
+    >>> clients = clients_from_config(config)
+    >>> from linattn_theory.recommenders.recommendation import pilot_path, pilot_warmup
+    >>> from linattn_theory.theory.bound import path_optimum, path_terms
+    >>> pilot = pilot_path(config, clients, 3)                          # T_p = 3 of T = 8 rounds
+    >>> optimum = path_optimum(config, clients, pilot, restarts=1).objective
+    >>> T0, curve = pilot_warmup(config, clients, pilot, optimum)
+    >>> 3 <= T0 <= 8, len(curve)                                        # never before the pilot's end
+    (True, 9)
     """
     from ..theory.bound import path_terms
     Tp = len(path.params) - 1

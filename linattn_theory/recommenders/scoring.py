@@ -69,6 +69,14 @@ def regret(risk, excess_risk) -> float:
     -------
     float
         The relative regret (0: the best warm-up).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.recommenders.scoring import regret
+    >>> R = [0.5, 0.2, 0.4]
+    >>> round(regret(0.3, R), 12), regret(0.2, R), regret(np.inf, R)
+    (0.5, 0.0, inf)
     """
     R = np.asarray(excess_risk, dtype=float)
     best = R[best_warmup(R)]
@@ -94,6 +102,15 @@ def instance_truth(config, clients, restarts: int = 8) -> dict:
     -------
     dict
         ``excess_risk``, ``optimum``, ``diverged``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import instance_truth
+    >>> truth = instance_truth(config, None, restarts=1)
+    >>> len(truth["excess_risk"]), bool((truth["excess_risk"] >= 0).all()), bool(truth["diverged"].any())
+    (5, True, False)
     """
     return instance_truths([config], [clients], restarts)[0]
 
@@ -117,6 +134,17 @@ def instance_truths(configs, clients=None, restarts: int = 8) -> list[dict]:
     -------
     list of dict
         One truth per config, in order.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import instance_truth, instance_truths
+    >>> truths = instance_truths([config, config.with_updates({"seed": 1})], restarts=1)
+    >>> alone = instance_truth(config.with_updates({"seed": 1}), None, restarts=1)
+    >>> len(truths), bool(np.array_equal(truths[1]["excess_risk"], alone["excess_risk"]))
+    (2, True)
     """
     return _truths_and_paths(configs, clients, restarts)[0]
 
@@ -166,6 +194,14 @@ def is_noisy(fed) -> bool:
     -------
     bool
         The verdict.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import is_noisy
+    >>> is_noisy(config.federated), is_noisy(config.with_updates({"federated.participation": 0.5}).federated)
+    (False, True)
     """
     return fed.batch_size is not None or fed.participation < 1.0
 
@@ -192,6 +228,17 @@ def fedavg_path(config, clients, *, with_divergence: bool = False):
         ``θ^0 … θ^T``.
     divergence : Divergence or None
         With ``with_divergence`` only.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import fedavg_path
+    >>> data, states = fedavg_path(config, None)
+    >>> [state.round for state in states]
+    [0, 1, 2, 3, 4]
+    >>> fedavg_path(config, None, with_divergence=True)[2] is None
+    True
     """
     import dataclasses
 
@@ -235,6 +282,18 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     -------
     dict
         The record.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import score_instance
+    >>> record = score_instance(config, restarts=1)
+    >>> record["best_T0"] == int(np.argmin(record["excess_risk"])), record["noisy"], record["fedavg_diverged"]
+    (True, False, False)
+    >>> [len(row) for row in record["freeze_objective"]]     # J(s, T - t) for t = s..T
+    [5, 4, 3, 2, 1]
     """
     return score_instances([config], None if clients is None else [clients], pilot_rounds=pilot_rounds,
                            restarts=restarts)[0]
@@ -259,6 +318,17 @@ def score_instances(configs, clients=None, *, pilot_rounds: int | None = None, r
     -------
     list of dict
         One record per config, in order.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import score_instance, score_instances
+    >>> records = score_instances([config, config.with_updates({"seed": 1})], restarts=1)
+    >>> [len(record["profile"]) for record in records]
+    [5, 5]
+    >>> records[0]["excess_risk"] == score_instance(config, restarts=1)["excess_risk"]
+    True
     """
     from ..data.families import clients_from_config
 
@@ -340,6 +410,15 @@ class StoredForecast:
         A record of :func:`score_instance`.
     s : int
         The round.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.scoring import StoredForecast
+    >>> record = {"excess_risk": [0.5, 0.2, 0.3], "optimum": 1.0, "noisy": False, "profile": [0.4, 0.15, 0.1],
+    ...           "drift_floor": [0.01, 0.02, 0.03], "freeze_objective": [[0.5, 0.45, 0.6], [0.2, 0.25], [0.3]]}
+    >>> forecast = StoredForecast(record, 0)                  # J(0, k) - Φ*_λ for k = 2, 1, 0
+    >>> forecast.final_objective([2, 1, 0]).tolist(), forecast.profile, forecast.drift_floor
+    ([0.5, 0.45, 0.6], 0.4, 0.01)
     """
 
     def __init__(self, record: dict, s: int):
@@ -371,6 +450,16 @@ def replay_online(record: dict, rule) -> tuple[int, int, object]:
     -------
     tuple of (int, int, OnlineDecision)
         ``(stop_round, kernel_round, decision)``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import ScriptedRule, replay_online, score_instance
+    >>> record = score_instance(config, restarts=1)
+    >>> stop_round, kernel_round, decision = replay_online(record, ScriptedRule(stop_round=2, kernel_round=1))
+    >>> stop_round, kernel_round, decision.stop
+    (2, 1, True)
     """
     T = len(record["excess_risk"]) - 1
     forecasts = stored_forecasts(record)
@@ -396,6 +485,17 @@ class StoredForecasts(Sequence):
         A record of :func:`score_instance`.
     rounds : int, optional
         Rounds ``0..rounds − 1`` of the path; default all.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.scoring import StoredForecasts
+    >>> record = {"excess_risk": [0.5, 0.2, 0.3], "optimum": 1.0, "noisy": False, "profile": [0.4, 0.15, 0.1],
+    ...           "drift_floor": [0.01, 0.02, 0.03], "freeze_objective": [[0.5, 0.45, 0.6], [0.2, 0.25], [0.3]]}
+    >>> table = StoredForecasts(record)
+    >>> len(table), len(table[:2]), table.column(0).tolist()
+    (3, 2, [0.6, 0.25, 0.3])
+    >>> table.diagonal(2).tolist() == record["excess_risk"]       # J(s, T - s): warm up for s rounds
+    True
     """
 
     def __init__(self, record: dict, rounds: int | None = None, *, _table=None):
@@ -474,6 +574,17 @@ def stored_forecasts(record: dict) -> StoredForecasts:
     -------
     StoredForecasts
         The forecasts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import score_instance, stored_forecasts
+    >>> record = score_instance(config, restarts=1)
+    >>> forecasts = stored_forecasts(record)       # J(s, T - s) - Φ*_λ, forecast at s, is R(s), simulated
+    >>> len(forecasts), bool(np.allclose(forecasts.diagonal(4), record["excess_risk"], rtol=1e-12, atol=0))
+    (5, True)
     """
     return StoredForecasts(record)
 
@@ -489,6 +600,17 @@ class ScriptedRule:
         ``t``.
     kernel_round : int
         ``s ≤ t``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> from linattn_theory.recommenders.scoring import ScriptedRule, score_instance, stored_forecasts
+    >>> forecasts = stored_forecasts(score_instance(config, restarts=1))
+    >>> rule = ScriptedRule(stop_round=2, kernel_round=1)
+    >>> at_2 = rule.decide(forecasts[:3], 4)                  # forecasts of rounds 0..2
+    >>> rule.decide(forecasts[:2], 4).stop, at_2.stop, at_2.kernel_round
+    (False, True, 1)
     """
 
     stop_round: int
@@ -537,6 +659,16 @@ def realised_risk(record: dict, stop_round: int, kernel_round: int, config=None,
     -------
     float
         The excess risk.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.scoring import realised_risk
+    >>> record = {"excess_risk": [0.5, 0.2, 0.3], "optimum": 1.0, "noisy": False, "profile": [0.4, 0.15, 0.1],
+    ...           "drift_floor": [0.01, 0.02, 0.03], "freeze_objective": [[0.5, 0.45, 0.6], [0.2, 0.25], [0.3]]}
+    >>> realised_risk(record, 1, 1), realised_risk(record, 1, 0)      # R(1); J(0, 1) - Φ*_λ (a roll-back)
+    (0.2, 0.45)
+    >>> realised_risk(record, 1, 0, outcome="iterate"), realised_risk(record, 1, 0, outcome="solve")
+    (0.6, 0.4)
     """
     s, t = int(kernel_round), int(stop_round)
     R = record["excess_risk"]

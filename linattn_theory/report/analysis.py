@@ -66,7 +66,18 @@ class SweepAnalysis:
 
     Examples
     --------
-    See :func:`analyze_sweep`.
+    >>> import pathlib, tempfile
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.report.analysis import SweepAnalysis
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> sweep_toml = '[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 4]\\n'
+    >>> _ = (folder / "sweep.toml").write_text(sweep_toml)
+    >>> _ = lt.run_sweep(lt.load_sweep(folder / "sweep.toml"), folder / "out")
+    >>> found = lt.analyze_sweep(folder / "out", workers=1, write=False)
+    >>> isinstance(found, SweepAnalysis), len(found.runs), len(found.instances), found.dropped["count"]
+    (True, 2, 1, 0)
+
+    :func:`analyze_sweep` makes it.
     """
 
     runs: pd.DataFrame

@@ -38,7 +38,33 @@ def load_arms_settings(path, base_path, quick: bool = False) -> dict:
     """The declared settings of ``path`` (``phase_diagram_arms.toml``, ``[quick]`` applied; a quick arm's
     table replaces the arm's own) with ``base``: the phase diagram's instances (``base_path``'s
     ``[base]``, its ``[quick.base]`` with ``quick``), stepped by the full model's curvature at ``θ⁰``;
-    ``arms``: name → fixed config updates, ``grids``: name → declared grid."""
+    ``arms``: name → fixed config updates, ``grids``: name → declared grid.
+
+    Parameters
+    ----------
+    path : str or path-like
+        ``phase_diagram_arms.toml``.
+    base_path : str or path-like
+        The phase diagram's settings (``phase_diagram.toml``), whose ``[base]`` gives the instances.
+    quick : bool, default False
+        Apply the ``[quick]`` tables.
+
+    Returns
+    -------
+    dict
+        The keys of :data:`SETTINGS`, ``base`` (a RunConfig), ``arms`` and ``grids``.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.arms import load_arms_settings
+    >>> from linattn_theory.report.figures import find_root
+    >>> configs = find_root() / "simulations" / "configs"
+    >>> settings = load_arms_settings(configs / "phase_diagram_arms.toml", configs / "phase_diagram.toml", quick=True)
+    >>> settings["reference"] in settings["arms"], set(settings["grids"]) == set(settings["arms"])
+    (True, True)
+    >>> settings["base"].federated.step_curvature                   # stepped by the full model's curvature
+    'model'
+    """
     import tomllib
     from pathlib import Path
 
@@ -77,7 +103,22 @@ def load_arms_settings(path, base_path, quick: bool = False) -> dict:
 def run_arms(settings: dict):
     """:func:`~linattn_theory.report.tuning.tune_and_hold_out` of the declared arms at the cells
     ``(ζ_V, E)`` with the chaos flag on the held-out runs; ``(heldout rows, design rows, choices)``
-    with the columns ``zeta_value`` and ``local_steps`` of the cell."""
+    with the columns ``zeta_value`` and ``local_steps`` of the cell.
+
+    Parameters
+    ----------
+    settings : dict
+        :func:`load_arms_settings`' result.
+
+    Returns
+    -------
+    heldout : pandas.DataFrame
+        The held-out runs (:data:`ROW_COLUMNS`).
+    design : pandas.DataFrame
+        The design runs.
+    choices : pandas.DataFrame
+        The chosen setting per cell and arm.
+    """
     cells = {_cell(z, E): {"task.zeta_value": z, "federated.local_steps": E}
              for z in settings["zeta_value"] for E in settings["local_steps"]}
     tuned = tune_and_hold_out(settings["base"], settings["arms"], settings["grids"], settings["design_seeds"],
@@ -92,7 +133,39 @@ def run_arms(settings: dict):
 def arm_gains(rows: pd.DataFrame, arm: str, reference: str = "fedavg", oracle: bool = False) -> pd.DataFrame:
     """Per held-out (seed, ζ_V, E): ``gain = 1 − R_arm / R_reference`` (``−∞`` where the arm diverged, NaN
     where the reference did), ``flagged``: either run diverged or is chaotic. ``oracle``: the arm's
-    best iterate on its own path (``oracle_best_iterate``) instead of its last."""
+    best iterate on its own path (``oracle_best_iterate``) instead of its last.
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        Held-out runs (:data:`ROW_COLUMNS`).
+    arm : str
+        The arm.
+    reference : str, default "fedavg"
+        The arm it is compared with.
+    oracle : bool, default False
+        Use the arm's best iterate.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``seed``, ``zeta_value``, ``local_steps``, ``gain``, ``flagged``, ``diverged``, ``chaotic``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pandas as pd
+    >>> rows = pd.DataFrame({"seed": [0, 0, 1, 1], "zeta_value": 1.0, "local_steps": 5,
+    ...                      "arm": ["fedavg", "fedprox", "fedavg", "fedprox"],
+    ...                      "excess_risk": [0.4, 0.3, 0.5, np.nan], "diverged": [False, False, False, True],
+    ...                      "chaotic": False, "oracle_best_iterate": [0.35, 0.2, 0.45, np.nan]})
+    >>> from linattn_theory.report.arms import arm_gains
+    >>> gains = arm_gains(rows, "fedprox")                          # 1 − 0.3 / 0.4; seed 1 diverged
+    >>> [round(g, 12) for g in gains["gain"]], gains["flagged"].tolist()
+    ([0.25, -inf], [False, True])
+    >>> round(float(arm_gains(rows, "fedprox", oracle=True)["gain"][0]), 12)    # 1 − 0.2 / 0.4
+    0.5
+    """
     keys = ["seed", "zeta_value", "local_steps"]
     a = rows[rows["arm"] == arm].set_index(keys)
     t = rows[rows["arm"] == reference].set_index(keys)
@@ -107,7 +180,40 @@ def arm_summary(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict) -> pd
     """Per (ζ_V, E, arm) over the held-out instances: the arm's chosen ``setting``, the gain over the
     reference (median, bootstrap 95 % interval, wins above the threshold) with every instance and
     without the flagged ones (``*_clean``); the reference's own best iterate (an oracle) as the arm
-    ``<reference>_oracle``."""
+    ``<reference>_oracle``.
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        Held-out runs (:data:`ROW_COLUMNS`).
+    choices : pandas.DataFrame
+        The chosen ``setting`` per ``zeta_value``, ``local_steps`` and ``arm``.
+    settings : dict
+        ``reference``, ``threshold``, ``bootstrap_resamples``, ``bootstrap_seed``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (ζ_V, E, arm).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pandas as pd
+    >>> rows = pd.DataFrame({"seed": [0, 0, 1, 1], "zeta_value": 1.0, "local_steps": 5,
+    ...                      "arm": ["fedavg", "fedprox", "fedavg", "fedprox"],
+    ...                      "excess_risk": [0.4, 0.3, 0.5, np.nan], "diverged": [False, False, False, True],
+    ...                      "chaotic": False, "oracle_best_iterate": [0.35, 0.2, 0.45, np.nan]})
+    >>> from linattn_theory.report.arms import arm_summary
+    >>> choices = pd.DataFrame({"zeta_value": 1.0, "local_steps": 5, "arm": ["fedavg", "fedprox"],
+    ...                         "setting": ["step_scale=0.5", "step_scale=0.5, prox_mu=1"]})
+    >>> settings = {"reference": "fedavg", "threshold": 0.0, "bootstrap_resamples": 100, "bootstrap_seed": 0}
+    >>> summary = arm_summary(rows, choices, settings)
+    >>> summary["arm"].tolist(), summary["n_clean"].tolist()        # seed 1's FedProx run diverged
+    (['fedprox', 'fedavg_oracle'], [1, 2])
+    >>> round(float(summary["gain_median_clean"][1]), 12)           # median of 1 − 0.35/0.4 and 1 − 0.45/0.5
+    0.1125
+    """
     reference, threshold = settings["reference"], settings["threshold"]
     resamples, seed = settings["bootstrap_resamples"], settings["bootstrap_seed"]
     chosen = choices.set_index(["zeta_value", "local_steps", "arm"])["setting"]

@@ -32,7 +32,28 @@ KEYS = ["attention", "label_alpha", "local_steps"]
 
 def load_digits_settings(path, quick: bool = False) -> dict:
     """The declared settings of ``path`` (``digits_phase.toml``, ``[quick]`` applied) with ``base``
-    (:func:`~linattn_theory.report.phase_diagram.load_settings` with :data:`SETTINGS`)."""
+    (:func:`~linattn_theory.report.phase_diagram.load_settings` with :data:`SETTINGS`).
+
+    Parameters
+    ----------
+    path : str or path-like
+        ``digits_phase.toml``.
+    quick : bool, default False
+        Apply its ``[quick]`` table.
+
+    Returns
+    -------
+    dict
+        The keys of :data:`SETTINGS` and ``base`` (a RunConfig).
+
+    Examples
+    --------
+    >>> from linattn_theory.report.digits_phase import load_digits_settings
+    >>> from linattn_theory.report.figures import find_root
+    >>> settings = load_digits_settings(find_root() / "simulations" / "configs" / "digits_phase.toml", quick=True)
+    >>> settings["base"].task.family, settings["base"].federated.rounds in settings["warmups"]   # T0 = T: FedAvg
+    ('digits', True)
+    """
     from ..core.errors import ConfigError
 
     settings = load_settings(path, quick=quick, keys=SETTINGS)
@@ -44,7 +65,20 @@ def load_digits_settings(path, quick: bool = False) -> dict:
 
 def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
     """Every instance at every ``E``, step scale and warm-up: one row (:data:`ROW_COLUMNS`) per run, its
-    final ``F_λ`` and test accuracy (NaN when it diverged)."""
+    final ``F_λ`` and test accuracy (NaN when it diverged).
+
+    Parameters
+    ----------
+    settings : dict
+        :func:`load_digits_settings`' result.
+    progress : bool, default False
+        Show a progress bar.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per run (:data:`ROW_COLUMNS`).
+    """
     from ..sim.warmup_grid import warmup_sweeps_and_paths
 
     base = settings["base"]
@@ -86,7 +120,20 @@ def linear_optima(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
     (:func:`~linattn_theory.theory.profile.centralized_optima`) started from the final kernels of its
     :data:`OPTIMUM_STARTS` runs of least ``F_λ`` (run again from ``rows``: their ``E``, ``η`` and ``T0``)
     and :data:`OPTIMUM_RESTARTS` random kernels, so that ``Φ*_λ ≤ Φ_λ(K) ≤ F_λ`` of each of them and
-    ``R = F_λ − Φ*_λ ≥ 0`` for every run of the instance. One row per instance: attention, α, seed, optimum."""
+    ``R = F_λ − Φ*_λ ≥ 0`` for every run of the instance. One row per instance: attention, α, seed, optimum.
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        The runs (:func:`run_digits`).
+    settings : dict
+        :func:`load_digits_settings`' result.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``attention``, ``label_alpha``, ``seed``, ``optimum``.
+    """
     from ..core.model import kernel
     from ..sim.ensemble import simulate_many
     from ..theory.profile import centralized_optima
@@ -115,7 +162,21 @@ def _cell(frame: pd.DataFrame) -> pd.Series:
 def tuned_choices(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
     """Per (attention, α, E), chosen on the design seeds by :func:`~linattn_theory.report.tuning.choose_steps`
     on ``F_λ``: FedAvg's step scale (``T0 = T``, from ``fedavg_steps``) and FedFrozen's ``(c, T0)`` (from
-    ``step_scales`` × ``warmups``; no oracle)."""
+    ``step_scales`` × ``warmups``; no oracle).
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        The runs (:func:`run_digits`).
+    settings : dict
+        :func:`load_digits_settings`' result.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The choices of :func:`~linattn_theory.report.tuning.choose_steps` per arm, with the columns of
+        :data:`KEYS` and the chosen ``T0`` (``T`` for FedAvg) in place of ``cell`` and ``setting``.
+    """
     T = settings["base"].federated.rounds
     design = rows[rows["role"] == "design"].assign(cell=_cell, excess_risk=lambda d: d["final_loss"])
     fedavg = design[(design["T0"] == T) & design["step_scale"].isin(settings["fedavg_steps"])].assign(
@@ -139,7 +200,24 @@ def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict, opti
     percentage points). Columns: a step scale ``c`` (FedFrozen at its best ``T0`` on the held-out run's
     own ``F_λ``, an oracle over the warm-ups, ``T0 = T`` included) and ``"tuned"`` (FedFrozen at its
     ``(c, T0)`` chosen on the design seeds). Where ``optima`` (:func:`linear_optima`) holds the instance's
-    ``Φ*_λ``, the same gain in excess risk ``R = F_λ − Φ*_λ`` (``excess_gain_*``, ``excess_wins``; NaN elsewhere)."""
+    ``Φ*_λ``, the same gain in excess risk ``R = F_λ − Φ*_λ`` (``excess_gain_*``, ``excess_wins``; NaN elsewhere).
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        The runs (:func:`run_digits`).
+    choices : pandas.DataFrame
+        :func:`tuned_choices`' result.
+    settings : dict
+        :func:`load_digits_settings`' result.
+    optima : pandas.DataFrame, optional
+        :func:`linear_optima`' result.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (attention, α, E, column).
+    """
     T = settings["base"].federated.rounds
     held = rows[rows["role"] == "heldout"]
     if optima is not None:

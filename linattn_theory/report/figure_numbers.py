@@ -53,6 +53,20 @@ def headline_numbers(figures) -> pd.DataFrame:
     -------
     pandas.DataFrame
         One row per ``ζ_V``.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.report.figure_numbers import headline_numbers
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "best_warmup.csv").write_text(
+    ...     "zeta_value,seed,best_T0,gain,T\\n1,0,10,0.2,40\\n1,1,20,0.0,40\\n1,2,30,0.4,40\\n")
+    >>> _ = (folder / "tradeoff_gain.csv").write_text("zeta_value,diverged_instances\\n1,1\\n")
+    >>> row = headline_numbers(folder).iloc[0]                     # ζ_V = 1: gains 0.2, 0, 0.4
+    >>> int(row["instances"]), int(row["diverged"]), int(row["beats"])
+    (3, 1, 2)
+    >>> float(row["gain_median"]), float(row["best_T0_median"])
+    (0.2, 20.0)
     """
     best = read_csv_exact(Path(figures) / "best_warmup.csv")
     diverged = read_csv_exact(Path(figures) / "tradeoff_gain.csv").set_index("zeta_value")["diverged_instances"]
@@ -253,6 +267,15 @@ def figure_times(figures) -> pd.DataFrame:
     -------
     pandas.DataFrame
         The timings.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.report.figure_numbers import figure_times
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "timings.csv").write_text("mode,figure,seconds\\nfull,tradeoff,61.8\\nquick,tradeoff,2.5\\n")
+    >>> figure_times(folder)["seconds"].tolist()
+    [61.8, 2.5]
     """
     return read_csv_exact(Path(figures) / "timings.csv")
 
@@ -497,6 +520,15 @@ def blocks(figures="figures") -> dict[str, str]:
     -------
     dict of str to str
         The blocks' Markdown, by name.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.figures import find_root
+    >>> from linattn_theory.report.figure_numbers import QUOTED_FILES, blocks
+    >>> generated = blocks(find_root() / "figures")                 # the committed figures' CSVs
+    >>> pages = "".join((find_root() / name).read_text() for name in QUOTED_FILES)
+    >>> len(generated), all(f"<!-- BEGIN quoted: {name} -->" in pages for name in generated)
+    (14, True)
     """
     figures = Path(figures)
     return {name: make(figures) for name, make in _MAKERS.items()}
@@ -516,6 +548,13 @@ def replace_blocks(text: str, generated: dict[str, str]) -> str:
     -------
     str
         The page.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.figure_numbers import replace_blocks
+    >>> page = "intro\\n<!-- BEGIN quoted: demo -->\\nold\\n<!-- END quoted: demo -->\\n"
+    >>> replace_blocks(page, {"demo": "new\\n"}).splitlines()
+    ['intro', '<!-- BEGIN quoted: demo -->', 'new', '<!-- END quoted: demo -->']
     """
     return _BLOCK.sub(lambda m: m.group(1) + generated[m.group("name")] + m.group(4), text)
 
@@ -533,6 +572,22 @@ def main(argv=None) -> int:
     -------
     int
         0 once every file is rewritten.
+
+    Examples
+    --------
+    >>> import pathlib, shutil, tempfile
+    >>> from linattn_theory.report.figures import find_root
+    >>> from linattn_theory.report.figure_numbers import QUOTED_FILES, main
+    >>> root = pathlib.Path(tempfile.mkdtemp())                      # a copy of the figures' CSVs
+    >>> _ = shutil.copytree(find_root() / "figures", root / "figures", ignore=shutil.ignore_patterns("*.p*", "_*"))
+    >>> (root / "docs").mkdir()
+    >>> stale = "<!-- BEGIN quoted: figure-times -->\\nstale\\n<!-- END quoted: figure-times -->\\n"
+    >>> for name in QUOTED_FILES:
+    ...     _ = (root / name).write_text(stale)
+    >>> main([str(root)])
+    0
+    >>> "stale" in (root / "README.md").read_text()
+    False
     """
     from .figures import find_root
 

@@ -43,6 +43,15 @@ def figure_backend(backend: str | None):
     -------
     contextlib.AbstractContextManager
         The ``with`` block.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.figures import figure_backend
+    >>> from linattn_theory.report import figures
+    >>> with figure_backend("numpy"):
+    ...     inside = figures._BACKEND
+    >>> inside, figures._BACKEND                                  # restored on leaving the block
+    ('numpy', None)
     """
     global _BACKEND
     previous, _BACKEND = _BACKEND, backend
@@ -74,6 +83,16 @@ def find_root(start=None) -> Path:
     -------
     pathlib.Path
         The root.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.report.figures import find_root
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> (root / "simulations").mkdir()
+    >>> (root / "sub" / "deeper").mkdir(parents=True)
+    >>> find_root(root / "sub" / "deeper") == root.resolve()     # the nearest folder above with simulations/
+    True
     """
     here = Path.cwd() if start is None else Path(start)
     for folder in (here.resolve(), *here.resolve().parents):
@@ -101,6 +120,18 @@ def discover(root=None, only=None) -> dict[str, Path]:
     -------
     dict of str to pathlib.Path
         The scripts, by name, in alphabetical order.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.report.figures import discover
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> (root / "simulations").mkdir()
+    >>> script = '# A figure\\ndef make(out_dir, quick=False):\\n    return [out_dir]\\n'
+    >>> _ = (root / "simulations" / "demo.py").write_text(script)
+    >>> _ = (root / "simulations" / "notes.py").write_text("x = 1\\n")            # no make: not a figure script
+    >>> discover(root) == {"demo": root / "simulations" / "demo.py"}
+    True
     """
     folder = Path(find_root() if root is None else root) / "simulations"
     if not folder.is_dir():
@@ -160,6 +191,19 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
     -------
     dict of str to tuple of (list of pathlib.Path, float)
         Per script, the files written and the seconds taken.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.report.figures import discover, make_figures
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> (root / "simulations").mkdir()
+    >>> script = '# A figure\\ndef make(out_dir, quick=False):\\n    return [out_dir]\\n'
+    >>> _ = (root / "simulations" / "demo.py").write_text(script)
+    >>> _ = (root / "simulations" / "notes.py").write_text("x = 1\\n")            # no make: not a figure script
+    >>> made = make_figures(discover(root), root / "figures", executor="serial")   # demo's make takes no executor
+    >>> list(made), made["demo"][0] == [root / "figures"]
+    (['demo'], True)
     """
     made = {}
     options = {"quick": quick, "executor": executor, "workers": workers, "progress": progress}
@@ -189,6 +233,12 @@ def analysis_workers(executor: str = "processes", workers: int | None = None) ->
     -------
     int
         Processes (``≥ 1``).
+
+    Examples
+    --------
+    >>> from linattn_theory.report.figures import analysis_workers
+    >>> analysis_workers("serial", 8), analysis_workers("processes", 3)
+    (1, 3)
     """
     return 1 if executor == "serial" else int(workers or os.cpu_count() or 1)
 
@@ -207,6 +257,12 @@ def config_path(script_file, name: str) -> Path:
     -------
     pathlib.Path
         The config file.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.figures import config_path
+    >>> config_path("/repo/simulations/tradeoff.py", "tradeoff").parts[-3:]
+    ('simulations', 'configs', 'tradeoff.toml')
     """
     return Path(script_file).resolve().parent / "configs" / f"{name}.toml"
 
@@ -241,6 +297,17 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
         Its runs (with ``rounds``: ``(summary, per_round)``).
     sweep_dir : pathlib.Path
         Its folder.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.report.figures import figure_sweep
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> sweep_toml = '[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\n'
+    >>> _ = (folder / "demo.toml").write_text(sweep_toml)
+    >>> sweep, results, sweep_dir = figure_sweep(folder / "demo.toml", folder, executor="serial")
+    >>> len(sweep), sorted(results["T0"]), sweep_dir.relative_to(folder).as_posix()
+    (3, [0, 2, 4], '_sweeps/demo')
     """
     from .results import load_results
     from ..sim.sweep import Sweep, load_sweep, run_sweep, with_backend
@@ -285,6 +352,19 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
         Per instance, the best warm-up and the gain.
     left_out : pandas.DataFrame
         The instances left out.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.report.figures import excess_risk_sweep
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> sweep_toml = '[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 2, 4]\\n'
+    >>> _ = (folder / "demo.toml").write_text(sweep_toml)
+    >>> table, best, left_out = excess_risk_sweep(folder / "demo.toml", folder, by=["seed"], executor="serial")
+    >>> len(table), len(best), len(left_out)
+    (3, 1, 0)
+    >>> int(best["best_T0"].iloc[0]) == int(table.loc[table["excess_risk"].idxmin(), "T0"])
+    True
     """
     from .sweep_analysis import excess_risk_table, select_instances
 
@@ -311,6 +391,15 @@ def script_main(make, doc: str | None = None, argv=None) -> int:
     -------
     int
         The exit status.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.figures import script_main
+    >>> def make(out_dir, quick=False, executor="processes", workers=None, progress=False):
+    ...     return [f"{out_dir}/demo.png (quick={quick}, executor={executor})"]
+    >>> script_main(make, argv=["--quick", "--out", "figs", "--executor", "serial"])
+    figs/demo.png (quick=True, executor=serial)
+    0
     """
     from ..sim.limits import workers_note
     from ..sim.sweep import EXECUTORS

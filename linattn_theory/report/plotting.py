@@ -96,6 +96,13 @@ class Style:
         The marker.
     linestyle : str, default "-"
         The line style.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import Style
+    >>> style = Style("FedAvg", "#0173b2")
+    >>> style.marker, style.linestyle, Style("x", "black", linestyle="--").linestyle
+    ('o', '-', '--')
     """
 
     label: str
@@ -195,6 +202,14 @@ def heterogeneity_color(zeta_value: float):
     -------
     str
         A hex colour.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import heterogeneity_color
+    >>> heterogeneity_color(3.0) == heterogeneity_color(10.0)    # clipped to 0..3
+    True
+    >>> heterogeneity_color(0.0) != heterogeneity_color(3.0), len(heterogeneity_color(1.0))
+    (True, 7)
     """
     low, high = HETEROGENEITY_RANGE
     share = (min(max(float(zeta_value), low), high) - low) / (high - low)
@@ -214,6 +229,12 @@ def heterogeneity_label(zeta_value: float) -> str:
     -------
     str
         The label (mathtext).
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import heterogeneity_label
+    >>> print(heterogeneity_label(3), heterogeneity_label(0.5))
+    $\\zeta_V = 3$ $\\zeta_V = 0.5$
     """
     return rf"$\zeta_V = {float(zeta_value):g}$"
 
@@ -230,6 +251,13 @@ def heterogeneity_style(zeta_value: float) -> Style:
     -------
     Style
         Its style.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import heterogeneity_color, heterogeneity_label, heterogeneity_style
+    >>> style = heterogeneity_style(1.0)
+    >>> style.color == heterogeneity_color(1.0), style.label == heterogeneity_label(1.0), style.marker
+    (True, True, 'o')
     """
     return Style(heterogeneity_label(zeta_value), heterogeneity_color(zeta_value))
 
@@ -246,6 +274,14 @@ def method_style(name: str) -> Style:
     -------
     Style
         Its style.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import method_style
+    >>> method_style("fedfrozen_best").color == method_style("fedfrozen_theory").color
+    True
+    >>> method_style("fedfrozen_best").linestyle, method_style("fedfrozen_theory").linestyle
+    ('-', '--')
     """
     if name not in METHODS:
         raise KeyError(f"method {name!r} has no style; expected one of {', '.join(METHODS)}")
@@ -268,6 +304,12 @@ def label(key: str) -> str:
     -------
     str
         Its label (mathtext where it names a symbol).
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import label
+    >>> label("T0"), label("no_such_column")
+    ('warm-up length $T_0$', 'no_such_column')
     """
     return LABELS.get(key, key)
 
@@ -279,6 +321,14 @@ def apply_style() -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> from linattn_theory.report.plotting import apply_style
+    >>> apply_style()
+    >>> matplotlib.rcParams["font.size"], matplotlib.rcParams["pdf.fonttype"]
+    (8.0, 42)
     """
     matplotlib.rcParams.update(PAPER_TICKS)
     matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 300, "axes.grid": True,
@@ -304,6 +354,13 @@ def palette(n: int):
     -------
     list
         ``n`` colours.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import palette
+    >>> colors = palette(12)
+    >>> len(colors), colors[10] == colors[0], colors[1] == colors[0]
+    (12, True, False)
     """
     base = [matplotlib.colors.to_rgb(c) for c in COLORBLIND]
     return [base[i % len(base)] for i in range(n)]
@@ -336,6 +393,15 @@ def figure(ncols: int = 1, nrows: int = 1, *, width: str = "full", height: float
         The figure.
     axes : matplotlib.axes.Axes or numpy.ndarray
         Its axes.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import figure
+    >>> fig, axes = figure(2, width="column")
+    >>> axes.shape, [float(v) for v in fig.get_size_inches()]
+    ((2,), [3.5, 2.4])
+    >>> plt.close(fig)
     """
     widths = {"full": FULL_WIDTH, "column": COLUMN_WIDTH}
     if width not in widths:
@@ -367,6 +433,17 @@ def legend_below(fig, handles=None, labels=None, ncols: int | None = None, **kwa
     -------
     matplotlib.legend.Legend
         The legend.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import figure, legend_below
+    >>> fig, axes = figure(2)
+    >>> _ = axes[0].plot([0, 1], label="a")
+    >>> _ = axes[1].plot([0, 1], label="a"), axes[1].plot([1, 0], label="b")
+    >>> [text.get_text() for text in legend_below(fig).get_texts()]   # "a" once
+    ['a', 'b']
+    >>> plt.close(fig)
     """
     if handles is None:
         handles, labels = [], []
@@ -395,6 +472,23 @@ def check_print_ready(fig, name: str = "figure") -> None:
     ------
     ValueError
         Naming the width or the text that is too small.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import check_print_ready, figure
+    >>> fig, ax = figure(width="column")
+    >>> check_print_ready(fig)                    # 3.5 in wide, no text under 7 pt: no error
+    >>> fig.set_size_inches(5, 2)
+    >>> check_print_ready(fig, "demo")
+    Traceback (most recent call last):
+        ...
+    ValueError: figure 'demo': 5.0 in wide; expected 3.5 in (one column) or 7.0 in (two columns)
+    >>> plt.close(fig)
     """
     width = round(float(fig.get_size_inches()[0]), 3)
     if width not in (COLUMN_WIDTH, FULL_WIDTH):
@@ -452,6 +546,17 @@ def save_figure(fig, name: str, out_dir, data: pd.DataFrame | None = None,
     -------
     list of pathlib.Path
         The files written.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import pandas as pd
+    >>> from linattn_theory.report.plotting import figure, save_figure
+    >>> fig, ax = figure(width="column")
+    >>> _ = ax.plot([0, 1], [1, 2])
+    >>> data = pd.DataFrame({"x": [0, 1], "y": [1, 2]})
+    >>> [path.name for path in save_figure(fig, "demo", tempfile.mkdtemp(), data, formats=("png",))]
+    ['demo.csv', 'demo.png']
     """
     out = Path(out_dir)
     paths = []
@@ -485,6 +590,15 @@ def drop_diverged(results: pd.DataFrame) -> tuple[pd.DataFrame, int]:
         The runs that did not diverge.
     dropped : int
         How many did.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.plotting import drop_diverged
+    >>> runs = pd.DataFrame({"loss": [0.1, 9.0, 0.2], "diverged": [False, True, False]})
+    >>> kept, dropped = drop_diverged(runs)
+    >>> kept["loss"].tolist(), dropped
+    ([0.1, 0.2], 1)
     """
     if "diverged" not in results:
         return results, 0
@@ -533,6 +647,17 @@ def note_dropped(ax, dropped: int, what: str = "diverged run") -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import note_dropped
+    >>> fig, ax = plt.subplots()
+    >>> note_dropped(ax, 2)
+    >>> note_dropped(ax, 0)                       # says nothing
+    >>> [text.get_text() for text in ax.texts]
+    ['2 diverged runs not shown']
+    >>> plt.close(fig)
     """
     if dropped:
         ax.text(0.99, 0.01, dropped_text(dropped, what), transform=ax.transAxes,
@@ -558,6 +683,17 @@ def mark_x(ax, x: float, text: str, color, linestyle: str = "--") -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import mark_x
+    >>> fig, ax = plt.subplots()
+    >>> mark_x(ax, 3.0, "chosen $T_0$", "black")
+    >>> line, = ax.lines
+    >>> [float(x) for x in line.get_xdata()], line.get_label(), line.get_linestyle()
+    ([3.0, 3.0], 'chosen $T_0$', '--')
+    >>> plt.close(fig)
     """
     ax.axvline(x, color=color, linestyle=linestyle, linewidth=1.2, label=text)
 
@@ -582,6 +718,16 @@ def log_scale(ax, axis: str = "y") -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import log_scale
+    >>> fig, ax = plt.subplots()
+    >>> log_scale(ax)
+    >>> ax.get_yscale(), ax.yaxis.get_major_formatter()(1e-05), ax.yaxis.get_major_formatter()(0.3)
+    ('log', '1e-05', '0.3')
+    >>> plt.close(fig)
     """
     from matplotlib.ticker import FuncFormatter
     getattr(ax, f"set_{axis}scale")("log")
@@ -613,6 +759,16 @@ def symlog_scale(ax, linthresh: float, axis: str = "y") -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import symlog_scale
+    >>> fig, ax = plt.subplots()
+    >>> symlog_scale(ax, 0.1, axis="x")
+    >>> ax.get_xscale(), ax.xaxis.get_major_formatter()(-0.1), ax.xaxis.get_major_formatter()(10.0)
+    ('symlog', '-0.1', '10')
+    >>> plt.close(fig)
     """
     getattr(ax, f"set_{axis}scale")("symlog", linthresh=linthresh)
     target = ax.xaxis if axis == "x" else ax.yaxis
@@ -634,6 +790,17 @@ def data_ticks(ax, values, axis: str = "x") -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import data_ticks
+    >>> fig, ax = plt.subplots()
+    >>> ax.set_xscale("log")
+    >>> data_ticks(ax, [0.05, 0.005, 0.05])
+    >>> [float(v) for v in ax.xaxis.get_major_locator()()], ax.xaxis.get_major_formatter()(0.005)
+    ([0.005, 0.05], '0.005')
+    >>> plt.close(fig)
     """
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
     values = sorted(set(float(v) for v in values))
@@ -664,6 +831,16 @@ def stacked_bars(ax, x, parts: dict, colors, width: float = 0.8) -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import stacked_bars
+    >>> fig, ax = plt.subplots()
+    >>> stacked_bars(ax, [0, 1], {"a": [1.0, -1.0], "b": [2.0, -0.5]}, ["C0", "C1"])
+    >>> [float(bar.get_y() + bar.get_height()) for bar in ax.patches]   # each bar's far end
+    [1.0, -1.0, 3.0, -1.5]
+    >>> plt.close(fig)
     """
     x = np.asarray(x, dtype=float)
     up, down = np.zeros(len(x)), np.zeros(len(x))
@@ -693,6 +870,16 @@ def curve_rows(x: str, series: pd.Series, count: int, **labels) -> pd.DataFrame:
     -------
     pandas.DataFrame
         The rows.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.plotting import curve_rows
+    >>> rows = curve_rows("T0", pd.Series([0.3, 0.2], index=[0, 5]), 20, method="fedavg")
+    >>> rows.columns.tolist()
+    ['T0', 'median', 'q25', 'q75', 'count', 'method']
+    >>> rows["T0"].tolist(), rows["q25"].tolist() == rows["median"].tolist()
+    ([0, 5], True)
     """
     values = series.to_numpy(dtype=float)
     return pd.DataFrame({x: series.index, "median": values, "q25": values, "q75": values,
@@ -726,6 +913,18 @@ def instance_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str |
     -------
     pandas.DataFrame
         The plotted summary.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> import pandas as pd
+    >>> from linattn_theory.report.plotting import instance_band
+    >>> data = pd.DataFrame({"T0": [0, 0, 0, 5, 5, 5], "loss": [1.0, 2.0, 3.0, 0.5, 1.5, 2.5]})
+    >>> fig, ax = plt.subplots()
+    >>> stats = instance_band(ax, data, "T0", "loss", color="black")
+    >>> stats["median"].tolist(), stats["q25"].tolist(), stats["count"].tolist(), len(ax.lines)
+    ([2.0, 1.5], [1.5, 1.0], [3, 3], 1)
+    >>> plt.close(fig)
     """
     grouped = data.groupby(x)[y]
     stats = pd.DataFrame({"median": grouped.median(), "q25": grouped.quantile(0.25),
@@ -752,6 +951,12 @@ def strip_offsets(values, width: float = 0.5) -> np.ndarray:
     -------
     numpy.ndarray
         One offset per value.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import strip_offsets
+    >>> strip_offsets([3.0, 1.0, 2.0]).tolist()           # by rank: 2, 0, 1
+    [0.25, -0.25, 0.0]
     """
     n = len(values)
     if n < 2:
@@ -786,6 +991,16 @@ def mark_best_T0(ax, quartiles: dict, *, color, row: int = 0, marker: str = "D")
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import mark_best_T0
+    >>> fig, ax = plt.subplots()
+    >>> mark_best_T0(ax, {"median": 10, "q25": 5, "q75": 20}, color="black")
+    >>> [[float(x) for x in line.get_xdata()] for line in ax.lines]   # the IQR bar, the median
+    [[5.0, 20.0], [10.0]]
+    >>> plt.close(fig)
     """
     from matplotlib.transforms import blended_transform_factory
 
@@ -809,6 +1024,13 @@ def best_T0_handle(color=REFERENCE_COLOR):
     -------
     matplotlib.lines.Line2D
         The handle.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import BEST_T0_LABEL, best_T0_handle
+    >>> handle = best_T0_handle()
+    >>> handle.get_label() == BEST_T0_LABEL, handle.get_marker()
+    (True, 'D')
     """
     from matplotlib.lines import Line2D
 
@@ -830,6 +1052,17 @@ def room_on_top(ax, rows: int) -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.plotting import room_on_top
+    >>> fig, ax = plt.subplots()
+    >>> _ = ax.set_ylim(0, 1)
+    >>> room_on_top(ax, 1)
+    >>> round(float(ax.get_ylim()[1]), 4)                # 1 / (0.92 - 0.065)
+    1.1696
+    >>> plt.close(fig)
     """
     fraction = 0.92 - 0.065 * rows
     scale = ax.yaxis.get_transform()
@@ -878,6 +1111,12 @@ def left_out_text(left_out: int) -> str:
     -------
     str
         The note.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.plotting import left_out_text
+    >>> left_out_text(2), left_out_text(1), left_out_text(0)
+    ('2 instances left out (FedAvg diverged)', '1 instance left out (FedAvg diverged)', '')
     """
     if not left_out:
         return ""

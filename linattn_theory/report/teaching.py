@@ -34,7 +34,19 @@ PASS, FAIL, UNANSWERED = "PASS", "FAIL", "UNANSWERED"
 
 
 class TheoremViolation(AssertionError):
-    """An exact identity of docs/theory.md does not hold on the numbers: a bug, not a surprise."""
+    """An exact identity of docs/theory.md does not hold on the numbers: a bug, not a surprise.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.teaching import TheoremViolation, theorem
+    >>> issubclass(TheoremViolation, AssertionError)
+    True
+    >>> try:
+    ...     theorem("R = bias + D + unfinished", False, "1.0 != 0.9")
+    ... except TheoremViolation as error:
+    ...     print(error)
+    THEOREM R = bias + D + unfinished is violated: 1.0 != 0.9
+    """
 
 
 def check_exercise(name: str, answer, verify) -> None:
@@ -101,6 +113,12 @@ def theorem(name: str, holds: bool, detail: str = "") -> None:
     ------
     TheoremViolation
         When it does not hold.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.teaching import theorem
+    >>> theorem("R(T0) >= 0", True, "min R = 0.12")
+    THEOREM R(T0) >= 0: holds  min R = 0.12
     """
     if not holds:
         raise TheoremViolation(f"THEOREM {name} is violated: {detail}")
@@ -118,6 +136,12 @@ def tendency(name: str, holds: bool, detail: str = "") -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> from linattn_theory.report.teaching import tendency
+    >>> tendency("a longer warm-up lowers the bias", False, "bias 0.3 -> 0.4")      # printed, never raised
+    TENDENCY a longer warm-up lowers the bias: does NOT hold on these numbers  bias 0.3 -> 0.4
     """
     verdict = "holds" if holds else "does NOT hold"
     print(f"TENDENCY {name}: {verdict} on these numbers  {detail}")
@@ -130,6 +154,15 @@ def notebook_style() -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> from linattn_theory.report.teaching import NOTEBOOK_DPI, notebook_style
+    >>> with matplotlib.rc_context():                           # the settings are restored after the block
+    ...     notebook_style()
+    ...     print(matplotlib.rcParams["figure.dpi"] == NOTEBOOK_DPI, matplotlib.rcParams["legend.fontsize"])
+    True 8.0
     """
     import matplotlib.pyplot as plt
 
@@ -150,10 +183,28 @@ def check_legible(fig) -> None:
     fig : matplotlib.figure.Figure
         The figure to check.
 
+    Returns
+    -------
+    None
+
     Raises
     ------
     ValueError
         Naming the resolution or the text that is too small.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.teaching import check_legible
+    >>> fig, ax = plt.subplots(dpi=150)
+    >>> ax.tick_params(labelsize=9)
+    >>> check_legible(fig)                                       # 150 dpi, no text under 8 pt: no error
+    >>> _ = ax.set_xlabel("T0", fontsize=6)
+    >>> check_legible(fig)
+    Traceback (most recent call last):
+        ...
+    ValueError: text below 8 pt: [('T0', 6.0)]
+    >>> plt.close(fig)
     """
     import matplotlib.text
 
@@ -178,6 +229,16 @@ def show(fig) -> None:
     Returns
     -------
     None
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from linattn_theory.report.teaching import show
+    >>> fig, ax = plt.subplots(dpi=150)
+    >>> ax.tick_params(labelsize=9)
+    >>> show(fig)                                                # checked, then closed (Agg: nothing shown)
+    >>> plt.fignum_exists(fig.number)
+    False
     """
     import matplotlib.pyplot as plt
 
@@ -217,6 +278,20 @@ def excess_risk_curve(config, clients, optimum=None, *, restarts: int = 2) -> pd
     -------
     pandas.DataFrame
         One row per ``T0``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> from linattn_theory.report.teaching import excess_risk_curve
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> curve = excess_risk_curve(config, clients_from_config(config), restarts=1)
+    >>> curve.index.tolist()
+    [0, 1, 2, 3, 4]
+    >>> parts = curve["bias"] + curve["drift_floor"] + curve["unfinished"]      # R = bias + D + unfinished
+    >>> bool(np.allclose(curve["excess_risk"], parts, rtol=1e-12, atol=0))
+    True
     """
     from ..core.model import kernel
     from ..core.clients import stack_clients

@@ -50,7 +50,29 @@ COLUMNS = ["seed", "cell", "arm", "step", "setting", "learning_rate", "excess_ri
 def grid_settings(grid, step_key: str = "federated.step_scale") -> list[dict]:
     """A declared grid as a list of config updates: a sequence of numbers is ``[{step_key: v}, …]``; a
     mapping ``{key: [values]}`` is the product of its lists, the first key outermost (every
-    setting must set ``step_key``)."""
+    setting must set ``step_key``).
+
+    Parameters
+    ----------
+    grid : sequence of float or mapping of str to sequence
+        The steps, or the lists of values per dotted key.
+    step_key : str, default "federated.step_scale"
+        The key of the step, which every setting sets.
+
+    Returns
+    -------
+    list of dict
+        One config update per setting.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.tuning import grid_settings
+    >>> grid_settings([0.1, 0.2])
+    [{'federated.step_scale': 0.1}, {'federated.step_scale': 0.2}]
+    >>> grid = {"federated.step_scale": [0.1, 0.2], "federated.prox_mu": [1.0]}
+    >>> [tuple(setting.values()) for setting in grid_settings(grid)]       # the first key outermost
+    [(0.1, 1.0), (0.2, 1.0)]
+    """
     if isinstance(grid, Mapping):
         if step_key not in grid:
             raise ValueError(f"grid {dict(grid)!r}: declares no {step_key!r}; a grid of settings sets the step too")
@@ -60,7 +82,24 @@ def grid_settings(grid, step_key: str = "federated.step_scale") -> list[dict]:
 
 
 def setting_label(updates: Mapping) -> str:
-    """``"step_scale=0.15, prox_mu=1"``: a setting's keys (their last part) and values, in order."""
+    """``"step_scale=0.15, prox_mu=1"``: a setting's keys (their last part) and values, in order.
+
+    Parameters
+    ----------
+    updates : mapping of str to float
+        A setting (:func:`grid_settings`).
+
+    Returns
+    -------
+    str
+        Its label.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.tuning import setting_label
+    >>> setting_label({"federated.step_scale": 0.15, "federated.prox_mu": 1.0})
+    'step_scale=0.15, prox_mu=1'
+    """
     return ", ".join(f"{key.rsplit('.', 1)[-1]}={value:g}" for key, value in updates.items())
 
 
@@ -82,7 +121,15 @@ class TunedComparison(NamedTuple):
 
     Examples
     --------
-    See :func:`tune_and_hold_out`.
+    >>> import pandas as pd
+    >>> from linattn_theory.report.tuning import TunedComparison
+    >>> choices = pd.DataFrame({"cell": ["c0"], "arm": ["fedavg"], "step": [0.05], "median_ratio": [1.0],
+    ...                         "diverged": [0]})
+    >>> comparison = TunedComparison(heldout=pd.DataFrame(), design=pd.DataFrame(), choices=choices)
+    >>> comparison._fields, float(comparison.choices["step"].iloc[0])
+    (('heldout', 'design', 'choices'), 0.05)
+
+    :func:`tune_and_hold_out` makes it.
     """
 
     heldout: pd.DataFrame

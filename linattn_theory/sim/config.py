@@ -35,7 +35,15 @@ def _spec(default, *, low=None, high=None, low_open=False, high_open=False, choi
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """The clients (docs/theory.md §2). Keys that do not apply to ``family`` are rejected."""
+    """The clients (docs/theory.md §2). Keys that do not apply to ``family`` are rejected.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import TaskConfig
+    >>> TaskConfig().num_clients, lt.config_from_dict({"task": {"num_clients": 3}}).task == TaskConfig(num_clients=3)
+    (8, True)
+    """
 
     family: str = _spec("planted_kernel", choices=FAMILIES,
                         doc="task family (digits: scikit-learn's handwritten digits, docs/theory.md §9)")
@@ -64,7 +72,15 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The student layer (docs/theory.md §1)."""
+    """The student layer (docs/theory.md §1).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import ModelConfig
+    >>> lt.config_from_dict({"model": {"heads": 2}}).model == ModelConfig(heads=2), ModelConfig().dtype
+    (True, 'float64')
+    """
 
     heads: int = _spec(1, low=1, doc="heads H")
     rank: int = _spec(3, low=1, doc="head width r")
@@ -91,7 +107,16 @@ SOFTMAX_KEYS = ("attention", "temperature")
 
 @dataclass(frozen=True)
 class FederatedConfig:
-    """The schedule (docs/theory.md §3)."""
+    """The schedule (docs/theory.md §3).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.config import FederatedConfig
+    >>> fed = FederatedConfig(rounds=20, warmup_rounds=5)
+    >>> lt.config_from_dict({"federated": {"rounds": 20, "warmup_rounds": 5}}).federated == fed, fed.strategy
+    (True, 'fedfrozen')
+    """
 
     strategy: str = _spec("fedfrozen", choices=STRATEGIES,
                           doc="federated strategy (linattn_theory.sim.strategies; random_kernel = fedfrozen with T0 = 0)")

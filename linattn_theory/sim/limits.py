@@ -163,7 +163,13 @@ def estimate_run(config: RunConfig) -> RunEstimate:
 
     Examples
     --------
-    See :class:`RunEstimate`.
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.limits import estimate_run
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> longer = config.with_updates({"federated.rounds": 40, "federated.warmup_rounds": 20})
+    >>> short, long = estimate_run(config), estimate_run(longer)
+    >>> long.seconds > short.seconds, long.bytes > short.bytes          # more rounds: more time and a longer table
+    (True, True)
     """
     task, model, fed = config.task, config.model, config.federated
     m, N, n = task.num_clients, task.samples_per_client, task.tokens

@@ -102,6 +102,13 @@ class AssumptionCheck:
         The measured quantity.
     detail : str, default ""
         What was compared with what.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.bound import AssumptionCheck
+    >>> check = AssumptionCheck("rho(K_t) < 1 along the path", holds=False, measured=1.02, detail="max rho = 1.02")
+    >>> check.holds, check.measured, AssumptionCheck("L > 0", True, 3.0).detail
+    (False, 1.02, '')
     """
 
     name: str
@@ -141,6 +148,22 @@ class BoundConstants:
         Their largest values along the path.
     drift_growth, drift_floor_initial
         ``γ`` and ``D(K_0)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> from linattn_theory.recommenders.scoring import fedavg_path      # the theory reads a path, runs none
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> clients = clients_from_config(config)
+    >>> from linattn_theory.theory.bound import BoundConstants, path_from_states
+    >>> path = path_from_states(fedavg_path(config, clients)[1])
+    >>> constants = lt.estimate_bound(config, clients, path=path, optimum=0.2).constants
+    >>> isinstance(constants, BoundConstants), constants.T, constants.optimum
+    (True, 4, 0.2)
+    >>> bool(np.isclose(constants.epsilon, (1 - constants.q) * constants.b_floor))     # ε = (1 − q) b_∞
+    True
     """
 
     T: int
@@ -244,6 +267,15 @@ class WarmupPath:
         The per-round table.
     divergence : Divergence, optional
         Where the run diverged.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.bound import WarmupPath
+    >>> path = WarmupPath((lt.Params.init(d=4, r=2, p=1),), pd.DataFrame({"round": [0]}))
+    >>> len(path.params), path.divergence is None
+    (1, True)
     """
 
     params: tuple[Params, ...]
@@ -266,6 +298,22 @@ def path_from_states(states) -> WarmupPath:
     -------
     WarmupPath
         The trajectory.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> from linattn_theory.recommenders.scoring import fedavg_path      # the theory reads a path, runs none
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> clients = clients_from_config(config)
+    >>> from linattn_theory.theory.bound import path_from_states
+    >>> path = path_from_states(fedavg_path(config, clients)[1])
+    >>> len(path.params), len(path.table), path.table["strategy"].unique().tolist()     # θ^0..θ^4, rounds 1..4
+    (5, 4, ['fedavg'])
+    >>> fedavg = lt.simulate(config.with_updates({"federated.strategy": "fedavg"}), clients)
+    >>> bool(np.array_equal(path.params[-1].WV, fedavg.params.WV))
+    True
     """
     table = pd.DataFrame(states[-1].rows).iloc[1:].reset_index(drop=True)
     table["cumulative_kernel_drift"] = np.cumsum(table["kernel_drift"].to_numpy())
@@ -581,6 +629,21 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     -------
     pandas.DataFrame
         One row per round of the path.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> from linattn_theory.recommenders.scoring import fedavg_path      # the theory reads a path, runs none
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> clients = clients_from_config(config)
+    >>> from linattn_theory.theory.bound import path_from_states, path_optimum, path_terms
+    >>> path = path_from_states(fedavg_path(config, clients)[1])
+    >>> optimum = path_optimum(config, clients, path, restarts=1).objective
+    >>> terms = path_terms(path, clients, config, optimum)
+    >>> terms["round"].tolist(), bool((terms["bias"] >= 0).all()), bool((terms["drift_floor"] >= 0).all())
+    ([0, 1, 2, 3, 4], True, True)
     """
     fed = config.federated
     T, eta, E, lam, s = fed.rounds, fed.learning_rate, fed.local_steps, fed.ridge, fed.server_learning_rate
@@ -733,6 +796,22 @@ def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int 
     -------
     CentralizedOptimum
         The optimum.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> from linattn_theory.recommenders.scoring import fedavg_path      # the theory reads a path, runs none
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> clients = clients_from_config(config)
+    >>> from linattn_theory.theory.bound import path_from_states, path_optimum
+    >>> path = path_from_states(fedavg_path(config, clients)[1])
+    >>> optimum = path_optimum(config, clients, path, restarts=1)
+    >>> lam = config.federated.ridge
+    >>> profiles = [lt.profile_objective(lt.kernel(params), clients, lam)[0] for params in path.params]
+    >>> bool(optimum.objective <= min(profiles))                     # Φ*_λ ≤ Φ_λ(K_t) on the whole path
+    True
     """
     fed = config.federated
     data = config_stacked(config, clients)

@@ -48,6 +48,18 @@ def local_steps(params: Params, clients, eta: float, E: int, lam: float = 0.0, *
     -------
     Params
         Every client's parameters ``(m, …)``, or the centralised ones.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> from linattn_theory.theory.inexactness import local_steps
+    >>> stepped = local_steps(params, [(X, q, y)], eta=0.1, E=1)          # one client, one step
+    >>> stepped.WV.shape, bool(np.allclose(stepped.WV[0], params.WV - 0.1 * lt.loss_and_grad(params, X, q, y)[1].WV))
+    ((1, 1, 4, 1), True)
     """
     data = as_stacked(clients)
     xp = array_namespace(data.S)
@@ -104,6 +116,20 @@ def replay_round(params: Params, clients, eta: float, E: int, lam: float = 0.0,
         ``θ^{t+1}``.
     client_params : Params
         The clients' models ``(m, …)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=4, r=2, p=1)
+    >>> X, q, y = rng.normal(size=(8, 5, 4)), rng.normal(size=(8, 4)), rng.normal(size=(8, 1))
+    >>> from linattn_theory.theory.inexactness import local_steps, replay_round
+    >>> server, local = replay_round(params, [(X, q, y)], eta=0.1, E=2)
+    >>> bool(np.allclose(server.WV, local.WV[0]))                     # one client, η_s = 1: its model
+    True
+    >>> bool(np.allclose(local.WQ, local_steps(params, [(X, q, y)], eta=0.1, E=2).WQ))
+    True
     """
     check_ridge(lam)
     check_schedule(eta, E, server_learning_rate)

@@ -57,6 +57,15 @@ def attention_scores(K, X, q):
     -------
     array, shape (..., N, H, n)
         The scores.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import attention_scores
+    >>> K = np.stack([np.eye(2), 2 * np.eye(2)])                  # H = 2 heads in d = 2
+    >>> X = np.array([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])     # N = 1 context of n = 3 tokens
+    >>> attention_scores(K, X, np.array([[1.0, 2.0]])).tolist()  # q^T K_h x_i
+    [[[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]]]
     """
     xp = array_namespace(K, X, q)
     H, d = K.shape[-3], K.shape[-1]
@@ -150,6 +159,12 @@ def uniform_pattern(n: int) -> np.ndarray:
     -------
     numpy.ndarray, shape (n,)
         The pattern.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.static_heads import uniform_pattern
+    >>> uniform_pattern(4).tolist()
+    [0.25, 0.25, 0.25, 0.25]
     """
     return np.full(n, 1.0 / n)
 
@@ -166,6 +181,14 @@ def mean_score_pattern(K, X, q) -> np.ndarray:
     -------
     numpy.ndarray, shape (H, n)
         The patterns.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import mean_score_pattern
+    >>> X = np.array([[[3.0], [0.0]], [[1.0], [2.0]]])            # N = 2 samples, n = 2, d = 1
+    >>> mean_score_pattern(np.ones((1, 1, 1)), X, np.ones((2, 1))).tolist()   # mean scores (2, 1), over n
+    [[1.0, 0.5]]
     """
     s = to_numpy(attention_scores(K, X, q))
     return s.mean(axis=0) / X.shape[-2]
@@ -215,6 +238,14 @@ def static_patterns(kind: str, K, X, q, gamma: float = 0.5) -> np.ndarray:
     -------
     numpy.ndarray, shape (H, n)
         One pattern per head.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import static_patterns
+    >>> K, X, q = np.zeros((2, 3, 3)), np.zeros((5, 4, 3)), np.zeros((5, 3))
+    >>> static_patterns("uniform", K, X, q).shape, static_patterns("decay", K, X, q, gamma=0.0)[1].tolist()
+    ((2, 4), [0.25, 0.25, 0.25, 0.25])
     """
     H, n = K.shape[-3], X.shape[-2]
     if kind == "uniform":
@@ -236,6 +267,14 @@ class StaticHeads:
         The static heads.
     patterns : numpy.ndarray, shape (H, n)
         Their attention patterns.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import StaticHeads, uniform_pattern
+    >>> static = StaticHeads(heads=(1,), patterns=np.tile(uniform_pattern(3), (2, 1)))
+    >>> static.heads, static.patterns.shape
+    ((1,), (2, 3))
     """
 
     heads: tuple[int, ...]
@@ -256,6 +295,14 @@ def static_features(X, patterns):
     -------
     array, shape (..., N, H, d)
         ``ψ_h``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import static_features
+    >>> X = np.arange(6.0).reshape(1, 3, 2)                      # tokens (0, 1), (2, 3), (4, 5)
+    >>> static_features(X, [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]).tolist()
+    [[[1.0, 2.0], [4.0, 5.0]]]
     """
     xp = array_namespace(X)
     return xp.matmul(xp.asarray(patterns, dtype=X.dtype), X)
@@ -275,6 +322,19 @@ def head_features(K, X, q, static: StaticHeads):
     -------
     array, shape (..., N, H, d)
         The features.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.model import context_second_moment, features
+    >>> from linattn_theory.theory.static_heads import StaticHeads, head_features, uniform_pattern
+    >>> rng = np.random.default_rng(0)
+    >>> K, X, q = rng.normal(size=(2, 3, 3)), rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 3))
+    >>> phi = head_features(K, X, q, StaticHeads((0,), np.tile(uniform_pattern(5), (2, 1))))
+    >>> phi.shape, bool(np.allclose(phi[:, 0], X.mean(axis=1)))    # head 0 static: the context mean
+    ((4, 2, 3), True)
+    >>> bool(np.allclose(phi[:, 1], features(K, context_second_moment(X), q)[:, 1]))
+    True
     """
     xp = array_namespace(K, X, q)
     phi = features(K, context_second_moment(X), q)
@@ -304,6 +364,19 @@ def predict_static(params, static: StaticHeads, X, q):
     -------
     array, shape (N, p)
         ``ŷ``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.model import predict_from_contexts
+    >>> from linattn_theory.theory.static_heads import StaticHeads, predict_static
+    >>> rng = np.random.default_rng(0)
+    >>> params = lt.Params.init(d=3, r=2, p=1, heads=2, seed=0)
+    >>> X, q = rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 3))
+    >>> y = predict_static(params, StaticHeads((), None), X, q)     # no static head: the layer itself
+    >>> y.shape, bool(np.allclose(y, predict_from_contexts(params, X, q)))
+    ((4, 1), True)
     """
     from ..core.model import kernel
 
@@ -329,6 +402,16 @@ def stack_contexts(clients, xp=None, dtype=np.float64):
     -------
     array, shape (m, N, n, d)
         The padded contexts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import stack_contexts
+    >>> clients = [(np.ones((2, 4, 3)), np.ones((2, 3)), np.ones((2, 1))),
+    ...            (np.ones((3, 4, 3)), np.ones((3, 3)), np.ones((3, 1)))]
+    >>> X = stack_contexts(clients)
+    >>> X.shape, float(X[0, 2].sum()), float(X[1, 2].sum())       # client 0's third row is padding
+    ((2, 3, 4, 3), 0.0, 12.0)
     """
     data = as_federated(clients)
     n, d, _ = data.dims
@@ -413,6 +496,17 @@ def static_head_features(clients, kind: str, *, count: int | None = None, gamma:
     -------
     callable
         ``frozen_features(params) -> φ`` ``(m, N, H·d)``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import stack_contexts, static_head_features
+    >>> clients = lt.planted_kernel_clients(num_clients=2, samples_per_client=8, tokens=4, dim=3, rank=1)
+    >>> params = lt.Params.init(d=3, r=2, p=clients.dims[2], heads=2, seed=0)
+    >>> phi = static_head_features(clients, "uniform")(params)    # every head static: the context mean
+    >>> phi.shape, bool(np.allclose(phi[0, :, 3:], stack_contexts(clients)[0].mean(axis=1)))
+    ((2, 8, 6), True)
     """
     from ..core.model import kernel
 
@@ -456,6 +550,20 @@ def head_static_loss_change(K, clients, ridge: float = 0.0, *, kind: str = "mean
     -------
     pandas.DataFrame
         One row per head.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> import numpy as np
+    >>> from linattn_theory.theory.static_heads import head_static_loss_change, static_profile_objective
+    >>> clients = lt.planted_kernel_clients(num_clients=2, samples_per_client=8, tokens=4, dim=3, rank=1)
+    >>> K = clients.truth["kernel"]
+    >>> table = head_static_loss_change(K, clients, 0.1)
+    >>> table.columns.tolist()
+    ['head', 'share', 'loss_change', 'relative_loss_change']
+    >>> learned = static_profile_objective(K, clients, 0.1)[0]
+    >>> bool(np.allclose(table["loss_change"], table["relative_loss_change"] * learned))
+    True
     """
     clients = as_federated(clients)
     if calibration is None:
@@ -506,6 +614,17 @@ def compare_static_heads(config, clients=None, *, count: int = 1, patterns=PATTE
     -------
     pandas.DataFrame
         One row per arm (``full``, ``fedfrozen``, ``static_<pattern>``).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.static_heads import compare_static_heads
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 2}})
+    >>> table = compare_static_heads(config, patterns=("uniform",))
+    >>> table["arm"].tolist()
+    ['full', 'fedfrozen', 'static_uniform']
+    >>> bool((table["profile_loss"] <= table["loss_regularized"] + 1e-12).all())   # Φ_λ: the best value block
+    True
     """
     from ..data.families import clients_from_config
     from ..sim.engine import simulate
@@ -587,6 +706,18 @@ def head_pattern_statistics(params, clients, temperature: float = 1.0) -> pd.Dat
     -------
     pandas.DataFrame
         One row per head and group.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.static_heads import head_pattern_statistics
+    >>> clients = lt.planted_kernel_clients(num_clients=2, samples_per_client=8, tokens=4, dim=3, rank=1)
+    >>> params = lt.Params.init(d=3, r=2, p=clients.dims[2], heads=2, seed=0)
+    >>> table = head_pattern_statistics(params, clients)
+    >>> len(table), sorted(set(table["client"]))                  # 2 heads x (2 clients and all)
+    (6, [-1, 0, 1])
+    >>> bool((table["pattern_variance"] >= 0).all() and (table["mean_kl"] >= -1e-12).all())
+    True
     """
     from ..core.model import kernel, predict_from_contexts, softmax_weights
 

@@ -123,7 +123,19 @@ def compute_task(task: list[tuple[str, dict]]) -> list:
 
     Examples
     --------
-    See :func:`plan_tasks`.
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.executors import compute_task
+    >>> config = lt.config_from_dict({"federated": {"rounds": 3, "warmup_rounds": 1}})
+    >>> task = [("a", config.to_dict()), ("b", config.with_updates({"seed": 1}).to_dict())]
+    >>> results = compute_task(task)
+    >>> [run_id for run_id, _ in results], len(results[1][1].table)
+    (['a', 'b'], 4)
+    >>> alone = lt.simulate(config.with_updates({"seed": 1})).table["loss"]
+    >>> bool(np.allclose(results[1][1].table["loss"], alone, rtol=1e-9))     # simulate's run, to rounding
+    True
+
+    :func:`plan_tasks` makes the tasks.
     """
     from ..ensemble import simulate_many
     configs = [config_from_dict(data) for _, data in task]

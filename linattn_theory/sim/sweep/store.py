@@ -60,7 +60,13 @@ class DivergedRun:
 
     Examples
     --------
-    See :func:`stored_divergences` and :func:`divergence_report`.
+    >>> from linattn_theory.sim.sweep.store import DivergedRun
+    >>> run = DivergedRun("ab12", {"federated.learning_rate": 50.0}, seed=0, learning_rate=50.0, round=3,
+    ...                   loss=1e9, stable_learning_rate=0.4)
+    >>> run.point["federated.learning_rate"] == run.learning_rate, run.learning_rate > run.stable_learning_rate
+    (True, True)
+
+    :func:`stored_divergences` reads them from a sweep, :func:`divergence_report` says them.
     """
 
     run_id: str
@@ -506,7 +512,16 @@ def summary_row(metadata: dict, table, run_id: str) -> dict:
 
     Examples
     --------
-    See :func:`summary_table`, whose rows these are.
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.sweep.store import summary_row
+    >>> result = lt.simulate(lt.config_from_dict({"federated": {"rounds": 2, "warmup_rounds": 1}}))
+    >>> row = summary_row(result.metadata, result.table, "demo")
+    >>> row["run_id"], row["T0"], row["rounds_completed"], row["federated.rounds"], row["diverged"]
+    ('demo', 1, 2, 2, False)
+    >>> row["final_loss"] == float(result.table["loss"].iloc[-1])
+    True
+
+    :func:`summary_table` has one such row per run.
     """
     last = table.iloc[-1]
     div = metadata.get("divergence") or {}
