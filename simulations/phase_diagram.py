@@ -7,11 +7,13 @@ edge, and each arm is compared with FedAvg whose step was chosen on design seeds
 (linattn_theory.report.tuning.choose_steps), on held-out seeds that played no part in the choice. Per
 cell (ζ_V, E, c), over the held-out instances: the median gain 1 − R_arm / R_tuned FedAvg with a
 bootstrap 95 % interval and the wins above 2 %, for FedFrozen at its best T0 (an oracle over T0), the
-server's exact value solve after FedAvg (value_solve_final, docs/theory.md §5) and, in its own
-column, FedAvg's best iterate at its tuned step (an oracle: early stopping chosen after the fact); the
-column "tuned" gives FedFrozen and the value solve their own step chosen on the design seeds. Colour:
+online rule's realised run (fedfrozen_online: strategy fedfrozen_adaptive, its default causal rule,
+docs/theory.md §8, run for real on every instance), the server's exact value solve after FedAvg
+(value_solve_final, docs/theory.md §5) and, in its own column, FedAvg's best iterate at its tuned step
+(an oracle: early stopping chosen after the fact); the column "tuned" gives FedFrozen, the online rule
+and the value solve their own step chosen on the design seeds. Colour:
 the median gain with every instance (a diverged arm counts as a loss); † cell with diverged runs, ‡
-with chaotic FedAvg paths (linattn_theory.sim.sensitivity). Boxed: cells whose median gain without
+with chaotic FedAvg paths (linattn_theory.sim.sensitivity; for the online rule's run, also its own). Boxed: cells whose median gain without
 the flagged instances exceeds 2 %; dashed: the boundary that the pre-registered a-priori predictor
 (linattn_theory.theory.phase_predictor) draws, freezing predicted to pay to its right.
 
@@ -45,8 +47,8 @@ from linattn_theory.report.phase_diagram import (attribution, cell_summary, inst
 
 NAME = "phase_diagram"
 CONFIG = config_path(__file__, "phase_diagram")
-PANELS = {"fedfrozen_best": r"FedFrozen at its best $T_0$", "value_solve_final": "FedAvg, then the value solve",
-          "fedavg_tuned_oracle": "best iterate\n(oracle)"}
+PANELS = {"fedfrozen_best": r"FedFrozen at its best $T_0$ (oracle)", "fedfrozen_online": "FedFrozen, the online rule's run",
+          "value_solve_final": "FedAvg, then the value solve", "fedavg_tuned_oracle": "FedAvg's best iterate\n(oracle)"}
 LIMIT = 0.3       # the colour scale's gain range, ± 30 %
 
 
@@ -85,7 +87,7 @@ def _panel(ax, cells, rows, arm, E, threshold, first_column):
     ax.set_yticklabels([f"{v:g}" for v in grid.index], rotation=0)
     ax.set_xlabel("step scale $c$" if arm != "fedavg_tuned_oracle" else "FedAvg's")
     ax.set_ylabel(plotting.label("task.zeta_value") if first_column else "")
-    ax.set_title(f"{PANELS[arm]}, $E = {E}$" if arm != "fedavg_tuned_oracle" else PANELS[arm])
+    ax.set_title(f"{PANELS[arm]}, $E = {E}$")
 
 
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
@@ -111,16 +113,22 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
 
 
 def draw(rows, cells, settings, quick=False):
-    """The figure: per E a row of panels (FedFrozen, the value solve, FedAvg's oracle best iterate)."""
+    """The figure: per E a row with FedFrozen at its best T0 beside the online rule's realised run (the
+    same columns, side by side), then per E a row with the value solve beside FedAvg's oracle best
+    iterate (a narrow panel: one column)."""
     threshold = settings["threshold"]
     E_values = sorted(settings["local_steps"])
-    fig, axes = plotting.figure(3, len(E_values), height=2.6, quick=quick,
-                                gridspec_kw={"width_ratios": [len(settings["step_scales"]) + 1] * 2 + [1.25]})
-    axes = np.asarray(axes).reshape(len(E_values), 3)
+    fig, axes = plotting.figure(2, 2 * len(E_values), height=2.3, quick=quick)
+    axes = np.asarray(axes).reshape(2 * len(E_values), 2)
+    arms = list(PANELS)
     for r, E in enumerate(E_values):
-        for k, arm in enumerate(PANELS):
-            _panel(axes[r, k], cells, rows, arm, E, threshold, k == 0)
-    bar = fig.colorbar(axes[0, 0].collections[0], ax=list(axes.ravel()), shrink=0.6, pad=0.015, aspect=30,
+        for row, pair in ((r, arms[:2]), (len(E_values) + r, arms[2:])):
+            for j, arm in enumerate(pair):
+                _panel(axes[row, j], cells, rows, arm, E, threshold, j == 0)
+    for ax in axes[len(E_values):, 1]:                     # the oracle's one column: a narrow box, on the left
+        ax.set_box_aspect(2.4)
+        ax.set_anchor("W")
+    bar = fig.colorbar(axes[0, 0].collections[0], ax=list(axes[len(E_values):, 1]), shrink=0.8, aspect=25, panchor=False,
                        format=PercentFormatter(1.0, decimals=0))
     bar.set_label("median gain over tuned FedAvg")
     held = rows[rows["role"] == "heldout"]

@@ -103,12 +103,66 @@ def test_value_solve_from_the_path_equals_the_strategy_run():
     assert record["R"][-1] > record["value_solve_final"]                          # FedAvg pays its drift floor
 
 
+def _tiny_settings():
+    from linattn_theory.sim.config import config_from_dict
+
+    base = config_from_dict({"task": {"family": "planted_kernel", "num_clients": 3, "samples_per_client": 8,
+                                      "tokens": 4, "dim": 3, "rank": 2, "outputs": 1, "noise": 0.1},
+                             "model": {"rank": 2}, "federated": {"rounds": 20, "warmup_rounds": 20, "local_steps": 3}})
+    return {"base": base, "step_scales": [0.2, 0.4], "fedavg_steps": [0.2, 0.4], "zeta_value": [2.0], "local_steps": [3],
+            "design_seeds": [6], "heldout_seeds": [5], "threshold": 0.02, "bootstrap_resamples": 10, "bootstrap_seed": 0}
+
+
+def test_online_arm_is_the_online_rules_realised_run():
+    """The row ``fedfrozen_online`` of every (instance, c) is a separately run ``simulate`` of the strategy
+    ``fedfrozen_adaptive`` at that step, bit for bit: its R (``F_λ(θ_T) − Φ*``), its T0 (the rule's kernel
+    round) and its flags; the cells carry the arm, its tuned column at its own design choice. On this
+    instance the rule freezes once (seed 5, c = 0.4: kernel round 17, decided in round 18, so its R is
+    not the sweep's R(17)) and one run diverges (seed 6, c = 0.4) as the rule's run alone does."""
+    from linattn_theory.report.phase_diagram import _instance, instance_rows, run_instances
+    from linattn_theory.sim.engine import simulate
+
+    settings = _tiny_settings()
+    records = run_instances(settings)
+    rows, _ = instance_rows(records, settings)
+    online = rows[rows["arm"] == "fedfrozen_online"]
+    assert len(online) == len(records) == 4 and list(rows.columns) == ROW_COLUMNS
+    frozen = diverged = 0
+    for record in records:
+        config = _instance(settings["base"], 2.0, record["seed"]).with_updates(
+            {"federated.strategy": "fedfrozen_adaptive", "federated.local_steps": 3,
+             "federated.learning_rate": record["learning_rate"]})
+        run = simulate(config)
+        row = online[(online["seed"] == record["seed"]) & (online["step_scale"] == record["step_scale"])].iloc[0]
+        assert row["T0"] == run.metadata["kernel_round"] and row["learning_rate"] == record["learning_rate"]
+        assert row["chaotic"] == (record["chaotic"] or record["online_chaotic"])
+        assert row["diverged"] == run.diverged
+        if run.diverged:
+            diverged += 1
+            assert np.isnan(row["excess_risk"])
+            continue
+        assert row["excess_risk"] == float(run.table["loss_regularized"].iloc[-1]) - record["optimum"]   # bit for bit
+        best = rows[(rows["arm"] == "fedfrozen_best") & (rows["seed"] == record["seed"])
+                    & (rows["step_scale"] == record["step_scale"])].iloc[0]
+        assert row["excess_risk"] >= best["excess_risk"] * (1 - 1e-9)         # the oracle over T0 bounds it
+        if row["T0"] < 20:
+            frozen += 1
+            assert run.metadata["stop_round"] > row["T0"]                     # decided a round after its kernel
+            assert row["excess_risk"] != record["R"][int(row["T0"])]          # the realised run, not R(T0)
+    assert (frozen, diverged) == (1, 1)
+    cells = cell_summary(rows, settings)
+    arm = cells[cells["arm"] == "fedfrozen_online"].set_index("column")
+    assert set(arm.index) == {"0.2", "0.4", "tuned"} and (arm["instances"] == 1).all()
+    assert arm.loc["tuned", "gain_median"] == arm.loc[f"{arm.loc['tuned', 'step_scale']:g}", "gain_median"]
+
+
 @pytest.mark.slow
 def test_committed_rows_of_seed_0_are_regenerated():
     """Seed 0 at ζ_V = 1 (every E and c) run again from the committed config: every unflagged row of
-    FedAvg, FedFrozen (best and predicted T0) and the value solve agrees with figures/phase_diagram.csv
-    to 1e-9 relative (its T0 exactly); the chaotic ones (a 1e-12 move of θ⁰ moves their end by more
-    than 1e-9, docs/theory.md §6) are flagged again, and are compared only for that."""
+    FedAvg, FedFrozen (best and predicted T0), the value solve and the online rule's realised run agrees
+    with figures/phase_diagram.csv to 1e-9 relative (its T0 exactly); the chaotic ones (a 1e-12 move of
+    θ⁰ moves their end by more than 1e-9, docs/theory.md §6) are flagged again, and are compared only
+    for that (the online row's flag also covers its own run's chaos)."""
     from pathlib import Path
 
     from linattn_theory.report.phase_diagram import load_settings, run_instances
@@ -118,11 +172,16 @@ def test_committed_rows_of_seed_0_are_regenerated():
     settings.update(zeta_value=[1.0], design_seeds=[], heldout_seeds=[0])
     committed = read_csv_exact(root / "figures" / "phase_diagram.csv")
     committed = committed[(committed["role"] == "heldout") & (committed["seed"] == 0) & (committed["zeta_value"] == 1.0)]
-    chaotic = 0
+    chaotic = online = 0
     for record in run_instances(settings):
         rows = committed[(committed["local_steps"] == record["local_steps"])
                          & (committed["step_scale"] == record["step_scale"])].set_index("arm")
         assert bool(rows.loc["fedavg", "chaotic"]) == record["chaotic"]
+        assert bool(rows.loc["fedfrozen_online", "chaotic"]) == (record["chaotic"] or record["online_chaotic"])
+        if not rows.loc["fedfrozen_online", "chaotic"]:
+            online += 1
+            assert rows.loc["fedfrozen_online", "T0"] == record["online_T0"], record["local_steps"]
+            assert record["online"] == pytest.approx(rows.loc["fedfrozen_online", "excess_risk"], rel=1e-9)
         assert record["margin"] == pytest.approx(rows.loc["fedavg", "margin"], rel=1e-9)
         assert record["drift_share"] == pytest.approx(rows.loc["fedavg", "drift_share"], rel=1e-9)
         if record["chaotic"]:
@@ -136,3 +195,4 @@ def test_committed_rows_of_seed_0_are_regenerated():
                            ("value_solve_final", record["value_solve_final"])):
             assert value == pytest.approx(rows.loc[arm, "excess_risk"], rel=1e-9), (record["local_steps"], arm)
     assert chaotic == 2, "seed 0 at ζ_V = 1 has two chaotic cells (E = 10, c = 0.3 and 0.45): both kinds are checked"
+    assert online == 6, "the online rule's run is unflagged in the other six cells: compared there"

@@ -73,7 +73,7 @@ def test_fedavg_is_tuned_on_the_design_seeds_only(rows):
 
 
 def test_cell_statistics_recomputed(rows, cells):
-    for arm in ("fedfrozen_best", "value_solve_final", "fedavg"):
+    for arm in ("fedfrozen_best", "value_solve_final", "fedavg", "fedfrozen_online"):
         g = _gain(rows, arm)
         held = g[g["role"] == "heldout"]
         for (zeta, E, c), part in held.groupby(["zeta_value", "local_steps", "step_scale"]):
@@ -91,7 +91,7 @@ def test_cell_statistics_recomputed(rows, cells):
 
 
 def test_the_tuned_column_is_the_arms_own_design_choice(rows, cells):
-    for arm in ("fedfrozen_best", "value_solve_final"):
+    for arm in ("fedfrozen_best", "value_solve_final", "fedfrozen_online"):
         design = rows[(rows["role"] == "design") & (rows["arm"] == arm)]
         for (zeta, E), part in design.groupby(["zeta_value", "local_steps"]):
             c = _choose(part.assign(R=part["excess_risk"].where(~part["diverged"], np.inf)))
@@ -175,3 +175,37 @@ def test_the_words_of_docs_theory_section_6(rows, cells):
     score = read_csv_exact(FIGURES / "phase_diagram_predictor.csv").set_index("subset").loc["all"]
     base = 1 - score["positives"] / score["instances"]
     assert base < score["accuracy"] < base + 0.05                              # barely better than "no"
+
+
+def test_the_words_about_the_online_rule(rows, cells):
+    """docs/theory.md §6 on the online rule's realised run (fedfrozen_online), each statement an inequality
+    on the committed rows: it captures part of the oracle's gain, waits, and does not rescue the edge."""
+    tuned = cells[cells["column"] == "tuned"].set_index(["arm", "local_steps", "zeta_value"])
+    best, online = tuned.loc["fedfrozen_best"], tuned.loc["fedfrozen_online"]
+    pays = best.index[best["gain_median"] > 0.02]
+    assert (online["gain_median"] > 0).all()                                   # positive in every cell
+    assert (online.loc[pays, "gain_median"] < best.loc[pays, "gain_median"]).all()   # below the oracle where it pays
+    share = online.loc[pays, "gain_median"] / best.loc[pays, "gain_median"]
+    half = [(2, 1.0), (2, 2.0), (10, 2.0), (10, 3.0)]
+    assert share.loc[half].round(2).between(0.45, 0.68).all() and share.loc[(2, 3.0)] < 0.1   # 45–68 %; almost none
+    assert online.loc[(2, 3.0), "step_scale"] == 0.3                           # its design seeds chose c = 0.3 there
+    at_edge = cells[(cells["arm"] == "fedfrozen_online") & (cells["local_steps"] == 2) & (cells["zeta_value"] == 3)
+                    & (cells["column"] == "0.45")].iloc[0]
+    assert round(at_edge["gain_median"], 2) == 0.10                            # "about 10 %" at c = 0.45
+    assert (online["gain_low"] <= 0).sum() == len(online) - 1                  # intervals reach 0 in all cells but one
+    assert (online.loc[pays, "wins"].min(), online.loc[pays, "wins"].max()) == (9, 15)
+    assert (best.loc[pays, "wins"].min(), best.loc[pays, "wins"].max()) == (15, 19)
+    held = rows[rows["role"] == "heldout"]
+    for (E, zeta), row in online.iterrows():
+        at = held[(held["local_steps"] == E) & (held["zeta_value"] == zeta) & (held["step_scale"] == row["step_scale"])]
+        decided, oracle = at[at["arm"] == "fedfrozen_online"]["T0"], at[at["arm"] == "fedfrozen_best"]["T0"]
+        assert 6 <= (decided == 30).sum() <= 10                                # never freezes on 6–10 of 20
+        assert np.median(decided) > np.median(oracle)                          # decides later than the best T0
+    same = [row["step_scale"] == held[(held["arm"] == "fedavg_tuned") & (held["local_steps"] == E)
+                                      & (held["zeta_value"] == z)]["step"].iloc[0] for (E, z), row in online.iterrows()]
+    assert sum(same) > len(same) / 2                                           # mostly FedAvg's own tuned step
+    edge = held[(held["local_steps"] == 10) & (held["step_scale"] == 0.45)]
+    counts = {arm: edge[edge["arm"] == arm].groupby("zeta_value")["diverged"].sum()
+              for arm in ("fedfrozen_online", "fedavg", "fedfrozen_best")}
+    assert (counts["fedfrozen_online"].min(), counts["fedfrozen_online"].max()) == (11, 16)
+    assert (counts["fedavg"].min(), counts["fedavg"].max()) == (12, 16) and counts["fedfrozen_best"].sum() == 0

@@ -208,17 +208,39 @@ def _phase_caption(figures: Path) -> str:
     pairs = solve.merge(frozen, on=keys, suffixes=("_solve", "_frozen"))
     ahead = int((pairs["gain_median_solve"] > pairs["gain_median_frozen"]).sum())
     ahead = "in every cell" if ahead == len(pairs) else f"in {ahead} of {len(pairs)} cells"
+    online = tuned[tuned["arm"] == "fedfrozen_online"]
+    on_low, on_high = online[online["local_steps"] == E_low], online[online["local_steps"] == E_high]
+    share = _online_share(cells)
+    edge_online, edge_fedavg = (cells[(cells["arm"] == arm) & (cells["column"] == f"{edge:g}") & (cells["local_steps"] == E_high)]
+                                for arm in ("fedfrozen_online", "fedavg"))
     return (f"*The headline figure (`simulations/phase_diagram.py`): where freezing pays against a **tuned** "
             f"FedAvg. Each cell is {instances} held-out instances (median gain `1 − R/R_tuned FedAvg`, bootstrap "
             f"95 % interval, wins above 2 %); every arm's step is `c` times the stable step at `θ⁰` and chosen per "
             f"cell on separate design seeds. FedFrozen at its best `T0` (its own tuned step) gains {gains(low)} at "
             f"`E = {E_low}` (wins in {wins(low)}) and {gains(high)} at `E = {E_high}` (wins in {wins(high)}); near "
-            f"the stability edge (`c = {edge:g}`, `E = {E_high}`) it loses ({gains(at_edge)}). The server's exact "
+            f"the stability edge (`c = {edge:g}`, `E = {E_high}`) it loses ({gains(at_edge)}). The causal online rule "
+            f"(docs/theory.md §8), run for real on every instance with its own tuned step, realises {gains(on_low)} at "
+            f"`E = {E_low}` (wins in {wins(on_low)}) and {gains(on_high)} at `E = {E_high}` (wins in {wins(on_high)}): "
+            f"{100 * share.min():.0f}–{100 * share.max():.0f} % of the oracle's median gain in the {len(share)} cells "
+            f"where that pays; at `c = {edge:g}`, `E = {E_high}` its run diverges on "
+            f"{int(edge_online['diverged'].min())}–{int(edge_online['diverged'].max())} of {instances} instances (FedAvg at "
+            f"that step on {int(edge_fedavg['diverged'].min())}–{int(edge_fedavg['diverged'].max())}). The server's exact "
             f"value solve after FedAvg, from the clients' value moments, gains {gains(solve)} (wins in "
             f"{wins(solve)}), more than freezing {ahead}; FedAvg's own best iterate (an oracle) "
             f"{gains(oracle)}. The a-priori predictor of docs/theory.md §6 (declared before scoring) is right on "
             f"{100 * score['accuracy']:.1f} % of the held-out pairs, against "
             f"{100 * (1 - score['positives'] / score['instances']):.1f} % for always answering “does not pay”.*\n")
+
+
+def _online_share(cells: pd.DataFrame, threshold: float = 0.02) -> pd.Series:
+    """Per (ζ_V, E) where FedFrozen at its best ``T0`` (own tuned step) has a median gain over tuned
+    FedAvg above ``threshold``: the online rule's realised median gain (own tuned step) over that
+    oracle's, ``g_online / g_best`` (docs/theory.md §6, §8)."""
+    tuned = cells[cells["column"] == "tuned"].set_index(["zeta_value", "local_steps"])
+    best = tuned[tuned["arm"] == "fedfrozen_best"]["gain_median"]
+    online = tuned[tuned["arm"] == "fedfrozen_online"]["gain_median"]
+    paying = best[best > threshold]
+    return (online.reindex(paying.index) / paying).rename("share")
 
 
 def _caption(figures: Path) -> str:
@@ -350,22 +372,30 @@ def _phase_diagram(figures: Path) -> str:
     edge = f"{cells[cells['column'] != 'tuned']['step_scale'].max():g}"
     pick = {(r.arm, r.zeta_value, r.local_steps, r.column): r._asdict() for r in cells.itertuples(index=False)}
     lines = ["| `E` | `ζ_V` | tuned FedAvg's `c` | FedFrozen, best `T0`, own tuned `c` | FedFrozen, best `T0`, "
-             f"`c = {edge}` | value solve after FedAvg, own tuned `c` | FedAvg's best iterate (oracle) |",
-             "|---|---|---|---|---|---|---|"]
+             f"`c = {edge}` | FedFrozen, online rule's run, own tuned `c` | FedFrozen, online rule's run, `c = {edge}` | "
+             "value solve after FedAvg, own tuned `c` | FedAvg's best iterate (oracle) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (E, zeta), _ in cells.groupby(["local_steps", "zeta_value"], sort=True):
         ff, fe = pick[("fedfrozen_best", zeta, E, "tuned")], pick[("fedfrozen_best", zeta, E, edge)]
+        on, oe = pick[("fedfrozen_online", zeta, E, "tuned")], pick[("fedfrozen_online", zeta, E, edge)]
         vs, orc = pick[("value_solve_final", zeta, E, "tuned")], pick[("fedavg_tuned_oracle", zeta, E, "tuned")]
         lines.append(f"| {E} | {zeta:g} | {ff['tuned_fedavg_step']:g} | {_gain(ff)} (`c = {ff['step_scale']:g}`) | "
-                     f"{_gain(fe)} | {_gain(vs)} (`c = {vs['step_scale']:g}`) | {_gain(orc)} |")
+                     f"{_gain(fe)} | {_gain(on)} (`c = {on['step_scale']:g}`) | {_gain(oe)} | "
+                     f"{_gain(vs)} (`c = {vs['step_scale']:g}`) | {_gain(orc)} |")
     def span(arm, column, E, zetas=None):
         part = cells[(cells["arm"] == arm) & (cells["column"] == column) & (cells["local_steps"] == E)]
         values = 100 * part[part["zeta_value"].isin(zetas if zetas else part["zeta_value"])]["gain_median"]
         return f"{values.min():+.0f} to {values.max():+.0f} %"
     E_low, E_high = sorted(cells["local_steps"].unique())[0], sorted(cells["local_steps"].unique())[-1]
     tuned = cells[cells["column"] == "tuned"]
+    online_share = _online_share(cells)
     lines.append("\nMedian gains over tuned FedAvg: FedFrozen (own tuned step) " +
                  f"{span('fedfrozen_best', 'tuned', E_low)} at `E = {E_low}`, {span('fedfrozen_best', 'tuned', E_high)} "
                  f"at `E = {E_high}`; FedFrozen at `c = {edge}`, `E = {E_high}`: {span('fedfrozen_best', edge, E_high)}; "
+                 f"the online rule's realised run (own tuned step) {span('fedfrozen_online', 'tuned', E_low)} at "
+                 f"`E = {E_low}`, {span('fedfrozen_online', 'tuned', E_high)} at `E = {E_high}` "
+                 f"({100 * online_share.min():.0f}–{100 * online_share.max():.0f} % of the best `T0`'s median gain in the "
+                 f"{len(online_share)} cells where that exceeds 2 %); "
                  f"the value solve (own tuned step): {100 * tuned[tuned['arm'] == 'value_solve_final']['gain_median'].min():+.0f} "
                  f"to {100 * tuned[tuned['arm'] == 'value_solve_final']['gain_median'].max():+.0f} %; FedAvg's best iterate: "
                  f"{100 * tuned[tuned['arm'] == 'fedavg_tuned_oracle']['gain_median'].min():+.0f} to "

@@ -113,9 +113,10 @@ SETTINGS = ("step_scales", "fedavg_steps", "zeta_value", "local_steps", "design_
             "threshold", "bootstrap_resamples", "bootstrap_seed")
 #: the arms of the per-instance table: FedAvg at its tuned step and its oracle best iterate there;
 #: at the cell's step c: plain FedAvg, FedFrozen at its best T0 (an oracle over T0) and at the
-#: predicted T0, and FedAvg to T then the server's exact value solve (value_solve_final)
+#: predicted T0, FedAvg to T then the server's exact value solve (value_solve_final), and the online
+#: rule's realised run (fedfrozen_online: strategy ``fedfrozen_adaptive``, its default rule, docs/theory.md §8)
 ARMS = ("fedavg_tuned", "fedavg_tuned_oracle", "fedavg", "fedfrozen_best", "fedfrozen_predicted",
-        "value_solve_final")
+        "value_solve_final", "fedfrozen_online")
 #: the per-instance table's columns (figures/phase_diagram.csv)
 ROW_COLUMNS = ["role", "seed", "zeta_value", "local_steps", "step_scale", "arm", "step", "learning_rate", "T0",
                "excess_risk", "diverged", "chaotic", "margin", "drift_share", "predicted_pays", "predicted_T0",
@@ -164,7 +165,8 @@ def _excess(result, phi_star: float) -> float:
 def run_instances(settings: dict, progress: bool = False) -> list[dict]:
     """Every instance ``(ζ_V, seed)`` of the design and held-out seeds at every ``E`` and step scale:
     one record per (instance, E, c) with the warm-up sweep ``R(T0)``, ``T0 = 0..T``, FedAvg's path,
-    the value solve after it, the chaos of FedAvg's path and the predictor's inputs."""
+    the value solve after it, the chaos of FedAvg's path, the predictor's inputs and the online rule's
+    realised run (:func:`online_runs`)."""
     from ..sim.ensemble import simulate_many
     from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
     from ..sim.warmup_grid import warmup_sweeps_and_paths
@@ -202,8 +204,10 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
     problems = [dict(clients=inst[4], lam=inst[3].federated.ridge, rank=inst[3].model.rank, heads=inst[3].model.heads,
                      seed=inst[3].seed, initial_kernels=finals.get(k, [])) for k, inst in enumerate(instances)]
     optima = [o.objective for o in centralized_optima(problems)]
+    online = online_runs(configs, clients, progress=progress)
     records = []
-    for (k, E, c), config, sweep, path, again in zip(points, configs, sweeps, paths, perturbed):
+    for (k, E, c), config, sweep, path, again, (run, chaos_online) in zip(points, configs, sweeps, paths, perturbed,
+                                                                          online):
         zeta, role, seed, _, inst_clients, eta_stable, curvature = instances[k]
         phi_star = optima[k]
         eta = c * eta_stable
@@ -222,9 +226,32 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
                         "learning_rate": eta, "config": config, "clients": inst_clients, "sweep": sweep,
                         "R": R, "optimum": phi_star, "oracle": float(np.nanmin(F)) - phi_star,
                         "value_solve_final": solve, "chaotic": bool(chaos.chaotic),
-                        "amplification": chaos.amplification,
+                        "amplification": chaos.amplification, "online": _excess(run, phi_star),
+                        "online_T0": int(run.metadata["kernel_round"]), "online_stop": int(run.metadata["stop_round"]),
+                        "online_chaotic": bool(chaos_online.chaotic),
                         **predictor_inputs(config, eta, curvature, inst_clients, warmups=range(T + 1))})
     return records
+
+
+def online_runs(configs, clients, progress: bool = False) -> list[tuple]:
+    """The online rule's realised run of every config (docs/theory.md §8) and its chaos: per config
+    ``(result, sensitivity)``, ``result`` the strategy ``fedfrozen_adaptive`` (its default rule, the
+    config's ``adaptive_*`` settings) at the config's step, ``T0`` chosen by the rule during training
+    (``result.metadata["kernel_round"]``; the kernel of that round is frozen from the round the rule
+    decided in, ``"stop_round"``, on), ``sensitivity`` its :func:`~linattn_theory.sim.sensitivity.run_sensitivity`
+    against the same run from ``θ⁰ ⊙ (1 + 10⁻¹² ξ)`` (a rounding-level move can flip the rule's
+    decision: that run is chaotic). Both sets of runs as ensembles (:func:`~linattn_theory.sim.ensemble.simulate_many`)."""
+    from ..sim.config import ONLINE_STRATEGY
+    from ..sim.ensemble import simulate_many
+    from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
+
+    online = [c.with_updates({"federated.strategy": ONLINE_STRATEGY, "federated.warmup_rounds": c.federated.rounds})
+              for c in configs]
+    results = simulate_many(online, clients, progress=progress)
+    starts = [perturbed_params(prepare_run(c, cl)[1], PERTURBATION, c.seed) for c, cl in zip(online, clients)]
+    again = simulate_many(online, clients, params=starts, progress=progress)
+    return [(run, run_sensitivity(c, cl, reference=run, runs=[other]))
+            for c, cl, run, other in zip(online, clients, results, again)]
 
 
 def _cell(record) -> str:
@@ -268,18 +295,21 @@ def instance_rows(records: list[dict], settings: dict) -> tuple[pd.DataFrame, pd
                   "step_scale": r["step_scale"], "margin": r["margin"], "drift_share": r["drift_share"],
                   "predicted_pays": r["predicted_pays"], "predicted_T0": r["predicted_T0"]}
         nan_parts = dict.fromkeys(("bias", "drift_floor", "unfinished", "contraction_rate"), np.nan)
-        arms = [("fedavg_tuned", tuned, T, tuned["R"][-1], nan_parts),
-                ("fedavg_tuned_oracle", tuned, T, tuned["oracle"], nan_parts),
-                ("fedavg", r, T, r["R"][-1], _decomposition(r, T) if r["role"] == "heldout" else nan_parts),
+        arms = [("fedavg_tuned", tuned, T, tuned["R"][-1], nan_parts, tuned["chaotic"]),
+                ("fedavg_tuned_oracle", tuned, T, tuned["oracle"], nan_parts, tuned["chaotic"]),
+                ("fedavg", r, T, r["R"][-1], _decomposition(r, T) if r["role"] == "heldout" else nan_parts, r["chaotic"]),
                 ("fedfrozen_best", r, best, r["R"][best],
-                 _decomposition(r, best) if r["role"] == "heldout" else nan_parts),
-                ("fedfrozen_predicted", r, r["predicted_T0"], r["R"][r["predicted_T0"]], nan_parts),
-                ("value_solve_final", r, T - 1, r["value_solve_final"], nan_parts)]
-        for arm, source, T0, risk, parts in arms:
+                 _decomposition(r, best) if r["role"] == "heldout" else nan_parts, r["chaotic"]),
+                ("fedfrozen_predicted", r, r["predicted_T0"], r["R"][r["predicted_T0"]], nan_parts, r["chaotic"]),
+                ("value_solve_final", r, T - 1, r["value_solve_final"], nan_parts, r["chaotic"]),
+                # the online rule's realised run: T0 its decided kernel round; chaotic if its own run or
+                # its warm-up (FedAvg's path at c) is
+                ("fedfrozen_online", r, r["online_T0"], r["online"], nan_parts, r["chaotic"] or r["online_chaotic"])]
+        for arm, source, T0, risk, parts, chaotic in arms:
             finite = bool(np.isfinite(risk))
             rows.append({**common, "arm": arm, "step": source["step_scale"], "learning_rate": source["learning_rate"],
                          "T0": int(T0), "excess_risk": float(risk) if finite else np.nan, "diverged": not finite,
-                         "chaotic": bool(source["chaotic"]), **parts})
+                         "chaotic": bool(chaotic), **parts})
     return pd.DataFrame(rows, columns=ROW_COLUMNS), choices
 
 
@@ -342,14 +372,17 @@ def cell_summary(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
     """Per (arm, ζ_V, E, column) over the held-out instances: the gain over tuned FedAvg (median, bootstrap
     95 % interval, wins above the threshold), with and without the flagged (diverged or chaotic)
     instances (``*_clean``). ``column`` is a step scale ``c`` (the arm at that step: FedFrozen at its
-    best T0, the value solve after FedAvg, plain FedAvg) or ``"tuned"`` (FedFrozen's and the value
-    solve's own step chosen on the design seeds, ``step_scale`` then that step; FedAvg's oracle best
-    iterate at FedAvg's tuned step)."""
+    best T0, the value solve after FedAvg, plain FedAvg, the online rule's realised run) or ``"tuned"``
+    (FedFrozen's, the value solve's and the online rule's own step chosen on the design seeds,
+    ``step_scale`` then that step; FedAvg's oracle best iterate at FedAvg's tuned step)."""
     threshold, resamples, seed = settings["threshold"], settings["bootstrap_resamples"], settings["bootstrap_seed"]
     columns = {"fedfrozen_best": (True, True), "value_solve_final": (True, True), "fedavg": (True, False),
-               "fedavg_tuned_oracle": (False, True)}
+               "fedavg_tuned_oracle": (False, True), "fedfrozen_online": (True, True)}
     out = []
+    present = set(rows["arm"])
     for arm, (per_step, tuned_column) in columns.items():
+        if arm not in present:        # a table without that arm (e.g. written before the online rule's)
+            continue
         g = gains(rows, arm)
         held = g[g["role"] == "heldout"]
         tuned = tuned_arm_steps(rows, arm) if arm != "fedavg_tuned_oracle" else {}
