@@ -125,3 +125,16 @@ def test_every_marked_best_warmup_agrees_with_best_warmup_csv():
         assert row["gain_median"] == pytest.approx(np.median(sub["gain"]), rel=1e-9)
     digits = _marked("digits", ["attention", "label_alpha"])
     assert digits["best_T0"].between(0, 120).all()
+
+
+def test_the_rewriting_command_has_a_help_and_refuses_extra_arguments(capsys):
+    """``python -m linattn_theory.report.figure_numbers --help`` prints its usage (it used to take
+    ``--help`` for the root folder and fail); two roots are an error, nothing written."""
+    from linattn_theory.report.figure_numbers import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0 and "root" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["a", "b"])
+    assert done.value.code == 2

@@ -619,10 +619,17 @@ def main(argv=None) -> int:
     >>> "stale" in (root / "README.md").read_text()
     False
     """
+    import argparse
+
     from .figures import find_root
 
-    args = argv if argv is not None else sys.argv[1:]
-    root = Path(args[0]) if args else find_root()
+    parser = argparse.ArgumentParser(prog="python -m linattn_theory.report.figure_numbers",
+                                     description="Rewrite the quoted blocks of " + ", ".join(QUOTED_FILES)
+                                     + " from the committed figure CSVs (docs/theory.md §6).")
+    parser.add_argument("root", nargs="?", default=None,
+                        help="repository root holding figures/ and the quoted files (default: this checkout)")
+    args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    root = Path(args.root) if args.root else find_root()
     generated = blocks(root / "figures")
     from ..core.io import atomic_write_text
     for name in QUOTED_FILES:
