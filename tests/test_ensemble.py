@@ -296,7 +296,15 @@ def test_centralized_optima_follow_each_start_s_sequential_path():
                                         method="L-BFGS-B", options={"maxiter": 1000, "ftol": 1e-15,
                                                                     "gtol": 1e-10, "maxcor": 20})
             assert (row["start"], row["objective"], row["iterations"]) == (label, float(res.fun), int(res.nit))
-        assert optimum.objective == min(optimum.starts["objective"].min(), optimum.objective)
+        # the optimum is the best start: the least L-BFGS objective (or an unoptimised start, better still)
+        starts = optimum.starts.set_index("start")["objective"]
+        if not optimum.best_start.endswith("(as given)"):
+            assert optimum.best_start == starts.idxmin()
+        # its Φ_λ is re-evaluated at K = W_Q W_Kᵀ by the profile solve, another order of summation than
+        # the factor objective L-BFGS minimised: equal to rounding amplified by the conditioning of the
+        # value solve (7e-10 relative measured on an AVX-512 CPU, where the exact comparison this
+        # replaces failed; 0 on the CPU it was written on), so within 1e-8 relative, never above that
+        assert optimum.objective <= starts.min() * (1 + 1e-8)
 
 
 def test_a_start_repeated_on_equal_data_runs_once_and_gives_the_result_alone(monkeypatch):
