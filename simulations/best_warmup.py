@@ -6,8 +6,13 @@ own teacher, clients and initialisation, and is run at every ζ_V), not only as 
 T0_best = the smallest T0 of the grid minimising R(T0) (linattn_theory.report.sweep_analysis.best_warmup);
 right, the gain 1 − R(T0_best)/R(T) over plain FedAvg. Thick black: the median over instances.
 The title counts the instances whose best warm-up at the highest ζ_V is earlier than at the lowest.
-Instances whose FedAvg run diverged have no gain and are left out (a note counts them).
-best_warmup.csv holds one row per (ζ_V, seed): every number quoted about the headline comes from it.
+Instances whose FedAvg run diverged have no gain and are left out (a note counts them). Chaotic
+instances (docs/theory.md §6: a 1e-12 move of θ⁰ moves the end of their FedAvg run, whose warm-up
+path every T0 shares, by more than 1e-5; linattn_theory.report.sweep_analysis.fedavg_chaos) are drawn
+as open markers: their best T0 and gain hold only to their spread, not to their digits.
+best_warmup.csv holds one row per (ζ_V, seed), with its chaos flag and amplification: every number
+quoted about the headline comes from it. FedAvg here runs at the sweep's one step, not tuned (the
+fair comparison is the phase diagram, figure 4b).
 
 Config: simulations/configs/tradeoff.toml (the sweep of figure 2).
 Run: python simulations/best_warmup.py [--quick] [--out figures]
@@ -43,7 +48,7 @@ def earlier_at_highest(best):
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run (or reuse) the tradeoff sweep, draw best T0 and gain per instance, write best_warmup.*."""
     _, best, left_out = excess_risk_sweep(CONFIG, out_dir, by=(HUE, "seed"), quick=quick,
-                                          executor=executor, workers=workers, progress=progress)
+                                          executor=executor, workers=workers, progress=progress, chaos=True)
     fig, (ax_t0, ax_gain) = plotting.figure(2, height=2.5, quick=quick)
     seeds = sorted(best["seed"].unique())
     offsets = dict(zip(seeds, np.linspace(-0.04, 0.04, len(seeds)) if len(seeds) > 1 else [0.0]))
@@ -52,7 +57,11 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         x = sub[HUE] + offsets[seed]                # a small offset per seed, so that lines do not hide each other
         for ax, y in ((ax_t0, sub["best_T0"]), (ax_gain, 100 * sub["gain"])):
             ax.plot(x, y, "-", color=plotting.INSTANCE_COLOR, linewidth=0.6, alpha=0.7)
-            ax.scatter(x, y, c=[plotting.heterogeneity_color(v) for v in sub[HUE]], s=5, zorder=3)
+            colors = [plotting.heterogeneity_color(v) for v in sub[HUE]]
+            calm = ~sub["chaotic"].to_numpy(dtype=bool)
+            ax.scatter(x[calm], y[calm], c=[c for c, k in zip(colors, calm) if k], s=5, zorder=3)
+            ax.scatter(x[~calm], y[~calm], facecolors="none", s=14, linewidths=0.8, zorder=3,   # chaotic: open
+                       edgecolors=[c for c, k in zip(colors, calm) if not k])
     median = best.groupby(HUE)[["best_T0", "gain"]].median()
     for ax, y in ((ax_t0, median["best_T0"]), (ax_gain, 100 * median["gain"])):
         ax.plot(median.index, y, "-", color=plotting.STATISTIC_COLOR, linewidth=2)
@@ -68,17 +77,20 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     ax_gain.set_ylabel(r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (%)")
     k, n = earlier_at_highest(best)
     ax_t0.set_title(rf"earlier at $\zeta_V = {levels[-1]:g}$ than at {levels[0]:g} in {k}/{n} instances")
-    ax_gain.set_title("gain over FedAvg at the best warm-up")
+    ax_gain.set_title("gain over FedAvg (same step, not tuned)")
     plotting.legend_below(fig, [Line2D([], [], color=plotting.INSTANCE_COLOR, marker="o", markersize=2,
                                        linewidth=0.6, label="one instance (seed)"),
                                 Line2D([], [], color=plotting.STATISTIC_COLOR, marker="D", markersize=4,
                                        linewidth=2, label="median over instances"),
+                                Line2D([], [], color=plotting.INSTANCE_COLOR, marker="o", markersize=4,
+                                       markerfacecolor="none", linestyle="none",
+                                       label=f"chaotic instance ({int(best['chaotic'].sum())})"),
                                 Line2D([], [], color=plotting.REFERENCE_COLOR, linestyle=":", linewidth=0.8,
-                                       label=rf"$T_0 = T = {T}$: plain FedAvg")], ncols=3)
+                                       label=rf"$T_0 = T = {T}$: plain FedAvg")], ncols=4)
     fig.suptitle("; ".join(filter(None, ["points coloured by the heterogeneity level",
                                          plotting.left_out_text(len(left_out))])))
     data = best.rename(columns={HUE: "zeta_value"})[["zeta_value", "seed", "best_T0", "R_best", "R_fedavg",
-                                                     "gain", "T", "diverged_runs"]]
+                                                     "gain", "T", "diverged_runs", "chaotic", "amplification"]]
     return plotting.save_figure(fig, NAME, out_dir, data)
 
 

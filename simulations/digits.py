@@ -11,6 +11,10 @@ every figure (linattn_theory.report.sweep_analysis.select_instances). At the top
 diamonds, the per-instance best warm-up (the smallest T0 minimising the final training loss,
 chosen after seeing every run); stars, the warm-up the causal online rule chose during training
 (strategy fedfrozen_adaptive, docs/theory.md §8); each a median with the interquartile range as a bar.
+FedAvg runs at the sweep's one step, not tuned: the fair comparison is digits_phase (figure 4d).
+digits_instances.csv: one row per instance (attention, α, seed): the best T0, the final training loss
+F_λ there and FedAvg's, the gain 1 − F_λ(T0_best)/F_λ(T) and whether its FedAvg run is chaotic
+(docs/theory.md §6: linattn_theory.report.sweep_analysis.fedavg_chaos).
 
 Config: simulations/configs/digits.toml. Run: python simulations/digits.py [--quick] [--out figures]
 """
@@ -34,7 +38,8 @@ from linattn_theory.sim.config import ONLINE_STRATEGY
 from linattn_theory.sim.engine import clients_from_config
 from linattn_theory.sim.sweep import load_sweep
 from linattn_theory.report.figures import config_path, figure_sweep, script_main
-from linattn_theory.report.sweep_analysis import paired_ratios, quartiles, runs_by_instance, select_instances
+from linattn_theory.report.sweep_analysis import (fedavg_chaos, paired_ratios, quartiles, runs_by_instance,
+                                                  select_instances)
 
 NAME = "digits"
 CONFIG = config_path(__file__, "digits")
@@ -95,7 +100,9 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     _, results, folder = figure_sweep(sweep, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
     grid = results[results["federated.strategy"] != ONLINE_STRATEGY]
-    runs, best, left_out = select_instances(run_table(folder, grid), INSTANCE, risk="final_loss_regularized")
+    table = run_table(folder, grid)
+    runs, best, left_out = select_instances(table, INSTANCE, risk="final_loss_regularized")
+    best = best.merge(fedavg_chaos(folder, table, INSTANCE), on=list(INSTANCE), how="left", validate="one_to_one")
     change = paired_ratios(runs, INSTANCE, column="final_loss_regularized")
     change = change.assign(relative_change=100 * (change["ratio"] - 1))
     online = online_warmups(results)
@@ -143,7 +150,11 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
                 Line2D([], [], marker="*", color=plotting.REFERENCE_COLOR, markeredgecolor="black", markersize=6,
                        linewidth=2.5, label=r"online rule's $T_0$ per instance: median, IQR")]
     plotting.legend_below(fig, handles, ncols=2)
-    return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
+    instances = best.rename(columns={"R_best": "F_best", "R_fedavg": "F_fedavg"})[
+        ["attention", HUE, "seed", "best_T0", "F_best", "F_fedavg", "gain", "T", "diverged_runs", "chaotic",
+         "amplification"]]
+    return (plotting.save_figure(fig, f"{NAME}_instances", out_dir, instances, formats=())    # the per-instance table
+            + plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True)))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ softmax), its median and interquartile range over instances, the per-instance be
 (diamond: median, bar: IQR) and the gain 1 − R(T0_best)/R(T) (right: one dot per instance, the line
 the median). One panel per heterogeneity level, colours: the attention. The instances are selected
 by the rule of every figure (linattn_theory.report.sweep_analysis.select_instances), and the linear runs
-are figure 2's runs of the same seeds.
+are figure 2's runs of the same seeds. FedAvg runs at the sweep's one step, not tuned (the fair
+comparison is the phase diagram, figure 4b). tradeoff_attention_instances.csv: one row per instance
+(best T0, R, gain, and whether its FedAvg run is chaotic, docs/theory.md §6:
+linattn_theory.report.sweep_analysis.fedavg_chaos); chaotic instances are open dots in the gain panel.
 
 Config: simulations/configs/tradeoff_attention.toml. Run: python simulations/tradeoff_attention.py [--quick] [--out figures]
 """
@@ -39,13 +42,15 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
 
     from linattn_theory.report import plotting
     from linattn_theory.report.figures import analysis_workers, figure_sweep
-    from linattn_theory.report.sweep_analysis import excess_risk_table, gain_summary, paired_ratios, select_instances
+    from linattn_theory.report.sweep_analysis import (excess_risk_table, fedavg_chaos, gain_summary, paired_ratios,
+                                                      select_instances)
 
     _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
     table = excess_risk_table(folder, results, workers=analysis_workers(executor, workers))
     table = table.assign(**{ATTENTION: table[ATTENTION].fillna("linear")})      # linear records none
     runs, best, left_out = select_instances(table, INSTANCE)
+    best = best.merge(fedavg_chaos(folder, table, INSTANCE), on=list(INSTANCE), how="left", validate="one_to_one")
     ratios = paired_ratios(runs, INSTANCE)
     summary = gain_summary(best, [ATTENTION, HUE], left_out)
     levels = sorted(table[HUE].unique())
@@ -74,16 +79,20 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     for i, level in enumerate(levels):
         for j, attention in enumerate(attentions):
             style, x = plotting.ATTENTION[attention], i + (j - (len(attentions) - 1) / 2) * width
-            gains = 100 * best[(best[ATTENTION] == attention) & (best[HUE] == level)]["gain"].to_numpy()
+            mine = best[(best[ATTENTION] == attention) & (best[HUE] == level)]
+            gains, calm = 100 * mine["gain"].to_numpy(), ~mine["chaotic"].to_numpy(dtype=bool)
             s = summary[(summary[ATTENTION] == attention) & (summary[HUE] == level)].iloc[0]
-            ax_gain.plot(x + plotting.strip_offsets(gains, 0.25), gains, style.marker, color=style.color, markersize=2.5, alpha=0.8)
+            xs = x + plotting.strip_offsets(gains, 0.25)
+            ax_gain.plot(xs[calm], gains[calm], style.marker, color=style.color, markersize=2.5, alpha=0.8)
+            ax_gain.plot(xs[~calm], gains[~calm], style.marker, color=style.color, markersize=3.5,
+                         markerfacecolor="none", alpha=0.8)                      # chaotic: open
             ax_gain.plot([x - 0.15, x + 0.15], [100 * s["gain_median"]] * 2, color=plotting.STATISTIC_COLOR,
                          linewidth=1.2)
     ax_gain.set_xticks(range(len(levels)), [f"{v:g}" for v in levels])
     ax_gain.set_xlim(-0.6, len(levels) - 0.4)
     ax_gain.set_xlabel(plotting.label(HUE))
     ax_gain.set_ylabel(r"gain $1 - R(T_0^{\mathrm{best}})/R(T)$ (%)")
-    ax_gain.set_title("gain at the best warm-up")
+    ax_gain.set_title("gain over FedAvg, not tuned")
     counts = summary.groupby(ATTENTION)["instances"].min()
     fig.suptitle("; ".join(filter(None, ["bands: " + plotting.band_text(int(counts.min())) + " per level",
                                          plotting.left_out_text(len(left_out))])))
@@ -91,9 +100,13 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
                       linestyle=plotting.ATTENTION[a].linestyle, markersize=3, label=plotting.ATTENTION[a].label)
                for a in attentions]
     handles += [plotting.best_T0_handle(),
-                Line2D([], [], color=plotting.STATISTIC_COLOR, label="median gain (dots: one instance each)")]
+                Line2D([], [], color=plotting.STATISTIC_COLOR, label="median gain (dot: instance; open: chaotic)")]
     plotting.legend_below(fig, handles, ncols=4)
-    return plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True))
+    instances = best.rename(columns={ATTENTION: "attention", HUE: "zeta_value"})[
+        ["attention", "zeta_value", "seed", "best_T0", "R_best", "R_fedavg", "gain", "T", "diverged_runs", "chaotic",
+         "amplification"]]
+    return (plotting.save_figure(fig, f"{NAME}_instances", out_dir, instances, formats=())    # the per-instance table
+            + plotting.save_figure(fig, NAME, out_dir, pd.concat(rows, ignore_index=True)))
 
 
 if __name__ == "__main__":

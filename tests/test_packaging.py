@@ -124,5 +124,5 @@ def test_the_wheel_ships_the_walk_through_and_it_runs_from_a_copy_anywhere(built
     printed = run(str(work / "mine" / "notebooks" / "bias_drift_tradeoff.py"))
     measured = pd.read_csv(ROOT / "figures" / "best_warmup.csv")
     for zeta, sub in measured.groupby("zeta_value"):
-        assert f"ζ_V = {zeta:g}: FedFrozen at its best T0 beats FedAvg in {int((sub['gain'] > 0).sum())} of " \
-               f"{len(sub)} instances" in printed
+        assert f"ζ_V = {zeta:g}: FedFrozen at its best T0, against FedAvg at the same step (not tuned), wins " \
+               f"(gain above 2 %) in {int((sub['gain'] > 0.02).sum())} of {len(sub)} instances" in printed

@@ -9,6 +9,7 @@ import pytest
 
 from linattn_theory.report.figure_numbers import QUOTED_FILES, _BLOCK, blocks, figure_times, headline_numbers
 from linattn_theory.report.figures import discover
+from linattn_theory.sim.sensitivity import CHAOS_AMPLIFICATION
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
@@ -34,14 +35,24 @@ def test_quoted_blocks_equal_what_the_committed_csvs_give(name):
 
 def test_headline_summary_recomputed_independently_from_the_instances():
     """tradeoff_gain.csv (the headline's right panel) agrees with a plain recomputation from the
-    per-instance table best_warmup.csv, and both agree with the quoted numbers."""
+    per-instance table best_warmup.csv, and both agree with the quoted numbers: the median gain, its
+    bootstrap interval (resampled here with NumPy alone), the wins above 2 % and the chaotic instances."""
     best = pd.read_csv(FIGURES / "best_warmup.csv")
     plotted = pd.read_csv(FIGURES / "tradeoff_gain.csv").set_index("zeta_value")
     quoted = headline_numbers(FIGURES).set_index("zeta_value")
     for level, sub in best.groupby("zeta_value"):
         gain = np.sort(sub["gain"].to_numpy())
         assert plotted.loc[level, "instances"] == quoted.loc[level, "instances"] == len(gain)
-        assert plotted.loc[level, "beats"] == quoted.loc[level, "beats"] == int(np.sum(gain > 0))
+        assert plotted.loc[level, "beats"] == int(np.sum(gain > 0))
+        assert quoted.loc[level, "wins"] == int(np.sum(gain > 0.02))
+        listed = sub["gain"].to_numpy()                       # resampled in the table's order, as the figure does
+        draws = np.median(listed[np.random.default_rng(0).integers(len(listed), size=(2000, len(listed)))], axis=1)
+        assert (quoted.loc[level, "gain_low"], quoted.loc[level, "gain_high"]) == tuple(
+            np.quantile(draws, [0.025, 0.975], method="inverted_cdf"))
+        calm = sub.loc[~sub["chaotic"], "gain"]
+        assert quoted.loc[level, "chaotic_instances"] == int(sub["chaotic"].sum()) == len(sub) - len(calm)
+        assert quoted.loc[level, "gain_median_unflagged"] == pytest.approx(np.median(calm), rel=1e-12)
+        assert quoted.loc[level, "wins_unflagged"] == int(np.sum(calm > 0.02))
         assert plotted.loc[level, "gain_median"] == pytest.approx(np.median(gain), rel=1e-8)
         assert quoted.loc[level, "gain_median"] == pytest.approx(np.median(gain), rel=1e-8)
         assert quoted.loc[level, "best_T0_median"] == np.median(sub["best_T0"]) == plotted.loc[level, "best_T0_median"]
@@ -49,6 +60,60 @@ def test_headline_summary_recomputed_independently_from_the_instances():
         assert (sub["gain"] >= 0).all() and (sub["best_T0"] <= sub["T"]).all()
     for level, row in plotted.iterrows():
         assert row["instances"] + row["diverged_instances"] >= 20, "the headline needs >= 20 instances per level"
+    assert best["chaotic"].any(), "the headline sweep has chaotic instances (docs/theory.md §6)"
+
+
+@pytest.mark.parametrize("name", ["best_warmup", "heatmaps_instances", "tradeoff_attention_instances",
+                                  "digits_instances"])
+def test_chaos_flags_are_separated_from_the_unflagged_by_three_decades(name):
+    """docs/theory.md §6 "Chaotic instances": in the per-instance tables of the same-step figures every
+    flagged instance's amplification exceeds every unflagged one's by more than 1e3, and the flag is
+    the amplification above CHAOS_AMPLIFICATION (no repeat diverged)."""
+    data = pd.read_csv(FIGURES / f"{name}.csv")
+    assert (data["chaotic"] == (data["amplification"] > CHAOS_AMPLIFICATION)).all()
+    flagged, calm = data.loc[data["chaotic"], "amplification"], data.loc[~data["chaotic"], "amplification"]
+    assert calm.max() < CHAOS_AMPLIFICATION
+    if len(flagged):
+        assert flagged.min() > 1e3 * calm.max()
+
+
+def test_same_step_gains_are_named_as_such_with_an_interval_and_the_threshold():
+    """Every quoted gain over FedAvg at the same step says so, and carries an interval, wins above 2 %
+    and its chaotic instances; no block counts a win as any gain above zero ("beats FedAvg in")."""
+    generated = blocks(FIGURES)
+    for name in ("tradeoff-caption", "headline", "heatmaps", "tradeoff-attention", "digits"):
+        text = generated[name]
+        assert "FedAvg at the same step (not tuned; the fair comparison is" in text, name
+        assert "beats FedAvg in" not in text and "wins above 2 %" in text and "chaotic" in text, name
+        assert re.search(r"[0-9.]+ % \[-?[0-9.]+, -?[0-9.]+\]", text), name
+
+
+def test_per_instance_tables_agree_where_their_instances_are_figure_2s():
+    """The heatmaps' E = 10 column and tradeoff_attention's linear seeds 0–4 are figure 2's runs: their
+    per-instance rows (gain, best T0, chaos flag) are best_warmup.csv's, and heatmaps.csv's intervals
+    are gain_intervals of heatmaps_instances.csv."""
+    from linattn_theory.report.sweep_analysis import gain_intervals
+
+    best = pd.read_csv(FIGURES / "best_warmup.csv")
+    columns = ["best_T0", "R_best", "R_fedavg", "gain", "chaotic"]
+    heat = pd.read_csv(FIGURES / "heatmaps_instances.csv")
+    ten = heat[heat["local_steps"] == 10].merge(best, on=["zeta_value", "seed"], suffixes=("", "_fig2"))
+    assert len(ten) == len(best)
+    attention = pd.read_csv(FIGURES / "tradeoff_attention_instances.csv")
+    linear = attention[attention["attention"] == "linear"].merge(best, on=["zeta_value", "seed"], suffixes=("", "_fig2"))
+    assert len(linear) == len(attention) // 2 > 0
+    for joined in (ten, linear):
+        for column in columns:
+            assert (joined[column] == joined[f"{column}_fig2"]).all(), column
+    cells = pd.read_csv(FIGURES / "heatmaps.csv").rename(columns={"task.zeta_value": "zeta_value",
+                                                                  "federated.local_steps": "local_steps"})
+    ours = gain_intervals(heat, ["zeta_value", "local_steps"]).merge(cells, on=["zeta_value", "local_steps"],
+                                                                    suffixes=("", "_csv"))
+    assert len(ours) == len(cells)
+    for column in ("gain_median", "gain_low", "gain_high", "gain_median_unflagged"):
+        np.testing.assert_allclose(ours[column], ours[f"{column}_csv"], rtol=1e-8, err_msg=column)
+    for column in ("instances", "wins", "chaotic_instances", "wins_unflagged"):
+        assert (ours[column] == ours[f"{column}_csv"]).all(), column
 
 
 def test_headline_ratios_are_paired_against_fedavg():
@@ -60,12 +125,12 @@ def test_headline_ratios_are_paired_against_fedavg():
 
 
 def test_quoted_percentages_parse_back_to_the_csv():
-    """The gains quoted in figures/README.md, parsed from the text, are the CSV's medians."""
+    """The gains quoted in figures/README.md, parsed from the text, are the CSV's medians and intervals."""
     text = (ROOT / "figures/README.md").read_text()
     block = text[text.index("<!-- BEGIN quoted: headline -->"):text.index("<!-- END quoted: headline -->")]
-    quoted = [float(x) for x in re.findall(r"\| \*\*([0-9.]+) %\*\* \(", block)]
+    quoted = np.array(re.findall(r"\| \*\*([0-9.]+) % \[([0-9.-]+), ([0-9.-]+)\]\*\* \(", block), dtype=float)
     numbers = headline_numbers(FIGURES)
-    np.testing.assert_allclose(quoted, 100 * numbers["gain_median"].to_numpy(), atol=0.05)
+    np.testing.assert_allclose(quoted, 100 * numbers[["gain_median", "gain_low", "gain_high"]].to_numpy(), atol=0.05)
 
 
 @pytest.mark.parametrize("mode", ["full", "quick"])
@@ -102,7 +167,8 @@ def test_every_marked_best_warmup_agrees_with_best_warmup_csv():
     marking = {path.stem for path in FIGURES.glob("*.csv") if "best_T0" in pd.read_csv(path, nrows=1)
                and not path.stem.startswith("predictive_regret")}   # the benchmark's truth per instance
     assert marking == {"best_warmup", "tradeoff", "excess_risk_decomposition", "heatmaps", "loss_curves",
-                       "tradeoff_attention", "digits"}, "a figure marks a best T0 that no test checks"
+                       "tradeoff_attention", "digits", "heatmaps_instances", "tradeoff_attention_instances",
+                       "digits_instances"}, "a figure marks a best T0 that no test checks"
     for name in ("tradeoff", "excess_risk_decomposition"):
         marked = _marked(name, "zeta_value")
         for level, sub in best.groupby("zeta_value"):
@@ -125,6 +191,11 @@ def test_every_marked_best_warmup_agrees_with_best_warmup_csv():
         assert row["gain_median"] == pytest.approx(np.median(sub["gain"]), rel=1e-9)
     digits = _marked("digits", ["attention", "label_alpha"])
     assert digits["best_T0"].between(0, 120).all()
+    per_instance = pd.read_csv(FIGURES / "digits_instances.csv")
+    for (attention, alpha), sub in per_instance.groupby(["attention", "label_alpha"]):
+        row = digits.loc[(attention, alpha)]
+        assert (row["best_T0"], row["best_T0_q25"], row["best_T0_q75"]) == _quartiles_of(sub["best_T0"])
+    # heatmaps_instances and tradeoff_attention_instances: test_per_instance_tables_agree_where_their_instances_are_figure_2s
 
 
 def test_the_rewriting_command_has_a_help_and_refuses_extra_arguments(capsys):

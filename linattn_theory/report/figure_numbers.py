@@ -3,13 +3,17 @@
 Each quoted passage is a generated block between ``<!-- BEGIN quoted: NAME -->`` and
 ``<!-- END quoted: NAME -->`` in a Markdown file; :func:`blocks` writes every block from the CSVs
 in ``figures/`` (``best_warmup.csv``: one row per instance of the headline sweep;
-``heatmaps.csv``, ``drift_scaling.csv``, ``frozen_stage.csv``, ``static_heads_summary.csv``,
-``softmax_static_heads_summary.csv``, ``tradeoff_attention.csv``, ``digits.csv``; the running
+``heatmaps.csv`` and ``heatmaps_instances.csv``, ``drift_scaling.csv``, ``frozen_stage.csv``,
+``static_heads_summary.csv``, ``softmax_static_heads_summary.csv``, ``tradeoff_attention.csv`` and
+``tradeoff_attention_instances.csv``, ``digits.csv`` and ``digits_instances.csv``; the running
 times from ``timings.csv``, which ``benchmarks/figure_times.py`` measures),
 ``tests/test_quoted_numbers.py`` checks that the files hold exactly these blocks, and
 ``python -m linattn_theory.report.figure_numbers`` rewrites them after the figures are regenerated.
 Statistics follow docs/theory.md §6: per instance the best warm-up ``T0_best`` (smallest argmin)
-and the gain ``1 − R(T0_best)/R(T)``; medians and interquartile ranges over instances.
+and the gain ``1 − R(T0_best)/R(T)``; medians and interquartile ranges over instances. A gain over
+FedAvg at the same step (not tuned) is always named so, with the median's bootstrap 95 % interval,
+the wins above 2 % and the chaotic instances, with the statistics without them
+(:func:`~linattn_theory.report.sweep_analysis.gain_intervals`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.io import read_csv_exact
+from .sweep_analysis import gain_intervals
 
 __all__ = ["headline_numbers", "figure_times", "dominant_parts", "blocks", "replace_blocks", "QUOTED_FILES", "main"]
 
@@ -40,9 +45,12 @@ def _pct(value: float) -> str:
 
 
 def headline_numbers(figures) -> pd.DataFrame:
-    """Per ζ_V, from ``best_warmup.csv`` (instances whose FedAvg run did not diverge) and
-    ``tradeoff_gain.csv`` (how many diverged): instances, diverged instances, how many FedFrozen at
-    its best warm-up beats FedAvg in, the gain's and the best warm-up's median and quartiles.
+    """Per ζ_V, from ``best_warmup.csv`` (instances whose FedAvg run did not diverge, with their chaos
+    flags) and ``tradeoff_gain.csv`` (how many diverged): instances, diverged instances, the gain of
+    FedAvg at its best warm-up over FedAvg at the same step (not tuned) as
+    :func:`~linattn_theory.report.sweep_analysis.gain_intervals` gives it (median, bootstrap 95 %
+    interval, wins above 2 %, chaotic instances, the same without them), the gain's quartiles and the
+    best warm-up's median and quartiles.
 
     Parameters
     ----------
@@ -59,26 +67,47 @@ def headline_numbers(figures) -> pd.DataFrame:
     >>> import pathlib, tempfile
     >>> from linattn_theory.report.figure_numbers import headline_numbers
     >>> folder = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (folder / "best_warmup.csv").write_text(
-    ...     "zeta_value,seed,best_T0,gain,T\\n1,0,10,0.2,40\\n1,1,20,0.0,40\\n1,2,30,0.4,40\\n")
+    >>> _ = (folder / "best_warmup.csv").write_text("zeta_value,seed,best_T0,gain,T,chaotic\\n"
+    ...     "1,0,10,0.2,40,False\\n1,1,20,0.01,40,False\\n1,2,30,0.4,40,True\\n")
     >>> _ = (folder / "tradeoff_gain.csv").write_text("zeta_value,diverged_instances\\n1,1\\n")
-    >>> row = headline_numbers(folder).iloc[0]                     # ζ_V = 1: gains 0.2, 0, 0.4
-    >>> int(row["instances"]), int(row["diverged"]), int(row["beats"])
-    (3, 1, 2)
-    >>> float(row["gain_median"]), float(row["best_T0_median"])
-    (0.2, 20.0)
+    >>> row = headline_numbers(folder).iloc[0]                     # ζ_V = 1: gains 0.2, 0.01, 0.4 (chaotic)
+    >>> int(row["instances"]), int(row["diverged"]), int(row["wins"]), int(row["chaotic_instances"])
+    (3, 1, 2, 1)
+    >>> float(row["gain_median"]), round(float(row["gain_median_unflagged"]), 12), float(row["best_T0_median"])
+    (0.2, 0.105, 20.0)
     """
     best = read_csv_exact(Path(figures) / "best_warmup.csv")
     diverged = read_csv_exact(Path(figures) / "tradeoff_gain.csv").set_index("zeta_value")["diverged_instances"]
+    intervals = gain_intervals(best, "zeta_value").set_index("zeta_value")
     rows = []
     for level, sub in best.groupby("zeta_value"):
-        gain = sub["gain"].to_numpy(dtype=float)
-        rows.append({"zeta_value": float(level), "instances": len(sub), "diverged": int(diverged[level]),
-                     "beats": int((gain > 0).sum()),
-                     **dict(zip(("gain_median", "gain_q25", "gain_q75"), _quartiles(gain))),
+        rows.append({"zeta_value": float(level), "diverged": int(diverged[level]), **intervals.loc[level].to_dict(),
+                     **dict(zip(("gain_q25", "gain_q75"), _quartiles(sub["gain"])[1:])),
                      **dict(zip(("best_T0_median", "best_T0_q25", "best_T0_q75"), _quartiles(sub["best_T0"]))),
                      "T": int(sub["T"].max())})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).astype({"instances": int, "wins": int, "chaotic_instances": int,
+                                      "instances_unflagged": int, "wins_unflagged": int})
+
+
+#: how every same-step comparison is named (FedAvg at the sweep's one step, not tuned)
+SAME_STEP = "against FedAvg at the same step (not tuned; the fair comparison is the phase diagram, figure 4b)"
+
+
+def _ci(median: float, low: float, high: float) -> str:
+    """``13.4 % [3.1, 32.6]``: a median gain and its bootstrap 95 % interval, in per cent."""
+    return f"{100 * median:.1f} % [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def _same_step(row, unit: str = "instances") -> str:
+    """The gain statistics of a :func:`~linattn_theory.report.sweep_analysis.gain_intervals` row, with the
+    chaotic instances counted and the statistics without them."""
+    text = (f"median gain {_ci(row['gain_median'], row['gain_low'], row['gain_high'])}, wins above 2 % in "
+            f"{int(row['wins'])} of {int(row['instances'])} {unit}")
+    k = int(row["chaotic_instances"])
+    if not k:
+        return text + ", none chaotic"
+    return (text + f"; {k} chaotic, without them {_ci(row['gain_median_unflagged'], row['gain_low_unflagged'], row['gain_high_unflagged'])}, "
+            f"wins in {int(row['wins_unflagged'])} of {int(row['instances_unflagged'])}")
 
 
 def _earlier(best: pd.DataFrame) -> tuple[int, int]:
@@ -91,25 +120,34 @@ def _headline(figures: Path) -> str:
     numbers = headline_numbers(figures)
     best = read_csv_exact(figures / "best_warmup.csv")
     k, n = _earlier(best)
-    lines = ["| `ζ_V` | instances (diverged, left out) | FedFrozen at its best `T0` beats FedAvg in | "
-             "gain: median (IQR) | best `T0`: median (IQR) |", "|---|---|---|---|---|"]
+    lines = ["| `ζ_V` | instances (diverged, left out) | gain: median [bootstrap 95 %] (IQR) | wins above 2 % | "
+             "chaotic: without them, median [95 %], wins | best `T0`: median (IQR) |", "|---|---|---|---|---|---|"]
     for r in numbers.itertuples():
-        lines.append(f"| {r.zeta_value:g} | {r.instances + r.diverged} ({r.diverged}) | **{r.beats} of {r.instances}** | "
-                     f"**{_pct(r.gain_median)}** ({_pct(r.gain_q25)} to {_pct(r.gain_q75)}) | "
+        unflagged = (f"{r.chaotic_instances}: {_ci(r.gain_median_unflagged, r.gain_low_unflagged, r.gain_high_unflagged)}, "
+                     f"{r.wins_unflagged} of {r.instances_unflagged}" if r.chaotic_instances else "0")
+        lines.append(f"| {r.zeta_value:g} | {r.instances + r.diverged} ({r.diverged}) | "
+                     f"**{_ci(r.gain_median, r.gain_low, r.gain_high)}** ({_pct(r.gain_q25)} to {_pct(r.gain_q75)}) | "
+                     f"**{r.wins} of {r.instances}** | {unflagged} | "
                      f"{r.best_T0_median:g} ({r.best_T0_q25:g} to {r.best_T0_q75:g}) of `T = {r.T}` |")
-    return ("\n".join(lines) + "\n\nThe best warm-up is earlier at the highest level than at the lowest in "
+    return (f"FedFrozen at its best `T0`, {SAME_STEP}:\n\n" + "\n".join(lines)
+            + "\n\nThe best warm-up is earlier at the highest level than at the lowest in "
             f"**{k} of {n}** instances run at both.\n")
 
 
 def _heatmaps(figures: Path) -> str:
     cells = read_csv_exact(figures / "heatmaps.csv")
-    single = cells[cells["federated.local_steps"] == cells["federated.local_steps"].min()]
-    top = cells.loc[cells["gain_median"].idxmax()]
-    return (f"With `E = {int(single['federated.local_steps'].iloc[0])}` FedFrozen beats FedAvg in "
-            f"{int(single['beats'].sum())} of {int(single['instances'].sum())} instances (no client drift); "
-            f"the median gain is largest, **{_pct(top['gain_median'])}**, at `ζ_V = {top['task.zeta_value']:g}`, "
-            f"`E = {int(top['federated.local_steps'])}` (beats FedAvg in {int(top['beats'])} of "
-            f"{int(top['instances'])}; median best `T0 = {top['best_T0_median']:g}`).\n")
+    instances = read_csv_exact(figures / "heatmaps_instances.csv")
+    stats = gain_intervals(instances, ["zeta_value", "local_steps"])
+    E_min = stats["local_steps"].min()
+    single = stats[stats["local_steps"] == E_min]
+    top = stats.loc[stats["gain_median"].idxmax()]
+    cell = cells[(cells["task.zeta_value"] == top["zeta_value"]) & (cells["federated.local_steps"] == top["local_steps"])].iloc[0]
+    return (f"FedFrozen at its best `T0`, {SAME_STEP}: with `E = {int(E_min)}` it wins (gain above 2 %) in "
+            f"{int(single['wins'].sum())} of {int(single['instances'].sum())} instances (no client drift); "
+            f"the median gain is largest at `ζ_V = {top['zeta_value']:g}`, `E = {int(top['local_steps'])}`: "
+            f"**{_same_step(top)}** (median best `T0 = {cell['best_T0_median']:g}`). Chaotic instances: "
+            f"{int(stats['chaotic_instances'].sum())} of {int(stats['instances'].sum())} (‡ in the figure), in "
+            f"{int((stats['chaotic_instances'] > 0).sum())} of {len(stats)} cells.\n")
 
 
 def _drift(figures: Path) -> str:
@@ -155,13 +193,16 @@ def _per_instance_summary(data: pd.DataFrame, group) -> pd.DataFrame:
 
 
 def _tradeoff_attention(figures: Path) -> str:
+    instances = read_csv_exact(figures / "tradeoff_attention_instances.csv")
+    stats = gain_intervals(instances, ["zeta_value", "attention"]).set_index(["zeta_value", "attention"])
     data = _per_instance_summary(read_csv_exact(figures / "tradeoff_attention.csv"), ["zeta_value", "attention"])
     parts = []
     for level, sub in data.groupby("zeta_value", sort=True):
-        said = [f"{r.attention} best `T0` {r.best_T0:g} ({r.best_T0_q25:g} to {r.best_T0_q75:g}), median gain "
-                f"{_pct(r.gain_median)}, beats FedAvg in {int(r.beats)} of {int(r.instances)}" for r in sub.itertuples()]
+        said = [f"{r.attention}: best `T0` {r.best_T0:g} ({r.best_T0_q25:g} to {r.best_T0_q75:g}), "
+                f"{_same_step(stats.loc[(level, r.attention)])}" for r in sub.itertuples()]
         parts.append(f"`ζ_V = {level:g}`: " + "; ".join(said))
-    return "Per instance, median (IQR) over the instances: " + ". ".join(parts) + ".\n"
+    return (f"FedFrozen at its best `T0`, {SAME_STEP}; per instance, median (IQR) or [bootstrap 95 % interval] "
+            "over the instances: " + ". ".join(parts) + ".\n")
 
 
 def _digits(figures: Path) -> str:
@@ -177,12 +218,16 @@ def _digits(figures: Path) -> str:
     loss = data[data["quantity"] == "relative_loss_change_vs_fedavg_percent"]
     below = loss[loss["median"] < 0]
     lowest = loss.loc[loss["median"].idxmin()]
-    return (f"From `T0 = {T // 2}` on, freezing costs at most {100 * cost:.1f} accuracy points against FedAvg "
+    stats = gain_intervals(read_csv_exact(figures / "digits_instances.csv"), ["attention", "label_alpha"])
+    gains = "; ".join(f"{r['attention']}, `α = {r['label_alpha']:g}`: {_same_step(r)}" for _, r in stats.iterrows())
+    return ("Against FedAvg at the same step (not tuned; the fair comparison is figure 4d, digits searched): "
+            f"from `T0 = {T // 2}` on, freezing costs at most {100 * cost:.1f} accuracy points against FedAvg "
             f"(medians over instances); the median best warm-up is `T = {T}` (plain FedAvg) in {at_T} of "
             f"{len(best)} settings of attention and label skew; the median final training loss ends below "
             f"FedAvg's in {len(below)} of {len(loss[loss['T0'] < T])} (setting, `T0`) points, at most by "
             f"{-min(lowest['median'], 0):.2f} % ({lowest['attention']} attention, `α = {lowest['label_alpha']:g}`, "
-            f"`T0 = {int(lowest['T0'])}`).\n")
+            f"`T0 = {int(lowest['T0'])}`). FedFrozen at its best `T0`, its gain `1 − F(T0_best)/F(T)` in the final "
+            f"training objective (no `Φ*_λ` on digits): {gains}.\n")
 
 
 def _phase_caption(figures: Path) -> str:
@@ -247,16 +292,16 @@ def _caption(figures: Path) -> str:
     numbers = headline_numbers(figures)
     low, high = numbers.iloc[0], numbers.iloc[-1]
     return (f"*The trade-off figure (`simulations/tradeoff.py`), at one step for every arm (`η·E = 0.2`, near "
-            "FedAvg's instability; FedAvg not tuned: the phase diagram above is the fair comparison): the final "
+            "FedAvg's instability): the final "
             "excess risk `R(T0)` against the warm-up "
-            f"length at three heterogeneity levels over {int((numbers['instances'] + numbers['diverged']).max())} "
+            f"length at {len(numbers)} heterogeneity levels over {int((numbers['instances'] + numbers['diverged']).max())} "
             "instances each "
             "(median, interquartile band), paired per instance against plain FedAvg (`R(T0)/R(T)`), and "
             "the per-instance gain at the best warm-up. At "
-            f"`ζ_V = {high['zeta_value']:g}` FedFrozen beats FedAvg in {int(high['beats'])} of "
-            f"{int(high['instances'])} instances (median gain {_pct(high['gain_median'])}); at "
-            f"`ζ_V = {low['zeta_value']:g}` in {int(low['beats'])} of {int(low['instances'])} "
-            f"(median {_pct(low['gain_median'])}). The dotted bound `U(T0)` is fitted on each instance's own "
+            f"`ζ_V = {high['zeta_value']:g}` FedFrozen at its best `T0`, {SAME_STEP}, "
+            f"has a {_same_step(high)}; at `ζ_V = {low['zeta_value']:g}` a {_same_step(low)} (chaotic: a 1e-12 move "
+            "of `θ⁰` moves the end of the instance's FedAvg run by more than 1e-5, open markers in figure 2b). "
+            "The dotted bound `U(T0)` is fitted on each instance's own "
             "FedAvg run: an a posteriori fit, descriptive, not a prediction (docs/theory.md §6). Instances "
             f"that diverged ({int(numbers['diverged'].sum())} in all) are left out.*\n")
 

@@ -325,7 +325,7 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
 
 
 def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor="processes",
-                      workers=None, progress=False):
+                      workers=None, progress=False, chaos=False):
     """Run (or reuse) a FedFrozen sweep over ``T0`` and analyse it: ``(table, best, left_out)``.
 
     The instances are those of :func:`~linattn_theory.report.sweep_analysis.select_instances` (the one rule
@@ -333,7 +333,9 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
     non-diverged runs with the excess-risk decomposition (and, with ``bound``, the fitted bound) of
     :func:`~linattn_theory.report.sweep_analysis.excess_risk_table`; ``best``: per instance (the columns
     ``by``), the best warm-up and the gain over FedAvg (a diverged run counts as ``R = ∞``);
-    ``left_out``: the instances left out.
+    ``left_out``: the instances left out. With ``chaos``, ``best`` also has ``chaotic`` and
+    ``amplification``: how chaotic each instance's FedAvg run is
+    (:func:`~linattn_theory.report.sweep_analysis.fedavg_chaos`, docs/theory.md §6).
 
     Parameters
     ----------
@@ -343,6 +345,8 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
         The columns that name an instance.
     bound : bool, default False
         Also fit the bound (:func:`~linattn_theory.report.sweep_analysis.excess_risk_table`).
+    chaos : bool, default False
+        Also measure each kept instance's chaos (one more FedAvg run per instance, stored with the sweep).
 
     Returns
     -------
@@ -366,12 +370,15 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
     >>> int(best["best_T0"].iloc[0]) == int(table.loc[table["excess_risk"].idxmin(), "T0"])
     True
     """
-    from .sweep_analysis import excess_risk_table, select_instances
+    from .sweep_analysis import excess_risk_table, fedavg_chaos, select_instances
 
     _, results, folder = figure_sweep(config, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
     table = excess_risk_table(folder, results, bound=bound, workers=analysis_workers(executor, workers))
-    return select_instances(table, by)
+    runs, best, left_out = select_instances(table, by)
+    if chaos:
+        best = best.merge(fedavg_chaos(folder, table, by), on=list(by), how="left", validate="one_to_one")
+    return runs, best, left_out
 
 
 def script_main(make, doc: str | None = None, argv=None) -> int:

@@ -14,8 +14,11 @@ The statistics every figure uses are here too, so that one definition serves all
 smallest ``T0`` of the grid at which ``R(T0)`` is smallest), :func:`select_instances` (the one rule
 that picks the instances of a figure set: an instance whose FedAvg run diverged is left out of all
 of them), :func:`paired_ratios` (``R(T0)/R(T)`` of the same instance), :func:`gain_summary` (per
-level: how often and by how much FedFrozen at its best ``T0`` beats FedAvg) and
-:func:`spearman_interval` (a rank correlation with a bootstrap interval over instances).
+level: how often and by how much FedFrozen at its best ``T0`` beats FedAvg),
+:func:`spearman_interval` (a rank correlation with a bootstrap interval over instances) and
+:func:`fedavg_chaos` (per instance, whether its FedAvg run is chaotic, docs/theory.md §6) with
+:func:`gain_intervals` (per level: the median gain with a bootstrap 95 % interval and the wins above
+:data:`WIN_THRESHOLD`, with and without the chaotic instances).
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ from .results import load_run
 from ..core.clients import StackedClients, stack_clients
 
 __all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table", "best_warmup", "select_instances",
-           "paired_ratios", "gain_summary", "quartiles", "spearman_interval"]
+           "paired_ratios", "gain_summary", "quartiles", "spearman_interval", "fedavg_chaos", "gain_intervals",
+           "WIN_THRESHOLD"]
+
+#: a win is a gain ``1 − R(T0_best)/R(T)`` above this: the threshold the phase diagram declares
+#: (``simulations/configs/phase_diagram.toml``, docs/theory.md §6), so that a gain of 0.2 % is no win
+WIN_THRESHOLD = 0.02
 
 _MEMO: dict = {}
 
@@ -580,6 +588,122 @@ def gain_summary(best: pd.DataFrame, level, left_out: pd.DataFrame | None = None
                      "share_beats": float((gain[valid] > 0).mean()) if valid.any() else np.nan,
                      "gain_median": g["median"], "gain_q25": g["q25"], "gain_q75": g["q75"],
                      "best_T0_median": t["median"], "best_T0_q25": t["q25"], "best_T0_q75": t["q75"]})
+    return pd.DataFrame(rows)
+
+
+def fedavg_chaos(folder, table: pd.DataFrame, by) -> pd.DataFrame:
+    """Per instance (a value of the columns ``by``) whose plain FedAvg run (``T0 = T``) did not diverge:
+    how chaotic that run is (docs/theory.md §6 "Chaotic instances"), measured as the phase diagram
+    measures it (:func:`linattn_theory.report.phase_diagram.run_instances`): the run repeated from
+    ``θ⁰ ⊙ (1 + s ξ)``, ``s = 10⁻¹²`` (:func:`~linattn_theory.sim.sensitivity.perturbed_params`, all
+    repeats in one :func:`~linattn_theory.sim.ensemble.simulate_many`), against the stored run
+    (:func:`~linattn_theory.sim.sensitivity.run_sensitivity`). Every ``T0`` of an instance shares that
+    run's warm-up path, so its flag is the instance's. Columns: ``by``, ``chaotic`` (amplification above
+    :data:`~linattn_theory.sim.sensitivity.CHAOS_AMPLIFICATION`, or the repeat diverged where the run did
+    not) and ``amplification``. Each measurement is stored with the sweep
+    (``<folder>/_chaos/<run_id>.json``), so that redrawing a figure does not repeat it.
+
+    Parameters
+    ----------
+    folder : str or path-like
+        The sweep folder.
+    table : pandas.DataFrame
+        Its runs (:func:`excess_risk_table` or :func:`~linattn_theory.report.results.load_results`):
+        ``run_id``, ``T0``, ``federated.rounds``, ``diverged`` and the columns ``by``.
+    by : list of str
+        The columns that name an instance.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per instance with a finite FedAvg run.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from linattn_theory.report.figures import figure_sweep
+    >>> from linattn_theory.report.sweep_analysis import fedavg_chaos
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "demo.toml").write_text('[federated]\\nrounds = 4\\n[grid]\\n"federated.warmup_rounds" = [0, 4]\\n')
+    >>> _, results, sweep_dir = figure_sweep(folder / "demo.toml", folder, executor="serial")
+    >>> chaos = fedavg_chaos(sweep_dir, results, ["seed"])
+    >>> chaos["chaotic"].tolist(), bool(chaos["amplification"].iloc[0] < 100)   # 4 rounds at a small step: calm
+    ([False], True)
+    """
+    from ..core.io import write_json
+    from ..sim.engine import prepare_run
+    from ..sim.ensemble import simulate_many
+    from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
+
+    by = list(by)
+    fedavg = table[(table["T0"] == table["federated.rounds"]) & ~table["diverged"].astype(bool)]
+    store = Path(folder) / "_chaos"
+    found, todo = {}, []
+    for rid in fedavg["run_id"]:
+        path = store / f"{rid}.json"
+        if path.is_file():
+            found[rid] = json.loads(path.read_text())
+        else:
+            todo.append(rid)
+    configs = [_run_config(folder, rid) for rid in todo]
+    clients = [clients_from_config(config) for config in configs]
+    starts = [perturbed_params(prepare_run(c, cl)[1], PERTURBATION, c.seed) for c, cl in zip(configs, clients)]
+    for rid, config, inst_clients, again in zip(todo, configs, clients, simulate_many(configs, clients, params=starts)):
+        chaos = run_sensitivity(config, inst_clients, reference=load_run(folder, rid), runs=[again])
+        found[rid] = {"chaotic": bool(chaos.chaotic), "amplification": float(chaos.amplification),
+                      "perturbation": PERTURBATION}
+        write_json(store / f"{rid}.json", found[rid])
+    rows = [{**dict(zip(by, key)), "chaotic": bool(found[rid]["chaotic"]),
+             "amplification": float(found[rid]["amplification"])}
+            for rid, key in zip(fedavg["run_id"], fedavg[by].itertuples(index=False, name=None))]
+    return pd.DataFrame(rows, columns=[*by, "chaotic", "amplification"])
+
+
+def gain_intervals(best: pd.DataFrame, level, threshold: float = WIN_THRESHOLD) -> pd.DataFrame:
+    """Per value of ``level`` over the instances of :func:`best_warmup` with a finite gain (FedAvg at the
+    same step did not diverge): ``instances``, the median gain with the bootstrap 95 % interval of
+    :func:`~linattn_theory.report.phase_diagram.bootstrap_median` (``gain_median``, ``gain_low``,
+    ``gain_high``), ``wins``: instances with ``gain > threshold``, ``chaotic_instances`` (the column
+    ``chaotic`` of :func:`fedavg_chaos`), and the same statistics over the unflagged instances alone
+    (suffix ``_unflagged``); the statistics of docs/theory.md §6 "Where freezing pays", here against
+    FedAvg at the sweep's one step.
+
+    Parameters
+    ----------
+    best : pandas.DataFrame
+        :func:`best_warmup`'s table with ``chaotic``.
+    level : str or list of str
+        The column(s) to group by.
+    threshold : float, default WIN_THRESHOLD
+        A win is a gain above it.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per level.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.sweep_analysis import gain_intervals
+    >>> best = pd.DataFrame({"zeta": 1.0, "gain": [0.0, 0.01, 0.3, 0.5], "chaotic": [False, False, False, True]})
+    >>> row = gain_intervals(best, "zeta").iloc[0]        # the 1 % gain is no win; without the chaotic 0.5
+    >>> int(row["wins"]), float(row["gain_median"]), int(row["chaotic_instances"]), float(row["gain_median_unflagged"])
+    (2, 0.155, 1, 0.01)
+    """
+    from .phase_diagram import bootstrap_median
+
+    columns = [level] if isinstance(level, str) else list(level)
+    rows = []
+    for value, group in best.groupby(columns, sort=True):
+        group = group[np.isfinite(group["gain"].to_numpy(dtype=float))]
+        chaotic = group["chaotic"].to_numpy(dtype=bool)
+        row = {**dict(zip(columns, value)), "chaotic_instances": int(chaotic.sum())}
+        for suffix, part in (("", group), ("_unflagged", group[~chaotic])):
+            median, low, high = bootstrap_median(part["gain"])
+            row.update({f"instances{suffix}": len(part), f"wins{suffix}": int((part["gain"] > threshold).sum()),
+                        f"gain_median{suffix}": median, f"gain_low{suffix}": low, f"gain_high{suffix}": high})
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
