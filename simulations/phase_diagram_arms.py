@@ -73,9 +73,10 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
 
 
 def draw(drawn, settings, quick=False):
-    """One panel per cell: per arm the median gain over tuned FedAvg and its interval, wins and setting."""
+    """One panel per cell, stacked (ζ_V outer, E inner) on one shared gain axis: per arm the median gain
+    over tuned FedAvg and its interval, wins and the chosen setting."""
     cells = drawn[["zeta_value", "local_steps"]].drop_duplicates().sort_values(["zeta_value", "local_steps"])
-    fig, axes = plotting.figure(1, len(cells), height=2.4, quick=quick)
+    fig, axes = plotting.figure(1, len(cells), height=1.9, quick=quick, sharex=True)
     axes = np.atleast_1d(axes)
     threshold = settings["threshold"]
     arms = list(drawn["arm"].drop_duplicates())
@@ -92,10 +93,12 @@ def draw(drawn, settings, quick=False):
             ax.annotate(f"{row.wins}/{row.instances}{marks}  {_short(row.setting)}", (1.02, yi),
                         xycoords=("axes fraction", "data"), va="center", fontsize=7)
         ax.set_yticks(y, [LABELS.get(a, a) for a in arms])
-        ax.set_xlim(-LIMIT, max(0.6, float(part["high"].max()) + 0.05))
-        ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-        ax.set_xlabel("gain over tuned FedAvg")
+        ax.tick_params(labelbottom=True)               # every panel keeps its gain scale
         ax.set_title(f"$\\zeta_V = {zeta:g}$, $E = {E}$")
+    # one gain axis for every cell, so that the panels compare across ζ_V and E
+    axes[0].set_xlim(-LIMIT, max(0.6, float(drawn["high"].max()) + 0.05))
+    axes[0].xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    axes[-1].set_xlabel("gain over tuned FedAvg")
     fig.suptitle(f"every arm tuned on {len(settings['design_seeds'])} design seeds, "
                  f"{len(settings['heldout_seeds'])} held-out instances:\nmedian gain, bootstrap 95 % interval, "
                  f"wins above {100 * threshold:g} %, chosen setting; open: median without\nflagged instances "

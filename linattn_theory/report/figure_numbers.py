@@ -481,16 +481,24 @@ def _marks(row) -> str:
 
 
 def _phase_diagram_arms(figures: Path) -> str:
-    """Every arm tuned (``phase_diagram_arms_cells.csv``): per arm and cell its chosen setting and gain."""
+    """Every arm tuned (``phase_diagram_arms_cells.csv``): per ``ζ_V`` and arm, at each ``E``, its chosen
+    setting and its gain over tuned FedAvg (a cell not run: ``–``)."""
     cells = read_csv_exact(figures / "phase_diagram_arms_cells.csv")
-    keys = list(cells[["zeta_value", "local_steps"]].drop_duplicates().itertuples(index=False, name=None))
-    head = " | ".join(f"`ζ_V = {z:g}`, `E = {E}`: setting | gain" for z, E in keys)
-    lines = [f"| arm | {head} |", "|---|" + "---|---|" * len(keys)]
+    zetas = sorted(cells["zeta_value"].unique())
+    steps = sorted(cells["local_steps"].unique())
+    head = " | ".join(f"`E = {E}`: setting | gain" for E in steps)
+    lines = [f"| `ζ_V` | arm | {head} |", "|---|---|" + "---|---|" * len(steps)]
     pick = {(r["arm"], r["zeta_value"], r["local_steps"]): r for _, r in cells.iterrows()}
-    for arm in cells["arm"].drop_duplicates():
-        parts = [f"`{pick[arm, z, E]['setting']}` | {_gain(pick[arm, z, E])}{_marks(pick[arm, z, E])}" for z, E in keys]
-        lines.append(f"| {ARM_NAMES.get(arm, arm)} | " + " | ".join(parts) + " |")
-    reference = ", ".join(f"`{pick[cells['arm'].iloc[0], z, E]['reference_setting']}` at `E = {E}`" for z, E in keys)
+
+    def entry(arm, z, E):
+        row = pick.get((arm, z, E))
+        return "– | –" if row is None else f"`{row['setting']}` | {_gain(row)}{_marks(row)}"
+    for z in zetas:
+        for arm in cells["arm"].drop_duplicates():
+            lines.append(f"| {z:g} | {ARM_NAMES.get(arm, arm)} | " + " | ".join(entry(arm, z, E) for E in steps) + " |")
+    first = cells["arm"].iloc[0]
+    reference = "; ".join(f"`ζ_V = {z:g}`: " + ", ".join(f"`{pick[first, z, E]['reference_setting']}` at `E = {E}`"
+                                                         for E in steps if (first, z, E) in pick) for z in zetas)
     return ("\n".join(lines) + f"\n\nGain over tuned FedAvg ({reference}) on the held-out instances: median "
             f"[bootstrap 95 % interval], wins above 2 %; † the arm diverged on some instances, ‡ some of its or "
             f"FedAvg's runs are chaotic (the statistics without them: `phase_diagram_arms_cells.csv`).\n")
