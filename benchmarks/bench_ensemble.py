@@ -22,8 +22,19 @@ One script, measured side by side (interleaved passes, medians and ranges):
    at the reference size, one instance (``benchmarks/bench_round.py`` explains the floor).
 4. **The fused kernel's products** (``--sections kernels``): one thread, CPU ms per local step of
    the sizes above and of ``d = 4`` and two heads, with the products compiled for ``d``
-   (:func:`~linattn_theory.core._fused_kernels.dimension`) against the row loops (``dim = ()``).
-5. **The regret benchmark's unit** (``--sections scoring``): 8 declared evaluation instances of
+   (:func:`~linattn_theory.core._fused_kernels.dimension`; at the reference size the tiled
+   kernels, :func:`~linattn_theory.core._fused_kernels.tiled_local_steps`) against the row loops
+   (``dim = ()``).
+5. **The fused engine's share of the compute floor** (``--sections compute``): at the reference
+   size, one instance, on 1 and 2 threads, the multiply-adds of one FedAvg round,
+   ``E·m·N·H(4d² + 3dp)`` (per sample and local step, every block trained: ``K_h^T q``, ``Ŝ k_h``,
+   ``Ŝ u`` and ``Σ_i q g^T`` are ``d²`` each; ``W_V^T φ``, ``Σ_i φ e^T`` and ``W_V e`` are ``dp``
+   each; the round's client losses are not counted), over the round's wall time (one
+   ``round_step`` of the round loop, :mod:`linattn_theory.sim.rounds`), divided by the rate of a
+   1024³ float64 matrix product (``np.dot``) timed in the same process, interleaved with it, at
+   the same thread count (``threadpoolctl``); best of ``max(--repeat, 7)`` passes each (with one
+   thread also the same ratio in the process's CPU time, which moves less on a shared machine).
+6. **The regret benchmark's unit** (``--sections scoring``): 8 declared evaluation instances of
    ``benchmarks/predictive_regret.py`` scored together, as its workers do
    (:func:`~linattn_theory.recommenders.scoring.score_instances`), against 8 calls of
    :func:`~linattn_theory.recommenders.scoring.score_instance`, and where the time of the
@@ -289,7 +300,58 @@ KERNEL_SIZES = (("figures", FIGURES),
                                             outputs=2, heads=2)),
                 ("d = 4 (regret benchmark)", Size("d4", clients=8, samples=128, tokens=16, dim=4, rank=5,
                                                   outputs=1)),
-                ("reference (d = 16: row loops either way)", REFERENCE))
+                ("reference (d = 16: tiles)", REFERENCE))
+
+
+def round_multiply_adds(size: Size) -> int:
+    """Multiply-adds of one FedAvg round of ``size`` (every block trained): ``E·m·N·H(4d² + 3dp)``."""
+    d, p = size.dim, size.outputs
+    return size.local_steps * size.clients * size.samples * size.heads * (4 * d * d + 3 * d * p)
+
+
+def compute(args) -> None:
+    """Section 5: multiply-adds of a round per second against a 1024³ DGEMM's, same process and threads."""
+    from threadpoolctl import threadpool_limits
+
+    from linattn_theory.sim.rounds import _Ensemble
+
+    size = REFERENCE
+    config = size_config(size, rounds=1)
+    data, theta0 = prepare_run(config)
+    ensemble = _Ensemble([Member(config, data, theta0)], None, "fused", False)
+    state, _ = ensemble.init()
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, 1024, 1024))
+    out = np.empty_like(a)
+    madds = round_multiply_adds(size)
+    repeat = max(args.repeat, 7)
+    load = os.getloadavg()[0]
+    rows = []
+    for threads in (1, 2):
+        fused.set_threads(threads)
+        try:
+            with threadpool_limits(limits=threads, user_api="blas"):
+                ensemble.round_step(state, 0)                 # compile / load, warm the caches
+                np.dot(a, b, out=out)
+                cpu: dict = {}
+                times = interleaved({"round": lambda: ensemble.round_step(state, 0),
+                                     "dgemm": lambda: np.dot(a, b, out=out)}, repeat, cpu)
+        finally:
+            fused.set_threads(None)
+        round_s, dgemm_s = min(times["round"]), min(times["dgemm"])
+        rate, dgemm_rate = madds / round_s, 1024 ** 3 / dgemm_s
+        row = [threads, f"{round_s * 1e3:.2f}", f"{round_s / size.local_steps * 1e3:.3f}",
+               f"{rate / 1e9:.2f}", f"{dgemm_rate / 1e9:.1f}", f"{rate / dgemm_rate:.3f}"]
+        if threads == 1:      # on a busy machine: both in the process's CPU time (one thread each)
+            row.append(f"{min(cpu['dgemm']) / 1024 ** 3 * madds / min(cpu['round']):.3f}")
+        else:
+            row.append("–")
+        rows.append(row)
+    print(f"\nThe fused engine against the in-run DGEMM rate, reference size ({size.describe()}), one "
+          f"instance: {madds / 1e6:.1f} M multiply-adds per round; best of {repeat} interleaved passes; "
+          f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after:")
+    print_table(["threads", "ms per round", "ms per local step", "G multiply-adds/s",
+                 "DGEMM 1024³ G multiply-adds/s", "share of DGEMM", "share in CPU time"], rows)
 
 
 def kernels(args) -> None:
@@ -302,19 +364,23 @@ def kernels(args) -> None:
         m, N, d, H = size.clients, size.samples, size.dim, size.heads
         X = rng.normal(size=(1, m, N, size.tokens, d)) / np.sqrt(d)
         S = np.einsum("...ta,...tb->...ab", X, X) / size.tokens
-        St, qt, yt = kernels_module.samples_last(S, rng.normal(size=(1, m, N, d)),
-                                                 rng.normal(size=(1, m, N, size.outputs)))
+        q, y = rng.normal(size=(1, m, N, d)), rng.normal(size=(1, m, N, size.outputs))
+        St, qt, yt = kernels_module.samples_last(S, q, y)
         w = np.full((1, m, N), 1.0 / (m * N))
+        tiles = kernels_module.tiles(S, q, y, w)
         WQ, WK = rng.normal(size=(2, 1, H, d, size.rank)) * 0.3
         WV = rng.normal(size=(1, H, d, size.outputs)) * 0.3
         inst, part = np.zeros(m, np.int64), np.arange(m)
         outs = [np.empty((m,) + a.shape[1:]) for a in (WQ, WK, WV)]
 
         def step(dim):
-            kernels_module.local_steps(St, qt, yt, w, inst, part, 0, m, WQ, WK, WV, True, True, True,
-                                       size.local_steps, np.array([0.05]), np.array([1e-3]), *outs, dim)
+            kernel, data = ((kernels_module.tiled_local_steps, tiles) if dim and kernels_module.tiled(d)
+                            else (kernels_module.local_steps, (St, qt, yt, w)))
+            kernel(*data, inst, part, 0, m, WQ, WK, WV, True, True, True, size.local_steps, np.array([0.05]),
+                   np.array([1e-3]), *outs, dim)
 
-        variants = {"compiled for d": lambda: step(kernels_module.dimension(d)), "row loops": lambda: step(())}
+        compiled = (0,) * d if kernels_module.tiled(d) else kernels_module.dimension(d)
+        variants = {"compiled for d": lambda: step(compiled), "row loops": lambda: step(())}
         for fn in variants.values():
             fn()                                          # compile / load
         cpu: dict = {}
@@ -324,7 +390,8 @@ def kernels(args) -> None:
         rows.append([name, size.describe(), stats(per["compiled for d"], 1e3), stats(per["row loops"], 1e3),
                      f"{ratio:.2f}"])
     print(f"\nThe fused local step (one thread, CPU ms per step of all clients, {max(args.repeat, 5)} interleaved "
-          f"passes, median (min–max)); the products compiled for d up to d = {kernels_module.MAX_UNROLLED_DIM}:")
+          f"passes, median (min–max)); the products compiled for d up to d = {kernels_module.MAX_UNROLLED_DIM}, "
+          f"the tiled kernels up to d = {kernels_module.MAX_TILED_DIM}:")
     print_table(["size", "", "compiled for d", "row loops", "speed-up"], rows)
 
 
@@ -366,7 +433,7 @@ def timed_parts(parts, seconds: dict):
 
 
 def scoring(args) -> None:
-    """Section 5: the regret benchmark's unit, 8 instances scored together against one at a time."""
+    """Section 6: the regret benchmark's unit, 8 instances scored together against one at a time."""
     import warnings
 
     from predictive_regret import instances
@@ -410,10 +477,10 @@ def main(argv=None) -> None:
                         help="largest instance count at the reference size (16 MB of data per instance)")
     parser.add_argument("--quick", action="store_true", help="1 and 8 instances, 2 passes, no goals section")
     parser.add_argument("--no-peers", action="store_true", help="skip the JAX and PyTorch peers")
-    parser.add_argument("--sections", nargs="*", choices=("throughput", "goals", "kernels", "scoring"),
+    parser.add_argument("--sections", nargs="*", choices=("throughput", "goals", "kernels", "compute", "scoring"),
                         default=["throughput", "goals"],
                         help="which tables to print (default throughput and goals, the GPU check's; "
-                             "kernels and scoring are CPU measurements, asked for by name)")
+                             "kernels, compute and scoring are CPU measurements, asked for by name)")
     parser.add_argument("--scoring-sample", type=int, default=1,
                         help="random state of the 8 evaluation instances of the scoring section")
     args = parser.parse_args(argv)
@@ -441,6 +508,8 @@ def main(argv=None) -> None:
         goals(args, bandwidth)
     if "kernels" in args.sections:          # the kernel called directly: one thread
         kernels(args)
+    if "compute" in args.sections:
+        compute(args)
     if "scoring" in args.sections and not args.quick:
         scoring(args)
 

@@ -74,8 +74,10 @@ def test_fused_engine_in_float32_stays_float32_and_agrees_to_its_precision():
 
 
 @needs_numba
-def test_fused_engine_is_bit_identical_whatever_the_number_of_threads():
-    cfg = config(**{"model.engine": "fused", "task.num_clients": 7, "federated.participation": 1.0})
+@pytest.mark.parametrize("dim", [5, pytest.param(13, marks=pytest.mark.slow)])     # 13: the tiled kernels
+def test_fused_engine_is_bit_identical_whatever_the_number_of_threads(dim):
+    cfg = config(**{"model.engine": "fused", "task.num_clients": 7, "federated.participation": 1.0,
+                    "task.dim": dim})
     runs = []
     try:
         for threads in (1, 2, 3):
@@ -369,6 +371,87 @@ def test_unrolled_context_products_are_the_row_loops_bit_for_bit(d, heads):
     assert all(np.array_equal(a, b) for a, b in zip(unrolled, rows))
     assert not np.array_equal(unrolled[0], np.repeat(WQ, m, axis=0))            # the steps moved W_Q
     assert np.array_equal(losses(kernels.dimension(d)), losses(()))
+
+
+def _tiled_problem(d, heads, N=37, p=3, I=2, m=3, r=2, seed=0):
+    """Random data of ``I`` instances of ``m`` clients, ``N`` samples (not a multiple of the tile:
+    the last tile has a tail), ``p`` outputs, and their parameters."""
+    rng = np.random.default_rng(seed + d)
+    X = rng.normal(size=(I, m, N, 5, d))
+    S = np.einsum("...ta,...tb->...ab", X, X) / 5
+    q, y = rng.normal(size=(I, m, N, d)), rng.normal(size=(I, m, N, p))
+    w = rng.uniform(size=(I, m, N)) / N
+    WQ, WK = rng.normal(size=(2, I, heads, d, r)) * 0.5
+    WV = rng.normal(size=(I, heads, d, p)) * 0.5
+    return S, q, y, w, WQ, WK, WV
+
+
+@needs_numba
+@pytest.mark.slow          # compiles the tiled kernels for d = 12 and 16 (10-20 s each the first time)
+@pytest.mark.parametrize("d, heads, p", [(12, 2, 5), (16, 1, 3)])
+def test_tiled_kernels_equal_the_row_loops_and_numpy(d, heads, p):
+    """Above ``MAX_UNROLLED_DIM`` the kernels run on tiles of ``TILE`` samples with register-blocked
+    products (``tiled_local_steps``, ``tiled_client_losses``): the same closed forms as the row
+    loops (``local_steps`` with ``dim = ()``, samples last) in another order of summation, so equal
+    to rounding; the product ``Ŝ v`` of every tile equals NumPy's ``einsum``; a last tile cut short
+    (``N`` not a multiple of ``TILE``) must be padded, not dropped."""
+    from linattn_theory.core import _fused_kernels as kernels
+
+    assert kernels.tiled(d) and not kernels.tiled(kernels.MAX_UNROLLED_DIM)
+    assert not kernels.tiled(kernels.MAX_TILED_DIM + 1)
+    S, q, y, w, WQ, WK, WV = _tiled_problem(d, heads, p=p)      # p = 5: four outputs at a time, one left
+    I, m, N = w.shape
+    assert N % kernels.TILE != 0
+    tiles = kernels.tiles(S, q, y, w)
+    rows = kernels.samples_last(S, q, y) + (w,)
+    inst, part = np.repeat(np.arange(I), m), np.tile(np.arange(m), I)
+    eta, lam = np.array([0.3, 0.2]), np.array([1e-3, 0.0])
+
+    def train(kernel, data, dim):
+        outs = [np.empty((I * m,) + a.shape[1:]) for a in (WQ, WK, WV)]
+        kernel(*data, inst, part, 0, I * m, WQ, WK, WV, True, True, True, 4, eta, lam, *outs, dim)
+        return outs
+
+    def losses(kernel, data, dim):
+        out = np.empty(I * m)
+        kernel(*data, inst, part, 0, I * m, WQ, WK, WV, out, dim)
+        return out
+
+    tiled_params = train(kernels.tiled_local_steps, tiles, (0,) * d)
+    row_params = train(kernels.local_steps, rows, ())
+    for a, b in zip(tiled_params, row_params):
+        assert relative(a, b) <= 1e-13
+    assert relative(tiled_params[0], np.repeat(WQ, m, axis=0)) > 1e-3          # the steps moved W_Q
+    assert relative(losses(kernels.tiled_client_losses, tiles, (0,) * d),
+                    losses(kernels.client_losses, rows, ())) <= 1e-13
+
+    # one product Ŝ v per tile, against einsum (the last tile's padding gives exact zeros)
+    T, L = -(-N // kernels.TILE), kernels.TILE
+    St = tiles[0][0, 1]
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(T, d, L))
+    out = np.empty(T * d * L)
+    for t in range(T):
+        kernels._tile_context(St, t * d * d * L, v[t].reshape(-1), out, t * d * L, 0.0, (0,) * d)
+    padded = np.zeros((T * L, d, d))
+    padded[:N] = S[0, 1]
+    expected = np.einsum("tiba,tai->tbi", padded.reshape(T, L, d, d), v)
+    assert relative(out.reshape(T, d, L), expected) <= 1e-13
+    assert np.all(out.reshape(T, d, L)[-1][:, N % L:] == 0)
+
+
+@needs_numba
+@pytest.mark.slow          # compiles the tiled kernels for d = 13
+def test_tiled_fused_engine_equals_the_array_api_engine():
+    # d = 13 (rows left over by the blocks of four): the fused engine on tiles (every block
+    # trained, then the frozen stage) against the Array-API engine; 40 samples per client on
+    # average, unequal sizes (padding within a client and a tail in the last tile)
+    cfg = config(**{"task.dim": 13, "model.heads": 1, "federated.strategy": "fedfrozen",
+                    "federated.learning_rate": 0.02})
+    fused = simulate(cfg.with_updates({"model.engine": "fused"}))
+    reference = simulate(cfg.with_updates({"model.engine": "array_api"}))
+    assert fused.metadata["engine"] == "fused" and not reference.diverged
+    assert compare(fused, reference) <= 1e-12
 
 
 @pytest.mark.slow

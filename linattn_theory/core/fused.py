@@ -4,7 +4,8 @@ The Array-API engine of the round loop (:func:`~linattn_theory.sim.rounds.run_en
 each local step as batched products over all clients, streaming every sample's ``Ŝ`` from
 memory twice per step. The fused engine runs a client's ``E`` local steps in one numba kernel
 (:mod:`linattn_theory.core._fused_kernels`) while its data sit in cache, laid out samples last
-so that every inner loop is a long vectorised loop over the samples, and runs chunks of work
+so that every inner loop is a long vectorised loop over the samples (for ``8 < d ≤ 16`` in tiles
+of 16 samples, whose products hold their partial sums in registers), and runs chunks of work
 items — one client of one instance of an ensemble (:mod:`linattn_theory.sim.rounds`; a single
 run is an ensemble of one) — on threads (the kernels release the GIL). It computes the same
 closed forms (docs/theory.md §1, §5) in another order of summation: results equal the
@@ -191,10 +192,21 @@ class FusedEngine:
         arrays = (data.S, data.q, data.y, data.sample_weight)
         if not instances:
             arrays = tuple(a[None] for a in arrays)
-        # the kernels' layout: samples last (_fused_kernels), a copy made once per engine
-        self.S, self.q, self.y = _fused_kernels.samples_last(*(np.asarray(a) for a in arrays[:3]))
+        S, q, y = (np.asarray(a) for a in arrays[:3])
+        self.m, d = S.shape[1], S.shape[-1]
+        # the kernels' layout, a copy made once per engine (_fused_kernels): samples last, or
+        # for MAX_UNROLLED_DIM < d <= MAX_TILED_DIM tiles of TILE samples
         self.w = np.ascontiguousarray(arrays[3])
-        self.dim = _fused_kernels.dimension(self.S.shape[2])   # the kernels are compiled for d
+        if _fused_kernels.tiled(d):
+            self.layout = _fused_kernels.tiles(S, q, y, self.w)
+            self.y = np.ascontiguousarray(np.swapaxes(y, -1, -2))      # the frozen stage's, samples last
+            self.steps_kernel, self.loss_kernel = _fused_kernels.tiled_local_steps, _fused_kernels.tiled_client_losses
+            self.dim = (0,) * d                                        # the kernels are compiled for d
+        else:
+            St, qt, self.y = _fused_kernels.samples_last(S, q, y)
+            self.layout = (St, qt, self.y, self.w)
+            self.steps_kernel, self.loss_kernel = _fused_kernels.local_steps, _fused_kernels.client_losses
+            self.dim = _fused_kernels.dimension(d)
         self._features = (None, None)
 
     def _cast(self, a):
@@ -225,15 +237,16 @@ class FusedEngine:
         part = np.ascontiguousarray(part.reshape(-1))
         eta, lam = self._per_instance(learning_rate, I), self._per_instance(ridge, I)
         WQ, WK, WV = (self._cast(getattr(server, b)) for b in ("WQ", "WK", "WV"))
-        data = tuple(a[first:first + I] for a in (self.S, self.q, self.y, self.w))
         if phi is not None:
             _, H, d, p = WV.shape
             out = np.empty((I * k, H * d, p), self.dtype)
-            _run_chunks(self.kernels.frozen_steps, I * k, (self._samples_last(phi), data[2], data[3], inst, part),
+            _run_chunks(self.kernels.frozen_steps, I * k, (self._samples_last(phi), self.y[first:first + I],
+                                                           self.w[first:first + I], inst, part),
                         (WV.reshape(I, H * d, p), steps, eta, lam, out))
             return {"WV": out.reshape((I, k) + WV.shape[1:])}
+        data = tuple(a[first:first + I] for a in self.layout)
         outs = {b: np.empty((I * k,) + a.shape[1:], self.dtype) for b, a in (("WQ", WQ), ("WK", WK), ("WV", WV))}
-        _run_chunks(self.kernels.local_steps, I * k, data + (inst, part),
+        _run_chunks(self.steps_kernel, I * k, data + (inst, part),
                     (WQ, WK, WV, "WQ" in blocks, "WK" in blocks, "WV" in blocks, steps, eta, lam,
                      outs["WQ"], outs["WK"], outs["WV"], self.dim))
         return {b: outs[b].reshape((I, k) + outs[b].shape[1:]) for b in blocks}
@@ -242,10 +255,10 @@ class FusedEngine:
         """``F_c`` of every client of the instances ``first..first+I-1`` at their ``server``
         parameters (blocks ``(I, H, d, r)``), shape ``(I, m)``."""
         WQ, WK, WV = (self._cast(getattr(server, b)) for b in ("WQ", "WK", "WV"))
-        I, m = WQ.shape[0], self.S.shape[1]
+        I, m = WQ.shape[0], self.m
         inst = np.repeat(np.arange(I, dtype=np.int64), m)
         clients = np.tile(np.arange(m, dtype=np.int64), I)
         out = np.empty(I * m, self.dtype)
-        data = tuple(a[first:first + I] for a in (self.S, self.q, self.y, self.w))
-        _run_chunks(self.kernels.client_losses, I * m, data + (inst, clients), (WQ, WK, WV, out, self.dim))
+        data = tuple(a[first:first + I] for a in self.layout)
+        _run_chunks(self.loss_kernel, I * m, data + (inst, clients), (WQ, WK, WV, out, self.dim))
         return out.reshape(I, m)
