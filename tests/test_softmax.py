@@ -403,5 +403,5 @@ def test_tradeoff_attention_numbers_match_committed_data():
         assert curve.min() < 1 and 0 < curve.idxmin() < 40
         row = marked.loc[(attention, 3.0)]
         assert 0 < row["best_T0"] < 40
-        assert f"{attention} best `T0` {row['best_T0']:g} ({row['best_T0_q25']:g} to {row['best_T0_q75']:g})" in readme
+        assert f"{attention}: best `T0` {row['best_T0']:g} ({row['best_T0_q25']:g} to {row['best_T0_q75']:g})" in readme
         assert marked.loc[(attention, 1.0), "gain_median"] == 0.0
