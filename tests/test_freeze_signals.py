@@ -453,3 +453,79 @@ def test_a_records_offers_roll_back_as_the_loop_does():
                                                              for f in TABLE]}
     np.testing.assert_allclose(StoredForecasts(record).offers(T), [4.0, 3.0, 2.0, 2.6])
     assert ValueMomentsRecallRule(window=1, fraction=0.74, confidence=0.0).decide(StoredForecasts(record), T).stop
+
+
+def test_round4_choice_and_score_quoted_in_the_docs_follow_from_the_committed_tables():
+    """docs/theory.md §8, round 4, recomputed from the committed tables: the choice is the criterion's on
+    the committed design table (none admissible; the largest harm shares quoted); the summary and the
+    report are those of the per-instance scores; and every number of "The evaluation's score" follows
+    from the scores, recomputed here with plain pandas (not through ``goals_r4``)."""
+    import json
+    from pathlib import Path
+
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    figures = Path(root) / "figures"
+    docs = " ".join((Path(root) / "docs" / "theory.md").read_text().split())
+    design = pd.read_csv(figures / "predictive_regret_r4_design.csv")
+    chosen = bench.choose_rules_r4(design)
+    assert chosen == json.loads((figures / "predictive_regret_r4_choice.json").read_text())
+    assert all(c["admissible"] == 0 for c in chosen.values()) and "no candidate of any information set is admissible" in docs
+    share = design.assign(share=design["harm"] / design["instances"]).groupby("rule")["share"].max()
+    for info, quoted in (("value_moments", "1.5 %"), ("server_observable", "29 %"), ("value_moments_and_solve", "4.9 %")):
+        assert f"{100 * share[chosen[info]['rule']]:.2g} %" == quoted and f"largest harm share {quoted}" in docs
+    online = design[design["kind"] == "online"]
+    assert f"{100 * (online['harm'] / online['instances']).max():.1f} %" == "0.9 %"
+    assert "Round 3's rule, scored beside them, harms at most 0.9 % of a design variant" in docs
+
+    scores = pd.read_csv(figures / "predictive_regret_r4_scores.csv")      # as the benchmark reads it back
+    goals = bench.goals_r4(scores)
+    summary = pd.read_csv(figures / "predictive_regret_r4_summary.csv")
+    np.testing.assert_allclose(goals["median"], summary["median"], rtol=1e-5)
+    assert (figures / "predictive_regret_r4.md").read_text() == bench.report_r4(goals, chosen)
+
+    kind = scores["rule"].str.split("(").str[0]
+    stats = {}
+    for (k, name), part in scores.groupby([kind, "set"]):
+        r, rf = part["regret"].to_numpy(), part["fedavg_regret"].to_numpy()
+        gap = rf > bench.GOAL_R4["gap"]
+        captured = np.median((rf[gap] - r[gap]) / rf[gap]) if gap.any() else np.nan
+        harmed = int(np.sum(r - rf > bench.HARM_MARGIN))
+        median = np.percentile(r, 50, method="higher")      # the declared median: the upper one of an even count
+        stats[(k, name)] = dict(n=len(r), median=median, worst=r.max(), harmed=harmed, captured=captured,
+                                met=bool(median <= 0.005 and r.max() <= 0.15 and harmed <= 0.01 * len(r)
+                                         and (not gap.any() or captured >= 0.8)))
+    per = pd.DataFrame(stats).T
+    per.index.names = ["kind", "set"]
+    assert per.xs("fedavg")["n"].sum() == 1099 and per.xs("fedavg").shape[0] == 10 and "1,099 evaluation instances in 10 sets" in docs
+    assert not per["met"].xs("value_moments_recall").all() and not per["met"].xs("server_observable").all()
+    solve = per.xs("value_solve")
+    assert (f"median regret is {100 * solve['median'].min():.1f} to {100 * solve['median'].max():.1f} %".replace("-", "−")
+            in docs.replace("-", "−"))
+    assert f"worst instance {100 * solve['worst'].max():.1f} %" in docs and int(solve["met"].sum()) == 9
+    readme = " ".join((Path(root) / "README.md").read_text().split())
+    assert (f"median regret {100 * solve['median'].min():.1f} to {100 * solve['median'].max():.1f} % against FedFrozen "
+            f"at its best `T0`, worst {100 * solve['worst'].max():.1f} %").replace("-", "−") in readme
+    assert "it harms 5 of 105 instances with minibatches" in readme
+    assert solve.loc["r4_evaluation", "harmed"] == 3 and "it harms 3 of 180 instances (1.7 %)" in docs
+    harmed = scores[(scores["rule"] == "value_solve") & (scores["regret"] - scores["fedavg_regret"] > bench.HARM_MARGIN)]
+    assert (harmed["family"] == "in_context_regression").all() and (harmed["fedavg_regret"] == 0).all()
+    assert (harmed["T0"] == 39).all()          # the solve at K_{T−1}
+    assert f"regret of {100 * harmed['regret'].min():.1f}–{100 * harmed['regret'].max():.1f} %" in docs
+    recall = per.xs("value_moments_recall")
+    assert (recall["median"] <= 0).all() and int((recall["captured"] >= 0.8).sum()) == 7
+    mb = ["r4_evaluation_minibatch", "r4_heldout_minibatch"]
+    assert (f"{100 * recall.loc[mb[0], 'captured']:.0f} % and {100 * recall.loc[mb[1], 'captured']:.0f} % on the two "
+            "minibatch sets") in docs
+    assert (per.xs("online").loc[mb, "captured"] == 0).all()
+    assert f"worst instance is {100 * recall['worst'].min():.1f}–{100 * recall['worst'].max():.1f} %" in docs
+    assert recall.loc[mb[0], "harmed"] == 2 and (recall.drop(mb[0])["harmed"] <= 0.01 * recall.drop(mb[0])["n"]).all()
+    r3 = per.xs("online")
+    assert f"worst {100 * r3['worst'].min():.1f}–{100 * r3['worst'].max():.1f} %" in docs
+    assert (r3.loc[mb[0], "harmed"], r3.loc[mb[1], "harmed"]) == (5, 4) and "harm on 5 of 105 and 4 of 108" in docs
+    server = per.xs("server_observable")
+    assert (server.loc[mb[0], "harmed"], server.loc[mb[1], "harmed"]) == (23, 35) and "harms 23 of 105 and 35 of 108" in docs
+    assert f"captures at most {100 * server['captured'].max():.0f} %" in docs
+    assert (f"harms {100 * 23 / 105:.0f} % and {100 * 35 / 108:.0f} % of the instances of the two minibatch sets"
+            in docs)
