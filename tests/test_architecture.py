@@ -171,20 +171,6 @@ PRIVATE_IMPORTS_ALLOWED = {
         "the numba kernels compile on first import: the fused engine imports them only when it runs",
 }
 
-#: Pending (issue 33): the round is still written twice — sim.rounds' loop and the moment-space
-#: frozen stages of sim.warmup_grid, which borrow the loop's helpers and the ensemble planner's —
-#: and simulate (sim.engine) is sim.ensemble's planner on one config. Making the moment space a
-#: backend of sim.rounds removes these; a stale entry fails the test below.
-ROUND_LOOP_PRIVATE_IMPORTS = {
-    ("linattn_theory.sim.engine", "linattn_theory.sim.ensemble", "_simulate_many"),
-} | {
-    ("linattn_theory.sim.warmup_grid", "linattn_theory.sim.ensemble", name)
-    for name in ("_Plan", "_chunk_bytes", "_data_bytes", "_per_config", "_simulate_many")
-} | {
-    ("linattn_theory.sim.warmup_grid", "linattn_theory.sim.rounds", name)
-    for name in ("_divergence", "_participants", "_per_instance", "_result", "_row")
-}
-
 
 def _is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
@@ -231,9 +217,8 @@ def test_private_names_are_imported_across_modules_only_where_a_reason_says_why(
     list stays within the ceiling and holds no stale entry (a name made public leaves it)."""
     assert len(PRIVATE_IMPORTS_ALLOWED) <= PRIVATE_IMPORT_CEILING
     assert all(len(reason) > 20 for reason in PRIVATE_IMPORTS_ALLOWED.values())
-    assert all(importer.startswith("linattn_theory.sim.") for importer, _, _ in ROUND_LOOP_PRIVATE_IMPORTS)
     found = private_imports()
-    allowed = set(PRIVATE_IMPORTS_ALLOWED) | ROUND_LOOP_PRIVATE_IMPORTS
+    allowed = set(PRIVATE_IMPORTS_ALLOWED)
     unlisted = sorted(found - allowed)
     assert not unlisted, ("private names imported across modules (make them public, or list them with "
                           f"a reason): {unlisted}")

@@ -17,7 +17,7 @@ from ..core.io import timed_run
 from ..core.model import Params
 from ..data.families import clients_from_config
 from .config import FederatedConfig, ModelConfig, RunConfig
-from .ensemble import _simulate_many, checked_inputs, initial_params, prepare_run, run_metadata
+from .ensemble import checked_inputs, initial_params, prepare_run, run_metadata, run_planned
 from .rounds import Divergence, Member, RunResult, RunState, objective, run_ensemble, select_engine
 from .strategies import Strategy, make_strategy
 
@@ -88,7 +88,7 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     _, given = checked_inputs([config], None if clients is None else [clients], stacklevel=5)  # past timed_run
     with warnings.catch_warnings():                  # said once above, not again inside
         warnings.simplefilter("ignore", SettingWarning)
-        [result] = _simulate_many([config], given or [None], [params], max_bytes, progress, alone=True,
+        [result] = run_planned([config], given or [None], [params], max_bytes, progress, alone=True,
                                   strategies=[strategy], frozen_features=[frozen_features])
     return result
 

@@ -41,6 +41,8 @@ from .rounds import Member, RunResult, RunState, run_ensemble
 from .strategies import make_strategy
 
 __all__ = ["simulate_many", "checked_inputs", "ensemble_key", "initial_params", "prepare_run", "run_metadata"]
+#: the planner's pieces that simulate (sim.engine) and the shared warm-ups (sim.warmup_grid) use
+__all__ += ["run_planned", "EnsemblePlan", "per_config", "data_bytes", "chunk_bytes", "ensemble_bytes"]
 
 #: on NumPy an ensemble holds at most this many bytes of stacked data (more instances form more
 #: ensembles, one after the other); on a GPU half the free device memory
@@ -240,7 +242,7 @@ def _is_online(config: RunConfig) -> bool:
     return config.federated.strategy == ONLINE_STRATEGY
 
 
-def _data_bytes(data: StackedClients) -> int:
+def data_bytes(data: StackedClients) -> int:
     """Bytes of one instance's stacked data (``Ŝ``, ``q``, ``y``, weights, and ``X`` for softmax)."""
     from ..core.backend import itemsize as _itemsize
     arrays = [data.S, data.q, data.y, data.sample_weight] + ([] if data.X is None else [data.X])
@@ -264,7 +266,7 @@ def ensemble_bytes(max_bytes, xp) -> int | None:
     return None
 
 
-def _chunk_bytes(data: StackedClients, config: RunConfig, count: int, alone=None) -> int | None:
+def chunk_bytes(data: StackedClients, config: RunConfig, count: int, alone=None) -> int | None:
     """A round's local-step chunk budget: a run alone's ``max_bytes`` (``alone``) resolved by
     :func:`~linattn_theory.core.backend.resolve_max_bytes`, else its policy applied to the
     ensemble's round working set."""
@@ -279,7 +281,7 @@ def _chunk_bytes(data: StackedClients, config: RunConfig, count: int, alone=None
     return None if total <= 2 * CPU_CHUNK_BYTES else CPU_CHUNK_BYTES
 
 
-class _Plan:
+class EnsemblePlan:
     """Runs waiting for an ensemble, bucketed by :func:`ensemble_key` within a data budget."""
 
     def __init__(self, budget):
@@ -356,7 +358,7 @@ def simulate_many(configs, clients=None, *, params=None, frozen_features=None, s
     configs, clients = checked_inputs(configs, clients)
     with warnings.catch_warnings():                  # said once above, not again per run
         warnings.simplefilter("ignore", SettingWarning)
-        return _simulate_many(configs, clients, params, max_bytes, progress, strategies=strategies,
+        return run_planned(configs, clients, params, max_bytes, progress, strategies=strategies,
                               frozen_features=frozen_features)
 
 
@@ -403,7 +405,7 @@ def checked_inputs(configs, clients, stacklevel: int = 4):
     from .limits import setting_notes, warn_settings
     configs = list(configs)
     if clients is not None:
-        given, checked = _per_config(clients, len(configs), "clients"), {}
+        given, checked = per_config(clients, len(configs), "clients"), {}
         for c in given:                     # one object given for several configs stays one (shared warm-ups)
             if c is not None and id(c) not in checked:
                 checked[id(c)] = check_clients(c)
@@ -415,9 +417,11 @@ def checked_inputs(configs, clients, stacklevel: int = 4):
 
 
 @timed_run
-def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajectories: dict | None = None,
+def run_planned(configs, clients, params, max_bytes, progress: bool, trajectories: dict | None = None,
                    alone: bool = False, strategies=None, frozen_features=None):
-    """:func:`simulate_many`; with a dict ``trajectories``, also ``trajectories[i] = (data, states)``
+    """Run configs planned into ensembles: :func:`simulate_many` without its input checks (which
+    :func:`~linattn_theory.sim.engine.simulate` and :mod:`linattn_theory.sim.warmup_grid` make
+    themselves); with a dict ``trajectories``, also ``trajectories[i] = (data, states)``
     for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
     its states after rounds ``0..T`` (up to its divergence round), as
     :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``. ``alone``: runs
@@ -433,10 +437,10 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
     for i, config in enumerate(configs):
         if not isinstance(config, RunConfig):
             raise TypeError(f"configs[{i}] is a {type(config).__name__}; expected a RunConfig")
-    clients = _per_config(clients, count, "clients")
-    params = _per_config(params, count, "params")
-    hooks = list(zip(_per_config(strategies, count, "strategies"),
-                     _per_config(frozen_features, count, "frozen_features")))
+    clients = per_config(clients, count, "clients")
+    params = per_config(params, count, "params")
+    hooks = list(zip(per_config(strategies, count, "strategies"),
+                     per_config(frozen_features, count, "frozen_features")))
     results: list[RunResult | None] = [None] * count
     families: dict = {}
     steps: dict = {}
@@ -456,7 +460,7 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
     if not families:
         return results
     xp = get_namespace(configs[next(iter(families.values()))[0]].model.backend)
-    plan = _Plan(None if alone else ensemble_bytes(max_bytes, xp))
+    plan = EnsemblePlan(None if alone else ensemble_bytes(max_bytes, xp))
     for key, indices in families.items():
         online = [i for i in indices if _is_online(configs[i])] if len(indices) > 1 else []
         runs = [i for i in indices if i not in online]
@@ -471,7 +475,7 @@ def _simulate_many(configs, clients, params, max_bytes, progress: bool, trajecto
         warmups = sorted({configs[i].warmup_rounds for i in runs})
         family = _Family(runs, configs, data, theta0, built, warmups if len(warmups) > 1 else None,
                          online, trajectories, *hooks[runs[0]])
-        if plan.add(ensemble_key(config, data), family, 2 * _data_bytes(data)):
+        if plan.add(ensemble_key(config, data), family, 2 * data_bytes(data)):
             _run_wave(plan.drain(), results, progress, max_bytes if alone else None)
     _run_wave(plan.drain(), results, progress, max_bytes if alone else None)
     for i, record in steps.items():
@@ -490,7 +494,9 @@ def _warn_float32_steps(config: RunConfig, data, theta0) -> None:
             warnings.warn(note, RuntimeWarning, stacklevel=4)
 
 
-def _per_config(values, count: int, what: str) -> list:
+def per_config(values, count: int, what: str) -> list:
+    """``values`` as a list of one entry per config (``None``: ``count`` times ``None``); a
+    ``ValueError`` naming ``what`` when the count differs."""
     if values is None:
         return [None] * count
     values = list(values)
@@ -517,7 +523,7 @@ class _Family:
     clients: Any
     warmups: list[int] | None          # shared warm-up: the T0 values (largest first runs)
     online: list[int] = dataclasses.field(default_factory=list)  # the online rule's runs (T0 = T leads)
-    trajectories: dict | None = None   # where to hand out a T0 = T lead's states (_simulate_many)
+    trajectories: dict | None = None   # where to hand out a T0 = T lead's states (run_planned)
     strategy: Any = None               # a Member's hooks (a family of one run)
     frozen_features: Any = None
     replays: dict = dataclasses.field(default_factory=dict)   # their _OnlineReplay, by index
@@ -542,13 +548,13 @@ class _Family:
 def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone) -> None:
     """Run the families of each bucket: their leading runs as one ensemble, then the frozen stages
     of the shared warm-ups as a second; store each result at its configs' positions. ``alone``:
-    ``None``, or the ``max_bytes`` of runs alone (:func:`_simulate_many`)."""
+    ``None``, or the ``max_bytes`` of runs alone (:func:`run_planned`)."""
     for families in buckets:
         members = [Member(f.lead(), f.data, f.theta0,
                           checkpoints=tuple(range(f.lead().federated.rounds + 1)) if f.every_state()
                           else tuple(f.warmups[:-1]) if f.warmups else (),
                           strategy=f.strategy, frozen_features=f.frozen_features) for f in families]
-        chunk = _chunk_bytes(families[0].data, families[0].lead(), len(members), alone)
+        chunk = chunk_bytes(families[0].data, families[0].lead(), len(members), alone)
         keep = any(_has_test_split(f.clients) for f in families)
         outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress,
                                 alone=alone is not None)

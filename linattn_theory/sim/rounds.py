@@ -61,6 +61,8 @@ from .strategies import Round, Strategy, make_strategy
 from .strategies.base import instance_rows as _instance_rows, local_sgd, weighted_sum
 
 __all__ = ["run_ensemble", "Member", "RunResult", "RunState", "Divergence", "select_engine", "objective"]
+#: the round's pieces the moment-space frozen stages (:mod:`linattn_theory.sim.warmup_grid`) share
+__all__ += ["draw_participants", "instance_setting", "report_divergence", "run_result", "table_row"]
 
 @dataclass(frozen=True)
 class Divergence:
@@ -486,8 +488,8 @@ def _assemble(xp, pieces, old, count: int):
     return _tree_map(lambda *a: xp.concat(a, axis=0), *parts)
 
 
-def _per_instance(xp, values, dtype, ndim: int = 5):
-    """One setting of every instance of a group: the number itself when all are equal, else a
+def instance_setting(xp, values, dtype, ndim: int = 5):
+    """One setting (``η``, ``λ``, the server's step) of every instance of a group: the number itself when all are equal, else a
     device array ``(I, 1, …)`` of ``ndim`` dimensions that broadcasts against the blocks
     ``(I, k, H, d, r)`` (the same arithmetic either way)."""
     if len(set(values)) == 1:
@@ -573,8 +575,8 @@ def _local_gradients(xp, local: dict, blocks, batch, kernel_frozen: bool,
     return {b: getattr(g, b) for b in blocks}
 
 
-def _participants(t: int, m: int, fraction: float, seed: int) -> np.ndarray:
-    """Clients of round ``t``: all, or ``max(1, round(fraction·m))`` drawn without replacement."""
+def draw_participants(t: int, m: int, fraction: float, seed: int) -> np.ndarray:
+    """Clients of round ``t`` (the participation draw of the run's ``seed``): all, or ``max(1, round(fraction·m))`` drawn without replacement."""
     if fraction >= 1.0:
         return np.arange(m)
     k = max(1, int(round(fraction * m)))
@@ -855,7 +857,7 @@ class _Ensemble:
         cs, ss = self.sub(client_state, lo, hi), self.sub(server_state, lo, hi)
         kernel_frozen = "WQ" not in blocks and "WK" not in blocks
         phi = self.features.get(P, lo, hi) if kernel_frozen else None
-        part = np.stack([_participants(t, m, fed.participation, self.seeds[i]) for i in range(lo, hi)])
+        part = np.stack([draw_participants(t, m, fed.participation, self.seeds[i]) for i in range(lo, hi)])
         k = part.shape[1]
         if k == m:
             cw = data.weights
@@ -863,8 +865,8 @@ class _Ensemble:
             rows = xp.asarray(_instance_rows(hi - lo, m, part))
             cw = xp.reshape(xp.take(xp.reshape(data.weights, (-1,)), rows, axis=0), (hi - lo, k))
         pw = cw / xp.sum(cw, axis=1, keepdims=True)
-        eta = _per_instance(xp, [float(x) for x in self.eta[lo:hi]], self.dtype)
-        lam = _per_instance(xp, [float(x) for x in self.lam[lo:hi]], self.dtype)
+        eta = instance_setting(xp, [float(x) for x in self.eta[lo:hi]], self.dtype)
+        lam = instance_setting(xp, [float(x) for x in self.lam[lo:hi]], self.dtype)
         rnd = Round(t, blocks, part, m, cw, pw, fed.local_steps, eta)
         anchor = {b: getattr(Pg, b) for b in blocks}
         if self.fused is not None:
@@ -1072,8 +1074,8 @@ def _first_rows(ens: "_Ensemble", i: int, origin) -> list:
     if mb.prefix is not None:
         return list(mb.prefix.rows)
     F0, F0_reg, losses0 = origin
-    return [_row(0, "init", float(F0[i]), float(F0_reg[i]), losses0[i], 0.0, 0.0, {b: 0.0 for b in BLOCKS},
-                 ens.m, ens.names[i])]
+    return [table_row(0, "init", float(F0[i]), float(F0_reg[i]), losses0[i], 0.0, 0.0, {b: 0.0 for b in BLOCKS},
+                      ens.m, ens.names[i])]
 
 
 def _round_row(t: int, blocks, values, participants: int, name: str, gamma: float):
@@ -1085,8 +1087,8 @@ def _round_row(t: int, blocks, values, participants: int, name: str, gamma: floa
     if "WQ" in blocks or "WK" in blocks:
         moved = float(kernel_drift)
         gamma += moved
-    return _row(t + 1, _stage(blocks), float(F), float(F_reg), losses, moved, gamma, drift, participants,
-                name), gamma
+    return table_row(t + 1, _stage(blocks), float(F), float(F_reg), losses, moved, gamma, drift, participants,
+                     name), gamma
 
 
 #: how often (rounds) a GPU ensemble asks whether every instance diverged (a host synchronisation)
@@ -1142,9 +1144,9 @@ class _Outcome:
         if diverged:
             j = end - 1 - self.first
             points = [_instance(P, i) for P in (self.loop.initial, self.loop.best, self.loop.last_start)]
-            divergence = _divergence(end, float(self.records[1][j, i]), points, mb.data, float(ens.lam[i]),
-                                     float(ens.eta[i]), self.blocks[j][i])
-        result = _result(rows, final, warm, divergence, T0, ens.names[i])
+            divergence = report_divergence(end, float(self.records[1][j, i]), points, mb.data,
+                                           float(ens.lam[i]), float(ens.eta[i]), self.blocks[j][i])
+        result = run_result(rows, final, warm, divergence, T0, ens.names[i])
         result.metadata["engine"] = "array_api" if ens.fused is None else "fused"
         if ens.finishers[i] is not None:
             result.metadata.update(ens.finishers[i].finish(result))
@@ -1170,7 +1172,7 @@ def _run_state(i: int, r: int, T0: int, rows, loop: LoopState) -> RunState:
                     _tree_map(one, loop.server_state))
 
 
-def _result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> RunResult:
+def run_result(rows, params, warm_params, divergence, warmup_rounds, strategy) -> RunResult:
     """The :class:`RunResult` of a finished run: table from ``rows``, parameters moved to the host."""
     table = pd.DataFrame(rows)
     host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
@@ -1189,7 +1191,7 @@ def _stage(blocks) -> str:
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def _divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergence:
+def report_divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergence:
     """Report a divergence at round ``t`` with a stable step: the smallest ``2/λ_max`` over ``points``.
 
     ``points`` are finite iterates of the run (the start, the best so far, the last finite
@@ -1222,7 +1224,11 @@ def _divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergenc
     return Divergence(t, float(F), safe, msg)
 
 
-def _row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants, strategy):
+def table_row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants, strategy):
+    """One row of a run's table: round ``t``, its ``stage``, ``F(θ^t)`` and ``F_λ(θ^t)``
+    (docs/theory.md §3), the kernel drift ``‖K^t − K^{t−1}‖_F`` and its running sum ``gamma``,
+    the blocks' drifts ``drift``, the number of ``participants``, the strategy's name, and one
+    ``client_loss_c`` column per client loss ``F_c(θ^t)`` in ``losses``."""
     row = {"round": t, "stage": stage, "loss": F, "loss_regularized": F_reg,
            "kernel_drift": kernel_drift, "cumulative_kernel_drift": gamma,
            "drift_WQ": drift["WQ"], "drift_WK": drift["WK"], "drift_WV": drift["WV"],

@@ -25,10 +25,10 @@ from ..core.arrays import array_namespace, sq_norms, to_numpy
 from ..core.backend import get_namespace
 from ..core.errors import ConfigError
 from .config import RunConfig
-from .ensemble import (_chunk_bytes, _data_bytes, _per_config, _Plan, _simulate_many, ensemble_bytes,
-                       ensemble_key, prepare_run, run_metadata)
-from .rounds import (Member, RunResult, RunState, _divergence, _participants, _per_instance, _result, _row,
-                     objective, run_ensemble)
+from .ensemble import (EnsemblePlan, chunk_bytes, data_bytes, ensemble_bytes, ensemble_key, per_config,
+                       prepare_run, run_metadata, run_planned)
+from .rounds import (Member, RunResult, RunState, draw_participants, instance_setting, objective, report_divergence,
+                     run_ensemble, run_result, table_row)
 from ..core.model import Params, value_matrix as _value_matrix, kernel
 from ..core.moments import value_moments, value_objective
 from ..core.frozen_map import frozen_client_map
@@ -161,9 +161,9 @@ def _frozen_stages(stages) -> list[RunResult]:
             parts[j] = (mo.A[w, ...], mo.B[w, ...], mo.y2, mo.weights)
     A, B, y2, weights = (xp.stack([part[q] for part in parts], axis=0) for q in range(4))
     feds = [stage[2] for stage in stages]
-    eta = _per_instance(xp, [f.learning_rate for f in feds], dtype, 4)
-    lam = _per_instance(xp, [f.ridge for f in feds], dtype, 4)
-    server = _per_instance(xp, [f.server_learning_rate for f in feds], dtype, 4)
+    eta = instance_setting(xp, [f.learning_rate for f in feds], dtype, 4)
+    lam = instance_setting(xp, [f.ridge for f in feds], dtype, 4)
+    server = instance_setting(xp, [f.server_learning_rate for f in feds], dtype, 4)
     moments = ValueMoments(A, B, y2, weights)
     M, b = frozen_client_map(moments, eta, E, lam)                 # (P, m, n, n), (P, m, n, p)
     T0 = np.array([stage[3] for stage in stages])
@@ -186,7 +186,7 @@ def _frozen_stages(stages) -> list[RunResult]:
     first = int(T0.min())
     for t in range(first, int(T.max())):
         active = (T0 <= t) & (t < T)
-        part = np.stack([_participants(t, m, f.participation, stage[4]) for f, stage in zip(feds, stages)])
+        part = np.stack([draw_participants(t, m, f.participation, stage[4]) for f, stage in zip(feds, stages)])
         k = part.shape[1]
         if k == m:
             pw, Mt, bt = weights, M, b
@@ -225,17 +225,17 @@ def _frozen_stages(stages) -> list[RunResult]:
         gamma = float(rows[-1]["cumulative_kernel_drift"])
         for t in range(T0_j, end):
             i = t - first
-            rows.append(_row(t + 1, "frozen", float(F_h[i, j]), float(Freg_h[i, j]), L_h[i, j], 0.0, gamma,
-                             {"WQ": 0.0, "WK": 0.0, "WV": float(D_h[i, j])}, counts[i], "fedfrozen"))
+            rows.append(table_row(t + 1, "frozen", float(F_h[i, j]), float(Freg_h[i, j]), L_h[i, j], 0.0, gamma,
+                                  {"WQ": 0.0, "WK": 0.0, "WV": float(D_h[i, j])}, counts[i], "fedfrozen"))
         with_value = lambda W: prefix.params.replace(WV=xp.reshape(W[j, 0, ...], (H, d, p)))  # noqa: E731
         current = with_value(V)
         divergence = None
         if div[j] >= 0:
             best = with_value(V_best) if improved[j] else prefix.best
-            divergence = _divergence(end, float(Freg_h[end - 1 - first, j]),
-                                     [prefix.initial, best, with_value(V_start)], data, fed.ridge,
-                                     fed.learning_rate, ("WV",))
-        results.append(_result(rows, current, prefix.params, divergence, T0_j, "fedfrozen"))
+            divergence = report_divergence(end, float(Freg_h[end - 1 - first, j]),
+                                           [prefix.initial, best, with_value(V_start)], data, fed.ridge,
+                                           fed.learning_rate, ("WV",))
+        results.append(run_result(rows, current, prefix.params, divergence, T0_j, "fedfrozen"))
     return results
 
 
@@ -416,8 +416,8 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     [None]
     """
     configs = list(configs)
-    clients = _per_config(clients, len(configs), "clients")
-    params = _per_config(params, len(configs), "params")
+    clients = per_config(clients, len(configs), "clients")
+    params = per_config(params, len(configs), "params")
     checked = [_sweep_configs(c, warmups, frozen_stage) for c in configs]
     run_configs = [[c.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0})
                     for T0 in T0s] for c, (T0s, _) in zip(configs, checked)]
@@ -427,7 +427,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     if explicit:
         flat = [(i, rc) for i in explicit for rc in run_configs[i]]
         trajectories: dict = {}
-        runs = _simulate_many([rc for _, rc in flat], [clients[i] for i, _ in flat], [params[i] for i, _ in flat],
+        runs = run_planned([rc for _, rc in flat], [clients[i] for i, _ in flat], [params[i] for i, _ in flat],
                               max_bytes, progress, trajectories, alone)
         for j, ((i, rc), run) in enumerate(zip(flat, runs)):
             results[i] = results[i] or {}
@@ -437,7 +437,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     pending = [i for i, (_, moments) in enumerate(checked) if moments]
     if not pending:
         return results, paths
-    plan = _Plan(None if alone else ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
+    plan = EnsemblePlan(None if alone else ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
     waves = []
     for i in pending:
         config, (T0s, _) = configs[i], checked[i]
@@ -446,7 +446,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
         trajectory = config.with_updates({"federated.strategy": "fedfrozen", "federated.rounds": longest,
                                           "federated.warmup_rounds": longest})
         member = Member(trajectory, data, theta0, checkpoints=tuple(T0s))
-        if plan.add(ensemble_key(trajectory, data), (i, member), 2 * _data_bytes(data)):
+        if plan.add(ensemble_key(trajectory, data), (i, member), 2 * data_bytes(data)):
             waves.append(plan.drain())
     waves.append(plan.drain())
     for buckets in waves:
@@ -454,7 +454,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
         for bucket in buckets:
             members = [member for _, member in bucket]
             first = members[0]
-            chunk = _chunk_bytes(first.data, first.config, len(members), max_bytes if alone else None)
+            chunk = chunk_bytes(first.data, first.config, len(members), max_bytes if alone else None)
             for (i, member), (trajectory, states, _) in zip(bucket, run_ensemble(
                     members, max_bytes=chunk, progress=progress, alone=alone)):
                 results[i] = {}
