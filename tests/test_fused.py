@@ -120,13 +120,16 @@ def test_fused_frozen_stage_with_static_features_equals_the_array_api_engine():
     assert compare(runs["fused"], runs["array_api"]) <= 1e-12
 
 
-def test_engine_choice_auto_and_forced():
+def test_engine_choice_auto_and_forced(monkeypatch):
     small = config()
     data, theta0 = prepare_run(small)
     run = lambda cfg, **kw: run_schedule(theta0, data, cfg.federated, cfg.warmup_rounds, **kw)  # noqa: E731
     # below MIN_STEP_WORK, auto keeps the Array-API engine (no numba import for small runs)
+    work = data.S.shape[-4] * data.S.shape[-3] * data.S.shape[-1] ** 2
+    monkeypatch.setattr(fused_module, "MIN_STEP_WORK", work + 1)
     assert run(small).metadata["engine"] == "array_api"
-    # where the fused engine does not apply, auto falls back and forcing it is a ConfigError
+    # where the fused engine does not apply, auto falls back (at any size) and forcing it is a ConfigError
+    monkeypatch.setattr(fused_module, "MIN_STEP_WORK", 1)
     for updates in ({"federated.batch_size": 4}, {"federated.strategy": "fedprox"},
                     {"federated.strategy": "scaffold"}):
         cfg = small.with_updates(updates)
@@ -143,6 +146,29 @@ def test_auto_uses_the_fused_engine_on_large_enough_steps(monkeypatch):
     cfg = config()
     data, theta0 = prepare_run(cfg)
     assert run_schedule(theta0, data, cfg.federated, cfg.warmup_rounds).metadata["engine"] == "fused"
+
+
+@needs_numba
+@pytest.mark.parametrize("task, expected", [
+    ({"num_clients": 4, "samples_per_client": 64, "dim": 4}, "array_api"),    # m·N·d² = 2¹² < 2¹⁴
+    ({"num_clients": 4, "samples_per_client": 64, "dim": 8}, "fused"),        # 2¹⁴, the threshold
+    ({"num_clients": 8, "samples_per_client": 128, "dim": 8}, "fused"),       # 2¹⁶, the figures' size
+])
+def test_auto_is_one_rule_for_a_run_alone_and_in_an_ensemble(task, expected):
+    """``engine="auto"`` decides from the instance's own step (``m·N·d² ≥ MIN_STEP_WORK``): a run
+    alone (``simulate``, ``run_schedule``), an ensemble of one and an instance among others run
+    the same engine, on both sides of the threshold."""
+    from linattn_theory.sim.ensemble import simulate_many
+    cfg = config_from_dict({"task": task, "federated": {"rounds": 2, "warmup_rounds": 1}})
+    data, theta0 = prepare_run(cfg)
+    m, N, d = data.S.shape[-4], data.S.shape[-3], data.S.shape[-1]
+    assert (m * N * d * d >= fused_module.MIN_STEP_WORK) == (expected == "fused")
+    engines = {"simulate": simulate(cfg).metadata["engine"],
+               "run_schedule": run_schedule(theta0, data, cfg.federated, cfg.warmup_rounds).metadata["engine"],
+               "ensemble of one": simulate_many([cfg])[0].metadata["engine"],
+               "ensemble of three": simulate_many([cfg.with_updates({"seed": s}) for s in range(3)])[0]
+               .metadata["engine"]}
+    assert engines == dict.fromkeys(engines, expected)
 
 
 def test_fused_engine_is_not_used_on_other_array_libraries():

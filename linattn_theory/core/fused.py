@@ -17,8 +17,7 @@ It applies to NumPy arrays of float32 or float64, full batches, and client rules
 gradient correction (FedAvg, FedFrozen, FedAvgM, FedAdam, value-frozen, random kernel).
 The round engine chooses it (:func:`linattn_theory.sim.rounds.select_engine`): ``engine="auto"``
 uses it where it applies, numba is installed and a local step is large enough
-(``m·N·d² ≥`` :data:`MIN_STEP_WORK`) to repay loading the compiled kernels — in an ensemble,
-whose instances share that cost, from :data:`MIN_ENSEMBLE_WORK`;
+(``m·N·d² ≥`` :data:`MIN_STEP_WORK`, one rule for a run alone and an instance of an ensemble);
 ``"fused"`` forces it (an error says why when it does not apply); ``"array_api"`` never uses
 it (the reference, and the GPU path).
 """
@@ -32,21 +31,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["ENGINES", "MIN_STEP_WORK", "MIN_ENSEMBLE_WORK", "FusedEngine", "numba_available",
+__all__ = ["ENGINES", "MIN_STEP_WORK", "FusedEngine", "numba_available",
            "default_threads", "set_threads"]
 
 #: Engine names accepted by ``model.engine``, ``--engine`` and ``run_schedule(engine=...)``.
 ENGINES = ("auto", "fused", "array_api")
 
-#: ``engine="auto"`` keeps the Array-API engine when ``m·N·d²`` (the multiply-adds of one
-#: product with every ``Ŝ``) is below this: such runs take well under a second either way,
-#: less than importing numba and loading the compiled kernels.
-MIN_STEP_WORK = 2**18
-
-#: In an ensemble (:mod:`linattn_theory.sim.ensemble`) many instances share the cost of loading
-#: the kernels: ``engine="auto"`` takes the fused engine from this much work per instance step
-#: (the figures' instances, ``m·N·d² = 2¹⁶``, are above it; the quick figures' and the tests' below).
-MIN_ENSEMBLE_WORK = 2**14
+#: ``engine="auto"`` takes the fused engine from this much work per local step of one instance,
+#: ``m·N·d²`` (the multiply-adds of one product with every ``Ŝ``), whether the instance runs alone
+#: or in an ensemble: one rule, so that ``simulate(config)`` and ``simulate_many([config, …])`` run
+#: the same engine. Measured twice (benchmarks/engine_threshold.py, 40 rounds, min of 3, one process
+#: on a shared 2-core machine; Array-API ÷ fused time per instance): at ``2¹⁴`` 1.41–1.53 alone and
+#: 1.58–1.72 in an ensemble of 8 (7–8 ms saved per run), from ``2¹⁵`` to ``2¹⁹`` 1.02–2.08 and
+#: 1.54–1.99, at ``2¹²`` 1.31–1.41 and 1.09–1.30 (2–4 ms saved). Importing numba and loading the
+#: cached kernels costs 0.36–0.48 s once per process: from ``2¹⁴`` a few dozen runs repay it (a
+#: figure or a sweep makes hundreds); below, a process would need hundreds of runs.
+MIN_STEP_WORK = 2**14
 
 _threads: int | None = None
 _pools: dict[int, ThreadPoolExecutor] = {}

@@ -33,7 +33,8 @@ def simulate(config: RunConfig, clients=None, *, progress: bool = False,
     """Run ``config`` end to end: build the clients, initialise, run the schedule.
 
     ``simulate_many([config])[0]`` (:func:`~linattn_theory.sim.ensemble.simulate_many`, an
-    ensemble of one) with a run alone's ``engine="auto"`` rule and the hooks of
+    ensemble of one: the same ``engine="auto"`` rule, :func:`~linattn_theory.sim.rounds.select_engine`)
+    with a run alone's ``max_bytes`` and the hooks of
     :func:`run_schedule`: ``frozen_features`` (features of the frozen stage) and ``strategy``
     (overrides the one ``config`` names, built by
     :func:`~linattn_theory.sim.strategies.make_strategy`, e.g. to keep its control's record).
@@ -184,7 +185,7 @@ def run_schedule(params: Params, data: StackedClients, fed: FederatedConfig, war
     strategy = make_strategy(fed, warmup_rounds) if strategy is None else strategy
     member = Member(config, data, params, prefix=prefix, strategy=strategy, T0=warmup_rounds,
                     frozen_features=frozen_features, on_round=on_round)
-    [(result, _, _)] = run_ensemble([member], max_bytes=max_bytes, engine=engine, progress=progress, alone=True)
+    [(result, _, _)] = run_ensemble([member], max_bytes=max_bytes, engine=engine, progress=progress)
     return result
 
 

@@ -3,8 +3,8 @@
 Configs of equal shapes — clients ``m``, samples ``N``, tokens ``n``, dimensions ``d, r, p``,
 heads ``H``, local steps ``E``, rounds ``T``, attention, strategy, minibatch size and
 participation (:func:`ensemble_key`) — run as one ensemble of :mod:`linattn_theory.sim.rounds`'
-round loop (a leading instance axis; everything else may differ per instance). In an ensemble
-``engine="auto"`` takes the fused CPU kernels from a smaller step than a run alone
+round loop (a leading instance axis; everything else may differ per instance). ``engine="auto"``
+decides per instance, by one rule for runs alone and in ensembles
 (:func:`~linattn_theory.sim.rounds.select_engine`); each result equals
 :func:`~linattn_theory.sim.engine.simulate` of the same config bit for bit where both run the
 Array-API engine, to rounding across engines.
@@ -418,16 +418,16 @@ def checked_inputs(configs, clients, stacklevel: int = 4):
 
 @timed_run
 def run_planned(configs, clients, params, max_bytes, progress: bool, trajectories: dict | None = None,
-                   alone: bool = False, strategies=None, frozen_features=None):
+                alone: bool = False, strategies=None, frozen_features=None):
     """Run configs planned into ensembles: :func:`simulate_many` without its input checks (which
     :func:`~linattn_theory.sim.engine.simulate` and :mod:`linattn_theory.sim.warmup_grid` make
     themselves); with a dict ``trajectories``, also ``trajectories[i] = (data, states)``
     for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
     its states after rounds ``0..T`` (up to its divergence round), as
     :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``. ``alone``: runs
-    alone (:func:`~linattn_theory.sim.engine.simulate`, :func:`~linattn_theory.sim.warmup_grid.warmup_sweep`):
-    their ``engine="auto"`` rule (:func:`~linattn_theory.sim.rounds.select_engine`), and
-    ``max_bytes`` bounds a round's working set (:func:`~linattn_theory.core.backend.resolve_max_bytes`).
+    alone (:func:`~linattn_theory.sim.engine.simulate`, :func:`~linattn_theory.sim.warmup_grid.warmup_sweep`),
+    whose ``max_bytes`` bounds a round's working set (:func:`~linattn_theory.core.backend.resolve_max_bytes`)
+    rather than an ensemble's data.
     ``strategies`` and ``frozen_features``: ``None`` or one hook per config (a
     :class:`~linattn_theory.sim.rounds.Member`'s; a run with one is a family of its own)."""
     from ..core.curvature import hessian_curvature
@@ -556,8 +556,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone
                           strategy=f.strategy, frozen_features=f.frozen_features) for f in families]
         chunk = chunk_bytes(families[0].data, families[0].lead(), len(members), alone)
         keep = any(_has_test_split(f.clients) for f in families)
-        outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress,
-                                alone=alone is not None)
+        outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress)
         second, owners = [], []
         for family, (result, states, history) in zip(families, outcomes):
             lead = family.lead().warmup_rounds
@@ -583,7 +582,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone
                     owners.append((family, ("online", i)))
         if second:
             for (family, T0), (result, _, history) in zip(owners, run_ensemble(
-                    second, max_bytes=chunk, keep_history=keep, progress=progress, alone=alone is not None)):
+                    second, max_bytes=chunk, keep_history=keep, progress=progress)):
                 family.by_T0[T0] = result
                 if keep:                  # the shared warm-up's θ^0..θ^T0, then the run's own
                     lead = family.lead().warmup_rounds

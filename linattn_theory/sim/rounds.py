@@ -301,24 +301,19 @@ def _why_not(xp, data, fed, strategy) -> str | None:
     return None
 
 
-def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False,
-                  alone: bool | None = None) -> "_fused.FusedEngine | None":
+def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False) -> "_fused.FusedEngine | None":
     """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc).
 
     ``engine="auto"`` takes the fused engine where it applies and one instance's local step is
     large enough: ``m·N·d²`` (its clients ``m``, padded samples ``N``, dimension ``d``: the
     multiply-adds of one product with every ``Ŝ``) at least
-    :data:`~linattn_theory.core.fused.MIN_STEP_WORK` (``2¹⁸``) for a run alone, at least
-    :data:`~linattn_theory.core.fused.MIN_ENSEMBLE_WORK` (``2¹⁴``) for an instance of an ensemble
-    (``instances=True``: ``data`` has a leading instance axis, :mod:`linattn_theory.sim.ensemble`),
-    whose instances share the cost of loading the kernels; ``alone`` (default: not ``instances``)
-    says which rule applies (a run alone is an ensemble of one with ``alone=True``). Either is a rule of the instance
-    alone, so that its engine does not depend on the others in its ensemble. (One threshold
-    for both would move committed float64 tables: at ``2¹⁴`` the fitted bounds' FedAvg paths,
-    which run alone at ``2¹⁶``, would take the fused engine, and the fitted bound of the
-    near-edge instances (seeds 18 and 19 at ``ζ_V = 1``) changes in ``figures/tradeoff.csv`` and
-    ``kernel_bias_drift.csv``, as do the strategies figure's tables (its runs alone at ``2¹⁵·²``);
-    at ``2¹⁸`` the figures' ensembles would leave it.)
+    :data:`~linattn_theory.core.fused.MIN_STEP_WORK` (``2¹⁴``): from there the fused engine took
+    1.4–2.1× less time per instance than the Array-API engine, alone and in an ensemble of 8
+    (``benchmarks/engine_threshold.py``, 40 rounds; 7–8 ms saved per run at ``2¹⁴``, 2–4 ms at
+    ``2¹²``), and importing numba and loading its cached kernels, 0.36–0.48 s once per process, is
+    repaid within a few dozen such runs (a figure or a sweep makes hundreds). One rule for every instance, alone or in an ensemble: a rule of the instance
+    alone, so that its engine depends neither on the others in its ensemble nor on whether it has
+    any (``simulate(config)`` and ``simulate_many([config, …])`` run the same engine).
 
     Parameters
     ----------
@@ -333,9 +328,7 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     strategy : Strategy
         The strategy.
     instances : bool, default False
-        ``data`` is an ensemble's.
-    alone : bool, optional
-        Apply a run alone's threshold (``2¹⁸``) rather than an ensemble instance's; default ``not instances``.
+        ``data`` is an ensemble's (a leading instance axis, :mod:`linattn_theory.sim.ensemble`).
 
     Returns
     -------
@@ -354,7 +347,9 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     >>> strategy = make_strategy(config.federated, 2)
     >>> select_engine("array_api", np, data, config.federated, strategy) is None
     True
-    >>> select_engine("auto", np, data, config.federated, strategy) is None     # m·N·d² = 8·128·36 < 2¹⁸
+    >>> small = lt.config_from_dict({"task": {"num_clients": 4, "samples_per_client": 64, "dim": 4}})
+    >>> data, _ = prepare_run(small)
+    >>> select_engine("auto", np, data, small.federated, strategy) is None     # m·N·d² = 4·64·16 < 2¹⁴
     True
     """
     if engine not in _fused.ENGINES:
@@ -368,8 +363,7 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
                               f"or 'array_api'")
         return _fused.FusedEngine(data, instances)
     m, N, d = data.S.shape[-4], data.S.shape[-3], data.S.shape[-1]
-    least = _fused.MIN_STEP_WORK if (not instances if alone is None else alone) else _fused.MIN_ENSEMBLE_WORK
-    if reason is not None or m * N * d * d < least:
+    if reason is not None or m * N * d * d < _fused.MIN_STEP_WORK:
         return None
     return _fused.FusedEngine(data, instances)
 
@@ -722,7 +716,7 @@ class _Ensemble:
     """An ensemble's members, their strategies and stacked data, and its rounds:
     :meth:`init` and :meth:`round_step` on an explicit :class:`LoopState` (as Optax or FedJAX would)."""
 
-    def __init__(self, members: list[Member], max_bytes, engine, keep_history, alone=False):
+    def __init__(self, members: list[Member], max_bytes, engine, keep_history):
         self.members = members
         config = members[0].config
         self.fed, self.model = config.federated, config.model
@@ -751,7 +745,7 @@ class _Ensemble:
         self.finishers = list(self.controls)
         choice = self.model.engine if engine is None else engine
         self.fused = select_engine(choice, xp, self.data, self.fed, self.rules[self.rule_keys[0]],
-                                   instances=True, alone=alone)
+                                   instances=True)
         self.features = _Features(xp, self.data, self.fused, [mb.frozen_features for mb in members])
         self.max_bytes = max_bytes
         self.working = client_working_bytes(first, self.model.heads, self.fed.batch_size)
@@ -906,7 +900,7 @@ class _Ensemble:
 
 @np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
 def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine: str | None = None,
-                 keep_history: bool = False, progress: bool = False, alone: bool = False) -> list[tuple]:
+                 keep_history: bool = False, progress: bool = False) -> list[tuple]:
     """Run ``members`` (of one :func:`ensemble_key`) as one ensemble (see the module docstring).
 
     Returns, in the members' order, ``(RunResult, {round: RunState}, history)``: the result as
@@ -914,7 +908,7 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
     ``checkpoints`` it reached (strategy states in ensemble form: instance axis of length 1);
     with ``keep_history``, the host parameters ``[θ^start, …, θ^end]`` (else ``None``). Members
     all start at round 0 or all continue from a ``prefix``. ``engine`` overrides ``model.engine``
-    (``alone``: ``engine="auto"``'s rule of a run alone, :func:`select_engine`);
+    (``"auto"``: :func:`select_engine`'s rule, the same for every instance);
     ``max_bytes`` bounds the working set of a chunk of one round's local steps (``None``: one chunk).
     A member's ``on_round`` and its strategy's control see its state after every round (a host
     synchronisation per round for those members only).
@@ -931,8 +925,6 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
         Also return every round's host parameters.
     progress : bool, default False
         Show a progress bar over the rounds (tqdm).
-    alone : bool, default False
-        Use ``engine="auto"``'s rule of a run alone (:func:`select_engine`).
 
     Returns
     -------
@@ -960,7 +952,7 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
     if len({mb.prefix is None for mb in members}) > 1:
         raise ValueError("run_ensemble: members start all at round 0 or all from a prefix")
     order = _sorted_members(members)
-    ens = _Ensemble([members[i] for i in order], max_bytes, engine, keep_history, alone)
+    ens = _Ensemble([members[i] for i in order], max_bytes, engine, keep_history)
     state, origin = ens.init()
     first, count = int(ens.start.min()), ens.count
     wanted = {r for mb in ens.members for r in mb.checkpoints}

@@ -264,8 +264,8 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
     (:func:`frozen_stage_from_moments`) when batches are full and explicitly otherwise
     (``frozen_stage = "auto"``; ``"moments"`` or ``"explicit"`` force one). A run whose warm-up
     diverges shares the trajectory's divergence. :func:`warmup_sweep_many` of the one config
-    (``params``: its ``θ^0``), with a run alone's ``engine="auto"`` rule as in
-    :func:`~linattn_theory.sim.engine.simulate`; ``max_bytes`` as there.
+    (``params``: its ``θ^0``), with a run alone's ``max_bytes`` as in
+    :func:`~linattn_theory.sim.engine.simulate`.
 
     Parameters
     ----------
@@ -375,8 +375,8 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     divergence round when it diverged) — when every ``T0 = 0..T`` is swept (the ``T0 = T`` run is
     the FedAvg trajectory, in moment space or explicitly), else ``None``. A consumer of the FedAvg
     path (the regret benchmark's record) reads it here instead of running it again. ``params``:
-    ``None`` or one ``θ^0`` (or ``None``) per config; ``alone``: a run alone's ``engine="auto"``
-    rule (:func:`~linattn_theory.sim.rounds.select_engine`).
+    ``None`` or one ``θ^0`` (or ``None``) per config; ``alone``: ``max_bytes`` bounds a run
+    alone's round working set (:func:`~linattn_theory.sim.ensemble.run_planned`).
 
     Parameters
     ----------
@@ -395,7 +395,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     params : sequence of Params or None, optional
         One ``θ^0`` (or ``None``: drawn from the config) per config.
     alone : bool, default False
-        Use a run alone's ``engine="auto"`` rule.
+        ``max_bytes`` as for a run alone (:func:`~linattn_theory.sim.engine.simulate`).
 
     Returns
     -------
@@ -456,7 +456,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
             first = members[0]
             chunk = chunk_bytes(first.data, first.config, len(members), max_bytes if alone else None)
             for (i, member), (trajectory, states, _) in zip(bucket, run_ensemble(
-                    members, max_bytes=chunk, progress=progress, alone=alone)):
+                    members, max_bytes=chunk, progress=progress)):
                 results[i] = {}
                 metadata = run_metadata(configs[i])
                 if list(checked[i][0]) == list(range(configs[i].federated.rounds + 1)):
