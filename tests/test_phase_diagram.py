@@ -196,3 +196,29 @@ def test_committed_rows_of_seed_0_are_regenerated():
             assert value == pytest.approx(rows.loc[arm, "excess_risk"], rel=1e-9), (record["local_steps"], arm)
     assert chaotic == 2, "seed 0 at ζ_V = 1 has two chaotic cells (E = 10, c = 0.3 and 0.45): both kinds are checked"
     assert online == 6, "the online rule's run is unflagged in the other six cells: compared there"
+
+
+def test_online_arm_carries_its_own_chaos_flag(monkeypatch):
+    """A row of the online arm is flagged chaotic when the online run is, even where FedAvg's path is
+    not (a rounding-level move can flip the rule's decision): with the online runs' sensitivity marked
+    chaotic (and nothing else), every online row is flagged and no other arm's row is. (Dropping the
+    online run's own flag, keeping only the path's, fails this test; on the committed table it flags
+    5 online rows FedAvg's path does not.)"""
+    import dataclasses
+
+    import linattn_theory.sim.sensitivity as sensitivity
+    from linattn_theory.report.phase_diagram import instance_rows, run_instances
+
+    real = sensitivity.run_sensitivity
+
+    def online_only(config, *args, **kwargs):
+        found = real(config, *args, **kwargs)
+        if config.federated.strategy != "fedfrozen_adaptive":
+            return found
+        return dataclasses.replace(found, parameter_amplification=10 * sensitivity.CHAOS_AMPLIFICATION)
+
+    monkeypatch.setattr(sensitivity, "run_sensitivity", online_only)
+    settings = _tiny_settings()
+    rows, _ = instance_rows(run_instances(settings), settings)
+    assert rows.loc[rows["arm"] == "fedfrozen_online", "chaotic"].all()
+    assert not rows.loc[rows["arm"] != "fedfrozen_online", "chaotic"].any()
