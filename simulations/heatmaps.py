@@ -63,7 +63,8 @@ def _heatmap(ax, cells, value, title, text, cmap, vmin=None, vmax=None, bar="", 
     marks = cells.pivot(index=ROW, columns=COL, values="diverged_runs").sort_index(ascending=False)
     labels = cells.assign(_text=text).pivot(index=ROW, columns=COL, values="_text").sort_index(ascending=False)
     chaos = cells.pivot(index=ROW, columns=COL, values="chaotic_instances").sort_index(ascending=False)
-    labels = labels + marks.map(lambda k: "†" if k else "") + chaos.map(lambda k: "‡" if k else "")
+    flags = marks.map(lambda k: "†" if k else "") + chaos.map(lambda k: "‡" if k else "")
+    labels = labels + flags.map(lambda f: "\n" + f if f else "")      # the marks below the number: legible
     import seaborn as sns         # imported where it draws (its import costs about a second)
 
     sns.heatmap(grid, ax=ax, annot=labels, fmt="", cmap=cmap, cbar=True, vmin=vmin, vmax=vmax,
