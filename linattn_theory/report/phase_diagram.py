@@ -167,8 +167,7 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
     one record per (instance, E, c) with the warm-up sweep ``R(T0)``, ``T0 = 0..T``, FedAvg's path,
     the value solve after it, the chaos of FedAvg's path, the predictor's inputs and the online rule's
     realised run (:func:`online_runs`)."""
-    from ..sim.ensemble import simulate_many
-    from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
+    from ..sim.sensitivity import ensemble_sensitivities
     from ..sim.warmup_grid import warmup_sweeps_and_paths
     from ..theory.profile import centralized_optima
 
@@ -194,8 +193,7 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
     sweeps, paths = warmup_sweeps_and_paths(configs, None, clients, progress=progress)
     # chaos of each FedAvg path: the same run from θ⁰ ⊙ (1 + 1e-12 ξ) (sim.sensitivity)
     fedavg = [c.with_updates({"federated.warmup_rounds": T}) for c in configs]
-    starts = [perturbed_params(prepare_run(c, cl)[1], PERTURBATION, c.seed) for c, cl in zip(fedavg, clients)]
-    perturbed = simulate_many(fedavg, clients, params=starts, progress=progress)
+    path_chaos = ensemble_sensitivities(fedavg, clients, [sweep[T] for sweep in sweeps], progress=progress)
     # Φ*_λ per instance, started from every final kernel its FedAvg paths reached (and the teacher)
     finals: dict = {}
     for (k, _, _), sweep in zip(points, sweeps):
@@ -206,7 +204,7 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
     optima = [o.objective for o in centralized_optima(problems)]
     online = online_runs(configs, clients, progress=progress)
     records = []
-    for (k, E, c), config, sweep, path, again, (run, chaos_online) in zip(points, configs, sweeps, paths, perturbed,
+    for (k, E, c), config, sweep, path, chaos, (run, chaos_online) in zip(points, configs, sweeps, paths, path_chaos,
                                                                           online):
         zeta, role, seed, _, inst_clients, eta_stable, curvature = instances[k]
         phi_star = optima[k]
@@ -220,8 +218,6 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
             K_last = np.asarray(kernel(last.params), dtype=np.float64)
             if np.all(np.isfinite(K_last)):
                 solve = float(profile_objective(K_last, inst_clients, config.federated.ridge)[0]) - phi_star
-        chaos = run_sensitivity(config.with_updates({"federated.warmup_rounds": T}), inst_clients,
-                                reference=fedavg_run, runs=[again])
         records.append({"zeta_value": zeta, "role": role, "seed": seed, "local_steps": E, "step_scale": c,
                         "learning_rate": eta, "config": config, "clients": inst_clients, "sweep": sweep,
                         "R": R, "optimum": phi_star, "oracle": float(np.nanmin(F)) - phi_star,
@@ -243,15 +239,12 @@ def online_runs(configs, clients, progress: bool = False) -> list[tuple]:
     decision: that run is chaotic). Both sets of runs as ensembles (:func:`~linattn_theory.sim.ensemble.simulate_many`)."""
     from ..sim.config import ONLINE_STRATEGY
     from ..sim.ensemble import simulate_many
-    from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
+    from ..sim.sensitivity import ensemble_sensitivities
 
     online = [c.with_updates({"federated.strategy": ONLINE_STRATEGY, "federated.warmup_rounds": c.federated.rounds})
               for c in configs]
     results = simulate_many(online, clients, progress=progress)
-    starts = [perturbed_params(prepare_run(c, cl)[1], PERTURBATION, c.seed) for c, cl in zip(online, clients)]
-    again = simulate_many(online, clients, params=starts, progress=progress)
-    return [(run, run_sensitivity(c, cl, reference=run, runs=[other]))
-            for c, cl, run, other in zip(online, clients, results, again)]
+    return list(zip(results, ensemble_sensitivities(online, clients, results, progress=progress)))
 
 
 def _cell(record) -> str:

@@ -631,9 +631,7 @@ def fedavg_chaos(folder, table: pd.DataFrame, by) -> pd.DataFrame:
     ([False], True)
     """
     from ..core.io import write_json
-    from ..sim.engine import prepare_run
-    from ..sim.ensemble import simulate_many
-    from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
+    from ..sim.sensitivity import PERTURBATION, ensemble_sensitivities
 
     by = list(by)
     fedavg = table[(table["T0"] == table["federated.rounds"]) & ~table["diverged"].astype(bool)]
@@ -647,9 +645,8 @@ def fedavg_chaos(folder, table: pd.DataFrame, by) -> pd.DataFrame:
             todo.append(rid)
     configs = [_run_config(folder, rid) for rid in todo]
     clients = [clients_from_config(config) for config in configs]
-    starts = [perturbed_params(prepare_run(c, cl)[1], PERTURBATION, c.seed) for c, cl in zip(configs, clients)]
-    for rid, config, inst_clients, again in zip(todo, configs, clients, simulate_many(configs, clients, params=starts)):
-        chaos = run_sensitivity(config, inst_clients, reference=load_run(folder, rid), runs=[again])
+    references = [load_run(folder, rid) for rid in todo]
+    for rid, chaos in zip(todo, ensemble_sensitivities(configs, clients, references)):
         found[rid] = {"chaotic": bool(chaos.chaotic), "amplification": float(chaos.amplification),
                       "perturbation": PERTURBATION}
         write_json(store / f"{rid}.json", found[rid])

@@ -146,13 +146,9 @@ def _optimum(config: RunConfig, clients, kernels) -> float:
 def _chaotic(configs: list[RunConfig], results) -> list[bool]:
     """Per run: is it chaotic (:func:`~linattn_theory.sim.sensitivity.run_sensitivity` against one run
     from ``θ⁰ ⊙ (1 + 10⁻¹² ξ)``)?"""
-    from ..sim.engine import prepare_run
-    from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
+    from ..sim.sensitivity import ensemble_sensitivities
     clients = [clients_from_config(c) for c in configs]
-    starts = [perturbed_params(prepare_run(c, cl)[1], PERTURBATION, c.seed) for c, cl in zip(configs, clients)]
-    again = simulate_many(configs, clients, params=starts)
-    return [bool(run_sensitivity(c, cl, reference=r, runs=[a]).chaotic)
-            for c, cl, r, a in zip(configs, clients, results, again)]
+    return [bool(found.chaotic) for found in ensemble_sensitivities(configs, clients, results)]
 
 
 def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable, sensitivity: bool = False) -> pd.DataFrame:

@@ -31,7 +31,7 @@ from .config import RunConfig
 from .engine import clients_from_config, initial_params, simulate
 
 __all__ = ["PERTURBATION", "CHAOS_AMPLIFICATION", "Sensitivity", "perturbed_params", "perturbed_runs",
-           "run_sensitivity"]
+           "run_sensitivity", "ensemble_sensitivities"]
 
 #: the relative size of the perturbation of ``θ^0``: a few hundred units in the last place of float64
 PERTURBATION = 1e-12
@@ -205,3 +205,48 @@ def run_sensitivity(config: RunConfig, clients=None, *, scale: float = PERTURBAT
         value = max(value, change / scale)
         parameter = max(parameter, float(np.linalg.norm(_flat(run.params) - end) / (scale * np.linalg.norm(end))))
     return Sensitivity(parameter, value, spread, diverged)
+
+
+def ensemble_sensitivities(configs, clients, references, *, scale: float = PERTURBATION,
+                           progress: bool = False) -> list[Sensitivity]:
+    """The :class:`Sensitivity` of each run ``references[i]`` of ``configs[i]`` on ``clients[i]`` against one
+    repeat from ``θ^0 ⊙ (1 + s ξ_0)``, the repeats run together as one ensemble
+    (:func:`~linattn_theory.sim.ensemble.simulate_many`): the numbers of
+    ``run_sensitivity(config, clients, reference=run, runs=[repeat])`` one run at a time.
+
+    Parameters
+    ----------
+    configs : list of RunConfig
+        The runs.
+    clients : list of FederatedDataset
+        Their clients.
+    references : list of RunResult
+        The unperturbed runs.
+    scale : float, default PERTURBATION
+        The relative size ``s`` of the perturbation.
+    progress : bool, default False
+        Show a progress bar.
+
+    Returns
+    -------
+    list of Sensitivity
+        One per run.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.engine import clients_from_config
+    >>> from linattn_theory.sim.sensitivity import ensemble_sensitivities, run_sensitivity
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> clients = clients_from_config(config)
+    >>> run = lt.simulate(config, clients)
+    >>> [found] = ensemble_sensitivities([config], [clients], [run])
+    >>> found == run_sensitivity(config, clients, reference=run, repeats=1)
+    True
+    """
+    from .ensemble import prepare_run, simulate_many
+
+    starts = [perturbed_params(prepare_run(c, cl)[1], scale, c.seed) for c, cl in zip(configs, clients)]
+    repeats = simulate_many(configs, clients, params=starts, progress=progress)
+    return [run_sensitivity(c, cl, scale=scale, reference=r, runs=[a])
+            for c, cl, r, a in zip(configs, clients, references, repeats)]
