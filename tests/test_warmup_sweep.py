@@ -138,3 +138,48 @@ def test_bad_warmups_and_options():
         warmup_sweep(config, frozen_stage="fast")
     with pytest.raises(ValueError, match="full batches"):
         warmup_sweep(_config(batch_size=4), frozen_stage="moments")
+
+
+def _frozen_stage(strategy, engine, T0=2):
+    """The frozen stage of ``strategy`` (``T0 = 2``, kernel frozen after) run by the round loop's
+    ``engine`` from the round-``T0`` state of the explicit run: ``(explicit run, continued run)``."""
+    from linattn_theory.sim.ensemble import prepare_run
+    from linattn_theory.sim.rounds import Member, run_ensemble
+    config = _config(rounds=6, warmup_rounds=T0, participation=0.5)
+    data, theta0 = prepare_run(config)
+    [(explicit, states, _)] = run_ensemble([Member(config, data, theta0, checkpoints=(T0,), strategy=strategy)],
+                                           engine="array_api")
+    [(continued, _, _)] = run_ensemble([Member(config, data, states[T0].params, prefix=states[T0],
+                                               strategy=strategy)], engine=engine)
+    return explicit, continued
+
+
+def test_the_moment_space_backend_takes_the_strategy_s_server_step():
+    """The moment space is a backend of the round loop (sim/rounds.py), so its server step is the
+    strategy's: FedFrozen with FedAvgM's server momentum in the frozen stage equals the explicit loop
+    to rounding, and the momentum matters (FedAvg's server step gives other numbers)."""
+    from linattn_theory.sim.strategies.base import Strategy, freeze_after, local_sgd, server_sgd
+    from linattn_theory.sim.strategies.fedavgm import momentum
+    with_momentum = Strategy("fedfrozen", freeze_after(2, ("WV",)), local_sgd(), momentum(0.8, 0.9))
+    explicit, moments = _frozen_stage(with_momentum, "moments")
+    assert moments.metadata["engine"] == "moments" and explicit.metadata["engine"] == "array_api"
+    assert list(moments.table["stage"]) == list(explicit.table["stage"])
+    numeric = [c for c in explicit.table.columns if c not in ("stage", "strategy")]
+    np.testing.assert_allclose(moments.table[numeric].to_numpy(float), explicit.table[numeric].to_numpy(float),
+                               rtol=RTOL, atol=0)
+    np.testing.assert_allclose(moments.params.WV, explicit.params.WV, rtol=RTOL, atol=0)
+    plain = Strategy("fedfrozen", freeze_after(2, ("WV",)), local_sgd(), server_sgd(0.8))
+    _, without = _frozen_stage(plain, "moments")
+    assert abs(without.table["loss"].iloc[-1] / moments.table["loss"].iloc[-1] - 1) > 1e-6
+
+
+def test_the_moment_space_backend_refuses_what_it_cannot_run():
+    from linattn_theory.core.errors import ConfigError
+    from linattn_theory.sim.ensemble import prepare_run
+    from linattn_theory.sim.rounds import Member, run_ensemble
+    from linattn_theory.sim.strategies.base import Strategy, freeze_after, local_sgd, server_sgd
+    config = _config(rounds=4, warmup_rounds=2)
+    with pytest.raises(ConfigError, match="engine = 'moments' does not apply: it continues frozen stages"):
+        run_ensemble([Member(config, *prepare_run(config))], engine="moments")
+    with pytest.raises(ValueError, match=r"round 1 trains \('WQ', 'WK', 'WV'\); the moment space holds a frozen"):
+        _frozen_stage(Strategy("fedfrozen", freeze_after(2, ("WV",)), local_sgd(), server_sgd(1.0)), "moments", T0=1)

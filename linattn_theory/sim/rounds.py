@@ -23,9 +23,14 @@ into ensembles of equal shapes.
 
 Each round groups the instances by what they do in it (the blocks their schedule trains: a
 FedFrozen instance past its ``T0`` trains ``W_V`` only, on features computed once at its frozen
-kernel) and runs each group's local steps at once, on the Array-API path (any backend: NumPy,
-CuPy, array-api-strict) or with the fused CPU kernels (:mod:`linattn_theory.core.fused`, one
-thread per (instance, client) work item; :func:`select_engine`). Every instance's arithmetic is
+kernel) and runs each group's local steps at once on one of three backends: the Array-API path
+(any backend: NumPy, CuPy, array-api-strict), the fused CPU kernels
+(:mod:`linattn_theory.core.fused`, one thread per (instance, client) work item;
+:func:`select_engine`), or, for a frozen stage continued from its round-``T0`` state with full
+batches, moment space (each client's local steps an affine map of ``W_V``, docs/theory.md §4–5;
+:mod:`linattn_theory.sim.warmup_grid`). The rest of a round — participants and weights, the
+strategy's client and server rules, drifts, ``F`` and ``F_λ``, best iterate and divergence,
+table rows — is written once, for all three. Every instance's arithmetic is
 its own, so a result does not depend on which instances share its ensemble, on the chunking
 (``max_bytes``) or on the number of threads or workers (bit for bit on the CPU).
 
@@ -39,6 +44,7 @@ instance reports its own round and a stable step size while the others go on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +59,8 @@ from ..core.backend import client_chunks, client_working_bytes
 from ..core.clients import StackedClients
 from ..core.curvature import hessian_curvature, stable_learning_rate
 from ..core.errors import ConfigError
+from ..core.frozen_map import frozen_client_map
+from ..core.moments import ValueMoments, value_moments, value_objective
 from ..core.model import (BLOCKS, Params, flat as _flat, kernel, loss_and_grad_from_inputs,
                           value_matrix as _value_matrix)
 from ..core.seeds import SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
@@ -61,8 +69,6 @@ from .strategies import Round, Strategy, make_strategy
 from .strategies.base import instance_rows as _instance_rows, local_sgd, weighted_sum
 
 __all__ = ["run_ensemble", "Member", "RunResult", "RunState", "Divergence", "select_engine", "objective"]
-#: the round's pieces the moment-space frozen stages (:mod:`linattn_theory.sim.warmup_grid`) share
-__all__ += ["draw_participants", "instance_setting", "report_divergence", "run_result", "table_row"]
 
 @dataclass(frozen=True)
 class Divergence:
@@ -615,8 +621,8 @@ class _Features:
     (:class:`Member`) gets the hook's features at its parameters instead.
     """
 
-    def __init__(self, xp, data: StackedClients, fused, hooks):
-        self.xp, self.data, self.fused, self.hooks = xp, data, fused, hooks
+    def __init__(self, xp, data: StackedClients, buffered: bool, hooks):
+        self.xp, self.data, self.buffered, self.hooks = xp, data, buffered, hooks
         self.pieces: list[tuple[int, int, Any]] = []
         self.buffer = None
         self.filled = np.zeros(data.S.shape[0], dtype=bool)
@@ -639,7 +645,7 @@ class _Features:
     def get(self, P: Params, lo: int, hi: int):
         """``φ`` of the instances ``lo..hi-1`` (all frozen now), at their kernels in ``P``."""
         todo = np.flatnonzero(~self.filled[lo:hi]) + lo
-        if self.fused is not None:
+        if self.buffered:
             if self.buffer is None:
                 H, d = P.WV.shape[-3], P.WV.shape[-2]
                 self.buffer = np.zeros(tuple(self.data.q.shape[:3]) + (H * d,), dtype=self.data.S.dtype)
@@ -689,6 +695,133 @@ def _sorted_members(members: list[Member]) -> list[int]:
                                                       -members[i].warmup_rounds, -members[i].start))
 
 
+# --------------------------------------------------------------------------------------------
+# backends: a group's local steps and client losses (the rest of a round is the loop's)
+# --------------------------------------------------------------------------------------------
+def _host_server(P: Params) -> Params:
+    """Server blocks ``(I, H, d, r)`` as NumPy arrays (the fused engine's input)."""
+    return Params(*(np.asarray(getattr(P, b))[:, 0] for b in BLOCKS))
+
+
+class _ArrayAPI:
+    """The Array-API backend: ``E`` local steps of a group's participants as array operations on
+    any namespace (minibatches, gradient corrections, clients in chunks bounded by ``max_bytes``),
+    on the features ``φ`` once the kernel is frozen (docs/theory.md §3, §5).
+
+    A backend has ``name``, ``features`` (a :class:`_Features`, or ``None``: it needs none) and two
+    methods: ``train(t, lo, hi, Pg, rnd, client_rule, client_state, phi, lam) -> {b: θ_{c,b}}``
+    ``(hi−lo, k, ...)`` and ``losses(P, lo, hi, phi) -> F_c`` ``(hi−lo, m)``."""
+
+    name = "array_api"
+
+    def __init__(self, ens: "_Ensemble", buffered: bool = False):
+        self.ens = ens
+        self.features = _Features(ens.xp, ens.data, buffered, [mb.frozen_features for mb in ens.members])
+
+    def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
+        ens, fed, m = self.ens, self.ens.fed, self.ens.m
+        data = _slice_data(ens.data, lo, hi)
+        inputs = (data.inputs, data.q) if phi is None else (phi,)
+        batches = None
+        if fed.batch_size is not None:
+            batches = np.stack([_minibatch_indices(t, rnd.participants[j], data.sizes[j], ens.Nmax, fed.local_steps,
+                                                   fed.batch_size, ens.seeds[lo + j]) + j * m * ens.Nmax
+                                for j in range(hi - lo)])
+        chunks = client_chunks(rnd.participants.shape[1], (hi - lo) * ens.working, ens.max_bytes)
+        pieces = [_local_training(ens.xp, Pg, rnd, a, b, client_rule, cs, inputs, data, batches, rnd.learning_rate,
+                                  lam, fed.batch_size) for a, b in chunks]
+        return pieces[0] if len(pieces) == 1 else {
+            b: ens.xp.concat([piece[b] for piece in pieces], axis=1) for b in rnd.blocks}
+
+    def losses(self, P: Params, lo: int, hi: int, phi=None):
+        return _client_losses(self.ens.xp, P, _slice_data(self.ens.data, lo, hi), phi)
+
+
+class _Fused(_ArrayAPI):
+    """The fused backend: local steps and (kernel training) client losses with the fused CPU kernels
+    (:class:`~linattn_theory.core.fused.FusedEngine`, one thread per (instance, client))."""
+
+    name = "fused"
+
+    def __init__(self, ens: "_Ensemble", engine: "_fused.FusedEngine"):
+        super().__init__(ens, buffered=True)
+        self.engine = engine
+
+    def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
+        ens = self.ens
+        return self.engine.train(_host_server(Pg), rnd.blocks, rnd.participants, rnd.local_steps, ens.eta[lo:hi],
+                                 ens.lam[lo:hi], phi, lo)
+
+    def losses(self, P: Params, lo: int, hi: int, phi=None):
+        return super().losses(P, lo, hi, phi) if phi is not None else self.engine.losses(_host_server(P), lo)
+
+
+class _Moments:
+    """The moment-space backend of a frozen stage (docs/theory.md §4–5). With the kernel frozen the
+    model is linear in the stacked value block ``V`` ``(Hd, p)`` and a client's loss is the quadratic
+    ``F_c(V) = ½ tr(VᵀA_cV) − tr(VᵀB_c) + ½ y2_c`` of its value moments at the frozen kernel, so
+    its ``E`` full-batch local steps are the affine map
+
+        V ↦ M_c V + b_c,   M_c = (I − η Ã_c)^E,   b_c = Σ_{j<E} (I − η Ã_c)^j η B_c
+
+    (:func:`~linattn_theory.core.frozen_map.frozen_client_map`): a round costs ``O(m (Hd)² p)``
+    whatever the number of samples. The server step is the strategy's. For members that continue
+    from a prefix and train ``W_V`` alone in every round, with full batches, plain local steps, no
+    strategy control and no ``frozen_features`` hook; the moments are computed once, one call per
+    distinct data at the members' kernels. Equals the explicit frozen stage up to rounding (the
+    moment form loses about ``ε · y2_c / F_c`` in relative precision where the fit is nearly exact)."""
+
+    name = "moments"
+    features = None
+
+    def __init__(self, ens: "_Ensemble"):
+        reason = _moments_why_not(ens)
+        if reason is not None:
+            raise ConfigError(f"engine = 'moments' does not apply: {reason}")
+        xp, members = ens.xp, ens.members
+        H, d = members[0].params.WV.shape[:2]
+        by_data: dict[int, list[int]] = {}
+        for i, mb in enumerate(members):
+            by_data.setdefault(id(mb.data), []).append(i)
+        parts = [None] * ens.count
+        for js in by_data.values():
+            K = xp.stack([xp.reshape(kernel(members[j].params), (1, H, d, d)) for j in js], axis=0)
+            mo = value_moments(K, members[js[0]].data)                     # A (W, m, Hd, Hd), B (W, m, Hd, p)
+            for w, j in enumerate(js):
+                parts[j] = (mo.A[w, ...], mo.B[w, ...], mo.y2, mo.weights)
+        self.ens = ens
+        self.moments = ValueMoments(*(xp.stack([part[q] for part in parts], axis=0) for q in range(4)))
+        eta, lam = (instance_setting(xp, [float(x) for x in a], ens.dtype, 4) for a in (ens.eta, ens.lam))
+        self.M, self.b = frozen_client_map(self.moments, eta, ens.fed.local_steps, lam)    # (I, m, Hd, Hd), (I, m, Hd, p)
+
+    def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
+        if tuple(rnd.blocks) != ("WV",):
+            raise ValueError(f"engine = 'moments': round {t} trains {rnd.blocks}; the moment space "
+                             f"holds a frozen stage (W_V alone) only")
+        xp, part, WV = self.ens.xp, rnd.participants, Pg.WV
+        M, b = (_select_clients(xp, a[lo:hi, ...], part, 0, part.shape[1]) for a in (self.M, self.b))
+        V_c = xp.matmul(M, _value_matrix(xp, WV)) + b                                       # (I, k, Hd, p)
+        return {"WV": xp.reshape(V_c, tuple(V_c.shape[:2]) + tuple(WV.shape[2:]))}
+
+    def losses(self, P: Params, lo: int, hi: int, phi=None):
+        mo = self.moments
+        return value_objective(_value_matrix(self.ens.xp, P.WV), ValueMoments(mo.A[lo:hi], mo.B[lo:hi], mo.y2[lo:hi],
+                                                                            mo.weights[lo:hi]))
+
+
+def _moments_why_not(ens: "_Ensemble") -> str | None:
+    """The reason the moment-space backend does not apply to an ensemble, or ``None`` when it does."""
+    if any(mb.prefix is None for mb in ens.members):
+        return "it continues frozen stages from a prefix (Member.prefix, the state at round T0)"
+    if ens.fed.batch_size is not None:
+        return f"it runs full-batch local steps only (federated.batch_size = {ens.fed.batch_size})"
+    if any(rule.client.correction is not local_sgd().correction for rule in ens.rules.values()):
+        return "it runs plain local steps only (no FedProx or SCAFFOLD correction)"
+    if any(c is not None for c in ens.controls) or any(mb.frozen_features is not None for mb in ens.members):
+        return "it runs members without a strategy control or a frozen_features hook"
+    return None
+
+
 class LoopState(NamedTuple):
     """What the round loop carries from round to round, every array with a leading instance axis.
 
@@ -724,8 +857,8 @@ class _Ensemble:
         self.xp = xp = array_namespace(first.S)
         self.dtype = first.S.dtype
         self.count = len(members)
-        self.data = _stack_data(xp, members)
-        self.m, self.Nmax = self.data.S.shape[1], self.data.S.shape[2]
+        self.m, self.Nmax = first.S.shape[0], first.S.shape[1]
+        self.weights = _stack(xp, [mb.data.weights for mb in members])                  # (I, m)
         self.T0 = np.array([mb.warmup_rounds for mb in members])
         self.start = np.array([mb.start for mb in members])
         self.seeds = [mb.config.seed for mb in members]
@@ -743,13 +876,20 @@ class _Ensemble:
         self.schedules = [strategy.schedule for strategy in strategies]
         self.controls = [strategy.control for strategy in strategies]    # None once it froze
         self.finishers = list(self.controls)
-        choice = self.model.engine if engine is None else engine
-        self.fused = select_engine(choice, xp, self.data, self.fed, self.rules[self.rule_keys[0]],
-                                   instances=True)
-        self.features = _Features(xp, self.data, self.fused, [mb.frozen_features for mb in members])
         self.max_bytes = max_bytes
         self.working = client_working_bytes(first, self.model.heads, self.fed.batch_size)
         self.keep_history = keep_history
+        choice = self.model.engine if engine is None else engine
+        if choice == "moments":
+            self.backend = _Moments(self)
+        else:
+            fused = select_engine(choice, xp, self.data, self.fed, self.rules[self.rule_keys[0]], instances=True)
+            self.backend = _ArrayAPI(self) if fused is None else _Fused(self, fused)
+
+    @functools.cached_property
+    def data(self) -> StackedClients:
+        """The members' clients stacked on the instance axis (the moment space never stacks them)."""
+        return _stack_data(self.xp, self.members)
 
     # -- the loop's state: init and one round -----------------------------------------------------
     def init(self) -> tuple["LoopState", Any]:
@@ -758,7 +898,7 @@ class _Ensemble:
         xp, count, dtype = self.xp, self.count, self.dtype
         P = _lift(xp, [mb.params for mb in self.members])                          # (I, 1, H, d, r)
         if self.members[0].prefix is None:
-            losses0 = self.client_losses(P, 0, count)
+            losses0 = self.backend.losses(P, 0, count)
             F0, F0_reg = self.objective(P, losses0, 0, count)
             initial = best = warm = P
             best_loss = F0_reg
@@ -798,7 +938,9 @@ class _Ensemble:
         if np.any(active & (self.T0 == t)):           # θ^{T0}, for the instances that reach it
             warm = _where(xp, alive & _mask(xp, active & (self.T0 == t), 1), P, warm)
         blocks = [tuple(self.schedules[i](t)) if active[i] else None for i in range(count)]
-        self.features.keep_only(np.array([b is not None and "WQ" not in b and "WK" not in b for b in blocks]))
+        if self.backend.features is not None:
+            self.backend.features.keep_only(np.array([b is not None and "WQ" not in b and "WK" not in b
+                                                      for b in blocks]))
         pieces: dict[str, list] = {"P": [], "client": [], "server": [], "row": []}
         ks = np.zeros(count, dtype=np.int64)
         for lo, hi, (key, group_blocks) in _groups([None if b is None else (self.rule_keys[i], b)
@@ -827,57 +969,29 @@ class _Ensemble:
     def sub(self, tree, lo, hi):
         return _tree_map(lambda a: a[lo:hi, ...], tree)
 
-    def host_server(self, P: Params) -> Params:
-        """Server blocks ``(I, H, d, r)`` as NumPy arrays (the fused engine's input)."""
-        return Params(*(np.asarray(getattr(P, b))[:, 0] for b in BLOCKS))
-
-    def client_losses(self, P: Params, lo: int, hi: int, phi=None):
-        """``F_c`` ``(hi-lo, m)`` of the instances ``lo..hi-1`` at their parameters ``P`` (that group's)."""
-        if self.fused is not None and phi is None:
-            return self.fused.losses(self.host_server(P), lo)
-        return _client_losses(self.xp, P, _slice_data(self.data, lo, hi), phi)
-
     def objective(self, P: Params, losses, lo: int, hi: int):
         """``(F, F_λ)`` per instance: ``Σ_c p_c F_c`` and ``+ ½λ‖W_V‖²``."""
-        return objective(self.xp, self.data.weights[lo:hi, ...], losses, P.WV,
+        return objective(self.xp, self.weights[lo:hi, ...], losses, P.WV,
                          self.xp.asarray(self.lam[lo:hi], dtype=self.dtype))
 
     def round_of_group(self, t, lo, hi, key, blocks, P, client_state, server_state):
-        """Round ``t`` of the instances ``lo..hi-1`` (one rule group, one phase)."""
+        """Round ``t`` of the instances ``lo..hi-1`` (one rule group, one phase): participants and
+        weights, the backend's local steps, the strategy's client and server rules, the table's numbers."""
         xp, m, fed = self.xp, self.m, self.fed
         rule = self.rules[key]
         Pg = self.sub(P, lo, hi)
-        data = _slice_data(self.data, lo, hi)
         cs, ss = self.sub(client_state, lo, hi), self.sub(server_state, lo, hi)
         kernel_frozen = "WQ" not in blocks and "WK" not in blocks
-        phi = self.features.get(P, lo, hi) if kernel_frozen else None
+        features = self.backend.features
+        phi = features.get(P, lo, hi) if kernel_frozen and features is not None else None
         part = np.stack([draw_participants(t, m, fed.participation, self.seeds[i]) for i in range(lo, hi)])
-        k = part.shape[1]
-        if k == m:
-            cw = data.weights
-        else:
-            rows = xp.asarray(_instance_rows(hi - lo, m, part))
-            cw = xp.reshape(xp.take(xp.reshape(data.weights, (-1,)), rows, axis=0), (hi - lo, k))
+        cw = _select_clients(xp, self.weights[lo:hi, ...], part, 0, part.shape[1])
         pw = cw / xp.sum(cw, axis=1, keepdims=True)
         eta = instance_setting(xp, [float(x) for x in self.eta[lo:hi]], self.dtype)
         lam = instance_setting(xp, [float(x) for x in self.lam[lo:hi]], self.dtype)
         rnd = Round(t, blocks, part, m, cw, pw, fed.local_steps, eta)
         anchor = {b: getattr(Pg, b) for b in blocks}
-        if self.fused is not None:
-            local = self.fused.train(self.host_server(Pg), blocks, part, fed.local_steps,
-                                     self.eta[lo:hi], self.lam[lo:hi], phi, lo)
-        else:
-            inputs = (phi,) if kernel_frozen else (data.inputs, data.q)
-            batches = None
-            if fed.batch_size is not None:
-                batches = np.stack([_minibatch_indices(t, part[j], data.sizes[j], self.Nmax,
-                                                       fed.local_steps, fed.batch_size, self.seeds[lo + j])
-                                    + j * m * self.Nmax for j in range(hi - lo)])
-            chunks = client_chunks(k, (hi - lo) * self.working, self.max_bytes)
-            pieces = [_local_training(xp, Pg, rnd, a, b, rule.client, cs, inputs, data, batches, eta,
-                                      lam, fed.batch_size) for a, b in chunks]
-            local = pieces[0] if len(pieces) == 1 else {
-                b: xp.concat([piece[b] for piece in pieces], axis=1) for b in blocks}
+        local = self.backend.train(t, lo, hi, Pg, rnd, rule.client, cs, phi, lam)
         cs = rule.client.update(cs, rnd, anchor, local)
         zero = xp.zeros((hi - lo,), dtype=self.dtype)
         delta, drift = {}, [zero, zero, zero]
@@ -893,9 +1007,9 @@ class _Ensemble:
             WQ_c, WK_c = (local[b] if b in local else getattr(Pg, b) for b in ("WQ", "WK"))
             K_c = xp.matmul(WQ_c, xp.matrix_transpose(WK_c))
             kernel_drift = xp.sum(pw * sq_norms(xp, K_c - kernel(Pn), 2), axis=-1)
-        losses = self.client_losses(Pn, lo, hi, phi)
+        losses = self.backend.losses(Pn, lo, hi, phi)
         F, F_reg = self.objective(Pn, losses, lo, hi)
-        return Pn, cs, ss, (F, F_reg, losses, kernel_drift, xp.stack(drift, axis=-1)), k
+        return Pn, cs, ss, (F, F_reg, losses, kernel_drift, xp.stack(drift, axis=-1)), part.shape[1]
 
 
 @np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
@@ -919,8 +1033,9 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
         The instances, all of one :func:`~linattn_theory.sim.ensemble.ensemble_key`.
     max_bytes : int, optional
         Bound on the working set of a chunk of one round's local steps (default: one chunk).
-    engine : {"auto", "array_api", "fused"}, optional
-        Overrides ``model.engine``.
+    engine : {"auto", "array_api", "fused", "moments"}, optional
+        Overrides ``model.engine``; ``"moments"``: the moment-space backend of a frozen stage
+        (members continuing from a prefix with the kernel frozen, :mod:`linattn_theory.sim.warmup_grid`).
     keep_history : bool, default False
         Also return every round's host parameters.
     progress : bool, default False
@@ -1139,7 +1254,7 @@ class _Outcome:
             divergence = report_divergence(end, float(self.records[1][j, i]), points, mb.data,
                                            float(ens.lam[i]), float(ens.eta[i]), self.blocks[j][i])
         result = run_result(rows, final, warm, divergence, T0, ens.names[i])
-        result.metadata["engine"] = "array_api" if ens.fused is None else "fused"
+        result.metadata["engine"] = ens.backend.name
         if ens.finishers[i] is not None:
             result.metadata.update(ens.finishers[i].finish(result))
         states = {}

@@ -21,32 +21,28 @@ import dataclasses
 
 import numpy as np
 
-from ..core.arrays import array_namespace, sq_norms, to_numpy
 from ..core.backend import get_namespace
 from ..core.errors import ConfigError
+from ..core.model import Params
 from .config import RunConfig
 from .ensemble import (EnsemblePlan, chunk_bytes, data_bytes, ensemble_bytes, ensemble_key, per_config,
                        prepare_run, run_metadata, run_planned)
-from .rounds import (Member, RunResult, RunState, draw_participants, instance_setting, objective, report_divergence,
-                     run_ensemble, run_result, table_row)
-from ..core.model import Params, value_matrix as _value_matrix, kernel
-from ..core.moments import value_moments, value_objective
-from ..core.frozen_map import frozen_client_map
+from .rounds import Member, RunResult, RunState, run_ensemble
 
 __all__ = ["warmup_sweep", "warmup_sweep_many", "warmup_sweeps_and_paths", "frozen_stage_from_moments", "frozen_stages_from_moments"]
 
 FROZEN_STAGES = ("auto", "moments", "explicit")
 
 
-@np.errstate(over="ignore", invalid="ignore")   # overflow is detected and reported as divergence
 def frozen_stage_from_moments(prefix: RunState, data, fed, warmup_rounds: int,
                               seed: int) -> RunResult:
     """Rounds ``T0..T−1`` of a full-batch FedFrozen frozen stage, in moment space (docs/theory.md §5).
 
     ``prefix`` is the :class:`~linattn_theory.sim.rounds.RunState` of the run at round ``T0``
-    (``prefix.params = θ^{T0}``, whose kernel is frozen). Each round draws the participants as
-    the simulator does, maps every participant's value block through
-    :func:`~linattn_theory.core.frozen_map.frozen_client_map` and applies the server step
+    (``prefix.params = θ^{T0}``, whose kernel is frozen), continued by the round loop with its
+    moment-space backend (:func:`~linattn_theory.sim.rounds.run_ensemble`, ``engine="moments"``):
+    each participant's value block goes through
+    :func:`~linattn_theory.core.frozen_map.frozen_client_map`, then FedAvg's server step
     ``V ← V + η_s (Σ_c p̃_c V_c − V)``; the table's losses are ``F_c = value_objective(V)``.
     Equals :func:`~linattn_theory.sim.engine.run_schedule` continued from ``prefix`` up to
     rounding (the moment form ``½ tr(VᵀA_cV) − tr(VᵀB_c) + ½ y2_c`` loses about
@@ -86,11 +82,11 @@ def frozen_stage_from_moments(prefix: RunState, data, fed, warmup_rounds: int,
 
 
 def frozen_stages_from_moments(stages) -> list[RunResult]:
-    """Many moment-space frozen stages as array programs with a leading stage axis ``P``.
+    """Many moment-space frozen stages, as ensembles of the round loop (:func:`run_frozen_stages`).
 
     ``stages`` are ``(prefix, data, fed, warmup_rounds, seed)`` tuples as
     :func:`frozen_stage_from_moments` takes them. Stages of equal shapes (``m``, ``H·d``, ``p``,
-    dtype), local steps and participation run as one program; their instances' data may differ
+    dtype), rounds, local steps and participation run as one ensemble; their instances' data may differ
     (the value moments ``A_c, B_c`` of the stages of one ``data`` are computed in one call, at
     their frozen kernels). Each stage runs its own rounds ``T0..T−1`` and reports its own
     divergence. Returns the results in the stages' order.
@@ -115,127 +111,30 @@ def frozen_stages_from_moments(stages) -> list[RunResult]:
     >>> [len(run.table) for run in runs]
     [7, 7]
     """
+    members = []
+    for prefix, data, fed, T0, seed in stages:
+        if prefix.round != T0:
+            raise ValueError(f"prefix ends at round {prefix.round}; expected the round-T0 state, T0 = {T0}")
+        fed = dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=T0)
+        members.append(Member(RunConfig(seed=seed, federated=fed), data, prefix.params, prefix=prefix))
+    return run_frozen_stages(members)
+
+
+def run_frozen_stages(members: list[Member]) -> list[RunResult]:
+    """The frozen stages of ``members`` (each continuing from its ``prefix``) in moment space:
+    :func:`~linattn_theory.sim.rounds.run_ensemble` with the moment-space backend, one ensemble per
+    schedule and shapes (rounds, local steps, participation, ``m``, ``(H, d, p)``, dtype). Returns the
+    results in the members' order."""
     groups: dict = {}
-    for j, (prefix, data, fed, _, _) in enumerate(stages):
-        key = (tuple(data.S.shape[:1]), tuple(prefix.params.WV.shape), str(data.S.dtype), fed.local_steps,
+    for j, mb in enumerate(members):
+        fed = mb.config.federated
+        key = (mb.data.S.shape[0], tuple(mb.params.WV.shape), str(mb.data.S.dtype), fed.rounds, fed.local_steps,
                fed.participation)
         groups.setdefault(key, []).append(j)
-    results = [None] * len(stages)
+    results = [None] * len(members)
     for js in groups.values():
-        for j, result in zip(js, _frozen_stages([stages[j] for j in js])):
+        for j, (result, _, _) in zip(js, run_ensemble([members[j] for j in js], engine="moments")):
             results[j] = result
-    return results
-
-
-@np.errstate(over="ignore", invalid="ignore")
-def _frozen_stages(stages) -> list[RunResult]:
-    """:func:`frozen_stages_from_moments` of compatible stages: one program."""
-    from ..core.moments import ValueMoments
-    from .strategies.base import instance_rows as _instance_rows, weighted_sum
-
-    if not stages:
-        return []
-    for prefix, data, fed, T0, _ in stages:
-        if fed.batch_size is not None:
-            raise ValueError(f"batch_size = {fed.batch_size}: the moment-space frozen stage needs "
-                             f"full batches (batch_size = None)")
-        if prefix.round != T0:
-            raise ValueError(f"prefix ends at round {prefix.round}; expected the round-T0 state, "
-                             f"T0 = {T0}")
-    first_data = stages[0][1]
-    xp = array_namespace(first_data.S)
-    dtype = first_data.S.dtype
-    count = len(stages)
-    H, d, _, p = stages[0][0].params.shape
-    m = first_data.S.shape[0]
-    E = stages[0][2].local_steps
-    # value moments at the frozen kernels, one call per instance's data (docs/theory.md §4)
-    by_data: dict[int, list[int]] = {}
-    for j, stage in enumerate(stages):
-        by_data.setdefault(id(stage[1]), []).append(j)
-    parts = [None] * count
-    for js in by_data.values():
-        K = xp.stack([xp.reshape(kernel(stages[j][0].params), (1, H, d, d)) for j in js], axis=0)
-        mo = value_moments(K, stages[js[0]][1])                    # A (W, m, n, n), B (W, m, n, p)
-        for w, j in enumerate(js):
-            parts[j] = (mo.A[w, ...], mo.B[w, ...], mo.y2, mo.weights)
-    A, B, y2, weights = (xp.stack([part[q] for part in parts], axis=0) for q in range(4))
-    feds = [stage[2] for stage in stages]
-    eta = instance_setting(xp, [f.learning_rate for f in feds], dtype, 4)
-    lam = instance_setting(xp, [f.ridge for f in feds], dtype, 4)
-    server = instance_setting(xp, [f.server_learning_rate for f in feds], dtype, 4)
-    moments = ValueMoments(A, B, y2, weights)
-    M, b = frozen_client_map(moments, eta, E, lam)                 # (P, m, n, n), (P, m, n, p)
-    T0 = np.array([stage[3] for stage in stages])
-    T = np.array([f.rounds for f in feds])
-    V = xp.stack([xp.reshape(_value_matrix(xp, stage[0].params.WV), (1, H * d, p)) for stage in stages], axis=0)
-    lam_p = xp.asarray(np.array([f.ridge for f in feds]), dtype=dtype)
-    F0_reg = np.array([float(stage[0].rows[0]["loss_regularized"]) for stage in stages])
-    threshold = xp.asarray(np.array([f.divergence_factor for f in feds]) * np.maximum(F0_reg, 1e-12), dtype=dtype)
-    best_loss = xp.asarray(np.array([stage[0].best_loss for stage in stages]), dtype=dtype)
-    improved = xp.zeros((count,), dtype=xp.bool)
-    V_best, V_start = V, V
-    alive = xp.ones((count,), dtype=xp.bool)
-    diverged_at = xp.full((count,), -1, dtype=xp.int64)
-    records, counts = [], []
-
-    def mask(host_or_device, ndim=4):
-        a = xp.asarray(host_or_device) if isinstance(host_or_device, np.ndarray) else host_or_device
-        return xp.reshape(a, (-1,) + (1,) * (ndim - 1))
-
-    first = int(T0.min())
-    for t in range(first, int(T.max())):
-        active = (T0 <= t) & (t < T)
-        part = np.stack([draw_participants(t, m, f.participation, stage[4]) for f, stage in zip(feds, stages)])
-        k = part.shape[1]
-        if k == m:
-            pw, Mt, bt = weights, M, b
-        else:
-            rows = xp.asarray(_instance_rows(count, m, part))
-            take = lambda a: xp.reshape(xp.take(xp.reshape(a, (count * m,) + tuple(a.shape[2:])), rows, axis=0),  # noqa: E731
-                                        (count, k) + tuple(a.shape[2:]))
-            pw, Mt, bt = take(weights), take(M), take(b)
-        pw = pw / xp.sum(pw, axis=1, keepdims=True)
-        V_c = xp.matmul(Mt, V) + bt                                    # (P, k, n, p)
-        average = weighted_sum(pw, V_c)                                # (P, 1, n, p)
-        drift = xp.sum(pw * sq_norms(xp, V_c - average, 2), axis=-1)
-        running = alive & xp.asarray(active)
-        V_previous = V
-        V = xp.where(mask(running), V + server * (average - V), V)
-        losses = value_objective(V, moments)                           # (P, m)
-        F, F_reg = objective(xp, weights, losses, V, lam_p)
-        records.append((F, F_reg, losses, drift))
-        counts.append(k)
-        better = running & (F_reg < best_loss)
-        improved = improved | better
-        V_best = xp.where(mask(better), V, V_best)
-        best_loss = xp.where(better, F_reg, best_loss)
-        V_start = xp.where(mask(running), V_previous, V_start)
-        bad = running & (~xp.isfinite(F_reg) | (F_reg > threshold))
-        diverged_at = xp.where(bad, xp.asarray(t + 1, dtype=xp.int64), diverged_at)
-        alive = alive & ~bad
-    host = lambda a: np.asarray(to_numpy(a))  # noqa: E731
-    if records:
-        F_h, Freg_h, L_h, D_h = (host(xp.stack([r[q] for r in records], axis=0)) for q in range(4))
-    div, improved = host(diverged_at), host(improved)
-    results = []
-    for j, (prefix, data, fed, T0_j, _) in enumerate(stages):
-        end = int(div[j]) if div[j] >= 0 else fed.rounds
-        rows = list(prefix.rows)
-        gamma = float(rows[-1]["cumulative_kernel_drift"])
-        for t in range(T0_j, end):
-            i = t - first
-            rows.append(table_row(t + 1, "frozen", float(F_h[i, j]), float(Freg_h[i, j]), L_h[i, j], 0.0, gamma,
-                                  {"WQ": 0.0, "WK": 0.0, "WV": float(D_h[i, j])}, counts[i], "fedfrozen"))
-        with_value = lambda W: prefix.params.replace(WV=xp.reshape(W[j, 0, ...], (H, d, p)))  # noqa: E731
-        current = with_value(V)
-        divergence = None
-        if div[j] >= 0:
-            best = with_value(V_best) if improved[j] else prefix.best
-            divergence = report_divergence(end, float(Freg_h[end - 1 - first, j]),
-                                           [prefix.initial, best, with_value(V_start)], data, fed.ridge,
-                                           fed.learning_rate, ("WV",))
-        results.append(run_result(rows, current, prefix.params, divergence, T0_j, "fedfrozen"))
     return results
 
 
@@ -469,9 +368,9 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
                         result.metadata.update(metadata, config=run_config.to_dict())
                         results[i][T0] = result
                     else:
-                        stages.append((states[T0], member.data, run_config.federated, T0, run_config.seed))
+                        stages.append(Member(run_config, member.data, states[T0].params, prefix=states[T0]))
                         owners.append((i, T0, run_config, trajectory.metadata["engine"], metadata))
-        for (i, T0, run_config, engine, metadata), result in zip(owners, frozen_stages_from_moments(stages)):
+        for (i, T0, run_config, engine, metadata), result in zip(owners, run_frozen_stages(stages)):
             result.metadata["engine"] = engine
             result.metadata.update(metadata, config=run_config.to_dict())
             results[i][T0] = result
