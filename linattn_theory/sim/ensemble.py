@@ -160,7 +160,6 @@ def _warn_small_clients(batch_size: int | None, sizes) -> None:
         return
     small = int(np.sum(np.asarray(sizes) < batch_size))
     if small:
-        import warnings
         warnings.warn(f"federated.batch_size = {batch_size} exceeds the sample count of {small} "
                       f"client(s) (smallest N_c = {int(np.min(sizes))}); their minibatches are drawn "
                       f"with replacement", RuntimeWarning, stacklevel=3)
@@ -490,7 +489,6 @@ def _warn_float32_steps(config: RunConfig, data, theta0) -> None:
         from .limits import float32_step_note
         note = float32_step_note(config, data, theta0)
         if note:
-            import warnings
             warnings.warn(note, RuntimeWarning, stacklevel=4)
 
 

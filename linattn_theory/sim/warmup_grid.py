@@ -82,7 +82,7 @@ def frozen_stage_from_moments(prefix: RunState, data, fed, warmup_rounds: int,
 
 
 def frozen_stages_from_moments(stages) -> list[RunResult]:
-    """Many moment-space frozen stages, as ensembles of the round loop (:func:`run_frozen_stages`).
+    """Many moment-space frozen stages, as ensembles of the round loop (its moment-space backend).
 
     ``stages`` are ``(prefix, data, fed, warmup_rounds, seed)`` tuples as
     :func:`frozen_stage_from_moments` takes them. Stages of equal shapes (``m``, ``H·d``, ``p``,
@@ -117,10 +117,10 @@ def frozen_stages_from_moments(stages) -> list[RunResult]:
             raise ValueError(f"prefix ends at round {prefix.round}; expected the round-T0 state, T0 = {T0}")
         fed = dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=T0)
         members.append(Member(RunConfig(seed=seed, federated=fed), data, prefix.params, prefix=prefix))
-    return run_frozen_stages(members)
+    return _run_frozen_stages(members)
 
 
-def run_frozen_stages(members: list[Member]) -> list[RunResult]:
+def _run_frozen_stages(members: list[Member]) -> list[RunResult]:
     """The frozen stages of ``members`` (each continuing from its ``prefix``) in moment space:
     :func:`~linattn_theory.sim.rounds.run_ensemble` with the moment-space backend, one ensemble per
     schedule and shapes (rounds, local steps, participation, ``m``, ``(H, d, p)``, dtype). Returns the
@@ -370,7 +370,7 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
                     else:
                         stages.append(Member(run_config, member.data, states[T0].params, prefix=states[T0]))
                         owners.append((i, T0, run_config, trajectory.metadata["engine"], metadata))
-        for (i, T0, run_config, engine, metadata), result in zip(owners, run_frozen_stages(stages)):
+        for (i, T0, run_config, engine, metadata), result in zip(owners, _run_frozen_stages(stages)):
             result.metadata["engine"] = engine
             result.metadata.update(metadata, config=run_config.to_dict())
             results[i][T0] = result
