@@ -183,3 +183,21 @@ def test_the_moment_space_backend_refuses_what_it_cannot_run():
         run_ensemble([Member(config, *prepare_run(config))], engine="moments")
     with pytest.raises(ValueError, match=r"round 1 trains \('WQ', 'WK', 'WV'\); the moment space holds a frozen"):
         _frozen_stage(Strategy("fedfrozen", freeze_after(2, ("WV",)), local_sgd(), server_sgd(1.0)), "moments", T0=1)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_moment_space_stage_is_the_same_bits_alone_and_in_an_ensemble(dtype):
+    """Each instance's arithmetic is its own on the moment-space backend too: the frozen stage of
+    one ``T0`` run alone equals, bit for bit, the same stage run beside the other ``T0``'s (their
+    value moments computed in one call at their own kernels)."""
+    from linattn_theory.sim.warmup_grid import (frozen_stage_from_moments, frozen_stages_from_moments,
+                                                warmup_sweeps_and_paths)
+    config = _config(rounds=5, warmup_rounds=5, participation=0.5).with_updates({"model.dtype": dtype})
+    _, [(data, states)] = warmup_sweeps_and_paths([config])
+    together = frozen_stages_from_moments([(states[T0], data, config.federated, T0, config.seed) for T0 in range(5)])
+    for T0 in range(5):
+        alone = frozen_stage_from_moments(states[T0], data, config.federated, T0, config.seed)
+        numeric = [c for c in alone.table.columns if c not in ("stage", "strategy")]
+        assert len(alone.table) == 6
+        assert np.array_equal(alone.table[numeric].to_numpy(float), together[T0].table[numeric].to_numpy(float))
+        assert np.array_equal(alone.params.WV, together[T0].params.WV)
