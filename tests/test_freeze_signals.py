@@ -16,7 +16,7 @@ from linattn_theory.core.model import kernel
 from linattn_theory.recommenders.online import freeze_forecast
 from linattn_theory.recommenders.recommendation import pilot_bound
 from linattn_theory.recommenders.rules import (INFORMATION_SETS, RULES, ServerObservableRule, ValueMomentsRecallRule,
-                                               ValueSolveRule, make_rule, observed_losses)
+                                               ValueSolveRule, last_round_forecast, make_rule, observed_losses)
 from linattn_theory.recommenders.scoring import realised_risk, replay_online, score_instance
 from linattn_theory.recommenders.signals import (decomposition_forecast, margin_crossing, offers, price_of_waiting,
                                                  recall_margin, stability_margin)
@@ -230,6 +230,44 @@ def test_value_solve_rule_waits_and_solves_at_the_smallest_profile():
     assert d.stop and d.kernel_round == 6 and d.outcome == "solve" and d.freeze_objective == 2.39
 
 
+#: A history whose profile still falls by 0.1 a round at the end (round 5's case): Φ = 2.40, 2.30, 2.20,
+#: 2.10 over rounds 5–8 and F_λ(θ_8) = A_8 = 2.2, so J(8, 1) = 2.2 − 0.038 = 2.162 (T = 9).
+FALLING = {"A": [5.0, 5.2, 4.9, 4.6, 4.3, 4.06, 3.0, 2.6, 2.2, 2.3],
+           "profile": [3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.30, 2.20, 2.10, 2.05], "floor": [0.1] * 10}
+
+
+def test_last_round_forecast_by_hand():
+    """F̂ = J(8, 1) − κ (Φ(K_7) − Φ(K_8)) = 2.162 − 0.1 κ; a single stored round: J(0, 1) = 5 − 0.03."""
+    forecasts = hand(**FALLING)
+    profile = FALLING["profile"][:9]
+    assert last_round_forecast(forecasts, profile, 0.0) == pytest.approx(2.162, abs=1e-12)
+    assert last_round_forecast(forecasts, profile, 1.0) == pytest.approx(2.062, abs=1e-12)
+    assert last_round_forecast(forecasts, profile, 4.0) == pytest.approx(1.762, abs=1e-12)
+    assert last_round_forecast(forecasts[:1], profile[:1], 4.0) == pytest.approx(4.97, abs=1e-12)
+
+
+def test_value_solve_rule_declines_the_solve_when_fedavgs_last_round_is_forecast_to_beat_it():
+    """Round 5 on FALLING (T = 9): at t = 8 the solve at K_8 gives Φ = 2.10; κ = 0 and 0.5 forecast
+    2.162 and 2.112 ≥ 2.10 and solve; κ = 1 forecasts 2.062 < 2.10 and trains the last round, then ends
+    at t = 9 with the stored iterate of the smallest loss: θ_8 (A_8 = 2.2 < A_9 = 2.3, an ``iterate``), or
+    θ_9 itself (plain FedAvg, a ``freeze`` of K_9) when A_9 is the smallest. On the base history (the
+    profile rises at the end) no κ declines."""
+    for kappa, declines in ((0.0, False), (0.5, False), (1.0, True), (4.0, True)):
+        d = ValueSolveRule(profile_trend=kappa).decide(hand(**FALLING), 9)
+        assert d.stop is not declines and d.kernel_round == 8 and d.freeze_objective == 2.10
+        assert d.fedavg_forecast == pytest.approx(2.162 - 0.1 * kappa, abs=1e-12)
+        assert (d.test, d.outcome) == (("end_forecast", "freeze") if declines else ("solve", "solve"))
+    end = ValueSolveRule(profile_trend=1.0).decide(hand(**FALLING, upto=9), 9)
+    assert (end.stop, end.kernel_round, end.outcome) == (True, 8, "iterate")
+    fedavg_best = dict(FALLING, A=FALLING["A"][:9] + [2.1])
+    end = ValueSolveRule(profile_trend=1.0).decide(hand(**fedavg_best, upto=9), 9)
+    assert (end.stop, end.kernel_round, end.outcome) == (True, 9, "freeze")
+    for kappa in (1.0, 100.0):
+        assert ValueSolveRule(profile_trend=kappa).decide(hand(), 9).outcome == "solve"
+    with pytest.raises(ValueError, match="profile_trend"):
+        ValueSolveRule(profile_trend=-1.0)
+
+
 def test_rules_are_registered_with_their_information_sets():
     assert set(RULES) == {"online", "value_moments_recall", "server_observable", "value_solve"}
     for name, cls in RULES.items():
@@ -337,6 +375,40 @@ def test_round4_evaluation_is_out_of_distribution_and_declared_in_the_docs():
             f"{100 * goal['harm_share']:g} %") in docs
     assert f"at least {100 * goal['captured']:g} %" in docs and f"exceeds {100 * goal['gap']:g} %" in docs
     assert f"at most {100 * bench.DESIGN_HARM_LIMIT_R4:g} % of every design variant" in docs
+
+
+@pytest.mark.slow
+def test_round5_designs_on_round4s_evaluation_and_scores_fresh_seeds_and_new_settings():
+    """Round 5: its design sets are round 4's evaluation sets; its evaluation seeds are new to every
+    earlier round, its held-out settings (seed aside) are no instance of round 4 (design or evaluation),
+    its in-distribution sets are round 4's settings; docs/theory.md §8 names every evaluation set with its
+    variant and seeds; the carried rules are round 4's committed choice."""
+    import json
+
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    table = bench.instances(False, sets=bench.SETS_R5)
+    design, evaluation = table[table["role"] == "design"], table[table["role"] == "evaluation"]
+    assert set(design["set"]) == {n for n, (_, role, _) in bench.SETS_R4.items() if role == "evaluation"}
+    assert not set(evaluation["seed"]) & {s for _, _, seeds in bench.SETS_R4.values() for s in seeds}
+    unseed = lambda config: repr({k: v for k, v in config.items() if k != "seed"})  # noqa: E731
+    seen = set(bench.instances(False, sets=bench.SETS_R4)["config"].map(unseed))
+    held = evaluation[evaluation["variant"].isin(list(bench.HELD_OUT_R5))]
+    assert set(held["variant"]) == set(bench.HELD_OUT_R5) and not set(held["config"].map(unseed)) & seen
+    fresh = evaluation[~evaluation["variant"].isin(list(bench.HELD_OUT_R5))]
+    assert set(fresh["config"].map(unseed)) <= seen
+    docs = " ".join((root / "docs" / "theory.md").read_text().split())
+    for name, (variant, role, seeds) in bench.SETS_R5.items():
+        if role == "evaluation":
+            assert list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+            assert f"`{name}` ({variant}, seeds {seeds[0]}–{seeds[-1]}" in docs, name
+    chosen = json.loads((root / "figures" / "predictive_regret_r4_choice.json").read_text())
+    assert set(bench.CARRIED_R5) == {c["rule"] for c in chosen.values()}
+    for name, (kind, params) in bench.CARRIED_R5.items():
+        assert bench.rule_name_r4(kind, params) == name
+    kappas = bench.CANDIDATES_R5["value_solve"]["profile_trend"]
+    assert "κ ∈ {" + ", ".join(f"{k:g}" for k in kappas) + "}" in docs
 
 
 def test_round4_captured_share_and_criterion_by_hand():
