@@ -671,8 +671,11 @@ def score_table(table: pd.DataFrame, records: dict, outcomes: dict, chosen: str)
 
 
 def _pct(v) -> str:
-    """``v`` in percent with one decimal (``∞`` for a diverged run; never ``-0.0``)."""
-    return "∞" if not np.isfinite(v) else f"{round(100 * v, 1) + 0.0:.1f}"
+    """``v`` in percent with one decimal (``∞`` for a diverged run; never ``-0.0``; from a million
+    percent on, two significant digits and the exponent: a frozen stage that blew up without overflowing)."""
+    if not np.isfinite(v):
+        return "∞"
+    return f"{100 * v:.1e}" if abs(100 * v) >= 1e6 else f"{round(100 * v, 1) + 0.0:.1f}"
 
 
 def paired(scores: pd.DataFrame, name: str, arm: str, other: str) -> dict:
