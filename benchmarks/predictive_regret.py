@@ -43,7 +43,13 @@ held-out settings (``HELD_OUT``) and fresh seeds (``SETS_R4``), one candidate gr
 ``predictive_regret_r4_choice.json`` (``--design-only`` stops there), then ``predictive_regret_r4_scores.csv``,
 ``predictive_regret_r4_summary.csv`` and ``predictive_regret_r4.md``, beside round 3's tables.
 
-Run:  python benchmarks/predictive_regret.py [--round 4] [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
+Round 5 (issue 31; ``--round 5``, docs/theory.md §8, "Round 5") is declared below round 4's: round 4's
+evaluation sets become its design sets, fresh seeds and other held-out settings (``HELD_OUT_R5``,
+``SETS_R5``) its evaluation, one candidate grid (``CANDIDATES_R5``: the value solve's forecast of
+FedAvg's last round) chosen by round 4's criterion, round 4's chosen rules scored beside it
+(``CARRIED_R5``); tables ``predictive_regret_r5*``.
+
+Run:  python benchmarks/predictive_regret.py [--round 4|5] [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
 """
 
 from __future__ import annotations
@@ -300,6 +306,72 @@ QUICK_R4 = {"sets": {"design": (1000,), "design_minibatch": (1000,), "r4_evaluat
                            "value_solve": {}}}
 
 
+# ======================================================================================
+# round 5 (issue 31), pre-registered before any record of its evaluation instances existed:
+# round 4's evaluation sets as design sets, fresh seeds, other held-out settings, one candidate grid
+# ======================================================================================
+#: Settings neither round 4's design nor its evaluation saw (docs/theory.md §8, "Round 5"): ``shape5``
+#: other d, m, N and T; ``participation``: full batches with 30 % of the clients per round (the design
+#: had participation only with minibatches); ``skew5``: client sizes Dirichlet(0.1); ``step_scale5``:
+#: other step scales c; ``levels5``: heterogeneity and E off every earlier grid; ``minibatch_dense``:
+#: minibatches of 8 with three quarters of the clients per round.
+HELD_OUT_R5 = {
+    "shape5": {"title": "held out: d = 10 / 5, m = 24 clients of 48 samples, T = 50",
+               "federated": {"rounds": 50},
+               "task": {"num_clients": 24, "samples_per_client": 48},
+               "by_family": {"planted_kernel": {"task": {"dim": 10}},
+                             "in_context_regression": {"task": {"dim": 5}, "model": {"rank": 6}}}},
+    "participation": {"title": "held out: full batches, participation 0.3",
+                      "federated": {"participation": 0.3}},
+    "skew5": {"title": "held out: client sizes Dirichlet(α = 0.1)", "task": {"dirichlet_alpha": 0.1}},
+    "step_scale5": {"title": "held out: η by federated.step_scale (planted c ∈ {0.006, 0.012}, in-context c ∈ {0.02, 0.05})",
+                    "by_family": {"planted_kernel": {"step_scale": (0.006, 0.012)},
+                                  "in_context_regression": {"step_scale": (0.02, 0.05)}}},
+    "levels5": {"title": "held out: ζ_V ∈ {2.5, 5}, E ∈ {3, 25}, η ∈ {0.01, 0.015}; ζ_task ∈ {0.35, 1.75}, E ∈ {3, 25}, η = 0.003",
+                "by_family": {"planted_kernel": {"levels": (2.5, 5.0), "local_steps": (3, 25),
+                                                 "learning_rate": (0.01, 0.015)},
+                              "in_context_regression": {"levels": (0.35, 1.75), "local_steps": (3, 25),
+                                                        "learning_rate": (0.003,)}}},
+    "minibatch_dense": {"title": "held out: minibatches of b = 8, participation 0.75",
+                        "federated": {"batch_size": 8, "participation": 0.75}},
+}
+
+#: Round 5's sets: name -> (variant, role, seeds). Design: round 4's evaluation sets (scored in commit
+#: a3e738e, so design instances now); round 5's candidates were chosen on them only. Evaluation: fresh
+#: seeds 7000–7004 on the grid's variants (in distribution) and on :data:`HELD_OUT_R5` (out of
+#: distribution). No record of a seed ≥ 7000 existed when this was committed.
+SETS_R5 = {
+    **{name: (variant, "design", seeds) for name, (variant, role, seeds) in SETS_R4.items() if role == "evaluation"},
+    "r5_evaluation": ("linear", "evaluation", (7000, 7001, 7002)),
+    "r5_evaluation_softmax": ("softmax", "evaluation", (7000, 7001)),
+    "r5_evaluation_minibatch": ("minibatch", "evaluation", (7000, 7001, 7002)),
+    "r5_heldout_shape": ("shape5", "evaluation", (7000, 7001)),
+    "r5_heldout_participation": ("participation", "evaluation", (7000, 7001)),
+    "r5_heldout_skew": ("skew5", "evaluation", (7000, 7001)),
+    "r5_heldout_step_scale": ("step_scale5", "evaluation", (7000, 7001)),
+    "r5_heldout_levels": ("levels5", "evaluation", (7000, 7001, 7002, 7003)),
+    "r5_heldout_minibatch": ("minibatch_dense", "evaluation", (7000, 7001)),
+}
+
+#: Candidates of round 5: the value solve (information set (c)) with its forecast of FedAvg's last round,
+#: ``profile_trend`` κ (:class:`~linattn_theory.recommenders.rules.ValueSolveRule`; κ = 0 is round 4's
+#: rule). Round 4's (a) and (b) are not redesigned: they are scored again, unchanged (:data:`CARRIED_R5`).
+CANDIDATES_R5 = {"value_solve": {"profile_trend": (0.0, 0.5, 1.0, 2.0, 4.0)}}
+#: Scored beside round 5's choice on every evaluation set: round 4's chosen rules (its
+#: ``predictive_regret_r4_choice.json``) and round 3's.
+CARRIED_R5 = {
+    "value_moments_recall(window=10, fraction=0.2, confidence=2.0, stability=False, no_harm=2.0, forecast=line)":
+        ("value_moments_recall", {"window": 10, "fraction": 0.2, "confidence": 2.0, "stability": False,
+                                  "no_harm": 2.0, "forecast": "line"}),
+    "server_observable(window=10, fraction=0.05, confidence=2.0, outcome=freeze)":
+        ("server_observable", {"window": 10, "fraction": 0.05, "confidence": 2.0, "outcome": "freeze"}),
+    "value_solve": ("value_solve", {}),
+}
+#: --quick for round 5 (a smoke test, not a score), on seeds that are no evaluation seed of ``SETS_R5``.
+QUICK_R5 = {"sets": {"r4_evaluation": (6901,), "r4_heldout_minibatch": (6901,), "r5_evaluation": (7901,),
+                     "r5_heldout_shape": (7901,), "r5_heldout_participation": (7901,)},
+            "candidates": {"value_solve": {"profile_trend": (0.0, 1.0)}}}
+
 RECOMMENDERS = ("online", "previous", "pilot", "transfer", "a_posteriori")
 BASELINES = ("fedavg", "half", "cross_seed_oracle")
 LABELS = {"online": "online (causal)", "previous": "previous online rule", "pilot": "pilot (T/4 rounds)",
@@ -313,9 +385,9 @@ COLORS = {"online": 0, "previous": 7, "fedavg": 3, "half": 2, "best": 1}
 # the instances and their records
 # ======================================================================================
 def settings(variant: str, quick: bool = False):
-    """Every setting of ``variant`` (of :data:`VARIANTS` or :data:`HELD_OUT`) as ``(family, heterogeneity,
+    """Every setting of ``variant`` (of :data:`VARIANTS`, :data:`HELD_OUT` or :data:`HELD_OUT_R5`) as ``(family, heterogeneity,
     E, η, config dict without seed)`` (``η`` is the step scale ``c`` where the variant sets one)."""
-    spec_v = {**VARIANTS, **HELD_OUT}[variant]
+    spec_v = {**VARIANTS, **HELD_OUT, **HELD_OUT_R5}[variant]
     for family, spec in FAMILIES.items():
         if family not in spec_v.get("families", FAMILIES) or (quick and family not in QUICK["families"]):
             continue
@@ -599,8 +671,11 @@ def score_table(table: pd.DataFrame, records: dict, outcomes: dict, chosen: str)
 
 
 def _pct(v) -> str:
-    """``v`` in percent with one decimal (``∞`` for a diverged run; never ``-0.0``)."""
-    return "∞" if not np.isfinite(v) else f"{round(100 * v, 1) + 0.0:.1f}"
+    """``v`` in percent with one decimal (``∞`` for a diverged run; never ``-0.0``; from a million
+    percent on, two significant digits and the exponent: a frozen stage that blew up without overflowing)."""
+    if not np.isfinite(v):
+        return "∞"
+    return f"{100 * v:.1e}" if abs(100 * v) >= 1e6 else f"{round(100 * v, 1) + 0.0:.1f}"
 
 
 def paired(scores: pd.DataFrame, name: str, arm: str, other: str) -> dict:
@@ -995,9 +1070,10 @@ def goals_r4(scores: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def report_r4(goals: pd.DataFrame, chosen: dict) -> str:
-    """``predictive_regret_r4.md``: the choice per information set and the goals on every evaluation set."""
-    lines = ["Round 4 (issue 31): one rule per information set, chosen on the design sets by `choose_rules_r4`, "
+def report_r4(goals: pd.DataFrame, chosen: dict, round_number: int = 4) -> str:
+    """``predictive_regret_r4.md`` (``_r5`` for round 5): the choice per information set and the goals on
+    every evaluation set."""
+    lines = [f"Round {round_number} (issue 31): one rule per information set, chosen on the design sets by `choose_rules_r4`, "
              "scored on fresh seeds and held-out settings. Goals on every evaluation set: median ≤ "
              f"{100 * GOAL_R4['median']:g} %, worst ≤ {100 * GOAL_R4['max']:g} %, harm on ≤ "
              f"{100 * GOAL_R4['harm_share']:g} % of the instances, median captured share of FedAvg's gap ≥ "
@@ -1014,32 +1090,44 @@ def report_r4(goals: pd.DataFrame, chosen: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main_r4(args, out: Path, cache: Path) -> int:
-    """Round 4: records (format 4) of the design sets, every candidate of :data:`CANDIDATES_R4` replayed on
+def rounds_declared() -> dict:
+    """Rounds 4 and 5 as declared: their sets and quick sets, candidate grids (full and quick), the rules
+    scored beside the choice on the evaluation sets, and the prefix of their tables."""
+    round3 = {rule_name_r4("online", ROUND3_RULE): ("online", dict(ROUND3_RULE))}
+    return {4: {"sets": SETS_R4, "quick": QUICK_R4, "candidates": CANDIDATES_R4, "carried": round3,
+                "prefix": "predictive_regret_r4"},
+            5: {"sets": SETS_R5, "quick": QUICK_R5, "candidates": CANDIDATES_R5, "carried": {**CARRIED_R5, **round3},
+                "prefix": "predictive_regret_r5"}}
+
+
+def main_round(args, out: Path, cache: Path) -> int:
+    """Round 4 or 5 (``args.round``): records (format 4) of the design sets, every candidate replayed on
     them, the design table and the choice per information set (``--design-only`` stops here), then the
-    evaluation sets scored once: the chosen rules, round 3's rule, FedAvg and the value solve in the last
-    round (strategy ``value_solve_final``, a baseline of information set (c))."""
+    evaluation sets scored once: the chosen rules, the round's carried rules (round 3's; for round 5 also
+    round 4's choice), FedAvg and the value solve in the last round (strategy ``value_solve_final``, a
+    baseline of information set (c))."""
     start = time.perf_counter()
-    table = instances(args.quick, args.backend, sets=SETS_R4, quick_sets=QUICK_R4["sets"])
+    declared = rounds_declared()[args.round]
+    prefix = declared["prefix"]
+    table = instances(args.quick, args.backend, sets=declared["sets"], quick_sets=declared["quick"]["sets"])
     out.mkdir(parents=True, exist_ok=True)
     restarts = QUICK["restarts"] if args.quick else 8
     design_part = table[table["role"] == "design"]
     records = compute(design_part, cache, args.workers, restarts)
-    rules = candidate_rules_r4(QUICK_R4["candidates"] if args.quick else None)
+    rules = candidate_rules_r4(declared["quick"]["candidates"] if args.quick else declared["candidates"])
     outcomes = rule_outcomes(design_part, records, cache, rules, args.workers)
-    atomic_write_text(out / "predictive_regret_r4_design.csv",
+    atomic_write_text(out / f"{prefix}_design.csv",
                       design_table_r4(table, records, outcomes, rules).to_csv(index=False, float_format="%.6g"))
-    chosen = choose_rules_r4(pd.read_csv(out / "predictive_regret_r4_design.csv"))
-    write_json(out / "predictive_regret_r4_choice.json", chosen)
+    chosen = choose_rules_r4(pd.read_csv(out / f"{prefix}_design.csv"))
+    write_json(out / f"{prefix}_choice.json", chosen)
     print(json.dumps(chosen, indent=1))
     if args.design_only:
-        print(f"wrote {out / 'predictive_regret_r4_design.csv'}, predictive_regret_r4_choice.json "
-              f"({time.perf_counter() - start:.0f} s)")
+        print(f"wrote {out / f'{prefix}_design.csv'}, {prefix}_choice.json ({time.perf_counter() - start:.0f} s)")
         return 0
     evaluation = table[table["role"] == "evaluation"]
     records.update(compute(evaluation, cache, args.workers, restarts))
     wanted = {c["rule"]: rules[c["rule"]] for c in chosen.values()}
-    wanted[rule_name_r4("online", ROUND3_RULE)] = ("online", dict(ROUND3_RULE))
+    wanted.update(declared["carried"])
     outcomes.update(rule_outcomes(evaluation, records, cache, wanted, args.workers))
     scores = _regret_rows(evaluation, records, outcomes, wanted)
     baselines = []
@@ -1057,13 +1145,13 @@ def main_r4(args, out: Path, cache: Path) -> int:
                               "T0": T if name == "fedavg" else T - 1, "outcome": name, "regret": r,
                               "fedavg_regret": regret(R[-1], R), "harm": bool(r - regret(R[-1], R) > HARM_MARGIN)})
     scores = pd.concat([scores, pd.DataFrame(baselines)], ignore_index=True)
-    atomic_write_text(out / "predictive_regret_r4_scores.csv", scores.to_csv(index=False, float_format="%.6g"))
-    goals = goals_r4(pd.read_csv(out / "predictive_regret_r4_scores.csv"))
-    atomic_write_text(out / "predictive_regret_r4_summary.csv", goals.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(out / "predictive_regret_r4.md", report_r4(goals, chosen))
-    print(report_r4(goals, chosen))
-    print(f"wrote {out / 'predictive_regret_r4_scores.csv'}, predictive_regret_r4_summary.csv, "
-          f"predictive_regret_r4.md ({time.perf_counter() - start:.0f} s)")
+    atomic_write_text(out / f"{prefix}_scores.csv", scores.to_csv(index=False, float_format="%.6g"))
+    goals = goals_r4(pd.read_csv(out / f"{prefix}_scores.csv"))
+    atomic_write_text(out / f"{prefix}_summary.csv", goals.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(out / f"{prefix}.md", report_r4(goals, chosen, args.round))
+    print(report_r4(goals, chosen, args.round))
+    print(f"wrote {out / f'{prefix}_scores.csv'}, {prefix}_summary.csv, {prefix}.md "
+          f"({time.perf_counter() - start:.0f} s)")
     return 0
 
 
@@ -1072,9 +1160,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small instances (smoke test; not a score)")
-    parser.add_argument("--round", type=int, choices=(3, 4), default=3,
+    parser.add_argument("--round", type=int, choices=(3, 4, 5), default=3,
                         help="3: round 3's tables (committed); 4: round 4's rules per information set, "
-                             "scored on fresh seeds and held-out settings (issue 31)")
+                             "scored on fresh seeds and held-out settings (issue 31); 5: the value solve's "
+                             "forecast of FedAvg's last round, designed on round 4's evaluation sets")
     parser.add_argument("--design-only", action="store_true",
                         help="compute the design table and the criterion's choice only (no evaluation score)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -1098,8 +1187,8 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else ROOT / (
         f"results/predictive_regret-{args.backend}" if gpu else "results" if args.quick else "figures")
     cache = Path(args.cache) if args.cache else ROOT / "benchmarks" / "_cache" / f"predictive_regret{suffix}"
-    if args.round == 4:
-        return main_r4(args, out, cache)
+    if args.round in (4, 5):
+        return main_round(args, out, cache)
     start = time.perf_counter()
     table = instances(args.quick, args.backend)
     out.mkdir(parents=True, exist_ok=True)

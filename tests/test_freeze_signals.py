@@ -16,7 +16,7 @@ from linattn_theory.core.model import kernel
 from linattn_theory.recommenders.online import freeze_forecast
 from linattn_theory.recommenders.recommendation import pilot_bound
 from linattn_theory.recommenders.rules import (INFORMATION_SETS, RULES, ServerObservableRule, ValueMomentsRecallRule,
-                                               ValueSolveRule, make_rule, observed_losses)
+                                               ValueSolveRule, last_round_forecast, make_rule, observed_losses)
 from linattn_theory.recommenders.scoring import realised_risk, replay_online, score_instance
 from linattn_theory.recommenders.signals import (decomposition_forecast, margin_crossing, offers, price_of_waiting,
                                                  recall_margin, stability_margin)
@@ -230,6 +230,44 @@ def test_value_solve_rule_waits_and_solves_at_the_smallest_profile():
     assert d.stop and d.kernel_round == 6 and d.outcome == "solve" and d.freeze_objective == 2.39
 
 
+#: A history whose profile still falls by 0.1 a round at the end (round 5's case): Φ = 2.40, 2.30, 2.20,
+#: 2.10 over rounds 5–8 and F_λ(θ_8) = A_8 = 2.2, so J(8, 1) = 2.2 − 0.038 = 2.162 (T = 9).
+FALLING = {"A": [5.0, 5.2, 4.9, 4.6, 4.3, 4.06, 3.0, 2.6, 2.2, 2.3],
+           "profile": [3.0, 3.0, 2.9, 2.7, 2.5, 2.40, 2.30, 2.20, 2.10, 2.05], "floor": [0.1] * 10}
+
+
+def test_last_round_forecast_by_hand():
+    """F̂ = J(8, 1) − κ (Φ(K_7) − Φ(K_8)) = 2.162 − 0.1 κ; a single stored round: J(0, 1) = 5 − 0.03."""
+    forecasts = hand(**FALLING)
+    profile = FALLING["profile"][:9]
+    assert last_round_forecast(forecasts, profile, 0.0) == pytest.approx(2.162, abs=1e-12)
+    assert last_round_forecast(forecasts, profile, 1.0) == pytest.approx(2.062, abs=1e-12)
+    assert last_round_forecast(forecasts, profile, 4.0) == pytest.approx(1.762, abs=1e-12)
+    assert last_round_forecast(forecasts[:1], profile[:1], 4.0) == pytest.approx(4.97, abs=1e-12)
+
+
+def test_value_solve_rule_declines_the_solve_when_fedavgs_last_round_is_forecast_to_beat_it():
+    """Round 5 on FALLING (T = 9): at t = 8 the solve at K_8 gives Φ = 2.10; κ = 0 and 0.5 forecast
+    2.162 and 2.112 ≥ 2.10 and solve; κ = 1 forecasts 2.062 < 2.10 and trains the last round, then ends
+    at t = 9 with the stored iterate of the smallest loss: θ_8 (A_8 = 2.2 < A_9 = 2.3, an ``iterate``), or
+    θ_9 itself (plain FedAvg, a ``freeze`` of K_9) when A_9 is the smallest. On the base history (the
+    profile rises at the end) no κ declines."""
+    for kappa, declines in ((0.0, False), (0.5, False), (1.0, True), (4.0, True)):
+        d = ValueSolveRule(profile_trend=kappa).decide(hand(**FALLING), 9)
+        assert d.stop is not declines and d.kernel_round == 8 and d.freeze_objective == 2.10
+        assert d.fedavg_forecast == pytest.approx(2.162 - 0.1 * kappa, abs=1e-12)
+        assert (d.test, d.outcome) == (("end_forecast", "freeze") if declines else ("solve", "solve"))
+    end = ValueSolveRule(profile_trend=1.0).decide(hand(**FALLING, upto=9), 9)
+    assert (end.stop, end.kernel_round, end.outcome) == (True, 8, "iterate")
+    fedavg_best = dict(FALLING, A=FALLING["A"][:9] + [2.1])
+    end = ValueSolveRule(profile_trend=1.0).decide(hand(**fedavg_best, upto=9), 9)
+    assert (end.stop, end.kernel_round, end.outcome) == (True, 9, "freeze")
+    for kappa in (1.0, 100.0):
+        assert ValueSolveRule(profile_trend=kappa).decide(hand(), 9).outcome == "solve"
+    with pytest.raises(ValueError, match="profile_trend"):
+        ValueSolveRule(profile_trend=-1.0)
+
+
 def test_rules_are_registered_with_their_information_sets():
     assert set(RULES) == {"online", "value_moments_recall", "server_observable", "value_solve"}
     for name, cls in RULES.items():
@@ -337,6 +375,40 @@ def test_round4_evaluation_is_out_of_distribution_and_declared_in_the_docs():
             f"{100 * goal['harm_share']:g} %") in docs
     assert f"at least {100 * goal['captured']:g} %" in docs and f"exceeds {100 * goal['gap']:g} %" in docs
     assert f"at most {100 * bench.DESIGN_HARM_LIMIT_R4:g} % of every design variant" in docs
+
+
+@pytest.mark.slow
+def test_round5_designs_on_round4s_evaluation_and_scores_fresh_seeds_and_new_settings():
+    """Round 5: its design sets are round 4's evaluation sets; its evaluation seeds are new to every
+    earlier round, its held-out settings (seed aside) are no instance of round 4 (design or evaluation),
+    its in-distribution sets are round 4's settings; docs/theory.md §8 names every evaluation set with its
+    variant and seeds; the carried rules are round 4's committed choice."""
+    import json
+
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    table = bench.instances(False, sets=bench.SETS_R5)
+    design, evaluation = table[table["role"] == "design"], table[table["role"] == "evaluation"]
+    assert set(design["set"]) == {n for n, (_, role, _) in bench.SETS_R4.items() if role == "evaluation"}
+    assert not set(evaluation["seed"]) & {s for _, _, seeds in bench.SETS_R4.values() for s in seeds}
+    unseed = lambda config: repr({k: v for k, v in config.items() if k != "seed"})  # noqa: E731
+    seen = set(bench.instances(False, sets=bench.SETS_R4)["config"].map(unseed))
+    held = evaluation[evaluation["variant"].isin(list(bench.HELD_OUT_R5))]
+    assert set(held["variant"]) == set(bench.HELD_OUT_R5) and not set(held["config"].map(unseed)) & seen
+    fresh = evaluation[~evaluation["variant"].isin(list(bench.HELD_OUT_R5))]
+    assert set(fresh["config"].map(unseed)) <= seen
+    docs = " ".join((root / "docs" / "theory.md").read_text().split())
+    for name, (variant, role, seeds) in bench.SETS_R5.items():
+        if role == "evaluation":
+            assert list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+            assert f"`{name}` ({variant}, seeds {seeds[0]}–{seeds[-1]}" in docs, name
+    chosen = json.loads((root / "figures" / "predictive_regret_r4_choice.json").read_text())
+    assert set(bench.CARRIED_R5) == {c["rule"] for c in chosen.values()}
+    for name, (kind, params) in bench.CARRIED_R5.items():
+        assert bench.rule_name_r4(kind, params) == name
+    kappas = bench.CANDIDATES_R5["value_solve"]["profile_trend"]
+    assert "κ ∈ {" + ", ".join(f"{k:g}" for k in kappas) + "}" in docs
 
 
 def test_round4_captured_share_and_criterion_by_hand():
@@ -529,3 +601,101 @@ def test_round4_choice_and_score_quoted_in_the_docs_follow_from_the_committed_ta
     assert f"captures at most {100 * server['captured'].max():.0f} %" in docs
     assert (f"harms {100 * 23 / 105:.0f} % and {100 * 35 / 108:.0f} % of the instances of the two minibatch sets"
             in docs)
+
+
+def test_round5_choice_and_score_quoted_in_the_docs_follow_from_the_committed_tables():
+    """docs/theory.md §8, round 5, and the README, recomputed from the committed tables with plain pandas:
+    the choice is the criterion's on the committed design table; the report is the scores'; the scored and
+    the diverged (declared − scored) counts; each rule's goals per set; the declines of κ = 1 and what they
+    cost; the participation set's harms. Every quoted number is asserted to appear as computed."""
+    import json
+    from pathlib import Path
+
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    figures = Path(root) / "figures"
+    docs = " ".join((Path(root) / "docs" / "theory.md").read_text().split())
+    readme = " ".join((Path(root) / "README.md").read_text().split())
+    design = pd.read_csv(figures / "predictive_regret_r5_design.csv")
+    chosen = bench.choose_rules_r4(design)
+    assert chosen == json.loads((figures / "predictive_regret_r5_choice.json").read_text())
+    pick = chosen["value_moments_and_solve"]
+    assert pick == {"rule": "value_solve(profile_trend=1.0)", "admissible": 3, "candidates": 5}
+    assert "the criterion chose **κ = 1** (3 of 5 admissible" in docs
+    solve = design[design["kind"] == "value_solve"]
+    harm = solve.groupby("rule")["harm"].sum()
+    linear = solve[solve["variant"] == "linear"].set_index("rule")
+    assert harm["value_solve(profile_trend=0.0)"] == linear.loc["value_solve(profile_trend=0.0)", "harm"] == 3
+    assert harm["value_solve(profile_trend=0.5)"] == 1 and f"{100 / linear['instances'].iloc[0]:.2f} %" == "0.56 %"
+    assert all(harm[f"value_solve(profile_trend={k})"] == 0 for k in (1.0, 2.0, 4.0))
+    means = solve.groupby("rule")["mean"].mean()
+    assert (f"mean of the mean regrets {100 * means[pick['rule']]:.1f} %, against "
+            f"{100 * means['value_solve(profile_trend=0.0)']:.1f} % at κ = 0").replace("-", "−") in docs
+
+    scores = pd.read_csv(figures / "predictive_regret_r5_scores.csv")
+    goals = bench.goals_r4(scores)
+    assert (figures / "predictive_regret_r5.md").read_text() == bench.report_r4(goals, chosen, 5)
+    declared = bench.instances(False, sets=bench.SETS_R5)
+    declared = declared[declared["role"] == "evaluation"].groupby("set").size()
+    scored = scores[scores["rule"] == "fedavg"].groupby("set").size()
+    diverged = declared - scored
+    assert scored.sum() == 597 and len(scored) == 9 and "597 evaluation instances in 9 sets" in docs
+    assert (diverged.sum(), declared.sum()) == (99, 696) and "the 99 of the 696 declared instances" in docs
+    assert (f"{diverged['r5_evaluation_minibatch']} of {declared['r5_evaluation_minibatch']} and "
+            f"{diverged['r5_heldout_minibatch']} of {declared['r5_heldout_minibatch']}") == "22 of 108 and 27 of 72"
+
+    per = {}
+    for (rule, name), part in scores.groupby(["rule", "set"]):
+        r, rf = part["regret"].to_numpy(), part["fedavg_regret"].to_numpy()
+        gap = rf > 0.10
+        captured = np.median((rf[gap] - r[gap]) / rf[gap]) if gap.any() else np.nan
+        harmed = int(np.sum(r - rf > bench.HARM_MARGIN))
+        median = np.percentile(r, 50, method="higher")
+        per[(rule, name)] = dict(n=len(r), median=median, worst=r.max(), harmed=harmed, captured=captured,
+                                 met=bool(median <= 0.005 and r.max() <= 0.15 and harmed <= 0.01 * len(r)
+                                          and (not gap.any() or captured >= 0.8)))
+    per = pd.DataFrame(per).T
+    kappa1, kappa0 = per.xs(pick["rule"]), per.xs("value_solve")
+    assert int(kappa1["met"].sum()) == 7 and int(kappa0["met"].sum()) == 8
+    assert "meets every goal on 7 of the 9 sets" in docs and "on 8 of 9" in docs and "goal on 8 of 9 sets" in readme
+    k1 = scores[scores["rule"] == pick["rule"]].reset_index(drop=True)
+    k0 = scores[scores["rule"] == "value_solve"].reset_index(drop=True)
+    assert (k1[["set", "setting", "seed"]] == k0[["set", "setting", "seed"]]).all().all()
+    declined = k1["outcome"] != "solve"
+    gained = declined & (k1["regret"] < k0["regret"])
+    lost = declined & (k1["regret"] > k0["regret"])
+    assert (declined.sum(), gained.sum(), lost.sum()) == (15, 4, 11) and "declined the solve on 15 of 597" in docs
+    assert set(k1.loc[gained, "variant"]) == {"softmax"}
+    points = 100 * (k0.loc[gained, "regret"] - k1.loc[gained, "regret"])
+    assert f"gained {points.min():.1f}–{points.max():.1f} points, on 11 it lost, 8 of them under minibatches" in docs
+    assert int(k1.loc[lost, "variant"].isin(["minibatch", "minibatch_dense"]).sum()) == 8
+    worst = k1["regret"].idxmax()
+    assert (f"its worst instance, {100 * k1.loc[worst, 'regret']:.1f} %, is one where the solve would have given "
+            f"{100 * k0.loc[worst, 'regret']:.1f} %").replace("-", "−") in docs.replace("-", "−")
+    assert bool(declined[worst]) and k1.loc[worst, "set"] == "r5_evaluation_minibatch"
+
+    part = "r5_heldout_participation"
+    harmed = k0[(k0["set"] == part) & (k0["regret"] - k0["fedavg_regret"] > bench.HARM_MARGIN)]
+    assert len(harmed) == 4 and kappa1.loc[part, "harmed"] == 4 and kappa0.loc[part, "n"] == 60
+    assert not kappa0.drop(part)["met"].eq(False).any()
+    assert "they harm 4 of 60 instances (6.7 %)" in docs and "harmed 4 of 60 instances" in readme
+    assert (harmed["family"] == "in_context_regression").all() and (harmed["heterogeneity"] == 0.25).all()
+    assert (harmed["fedavg_regret"] == 0).all() and not declined[harmed.index].any()
+    assert f"regret {100 * harmed['regret'].min():.1f}–{100 * harmed['regret'].max():.1f} %" in docs
+
+    recall = per.xs(next(r for r in bench.CARRIED_R5 if r.startswith("value_moments_recall")))
+    assert (recall["median"] < 0.0005).all() and f"at least {100 * recall['captured'].min():.0f} % of FedAvg's gap" in docs
+    assert f"worst instance is {100 * recall['worst'].min():.1f}–{100 * recall['worst'].max():.1f} %" in docs
+    assert int(recall["met"].sum()) == 1 and "it meets every goal on 1 of the 9 sets" in docs
+    r3 = per.xs(bench.rule_name_r4("online", bench.ROUND3_RULE))
+    assert f"round 3's rule: worst {100 * r3['worst'].min():.1f}–{100 * r3['worst'].max():.1f} %" in docs
+    nothing = ["r5_evaluation_minibatch", "r5_heldout_minibatch", part]
+    assert (r3.loc[nothing, "captured"] == 0).all() and r3.loc[part, "harmed"] == 9 and "harms 9 of 60" in docs
+    server = per.xs(next(r for r in bench.CARRIED_R5 if r.startswith("server_observable")))
+    assert (server.loc["r5_evaluation_minibatch", "harmed"], server.loc["r5_evaluation_minibatch", "n"]) == (23, 86)
+    assert (server.loc[part, "harmed"], server.loc[part, "n"]) == (30, 60) and "harms 23 of 86 and 30 of 60" in docs
+    r4_solve = pd.read_csv(figures / "predictive_regret_r4_summary.csv")
+    r4_solve = r4_solve[r4_solve["rule"] == "value_solve"]
+    met4 = int((r4_solve[["median_met", "max_met", "harm_met", "captured_met"]].all(axis=1)).sum())
+    assert f"it met every goal on {met4 + 8} of {len(r4_solve) + 9} sets" in docs

@@ -12,7 +12,8 @@ decision by its ``outcome`` (:func:`~.scoring.realised_risk`):
 * :class:`ServerObservableRule` — information set **(b) what a server observes**: the global
   parameters and the clients' reported losses, no moment; it reads ``F_λ(θ_u)`` alone;
 * :class:`ValueSolveRule` — information set **(c) = (a) plus the exact value solve**
-  (strategy ``value_solve``, docs/theory.md §5).
+  (strategy ``value_solve``, docs/theory.md §5); from round 5 with a forecast of FedAvg's last round
+  (``profile_trend``), which may decline the solve.
 
 :data:`RULES` registers them by name, with today's :class:`~.online.OnlineRule` as ``online``;
 :data:`INFORMATION_SETS` says each one's information set in a sentence.
@@ -29,7 +30,7 @@ from .online import (OnlineDecision, OnlineRule, freeze_options, freeze_risk, pr
 from .signals import decomposition_forecast, margin_crossing, offers, price_of_waiting, recall_margin
 
 __all__ = ["INFORMATION_SETS", "RULES", "ValueMomentsRecallRule", "ServerObservableRule", "ValueSolveRule",
-           "observed_losses", "make_rule"]
+           "observed_losses", "last_round_forecast", "make_rule"]
 
 #: The information sets of round 4 (docs/theory.md §8), one sentence each.
 INFORMATION_SETS = {
@@ -331,6 +332,21 @@ class ValueSolveRule:
     under any noise (the solve uses every client's full data); it may beat every ``T0`` of
     FedFrozen (negative regret).
 
+    The solve gives up FedAvg's last round, in which the kernel still moves. With ``profile_trend = κ
+    > 0`` (round 5, docs/theory.md §8) the rule forecasts that round's objective as the exact objective
+    of one frozen round at the last kernel less ``κ`` times the profile's last decrease,
+    ``F̂_T = J(T−1, 1) − κ (Φ_λ(K_{T−2}) − Φ_λ(K_{T−1}))`` (:func:`last_round_forecast`;
+    ``F_λ(θ_T) = Φ_λ(K_T) +`` the value gap, and the kernel's move lowers ``Φ_λ`` by about its last
+    decrease), and declines the solve when ``F̂_T < Φ_λ(K_{s*})``: it trains the last round and ends, at
+    ``t = T``, with the stored iterate of the smallest training objective (``θ_T`` or an earlier one:
+    never worse than FedAvg). ``κ = 0`` is round 4's rule (``J(T−1, 1) ≥ Φ_λ(K_{T−1}) ≥ Φ_λ(K_{s*})``:
+    it never declines).
+
+    Parameters
+    ----------
+    profile_trend : float, default 0.0
+        ``κ`` (``≥ 0``).
+
     Examples
     --------
     >>> from types import SimpleNamespace
@@ -343,13 +359,28 @@ class ValueSolveRule:
     >>> decision = ValueSolveRule().decide(forecasts, T=10)    # t = T − 1: solve at the least Φ_λ(K_s)
     >>> decision.stop, decision.kernel_round, decision.freeze_objective
     (True, 4, 0.5)
+    >>> falling = [SimpleNamespace(round=u, final_objective=lambda k, L=L: L, profile=L - 0.1, drift_floor=0.0)
+    ...            for u, L in enumerate([5.0, 3.0, 2.0, 1.0])]   # Φ_λ(K_u) = F_λ(θ_u) − 0.1, still falling by 1
+    >>> rule = ValueSolveRule(profile_trend=0.5)                # F̂_T = 1.0 − 0.5 · 1.0 = 0.5 < Φ_λ(K_3) = 0.9
+    >>> decision = rule.decide(falling, T=4)
+    >>> decision.stop, decision.fedavg_forecast, decision.test
+    (False, 0.5, 'end_forecast')
     """
 
+    profile_trend: float = 0.0
     information_set = "value_moments_and_solve"
 
+    def __post_init__(self):
+        _check_number(type(self).__name__, "profile_trend", self.profile_trend)
+
     def decide(self, forecasts, T: int) -> OnlineDecision:
-        """The decision at round ``t = len(forecasts) − 1``: wait until ``t = T − 1``, then solve."""
+        """The decision at round ``t = len(forecasts) − 1``: wait until ``t = T − 1``, then solve (or,
+        when the forecast of FedAvg's last round beats the solve, train it and end at ``t = T`` with the
+        stored iterate of the smallest training objective)."""
         t = _round_and_check(forecasts, T)
+        if t == T:
+            return _best_iterate(observed_losses(forecasts), T, t, "budget",
+                                 "the solve declined: the stored iterate of the smallest training objective")
         profile, _ = profiles_and_floors(forecasts)
         profile = np.asarray(profile, dtype=float)
         s = int(np.argmin(np.where(np.isfinite(profile), profile, np.inf)))
@@ -357,8 +388,35 @@ class ValueSolveRule:
         if t < T - 1:
             return OnlineDecision(t, False, s, float(profile[s]), nan, nan, nan, nan, "solve",
                                   "waiting: the solve in the last round beats every frozen stage")
-        return OnlineDecision(t, True, s, float(profile[s]), nan, nan, nan, nan, "solve",
+        forecast = last_round_forecast(forecasts, profile, self.profile_trend)
+        if forecast < profile[s]:
+            return OnlineDecision(t, False, s, float(profile[s]), nan, nan, forecast, nan, "end_forecast",
+                                  f"FedAvg's last round, forecast {forecast:.4g}, beats the solve at K_{s} "
+                                  f"({profile[s]:.4g}): train it")
+        return OnlineDecision(t, True, s, float(profile[s]), nan, nan, forecast, nan, "solve",
                               f"solve the value block at K_{s}, the smallest profile stored", "solve")
+
+
+def last_round_forecast(forecasts, profile, profile_trend: float) -> float:
+    """``F̂_{t+1} = J(t, 1) − κ (Φ_λ(K_{t−1}) − Φ_λ(K_t))``: FedAvg's objective after one more round,
+    forecast as one frozen round at the last kernel (exact, :func:`~.online.freeze_options`) less ``κ``
+    times the profile's last decrease (the kernel's move; docs/theory.md §8, "Round 5"). ``κ = 0`` or
+    a single stored round: ``J(t, 1)``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> forecasts = [SimpleNamespace(round=u, final_objective=lambda k, u=u: 4.0 - u - 0.5 * k, profile=3.0 - u,
+    ...                              drift_floor=0.0) for u in range(3)]      # J(2, 1) = 1.5, Φ drops by 1
+    >>> from linattn_theory.recommenders.rules import last_round_forecast
+    >>> last_round_forecast(forecasts, [3.0, 2.0, 1.0], 2.0)                  # 1.5 − 2 · (2 − 1)
+    -0.5
+    """
+    t = len(forecasts) - 1
+    one_round = float(freeze_options(forecasts, 1)[t])
+    if profile_trend == 0 or t < 1:
+        return one_round
+    return one_round - profile_trend * float(profile[t - 1] - profile[t])
 
 
 #: Rules by name (the regret benchmark's registry): today's rule and the rules of round 4.
