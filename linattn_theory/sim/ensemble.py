@@ -39,7 +39,7 @@ from ..core.model import Params
 from ..core.seeds import SEED_INIT, seed_sequence
 from ..data.families import clients_from_config
 from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
-from .rounds import Member, RunResult, RunState, run_ensemble
+from .rounds import Member, RunResult, run_ensemble
 from .strategies import make_strategy
 
 __all__ = ["simulate_many", "checked_inputs", "ensemble_key", "initial_params", "prepare_run", "run_metadata"]
@@ -165,26 +165,6 @@ def _warn_small_clients(batch_size: int | None, sizes) -> None:
         warnings.warn(f"federated.batch_size = {batch_size} exceeds the sample count of {small} "
                       f"client(s) (smallest N_c = {int(np.min(sizes))}); their minibatches are drawn "
                       f"with replacement", RuntimeWarning, stacklevel=3)
-
-
-def _test_metrics(clients, config: RunConfig):
-    """``(records, on_round)``: test loss and accuracy per round when the clients hold a test split.
-
-    Clients with ``truth["test_X"]`` (real data, :mod:`linattn_theory.data.digits`) get the columns
-    ``test_loss`` and ``test_accuracy``; otherwise ``({}, None)``.
-    """
-    truth = getattr(clients, "truth", None) or {}
-    if "test_X" not in truth:
-        return {}, None
-    from ..data.digits import evaluate
-    records = {}
-    test = (truth["test_X"], truth["test_q"], truth["test_y"])
-    model = config.model
-
-    def on_round(state):
-        with np.errstate(all="ignore"):
-            records[state.round] = evaluate(state.params, *test, model.attention, model.temperature)
-    return records, on_round
 
 
 def ensemble_key(config: RunConfig, data: StackedClients) -> str:
@@ -688,12 +668,16 @@ class _OnlineReplay:
 
 
 def _add_test_metrics(result: RunResult, clients, config: RunConfig, history) -> None:
-    """Test loss and accuracy per round (clients with a test split, as :func:`simulate` adds them)."""
-    test, on_round = _test_metrics(clients, config)
-    if on_round is None or history is None:
+    """Test loss and accuracy per round (columns ``test_loss``, ``test_accuracy``; metadata ``test``,
+    the last round's) of clients with a test split (``truth["test_X"]``, :mod:`linattn_theory.data.digits`),
+    from the run's parameters ``history`` ``θ^0, θ^1, …``."""
+    if history is None or not _has_test_split(clients):
         return
-    for t, theta in enumerate(history):
-        on_round(RunState(t, theta, (), None, None, 0.0, None, None, None))
+    from ..data.digits import evaluate
+    truth, model = clients.truth, config.model
+    with np.errstate(all="ignore"):
+        test = [evaluate(theta, truth["test_X"], truth["test_q"], truth["test_y"], model.attention, model.temperature)
+                for theta in history]
     for key in ("loss", "accuracy"):
         result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
     result.metadata["test"] = test[int(result.table["round"].iloc[-1])]
