@@ -215,12 +215,11 @@ def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str 
                       max_bytes: int | str | None = "auto", progress: bool = False) -> list[dict[int, RunResult]]:
     """:func:`warmup_sweep` of many instances at once: ``[{T0: RunResult}]`` in the configs' order.
 
-    The instances' FedAvg trajectories (each up to its largest ``T0``) run as ensembles
-    (:mod:`linattn_theory.sim.ensemble`, one leading instance axis) and keep their state at
-    every ``T0``; the frozen stages of all (instance, ``T0``) pairs then run as one moment-space
-    program (:func:`frozen_stages_from_moments`) when batches are full, or explicitly as
-    ensembles continuing from those states otherwise (``frozen_stage`` as in
-    :func:`warmup_sweep`). Each result equals ``warmup_sweep(config)[T0]`` to rounding (the
+    The instances' FedAvg trajectories run as ensembles (:func:`~linattn_theory.sim.ensemble.run_planned`,
+    one leading instance axis) and keep their state at every ``T0``; the frozen stages of all
+    (instance, ``T0``) pairs then continue from those states as ensembles of the round loop, in
+    moment space when batches are full (each trajectory then stops at its largest ``T0``) and
+    explicitly otherwise (``frozen_stage`` as in :func:`warmup_sweep`). Each result equals ``warmup_sweep(config)[T0]`` to rounding (the
     ensemble runs the fused CPU engine wherever it applies and pays). ``clients`` is ``None`` or one entry
     per config; ``max_bytes`` bounds an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
 
@@ -310,13 +309,14 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     flat = [(i, c.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0}))
             for i, (c, T0s) in enumerate(zip(configs, checked)) for T0 in T0s]
     clients, params = (per_config(a, len(configs), what) for a, what in ((clients, "clients"), (params, "params")))
-    trajectories: dict = {}
+    full = [T0s == list(range(c.federated.rounds + 1)) for c, T0s in zip(configs, checked)]
+    trajectories: dict | None = {} if any(full) else None       # kept only where a path is handed out
     runs = run_planned([rc for _, rc in flat], [clients[i] for i, _ in flat], [params[i] for i, _ in flat],
                        max_bytes, progress, trajectories, alone, frozen_stage=frozen_stage)
     results: list[dict] = [{} for _ in configs]
     paths: list[tuple | None] = [None] * len(configs)
     for j, ((i, rc), run) in enumerate(zip(flat, runs)):
         results[i][rc.federated.warmup_rounds] = run
-        if j in trajectories and checked[i] == list(range(configs[i].federated.rounds + 1)):
+        if full[i] and j in trajectories:
             paths[i] = trajectories[j]
     return results, paths
