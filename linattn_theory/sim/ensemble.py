@@ -403,8 +403,8 @@ def run_planned(configs, clients, params, max_bytes, progress: bool, trajectorie
     """Run configs planned into ensembles: :func:`simulate_many` without its input checks (which
     :func:`~linattn_theory.sim.engine.simulate` and :mod:`linattn_theory.sim.warmup_grid` make
     themselves); with a dict ``trajectories``, also ``trajectories[i] = (data, states)``
-    for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
-    its states after rounds ``0..T`` (up to its divergence round), as
+    for every config ``i`` whose run is a shared warm-up's trajectory, ``T0 = T`` (each copy of a
+    config given twice): its stacked clients and its states after rounds ``0..T`` (up to its divergence round), as
     :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``. ``alone``: runs
     alone (:func:`~linattn_theory.sim.engine.simulate`, :func:`~linattn_theory.sim.warmup_grid.warmup_sweep`),
     whose ``max_bytes`` bounds a round's working set (:func:`~linattn_theory.core.backend.resolve_max_bytes`)
