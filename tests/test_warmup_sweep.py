@@ -201,3 +201,50 @@ def test_a_moment_space_stage_is_the_same_bits_alone_and_in_an_ensemble(dtype):
         assert len(alone.table) == 6
         assert np.array_equal(alone.table[numeric].to_numpy(float), together[T0].table[numeric].to_numpy(float))
         assert np.array_equal(alone.params.WV, together[T0].params.WV)
+
+
+def _assert_identical(a, b):
+    """Two runs of the same bits: tables, parameters, divergence and (untimed) metadata."""
+    import pandas as pd
+    pd.testing.assert_frame_equal(a.table, b.table, check_exact=True)
+    for block in ("WQ", "WK", "WV"):
+        for which in ("params", "warmup_params"):
+            assert np.array_equal(getattr(getattr(a, which), block), getattr(getattr(b, which), block))
+    assert a.divergence == b.divergence
+    untimed = lambda meta: {k: v for k, v in meta.items() if k != "provenance"}  # noqa: E731
+    assert untimed(a.metadata) == untimed(b.metadata)
+
+
+@pytest.mark.parametrize("warmups", [[0], [3], [2, 5], [7]])
+def test_a_sweep_of_some_T0_runs_the_full_sweeps_runs_bit_for_bit(warmups):
+    """The shared warm-up runs up to the largest ``T0`` swept and the frozen stages (moment space)
+    continue from it: each run is the full sweep's, bit for bit, also for ``T0 = 0`` alone (a
+    trajectory of no rounds) and ``T0 = T`` alone (the trajectory is the run)."""
+    config = _config(rounds=7, warmup_rounds=7, participation=0.5)
+    full, some = warmup_sweep(config), warmup_sweep(config, warmups=warmups)
+    assert sorted(some) == warmups
+    for T0 in warmups:
+        _assert_identical(some[T0], full[T0])
+        assert some[T0].metadata["engine"] == simulate(config).metadata["engine"]   # the trajectory's
+
+
+@pytest.mark.parametrize("frozen_stage", ["auto", "explicit"])
+def test_each_copy_of_a_swept_config_gets_the_fedavg_path(frozen_stage):
+    """A config given twice shares one warm-up, and each copy gets its FedAvg path."""
+    from linattn_theory.sim.warmup_grid import warmup_sweeps_and_paths
+    config = _config(rounds=4, warmup_rounds=4)
+    sweeps, paths = warmup_sweeps_and_paths([config, config], frozen_stage=frozen_stage)
+    for sweep, path in zip(sweeps, paths):
+        assert path is not None and [state.round for state in path[1]] == list(range(5))
+        _assert_identical(sweep[2], sweeps[0][2])
+
+
+def test_a_step_scale_sweep_resolves_its_step_as_simulate_does():
+    """``federated.step_scale`` sets each run's ``η`` before the shared warm-up, for moment-space
+    frozen stages as for explicit ones: each run equals ``simulate`` (to rounding) with its record."""
+    config = _config(rounds=5, warmup_rounds=5).with_updates({"federated.step_scale": 0.05})
+    sweep = warmup_sweep(config, warmups=[0, 2, 5])
+    for T0, run in sweep.items():
+        alone = simulate(config.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0}))
+        assert not alone.diverged and run.metadata["step_scale"] == alone.metadata["step_scale"]
+        _assert_same_run(run, alone, RTOL)

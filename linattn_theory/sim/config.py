@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import tomllib
-import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -228,13 +227,7 @@ class RunConfig:
                 for key in STEP_SCALE_KEYS:
                     data["federated"].pop(key, None)
         for key, value in updates.items():
-            node = data
-            *parents, leaf = key.split(".")
-            for part in parents:
-                if part not in node or not isinstance(node[part], dict):
-                    raise ConfigError(f"{key}: unknown section {part!r}")
-                node = node[part]
-            node[leaf] = value
+            set_dotted(data, key, value, "with_updates")
         return config_from_dict(_drop_none(data))
 
     @property
@@ -254,19 +247,16 @@ def _drop_none(data: dict) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _expected_type(annotation):
-    """``(base type, optional)`` of a field annotation such as ``float | None`` (memoised: the
+    """The type of a field annotation such as ``float | None`` (``float``; memoised: the
     annotations are a few strings, and every config built reads each of them)."""
     if isinstance(annotation, str):
         annotation = eval(annotation, {"float": float, "int": int, "str": str, "None": None})
-    args = typing.get_args(annotation)
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        base = [a for a in args if a is not type(None)][0]
-        return base, True
-    return annotation, False
+    types = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return types[0] if types else annotation
 
 
 def _check_value(path: str, value, f):
-    base, _ = _expected_type(f.type)
+    base = _expected_type(f.type)
     meta = f.metadata
     if base is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -302,10 +292,7 @@ def _build_section(cls, data, path: str):
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"{path}.{unknown[0]}: unknown key; allowed keys are {', '.join(sorted(known))}")
-    values = {}
-    for name, value in data.items():
-        values[name] = _check_value(f"{path}.{name}", value, known[name])
-    return cls(**values)
+    return cls(**{name: _check_value(f"{path}.{name}", value, known[name]) for name, value in data.items()})
 
 
 def config_from_dict(data: dict) -> RunConfig:

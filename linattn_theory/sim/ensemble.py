@@ -16,7 +16,9 @@ of separate runs, bit for bit). The online rule's run of such an instance (``fed
 with ``T0 = T``) is the ``T0 = T`` run until its rule freezes the kernel: its rule observes that
 run's states after the first ensemble, as it would in training, and its frozen rounds continue
 from the state of the round it stopped in, in the second (:class:`_OnlineReplay`; the run alone,
-bit for bit).
+bit for bit). A warm-up sweep (:mod:`linattn_theory.sim.warmup_grid`) is such a family; with full
+batches its trajectory stops at the largest ``T0`` and every frozen stage runs in moment space
+(``run_planned(..., frozen_stage="auto")``).
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ from ..core.model import Params
 from ..core.seeds import SEED_INIT, seed_sequence
 from ..data.families import clients_from_config
 from .config import ONLINE_STRATEGY, RunConfig, warmup_family_key
-from .rounds import Member, RunResult, RunState, run_ensemble
+from .rounds import Member, RunResult, run_ensemble
 from .strategies import make_strategy
 
 __all__ = ["simulate_many", "checked_inputs", "ensemble_key", "initial_params", "prepare_run", "run_metadata"]
 #: the planner's pieces that simulate (sim.engine) and the shared warm-ups (sim.warmup_grid) use
-__all__ += ["run_planned", "EnsemblePlan", "per_config", "data_bytes", "chunk_bytes", "ensemble_bytes"]
+__all__ += ["run_planned", "run_grouped", "EnsemblePlan", "per_config", "data_bytes", "chunk_bytes", "ensemble_bytes"]
 
 #: on NumPy an ensemble holds at most this many bytes of stacked data (more instances form more
 #: ensembles, one after the other); on a GPU half the free device memory
@@ -163,26 +165,6 @@ def _warn_small_clients(batch_size: int | None, sizes) -> None:
         warnings.warn(f"federated.batch_size = {batch_size} exceeds the sample count of {small} "
                       f"client(s) (smallest N_c = {int(np.min(sizes))}); their minibatches are drawn "
                       f"with replacement", RuntimeWarning, stacklevel=3)
-
-
-def _test_metrics(clients, config: RunConfig):
-    """``(records, on_round)``: test loss and accuracy per round when the clients hold a test split.
-
-    Clients with ``truth["test_X"]`` (real data, :mod:`linattn_theory.data.digits`) get the columns
-    ``test_loss`` and ``test_accuracy``; otherwise ``({}, None)``.
-    """
-    truth = getattr(clients, "truth", None) or {}
-    if "test_X" not in truth:
-        return {}, None
-    from ..data.digits import evaluate
-    records = {}
-    test = (truth["test_X"], truth["test_q"], truth["test_y"])
-    model = config.model
-
-    def on_round(state):
-        with np.errstate(all="ignore"):
-            records[state.round] = evaluate(state.params, *test, model.attention, model.temperature)
-    return records, on_round
 
 
 def ensemble_key(config: RunConfig, data: StackedClients) -> str:
@@ -417,18 +399,21 @@ def checked_inputs(configs, clients, stacklevel: int = 4):
 
 @timed_run
 def run_planned(configs, clients, params, max_bytes, progress: bool, trajectories: dict | None = None,
-                alone: bool = False, strategies=None, frozen_features=None):
+                alone: bool = False, strategies=None, frozen_features=None, frozen_stage: str = "explicit"):
     """Run configs planned into ensembles: :func:`simulate_many` without its input checks (which
     :func:`~linattn_theory.sim.engine.simulate` and :mod:`linattn_theory.sim.warmup_grid` make
     themselves); with a dict ``trajectories``, also ``trajectories[i] = (data, states)``
-    for every config ``i`` that leads a shared warm-up and whose ``T0 = T``: its stacked clients and
-    its states after rounds ``0..T`` (up to its divergence round), as
+    for every config ``i`` whose run is a shared warm-up's trajectory, ``T0 = T`` (each copy of a
+    config given twice): its stacked clients and its states after rounds ``0..T`` (up to its divergence round), as
     :func:`~linattn_theory.sim.engine.run_schedule` passes them to ``on_round``. ``alone``: runs
     alone (:func:`~linattn_theory.sim.engine.simulate`, :func:`~linattn_theory.sim.warmup_grid.warmup_sweep`),
     whose ``max_bytes`` bounds a round's working set (:func:`~linattn_theory.core.backend.resolve_max_bytes`)
     rather than an ensemble's data.
     ``strategies`` and ``frozen_features``: ``None`` or one hook per config (a
-    :class:`~linattn_theory.sim.rounds.Member`'s; a run with one is a family of its own)."""
+    :class:`~linattn_theory.sim.rounds.Member`'s; a run with one is a family of its own).
+    ``frozen_stage``: ``"explicit"``, or ``"auto"``: the frozen stages of the shared warm-ups of
+    full-batch runs in moment space (:func:`~linattn_theory.sim.warmup_grid.warmup_sweep`; equal
+    to the explicit ones to rounding)."""
     from ..core.curvature import hessian_curvature
     from .step_size import resolve_step_scale
     configs = list(configs)
@@ -472,9 +457,9 @@ def run_planned(configs, clients, params, max_bytes, progress: bool, trajectorie
         _warn_small_clients(config.federated.batch_size, data.sizes)
         _warn_float32_steps(config, data, theta0)
         warmups = sorted({configs[i].warmup_rounds for i in runs})
-        family = _Family(runs, configs, data, theta0, built, warmups if len(warmups) > 1 else None,
-                         online, trajectories, *hooks[runs[0]])
-        if plan.add(ensemble_key(config, data), family, 2 * data_bytes(data)):
+        family = _Family(runs, configs, data, theta0, built, warmups, online, trajectories, *hooks[runs[0]],
+                         moments=frozen_stage != "explicit" and config.federated.batch_size is None)
+        if plan.add(ensemble_key(family.trajectory(), data), family, 2 * data_bytes(data)):
             _run_wave(plan.drain(), results, progress, max_bytes if alone else None)
     _run_wave(plan.drain(), results, progress, max_bytes if alone else None)
     for i, record in steps.items():
@@ -511,66 +496,98 @@ def _has_test_split(clients) -> bool:
 @dataclasses.dataclass
 class _Family:
     """Runs of one instance: one run, identical copies of it, or FedFrozen runs differing in ``T0``
-    (``indices``), and the online rule's runs that follow the ``T0 = T`` one until they freeze
-    (``online``)."""
+    (``indices``, their ``T0`` values ``warmups``), and the online rule's runs that follow the
+    ``T0 = T`` one until they freeze (``online``). The shared warm-up: the run of the largest ``T0``
+    is the trajectory (the first ensemble), kept at every other ``T0``, whose frozen stage then
+    continues from there (the second). ``moments``: frozen stages in moment space (full batches,
+    :mod:`linattn_theory.sim.warmup_grid`), so the trajectory stops at the largest ``T0`` and
+    serves only a ``T0 = T`` run; its runs record no test metrics (no history is kept there)."""
 
     indices: list[int]
     configs: list
     data: StackedClients
     theta0: Params
     clients: Any
-    warmups: list[int] | None          # shared warm-up: the T0 values (largest first runs)
+    warmups: list[int]                 # the runs' T0 values, ascending
     online: list[int] = dataclasses.field(default_factory=list)  # the online rule's runs (T0 = T leads)
     trajectories: dict | None = None   # where to hand out a T0 = T lead's states (run_planned)
     strategy: Any = None               # a Member's hooks (a family of one run)
     frozen_features: Any = None
+    moments: bool = False
+    engine: str | None = None          # the trajectory's (what a moment-space stage reports)
     replays: dict = dataclasses.field(default_factory=dict)   # their _OnlineReplay, by index
     by_T0: dict = dataclasses.field(default_factory=dict)     # the results, by T0
     history: dict = dataclasses.field(default_factory=dict)   # θ^0, θ^1, … of each run (test metrics)
 
     def lead(self) -> RunConfig:
-        """The run of the first ensemble: the largest ``T0`` (the others' warm-up trajectory)."""
-        return self.configs[self.lead_index()]
+        """The run of the largest ``T0`` (the others' warm-up trajectory)."""
+        return self.configs[max(self.indices, key=lambda i: self.configs[i].warmup_rounds)]
 
-    def lead_index(self) -> int:
-        return max(self.indices, key=lambda i: self.configs[i].warmup_rounds)
+    def trajectory(self) -> RunConfig:
+        """The first ensemble's run: the lead, stopped at its ``T0`` for moment-space stages."""
+        lead = self.lead()
+        if not self.moments:
+            return lead
+        return dataclasses.replace(lead, federated=dataclasses.replace(lead.federated, rounds=lead.warmup_rounds))
+
+    def served(self) -> int | None:
+        """The ``T0`` whose run the trajectory is (``None``: a trajectory stopped before ``T``)."""
+        trajectory = self.trajectory()
+        return trajectory.warmup_rounds if trajectory.federated.rounds == self.lead().federated.rounds else None
 
     def every_state(self) -> bool:
-        """Whether the lead keeps its state after every round: for the online rule's runs, and
-        when its trajectory is asked for and is plain FedAvg (``T0 = T``)."""
-        lead = self.lead()
-        return bool(self.online) or (self.trajectories is not None
-                                     and lead.warmup_rounds == lead.federated.rounds)
+        """Whether the trajectory keeps its state after every round: for the online rule's runs, and
+        when its states are asked for and it is plain FedAvg (``T0 = T``)."""
+        return bool(self.online) or (self.trajectories is not None and self.served() == self.lead().federated.rounds)
+
+    def member(self) -> Member:
+        """The trajectory as a :class:`~linattn_theory.sim.rounds.Member`, kept at every stage's ``T0``."""
+        T = self.trajectory().federated.rounds
+        keep = range(T + 1) if self.every_state() else [T0 for T0 in self.warmups if T0 != self.served()]
+        return Member(self.trajectory(), self.data, self.theta0, checkpoints=tuple(keep), strategy=self.strategy,
+                      frozen_features=self.frozen_features)
+
+
+def run_grouped(members: list[Member], key, **options) -> list[tuple]:
+    """:func:`~linattn_theory.sim.rounds.run_ensemble` (``options``) of each group of ``members``
+    with equal ``key(member)``; the outcomes in the members' order."""
+    groups: dict = {}
+    for j, member in enumerate(members):
+        groups.setdefault(key(member), []).append(j)
+    outcomes: list = [None] * len(members)
+    for js in groups.values():
+        for j, outcome in zip(js, run_ensemble([members[j] for j in js], **options)):
+            outcomes[j] = outcome
+    return outcomes
 
 
 def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone) -> None:
-    """Run the families of each bucket: their leading runs as one ensemble, then the frozen stages
-    of the shared warm-ups as a second; store each result at its configs' positions. ``alone``:
-    ``None``, or the ``max_bytes`` of runs alone (:func:`run_planned`)."""
+    """Run the families of each bucket: their trajectories as one ensemble, then the frozen stages
+    of the shared warm-ups (grouped by their rounds ``T``, in moment space for ``moments``
+    families); store each result at its configs' positions. ``alone``: ``None``, or the
+    ``max_bytes`` of runs alone (:func:`run_planned`)."""
     for families in buckets:
-        members = [Member(f.lead(), f.data, f.theta0,
-                          checkpoints=tuple(range(f.lead().federated.rounds + 1)) if f.every_state()
-                          else tuple(f.warmups[:-1]) if f.warmups else (),
-                          strategy=f.strategy, frozen_features=f.frozen_features) for f in families]
-        chunk = chunk_bytes(families[0].data, families[0].lead(), len(members), alone)
-        keep = any(_has_test_split(f.clients) for f in families)
-        outcomes = run_ensemble(members, max_bytes=chunk, keep_history=keep, progress=progress)
+        chunk = chunk_bytes(families[0].data, families[0].lead(), len(families), alone)
+        keep = any(_has_test_split(f.clients) and not f.moments for f in families)
+        outcomes = run_ensemble([f.member() for f in families], max_bytes=chunk, keep_history=keep,
+                                progress=progress)
         second, owners = [], []
         for family, (result, states, history) in zip(families, outcomes):
-            lead = family.lead().warmup_rounds
-            family.by_T0[lead], family.history[lead] = result, history
+            family.engine = result.metadata["engine"]
             if family.trajectories is not None and family.every_state():
-                family.trajectories[family.lead_index()] = (family.data, [states[t] for t in sorted(states)])
-            for T0 in (family.warmups or [])[:-1]:
-                config = next(family.configs[i] for i in family.indices
-                              if family.configs[i].warmup_rounds == T0)
-                if result.diverged and T0 >= result.divergence.round:     # diverged in its warm-up
+                path = (family.data, [states[t] for t in sorted(states)])
+                family.trajectories.update({i: path for i in family.indices
+                                            if family.configs[i].warmup_rounds == family.served()})
+            for T0 in family.warmups:
+                config = next(family.configs[i] for i in family.indices if family.configs[i].warmup_rounds == T0)
+                if T0 == family.served():
+                    family.by_T0[T0], family.history[T0] = result, history
+                elif result.diverged and T0 >= result.divergence.round:     # diverged in its warm-up
                     family.by_T0[T0] = dataclasses.replace(result, table=result.table.copy(),
                                                            metadata=dict(result.metadata, warmup_rounds=T0))
                     family.history[T0] = history
                 else:
-                    state = states[T0]
-                    second.append(Member(config, family.data, state.params, prefix=state))
+                    second.append(Member(config, family.data, states[T0].params, prefix=states[T0]))
                     owners.append((family, T0))
             for i in family.online:          # the online rule's runs: its control replayed on the lead
                 replay = family.replays[i] = _OnlineReplay(family.configs[i], family.data, result, states)
@@ -578,17 +595,20 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone
                 if replay.freeze is not None:
                     second.append(replay.continuation())
                     owners.append((family, ("online", i)))
-        if second:
-            for (family, T0), (result, _, history) in zip(owners, run_ensemble(
-                    second, max_bytes=chunk, keep_history=keep, progress=progress)):
-                family.by_T0[T0] = result
-                if keep:                  # the shared warm-up's θ^0..θ^T0, then the run's own
-                    lead = family.lead().warmup_rounds
-                    if isinstance(T0, tuple):     # an online run: θ^0..θ^t, then its frozen rounds
-                        t = family.replays[T0[1]].stop_round
-                        family.history[T0] = family.history[lead][:t + 1] + history[1:]
-                    else:
-                        family.history[T0] = family.history[lead][:T0] + history
+        moments = families[0].moments        # one setting per bucket (it follows federated.batch_size)
+        for (family, T0), (result, _, history) in zip(owners, run_grouped(
+                second, lambda mb: mb.config.federated.rounds, engine="moments" if moments else None,
+                max_bytes=chunk, keep_history=keep, progress=progress)):
+            family.by_T0[T0] = result
+            if moments:
+                result.metadata["engine"] = family.engine
+            if keep:                  # the shared warm-up's θ^0..θ^T0, then the run's own
+                lead = family.served()
+                if isinstance(T0, tuple):     # an online run: θ^0..θ^t, then its frozen rounds
+                    t = family.replays[T0[1]].stop_round
+                    family.history[T0] = family.history[lead][:t + 1] + history[1:]
+                else:
+                    family.history[T0] = family.history[lead][:T0] + history
         for family in families:
             for i in family.online:
                 config = family.configs[i]
@@ -648,12 +668,16 @@ class _OnlineReplay:
 
 
 def _add_test_metrics(result: RunResult, clients, config: RunConfig, history) -> None:
-    """Test loss and accuracy per round (clients with a test split, as :func:`simulate` adds them)."""
-    test, on_round = _test_metrics(clients, config)
-    if on_round is None or history is None:
+    """Test loss and accuracy per round (columns ``test_loss``, ``test_accuracy``; metadata ``test``,
+    the last round's) of clients with a test split (``truth["test_X"]``, :mod:`linattn_theory.data.digits`),
+    from the run's parameters ``history`` ``θ^0, θ^1, …``."""
+    if history is None or not _has_test_split(clients):
         return
-    for t, theta in enumerate(history):
-        on_round(RunState(t, theta, (), None, None, 0.0, None, None, None))
+    from ..data.digits import evaluate
+    truth, model = clients.truth, config.model
+    with np.errstate(all="ignore"):
+        test = [evaluate(theta, truth["test_X"], truth["test_q"], truth["test_y"], model.attention, model.temperature)
+                for theta in history]
     for key in ("loss", "accuracy"):
         result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
     result.metadata["test"] = test[int(result.table["round"].iloc[-1])]

@@ -505,16 +505,15 @@ def _select_clients(xp, a, part: np.ndarray, lo: int, hi: int):
     I, m = a.shape[0], a.shape[1]
     if part.shape[1] == m:
         return a if (lo, hi) == (0, m) else a[:, lo:hi, ...]
-    flat = xp.reshape(a, (I * m,) + tuple(a.shape[2:]))
-    rows = xp.take(flat, xp.asarray(_instance_rows(I, m, part[:, lo:hi])), axis=0)
-    return xp.reshape(rows, (I, hi - lo) + tuple(a.shape[2:]))
+    return _take(xp, a, 2, _instance_rows(I, m, part[:, lo:hi]).reshape(I, hi - lo))
 
 
-def _take_samples(xp, a, idx: np.ndarray):
-    """Samples ``idx`` ``(I, k, b)`` (flat into ``I·m·N``) of ``a`` ``(I, m, N, ...)``."""
-    flat = xp.reshape(a, (a.shape[0] * a.shape[1] * a.shape[2],) + tuple(a.shape[3:]))
-    rows = xp.take(flat, xp.asarray(idx.reshape(-1)), axis=0)
-    return xp.reshape(rows, idx.shape + tuple(a.shape[3:]))
+def _take(xp, a, axes: int, idx: np.ndarray):
+    """Entries ``idx`` (flat indices into the first ``axes`` axes of ``a``) of ``a``, shaped
+    ``idx.shape + a.shape[axes:]`` (clients ``(I, k)`` of ``(I, m, ...)``, samples ``(I, k, b)`` of ``(I, m, N, ...)``)."""
+    rest = tuple(a.shape[axes:])
+    rows = xp.take(xp.reshape(a, (-1,) + rest), xp.asarray(idx.reshape(-1)), axis=0)
+    return xp.reshape(rows, idx.shape + rest)
 
 
 def _local_training(xp, P: Params, rnd: Round, lo: int, hi: int, client_rule, client_state,
@@ -541,7 +540,7 @@ def _local_training(xp, P: Params, rnd: Round, lo: int, hi: int, client_rule, cl
         batch = tuple(_select_clients(xp, a, part, lo, hi) for a in inputs + (data.y, data.sample_weight))
     for e in range(rnd.local_steps):
         if batches is not None:
-            step = tuple(_take_samples(xp, a, batches[:, lo:hi, e, :]) for a in inputs + (data.y,))
+            step = tuple(_take(xp, a, 3, batches[:, lo:hi, e, :]) for a in inputs + (data.y,))
             batch = step + (xp.full(tuple(step[0].shape[:3]), 1.0 / batch_size, dtype=step[0].dtype),)
         grads = _local_gradients(xp, {**broadcast, **local}, rnd.blocks, batch, len(inputs) == 1,
                                  data.attention, data.temperature)
@@ -630,10 +629,10 @@ class _Features:
     def _compute(self, P: Params, lo: int, hi: int):
         xp = self.xp
         if any(self.hooks[i] is not None for i in range(lo, hi)):
-            parts = [xp.asarray(self.hooks[i](Params(*(getattr(P, b)[i, 0, ...] for b in BLOCKS))))[None, ...]
+            parts = [xp.asarray(self.hooks[i](_instance(P, i)))[None, ...]
                      if self.hooks[i] is not None else self._compute(P, i, i + 1) for i in range(lo, hi)]
             return parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
-        K = kernel(Params(*(getattr(P, b)[lo:hi, ...] for b in BLOCKS)))    # (hi-lo, 1, H, d, d)
+        K = kernel(P.map(lambda a: a[lo:hi, ...]))                           # (hi-lo, 1, H, d, d)
         return _flat(xp, _slice_data(self.data, lo, hi).features(K), 2)
 
     def keep_only(self, frozen: np.ndarray) -> None:
@@ -644,35 +643,24 @@ class _Features:
 
     def get(self, P: Params, lo: int, hi: int):
         """``φ`` of the instances ``lo..hi-1`` (all frozen now), at their kernels in ``P``."""
-        todo = np.flatnonzero(~self.filled[lo:hi]) + lo
+        todo = [(lo + a, lo + b) for a, b, _ in _groups([None if f else True for f in self.filled[lo:hi]])]
         if self.buffered:
             if self.buffer is None:
                 H, d = P.WV.shape[-3], P.WV.shape[-2]
                 self.buffer = np.zeros(tuple(self.data.q.shape[:3]) + (H * d,), dtype=self.data.S.dtype)
-            for a, b in _runs(todo):
+            for a, b in todo:
                 self.buffer[a:b] = self._compute(P, a, b)
             self.filled[lo:hi] = True
             return self.buffer[lo:hi]
         inside = sorted(e for e in self.pieces if lo <= e[0] and e[1] <= hi)
         if len(inside) == 1 and inside[0][:2] == (lo, hi):
             return inside[0][2]
-        parts = [(a, b, self._compute(P, a, b)) for a, b in _runs(todo)]
+        parts = [(a, b, self._compute(P, a, b)) for a, b in todo]
         parts = sorted(inside + parts, key=lambda e: e[0])
         phi = parts[0][2] if len(parts) == 1 else self.xp.concat([e[2] for e in parts], axis=0)
         self.pieces = [e for e in self.pieces if e[1] <= lo or e[0] >= hi] + [(lo, hi, phi)]
         self.filled[lo:hi] = True
         return phi
-
-
-def _runs(indices) -> list[tuple[int, int]]:
-    """Maximal runs ``[(a, b)]`` of consecutive integers in sorted ``indices``."""
-    out: list[list[int]] = []
-    for i in map(int, indices):
-        if out and out[-1][1] == i:
-            out[-1][1] = i + 1
-        else:
-            out.append([i, i + 1])
-    return [(a, b) for a, b in out]
 
 
 def _groups(keys: list) -> list[tuple[int, int, Any]]:
@@ -902,13 +890,9 @@ class _Ensemble:
             F0, F0_reg = self.objective(P, losses0, 0, count)
             initial = best = warm = P
             best_loss = F0_reg
-            states = {"client": [], "server": []}
-            for lo, hi, key in _groups(self.rule_keys):
-                Pg = self.sub(P, lo, hi)
-                states["client"].append((lo, hi, self.rules[key].client.init(Pg, self.m)))
-                states["server"].append((lo, hi, self.rules[key].server.init(Pg)))
-            client_state = _assemble(xp, states["client"], None, count)
-            server_state = _assemble(xp, states["server"], None, count)
+            groups = [(lo, hi, self.rules[key], self.sub(P, lo, hi)) for lo, hi, key in _groups(self.rule_keys)]
+            client_state = _assemble(xp, [(lo, hi, rule.client.init(Pg, self.m)) for lo, hi, rule, Pg in groups], None, count)
+            server_state = _assemble(xp, [(lo, hi, rule.server.init(Pg)) for lo, hi, rule, Pg in groups], None, count)
             factor = xp.asarray([f.divergence_factor for f in self.feds], dtype=dtype)
             self.threshold = factor * xp.maximum(F0_reg, xp.asarray(1e-12, dtype=dtype))
             origin = (F0, F0_reg, losses0)
@@ -1225,8 +1209,7 @@ class _Outcome:
         self.saved, self.frozen = saved, frozen
         self.history = None
         if history is not None:
-            self.history = Params(*(host(xp.stack([getattr(P, b) for P in history], axis=0))
-                                    for b in BLOCKS))          # (rounds, I, 1, H, d, r)
+            self.history = history[0].map(lambda *a: host(xp.stack(a, axis=0)), *history[1:])  # (rounds, I, 1, H, d, r)
 
     def rows(self, i: int, end: int) -> list:
         ens, mb = self.ens, self.ens.members[i]
@@ -1263,8 +1246,7 @@ class _Outcome:
                 states[r] = _run_state(i, r, T0, rows[:r + 1], self.saved[r])
         history = None
         if self.history is not None:
-            history = [Params(*(getattr(self.history, b)[j, i, 0] for b in BLOCKS))
-                       for j in range(mb.start - self.first, end - self.first + 1)]
+            history = [self.history.map(lambda a: a[j, i, 0]) for j in range(mb.start - self.first, end - self.first + 1)]
         return result, states, history
 
 

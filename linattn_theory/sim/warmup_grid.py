@@ -21,13 +21,11 @@ import dataclasses
 
 import numpy as np
 
-from ..core.backend import get_namespace
 from ..core.errors import ConfigError
 from ..core.model import Params
 from .config import RunConfig
-from .ensemble import (EnsemblePlan, chunk_bytes, data_bytes, ensemble_bytes, ensemble_key, per_config,
-                       prepare_run, run_metadata, run_planned)
-from .rounds import Member, RunResult, RunState, run_ensemble
+from .ensemble import per_config, run_grouped, run_planned
+from .rounds import Member, RunResult, RunState
 
 __all__ = ["warmup_sweep", "warmup_sweep_many", "warmup_sweeps_and_paths", "frozen_stage_from_moments", "frozen_stages_from_moments"]
 
@@ -125,17 +123,11 @@ def _run_frozen_stages(members: list[Member]) -> list[RunResult]:
     :func:`~linattn_theory.sim.rounds.run_ensemble` with the moment-space backend, one ensemble per
     schedule and shapes (rounds, local steps, participation, ``m``, ``(H, d, p)``, dtype). Returns the
     results in the members' order."""
-    groups: dict = {}
-    for j, mb in enumerate(members):
+    def key(mb: Member):
         fed = mb.config.federated
-        key = (mb.data.S.shape[0], tuple(mb.params.WV.shape), str(mb.data.S.dtype), fed.rounds, fed.local_steps,
-               fed.participation)
-        groups.setdefault(key, []).append(j)
-    results = [None] * len(members)
-    for js in groups.values():
-        for j, (result, _, _) in zip(js, run_ensemble([members[j] for j in js], engine="moments")):
-            results[j] = result
-    return results
+        return (mb.data.S.shape[0], tuple(mb.params.WV.shape), str(mb.data.S.dtype), fed.rounds, fed.local_steps,
+                fed.participation)
+    return [result for result, _, _ in run_grouped(members, key, engine="moments")]
 
 
 def _check_warmups(warmups, T: int) -> list[int]:
@@ -206,7 +198,7 @@ def warmup_sweep(config: RunConfig, warmups=None, clients=None, *, params: Param
 
 
 def _sweep_configs(config: RunConfig, warmups, frozen_stage: str):
-    """Checks of :func:`warmup_sweep`: ``(T0 values, use moments)``."""
+    """Checks of :func:`warmup_sweep`; its ``T0`` values."""
     fed = config.federated
     if fed.strategy not in ("fedavg", "fedfrozen"):
         raise ConfigError(f"federated.strategy = {fed.strategy!r}: a warm-up sweep shares "
@@ -216,20 +208,18 @@ def _sweep_configs(config: RunConfig, warmups, frozen_stage: str):
     if frozen_stage == "moments" and fed.batch_size is not None:
         raise ValueError(f"frozen_stage = 'moments' needs full batches; federated.batch_size = "
                          f"{fed.batch_size}")
-    use_moments = frozen_stage == "moments" or (frozen_stage == "auto" and fed.batch_size is None)
-    return _check_warmups(warmups, fed.rounds), use_moments
+    return _check_warmups(warmups, fed.rounds)
 
 
 def warmup_sweep_many(configs, warmups=None, clients=None, *, frozen_stage: str = "auto",
                       max_bytes: int | str | None = "auto", progress: bool = False) -> list[dict[int, RunResult]]:
     """:func:`warmup_sweep` of many instances at once: ``[{T0: RunResult}]`` in the configs' order.
 
-    The instances' FedAvg trajectories (each up to its largest ``T0``) run as ensembles
-    (:mod:`linattn_theory.sim.ensemble`, one leading instance axis) and keep their state at
-    every ``T0``; the frozen stages of all (instance, ``T0``) pairs then run as one moment-space
-    program (:func:`frozen_stages_from_moments`) when batches are full, or explicitly as
-    ensembles continuing from those states otherwise (``frozen_stage`` as in
-    :func:`warmup_sweep`). Each result equals ``warmup_sweep(config)[T0]`` to rounding (the
+    The instances' FedAvg trajectories run as ensembles (:func:`~linattn_theory.sim.ensemble.run_planned`,
+    one leading instance axis) and keep their state at every ``T0``; the frozen stages of all
+    (instance, ``T0``) pairs then continue from those states as ensembles of the round loop, in
+    moment space when batches are full (each trajectory then stops at its largest ``T0``) and
+    explicitly otherwise (``frozen_stage`` as in :func:`warmup_sweep`). Each result equals ``warmup_sweep(config)[T0]`` to rounding (the
     ensemble runs the fused CPU engine wherever it applies and pays). ``clients`` is ``None`` or one entry
     per config; ``max_bytes`` bounds an ensemble's data (:func:`~linattn_theory.sim.ensemble.simulate_many`).
 
@@ -315,63 +305,18 @@ def warmup_sweeps_and_paths(configs, warmups=None, clients=None, *, frozen_stage
     [None]
     """
     configs = list(configs)
-    clients = per_config(clients, len(configs), "clients")
-    params = per_config(params, len(configs), "params")
     checked = [_sweep_configs(c, warmups, frozen_stage) for c in configs]
-    run_configs = [[c.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0})
-                    for T0 in T0s] for c, (T0s, _) in zip(configs, checked)]
-    results: list[dict | None] = [None] * len(configs)
+    flat = [(i, c.with_updates({"federated.strategy": "fedfrozen", "federated.warmup_rounds": T0}))
+            for i, (c, T0s) in enumerate(zip(configs, checked)) for T0 in T0s]
+    clients, params = (per_config(a, len(configs), what) for a, what in ((clients, "clients"), (params, "params")))
+    full = [T0s == list(range(c.federated.rounds + 1)) for c, T0s in zip(configs, checked)]
+    trajectories: dict | None = {} if any(full) else None       # kept only where a path is handed out
+    runs = run_planned([rc for _, rc in flat], [clients[i] for i, _ in flat], [params[i] for i, _ in flat],
+                       max_bytes, progress, trajectories, alone, frozen_stage=frozen_stage)
+    results: list[dict] = [{} for _ in configs]
     paths: list[tuple | None] = [None] * len(configs)
-    explicit = [i for i, (_, moments) in enumerate(checked) if not moments]
-    if explicit:
-        flat = [(i, rc) for i in explicit for rc in run_configs[i]]
-        trajectories: dict = {}
-        runs = run_planned([rc for _, rc in flat], [clients[i] for i, _ in flat], [params[i] for i, _ in flat],
-                              max_bytes, progress, trajectories, alone)
-        for j, ((i, rc), run) in enumerate(zip(flat, runs)):
-            results[i] = results[i] or {}
-            results[i][rc.federated.warmup_rounds] = run
-            if j in trajectories and list(checked[i][0]) == list(range(configs[i].federated.rounds + 1)):
-                paths[i] = trajectories[j]
-    pending = [i for i, (_, moments) in enumerate(checked) if moments]
-    if not pending:
-        return results, paths
-    plan = EnsemblePlan(None if alone else ensemble_bytes(max_bytes, get_namespace(configs[pending[0]].model.backend)))
-    waves = []
-    for i in pending:
-        config, (T0s, _) = configs[i], checked[i]
-        data, theta0 = prepare_run(config, clients[i], params[i])
-        longest = T0s[-1]
-        trajectory = config.with_updates({"federated.strategy": "fedfrozen", "federated.rounds": longest,
-                                          "federated.warmup_rounds": longest})
-        member = Member(trajectory, data, theta0, checkpoints=tuple(T0s))
-        if plan.add(ensemble_key(trajectory, data), (i, member), 2 * data_bytes(data)):
-            waves.append(plan.drain())
-    waves.append(plan.drain())
-    for buckets in waves:
-        stages, owners = [], []
-        for bucket in buckets:
-            members = [member for _, member in bucket]
-            first = members[0]
-            chunk = chunk_bytes(first.data, first.config, len(members), max_bytes if alone else None)
-            for (i, member), (trajectory, states, _) in zip(bucket, run_ensemble(
-                    members, max_bytes=chunk, progress=progress)):
-                results[i] = {}
-                metadata = run_metadata(configs[i])
-                if list(checked[i][0]) == list(range(configs[i].federated.rounds + 1)):
-                    paths[i] = (member.data, [states[t] for t in sorted(states)])
-                for T0, run_config in zip(checked[i][0], run_configs[i]):
-                    T = run_config.federated.rounds
-                    if T0 == T or (trajectory.diverged and T0 >= trajectory.divergence.round):
-                        result = dataclasses.replace(trajectory, table=trajectory.table.copy(),
-                                                     metadata=dict(trajectory.metadata, warmup_rounds=T0))
-                        result.metadata.update(metadata, config=run_config.to_dict())
-                        results[i][T0] = result
-                    else:
-                        stages.append(Member(run_config, member.data, states[T0].params, prefix=states[T0]))
-                        owners.append((i, T0, run_config, trajectory.metadata["engine"], metadata))
-        for (i, T0, run_config, engine, metadata), result in zip(owners, _run_frozen_stages(stages)):
-            result.metadata["engine"] = engine
-            result.metadata.update(metadata, config=run_config.to_dict())
-            results[i][T0] = result
-    return [dict(sorted(r.items())) for r in results], paths
+    for j, ((i, rc), run) in enumerate(zip(flat, runs)):
+        results[i][rc.federated.warmup_rounds] = run
+        if full[i] and j in trajectories:
+            paths[i] = trajectories[j]
+    return results, paths
