@@ -17,8 +17,8 @@ reference's by more than 1e-10 relative.
 
 With ``--polish`` every reference optimum is also restarted from its own kernel, refactorised
 (``K* = W_Q W_Kᵀ`` split afresh by its SVD, so ``W_Q`` and ``W_K`` are balanced), until the objective
-stops falling: how much lower it gets says how far the committed optimum is from the minimum it
-reached for (the reference's L-BFGS can stop on a line-search failure, or on a small factor gradient
+stops falling (``centralized_optima``'s ``refine``): how much lower it gets says how far the committed
+optimum is from the minimum it reached for (the reference's L-BFGS can stop on a line-search failure, or on a small factor gradient
 at unbalanced factors). Nothing is written; the caller's tables are today's.
 
 Callers:
@@ -90,15 +90,9 @@ def timed(solve, problems, **options):
 
 
 def polished(solve, problem: dict, optimum, rounds: int = 5) -> float:
-    """``Φ*`` after up to ``rounds`` restarts by ``solve`` (``centralized_optima``) from the best kernel
-    so far (refactorised by its SVD, no random starts), each until L-BFGS stops, while the objective falls."""
-    best = optimum
-    for _ in range(rounds):
-        again = solve([dict(problem, initial_kernels=[best.kernel], restarts=0)])[0]
-        if not again.objective < best.objective:
-            break
-        best = again
-    return best.objective
+    """``Φ*`` of ``solve`` (``centralized_optima``) started from ``optimum``'s kernel alone (refactorised by
+    its SVD, no random starts), with up to ``rounds`` more refinements while the objective falls."""
+    return solve([dict(problem, initial_kernels=[optimum.kernel], restarts=0, refine=rounds)])[0].objective
 
 
 class Checked:
