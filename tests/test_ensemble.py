@@ -319,9 +319,9 @@ def test_a_start_repeated_on_equal_data_runs_once_and_gives_the_result_alone(mon
                 dict(clients=shared[2], lam=0.05, rank=2, restarts=2, seed=3)]
     alone = [profile.centralized_optima([spec])[0] for spec in problems]
     runs = []
-    minimise = profile._minimise
-    monkeypatch.setattr(profile, "_minimise", lambda problem, i, j, *rest: (runs.append((i, j)),
-                                                                            minimise(problem, i, j, *rest)))
+    lockstep = profile._lockstep
+    monkeypatch.setattr(profile, "_lockstep", lambda problems, jobs, *rest: (runs.extend(jobs),
+                                                                             lockstep(problems, jobs, *rest))[1])
     together = profile.centralized_optima(problems)
     # problem 0: teacher + 2 random; 1: the same teacher and randoms, and its own kernel (start 1); 2: other data
     assert sorted(runs) == [(0, 0), (0, 1), (0, 2), (1, 1), (2, 0), (2, 1), (2, 2)]

@@ -428,6 +428,41 @@ def test_a_record_reads_its_fedavg_path_from_the_truths_run(small, monkeypatch):
     assert scoring._record(noisy, clients, truth, None, path=None) == record       # its own FedAvg run
 
 
+def test_a_records_pilot_and_bound_read_one_table_of_path_terms(small, monkeypatch):
+    """With full batches a record computes the path terms of its FedAvg run once (issue 34, item 1):
+    the pilot's are the first ``T_p + 1`` rounds of them (:func:`first_rounds`), equal bit for bit to
+    the pilot path's own, and the pilot's ``T0`` and the a-posteriori bound's are those computed from
+    separate tables; a table of another length is refused."""
+    import linattn_theory.theory.bound as bound
+    from linattn_theory.recommenders.recommendation import default_pilot_rounds, pilot_warmup
+    from linattn_theory.recommenders.scoring import fedavg_path
+
+    config, clients = small
+    config = config.with_updates({"federated.rounds": 12})
+    calls = []
+    path_terms = bound.path_terms
+    monkeypatch.setattr(bound, "path_terms", lambda path, *rest: (calls.append(len(path.params)),
+                                                                  path_terms(path, *rest))[1])
+    record = score_instance(config, clients, restarts=1)
+    assert calls == [13]                                     # one table, the whole run's
+    monkeypatch.undo()
+    Tp, optimum = default_pilot_rounds(12), record["optimum"]
+    states = fedavg_path(config, clients)[1]
+    path, pilot = bound.path_from_states(states), bound.path_from_states(states[:Tp + 1])
+    whole, own = path_terms(path, clients, config, optimum), path_terms(pilot, clients, config, optimum)
+    assert bound.first_rounds(whole, Tp).equals(own) and not whole.iloc[:Tp + 1].equals(own)
+    assert record["pilot_T0"] == pilot_warmup(config, clients, pilot, optimum)[0]
+    assert record["a_posteriori_T0"] == bound.estimate_bound(config, clients, path=path, optimum=optimum).T0_theory
+    with_terms = bound.estimate_bound(config, clients, path=path, optimum=optimum, terms=whole)
+    assert with_terms.curve.equals(bound.estimate_bound(config, clients, path=path, optimum=optimum).curve)
+    with pytest.raises(ValueError, match="one per round of the path"):
+        bound.estimate_bound(config, clients, path=path, optimum=optimum, terms=own)
+    with pytest.raises(ValueError, match="one per pilot round"):
+        pilot_warmup(config, clients, pilot, optimum, whole)
+    with pytest.raises(ValueError, match="0 <= rounds < 13"):
+        bound.first_rounds(whole, 13)
+
+
 def test_a_record_whose_fedavg_path_diverges_where_its_truth_did_not_is_counted_as_diverged(small, monkeypatch):
     """Near the edge of stability the truth's FedAvg run (an ensemble) can end finite while the
     record's own FedAvg run of the same config diverges (another engine's rounding; seen on an

@@ -283,7 +283,7 @@ def pilot_path(config, clients, pilot_rounds: int):
     return path
 
 
-def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFrame]:
+def pilot_warmup(config, clients, path, optimum: float, terms: pd.DataFrame | None = None) -> tuple[int, pd.DataFrame]:
     """``(T0, U_pilot)``: ``T0 = argmin_{T0 ≥ T_p} U_pilot(T0)`` from the pilot ``path`` (:func:`pilot_bound`).
 
     The pilot rounds are the run's own first rounds, so ``T0 < T_p`` is not offered. ``optimum``
@@ -297,6 +297,9 @@ def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFra
         The pilot (:func:`pilot_path`).
     optimum : float
         ``Φ*_λ``.
+    terms : pandas.DataFrame, optional
+        :func:`~linattn_theory.theory.bound.path_terms` of ``path`` against ``optimum``, when at hand
+        (e.g. :func:`~linattn_theory.theory.bound.first_rounds` of a longer run's).
 
     Returns
     -------
@@ -322,7 +325,11 @@ def pilot_warmup(config, clients, path, optimum: float) -> tuple[int, pd.DataFra
     """
     from ..theory.bound import path_terms
     Tp = len(path.params) - 1
-    curve = pilot_bound(path_terms(path, clients, config, optimum), config.federated.rounds)
+    if terms is None:
+        terms = path_terms(path, clients, config, optimum)
+    elif len(terms) != Tp + 1:
+        raise ValueError(f"terms has {len(terms)} rows; expected one per pilot round ({Tp + 1})")
+    curve = pilot_bound(terms, config.federated.rounds)
     return Tp + int(np.argmin(curve["U"].to_numpy()[Tp:])), curve
 
 

@@ -354,7 +354,7 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -
     """The record of :func:`score_instance` from the instance's ``truth`` and its sweep's FedAvg
     trajectory ``path = (data, states)`` (the run the truth's ``R(T)`` comes from; ``None``: the
     record runs its own, :func:`fedavg_path`)."""
-    from ..theory.bound import estimate_bound, path_from_states
+    from ..theory.bound import estimate_bound, first_rounds, path_from_states, path_terms
     from .recommendation import default_pilot_rounds, pilot_path, pilot_warmup, warmup_path
     from .online import freeze_forecast
 
@@ -377,10 +377,13 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -
         return record
     if record["noisy"]:      # the bound's path re-draws each round from round 0's streams (warmup_path)
         pilot, path = pilot_path(config, clients, Tp), warmup_path(config, clients)
-    else:                    # one FedAvg run serves the pilot, the bound and the forecasts
+        terms = pilot_terms = None
+    else:                    # one FedAvg run serves the pilot, the bound and the forecasts: its terms once
         pilot, path = path_from_states(states[:Tp + 1]), path_from_states(states)
-    record["pilot_T0"] = pilot_warmup(config, clients, pilot, optimum)[0]
-    record["a_posteriori_T0"] = estimate_bound(config, clients, path=path, optimum=optimum).T0_theory
+        terms = path_terms(path, clients, config, optimum)
+        pilot_terms = first_rounds(terms, Tp)
+    record["pilot_T0"] = pilot_warmup(config, clients, pilot, optimum, pilot_terms)[0]
+    record["a_posteriori_T0"] = estimate_bound(config, clients, path=path, optimum=optimum, terms=terms).T0_theory
     for mode in ("pilot", "a_posteriori"):
         record[f"{mode}_risk"] = float(R[record[f"{mode}_T0"]])
     rows, profile, floor, margin = [], [], [], []

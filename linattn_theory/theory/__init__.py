@@ -25,7 +25,7 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     ".frozen_stage": ["frozen_stage_map", "fedavg_fixed_point", "contraction_rate", "value_drift_floor"],
     ".decomposition": ["decompose_excess_risk", "excess_risk_by_warmup"],
     ".inexactness": ["local_steps", "replay_round", "warmup_inexactness"],
-    ".bound": ["AssumptionCheck", "BoundConstants", "TradeoffBound", "WarmupPath", "path_from_states",
+    ".bound": ["AssumptionCheck", "BoundConstants", "TradeoffBound", "WarmupPath", "path_from_states", "first_rounds",
         "gradient_dissimilarity", "drift_floor_leading_order", "frozen_stage_bound",
         "tradeoff_bound", "fit_inexact_pl", "closed_form_warmup", "path_terms", "path_optimum",
         "estimate_bound"],

@@ -65,6 +65,7 @@ __all__ = [
     "TradeoffBound",
     "WarmupPath",
     "path_from_states",
+    "first_rounds",
     "gradient_dissimilarity",
     "drift_floor_leading_order",
     "frozen_stage_bound",
@@ -680,6 +681,43 @@ def path_terms(path: WarmupPath, clients, config: RunConfig, optimum: float) -> 
     return pd.DataFrame(rows)
 
 
+def first_rounds(terms: pd.DataFrame, rounds: int) -> pd.DataFrame:
+    """:func:`path_terms` of the path's first ``rounds + 1`` kernels (e.g. a pilot's ``0..T_p``) from
+    those of the whole path, bit for bit: each row is computed from its round's state alone, except
+    ``factor_step`` and ``gradient_change``, which the last round of the shorter path lacks (NaN).
+
+    Parameters
+    ----------
+    terms : pandas.DataFrame
+        :func:`path_terms` of the whole path (same instance and ``Φ*_λ``).
+    rounds : int
+        The last round kept, ``0 ≤ rounds < len(terms)``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The rows of rounds ``0..rounds``.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.families import clients_from_config
+    >>> from linattn_theory.recommenders.scoring import fedavg_path
+    >>> from linattn_theory.theory.bound import first_rounds, path_from_states, path_terms
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> clients = clients_from_config(config)
+    >>> states = fedavg_path(config, clients)[1]
+    >>> whole = path_terms(path_from_states(states), clients, config, optimum=0.0)
+    >>> first_rounds(whole, 2).equals(path_terms(path_from_states(states[:3]), clients, config, optimum=0.0))
+    True
+    """
+    if not 0 <= rounds < len(terms):
+        raise ValueError(f"rounds = {rounds}; expected 0 <= rounds < {len(terms)} (the path's rounds)")
+    head = terms.iloc[:rounds + 1].copy()
+    head.loc[head.index[-1], ["factor_step", "gradient_change"]] = np.nan
+    return head
+
+
 def fit_inexact_pl(bias, frozen_bound=None, grid: int = FLOOR_GRID) -> tuple[int, float, float]:
     """Constants ``(t_s, b_∞, q)`` of the unrolled inexact-PL bound ``bias_t ≤ b_∞ + (b_s − b_∞) q^{t − t_s}``.
 
@@ -822,7 +860,7 @@ def path_optimum(config: RunConfig, clients, path: WarmupPath, *, restarts: int 
 
 
 def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath,
-                   optimum=None, restarts: int = 8) -> TradeoffBound:
+                   optimum=None, restarts: int = 8, terms: pd.DataFrame | None = None) -> TradeoffBound:
     """Estimate the constants of ``U`` on an instance and evaluate ``U(T0)`` for ``T0 = 0..T``.
 
     ``path``, one FedAvg run of ``T`` rounds, gives every warm-up kernel: the theory takes the
@@ -844,6 +882,8 @@ def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath,
         ``Φ*_λ``; default computed as above.
     restarts : int, default 8
         Random starts of the centralised optimum.
+    terms : pandas.DataFrame, optional
+        :func:`path_terms` of ``path`` against ``optimum``, when at hand (then ``optimum`` is required).
 
     Returns
     -------
@@ -869,9 +909,14 @@ def estimate_bound(config: RunConfig, clients=None, *, path: WarmupPath,
     if path.divergence is not None:
         raise ValueError(f"the FedAvg warm-up path diverged: {path.divergence.message}")
     if optimum is None:
+        if terms is not None:
+            raise ValueError("terms: pass the optimum they were computed against too")
         optimum = path_optimum(config, clients, path, restarts=restarts)
     phi_star = float(getattr(optimum, "objective", optimum))
-    terms = path_terms(path, clients, config, phi_star)
+    if terms is None:
+        terms = path_terms(path, clients, config, phi_star)
+    elif len(terms) != len(path.params):
+        raise ValueError(f"terms has {len(terms)} rows; expected one per round of the path ({len(path.params)})")
     frozen = frozen_stage_bound(terms["drift_floor"], terms["value_lag"], terms["transient"],
                                 terms["value_gap"], terms["complement"])
     bias = terms["bias"].to_numpy()

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,7 +168,7 @@ def _factors(K, rank: int):
 
 def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, heads: int | None = None,
                         restarts: int = 8, seed: int = 0, initial_kernels=(),
-                        max_iterations: int = 1000, tolerance: float = 1e-10) -> CentralizedOptimum:
+                        max_iterations: int = 1000, tolerance: float = 1e-10, refine: int = 0) -> CentralizedOptimum:
     """``Φ*_λ = min_K Φ_λ(K)`` over kernels of rank ``≤ r`` per head (docs/theory.md §4).
 
     L-BFGS (``scipy.optimize``) over the factors ``K_h = W_Q^h (W_K^h)^T`` with the envelope
@@ -183,7 +183,7 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
     ``λ``; ``objective`` is ``inf_K Φ_λ(K) = min_K Φ_0(K)`` and ``value`` is ``V*_0(K*)``.
     ``bias(K) = Φ_λ(K) − objective ≥ 0`` for every kernel ``K``.
 
-    The starts run concurrently, their objectives evaluated together (:func:`centralized_optima`);
+    The starts advance together, their objectives evaluated together (:func:`centralized_optima`);
     each follows the path it would follow alone.
 
     Parameters
@@ -206,6 +206,12 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
         L-BFGS iterations per start.
     tolerance : float, default 1e-10
         L-BFGS's tolerance on the relative change of the objective and on the gradient.
+    refine : int, default 0
+        Up to this many more starts, one after another, each from the best kernel so far split afresh
+        into balanced factors (:func:`_factors`, ``√σ`` on both sides), while the objective falls
+        (rows ``refined_1``, …). L-BFGS over the factors can stop on a line-search failure or on a
+        small factor gradient at unbalanced factors short of the kernel's minimum; a start from the
+        same kernel in balanced factors goes on (issue 34: up to 1e-6 relative lower on digits).
 
     Returns
     -------
@@ -225,7 +231,7 @@ def centralized_optimum(clients, lam: float = 0.0, rank: int | None = None, head
     """
     return centralized_optima([dict(clients=clients, lam=lam, rank=rank, heads=heads, restarts=restarts,
                                     seed=seed, initial_kernels=initial_kernels,
-                                    max_iterations=max_iterations, tolerance=tolerance)])[0]
+                                    max_iterations=max_iterations, tolerance=tolerance, refine=refine)])[0]
 
 
 @dataclass
@@ -240,6 +246,7 @@ class _Problem:
     inits: list           # (label, W_Q, W_K) of every start the solver runs
     max_iterations: int
     tolerance: float
+    refine: int = 0
 
     @property
     def shape(self):
@@ -248,7 +255,7 @@ class _Problem:
 
 def _problem(clients, lam: float = 0.0, rank: int | None = None, heads: int | None = None,
              restarts: int = 8, seed: int = 0, initial_kernels=(), max_iterations: int = 1000,
-             tolerance: float = 1e-10) -> _Problem:
+             tolerance: float = 1e-10, refine: int = 0) -> _Problem:
     """The arguments of :func:`centralized_optimum`, checked, with the starts drawn."""
     check_ridge(lam)
     data = as_stacked(clients)
@@ -274,7 +281,9 @@ def _problem(clients, lam: float = 0.0, rank: int | None = None, heads: int | No
                       rng.normal(0, 1 / np.sqrt(d), shape)))
     if not starts and not inits:
         raise ValueError("centralized_optimum: nothing to optimise (restarts = 0 and no initial kernels)")
-    return _Problem(data, float(lam), rank, heads, starts, inits, max_iterations, tolerance)
+    if isinstance(refine, bool) or not isinstance(refine, (int, np.integer)) or refine < 0:
+        raise ValueError(f"refine = {refine!r}; expected an integer >= 0")
+    return _Problem(data, float(lam), rank, heads, starts, inits, max_iterations, tolerance, int(refine))
 
 
 def _profile_batch(K, data: StackedClients):
@@ -304,73 +313,95 @@ def _factor_objectives(problem: _Problem, xs: list) -> list:
     return [(float(f), g) for f, g in zip(phi, grads)]
 
 
-class _Batches:
-    """Objective evaluations of concurrent minimisations (one thread each), made together.
+#: SciPy's ``L-BFGS-B`` settings of every start (those ``optimize.minimize(method="L-BFGS-B")`` runs with):
+#: memory ``maxcor``, ``ftol`` (``factr = ftol / ε``), line-search steps ``maxls`` and evaluations ``maxfun``
+LBFGSB_MEMORY, LBFGSB_FTOL, LBFGSB_MAXLS, LBFGSB_MAXFUN = 20, 1e-15, 20, 15000
 
-    A thread's call waits until every running minimisation has asked for its next point (or
-    finished); the last to ask evaluates the batch, grouped by problem, and wakes the others.
-    Each minimisation sees exactly the values it would see alone, so its path is unchanged.
+_LBFGSB_STATUS = {4: "CONVERGENCE", 5: "STOP", 6: "WARNING", 7: "ERROR", 8: "ABNORMAL"}
+_LBFGSB_TASK = {401: "NORM OF PROJECTED GRADIENT <= PGTOL", 402: "RELATIVE REDUCTION OF F <= FACTR*EPSMCH",
+                502: "TOTAL NO. OF F,G EVALUATIONS EXCEEDS LIMIT", 504: "TOTAL NO. OF ITERATIONS REACHED LIMIT",
+                601: "ROUNDING ERRORS PREVENT PROGRESS", 602: "STP = STPMAX", 603: "STP = STPMIN",
+                604: "XTOL TEST SATISFIED"}
+
+
+class _LbfgsbStart:
+    """One start's L-BFGS-B, driven by reverse communication through SciPy's own routine
+    (``scipy.optimize._lbfgsb.setulb``, the one ``optimize.minimize(method="L-BFGS-B")`` loops over).
+
+    :meth:`advance` runs the routine until it asks for ``(f, ∇f)`` at ``x`` (``True``) or stops
+    (``False``); :meth:`tell` hands the values back. The same calls with the same numbers as
+    ``optimize.minimize`` makes, so the path and the result are SciPy's, bit for bit, without a
+    thread per start.
     """
 
-    def __init__(self, problems: list[_Problem], running: int):
-        self.problems = problems
-        self.cond = threading.Condition()
-        self.pending: list = []
-        self.done: dict = {}
-        self.running = running
+    def __init__(self, x0, f0: float, g0, max_iterations: int, tolerance: float):
+        n, m = len(x0), LBFGSB_MEMORY
+        self.x, self.f, self.g = np.array(x0, dtype=np.float64), np.array(0.0), np.zeros(n)
+        self.f0 = f0
+        self.cache = (self.x.copy(), f0, np.asarray(g0, dtype=np.float64))   # ScalarFunction's: x, f, g
+        self.bounds = (np.zeros(n), np.zeros(n), np.zeros(n, np.int32))     # unbounded
+        self.wa = np.zeros(2 * m * n + 5 * n + 11 * m * m + 8 * m)
+        self.iwa = np.zeros(3 * n, np.int32)
+        self.task, self.ln_task = np.zeros(2, np.int32), np.zeros(2, np.int32)
+        self.lsave, self.isave, self.dsave = np.zeros(4, np.int32), np.zeros(44, np.int32), np.zeros(29)
+        self.max_iterations, self.tolerance = max_iterations, tolerance
+        self.iterations, self.evaluations = 0, 1
 
-    def __call__(self, index: int, x):
-        ticket = object()
-        with self.cond:
-            self.pending.append((ticket, index, np.array(x, dtype=np.float64)))
-            self._flush()
-            while ticket not in self.done:
-                self.cond.wait()
-            value = self.done.pop(ticket)
-        if isinstance(value, BaseException):
-            raise value
-        return value
+    def advance(self) -> bool:
+        """Run the routine until it needs ``(f, ∇f)`` at a new :attr:`x` (``True``; at the point last
+        evaluated the values are handed back at once, as SciPy's ``ScalarFunction`` does) or has
+        stopped (``False``)."""
+        from scipy.optimize import _lbfgsb
+        while True:
+            self.g = self.g.astype(np.float64)
+            _lbfgsb.setulb(LBFGSB_MEMORY, self.x, *self.bounds, self.f, self.g,
+                           LBFGSB_FTOL / np.finfo(float).eps, self.tolerance, self.wa, self.iwa, self.task,
+                           self.lsave, self.isave, self.dsave, LBFGSB_MAXLS, self.ln_task)
+            if self.task[0] == 3:                     # FG: the values at x
+                if not np.array_equal(self.x, self.cache[0]):
+                    return True
+                self.f, self.g = self.cache[1:]
+            elif self.task[0] == 1:                   # NEW_X: an iteration done
+                self.iterations += 1
+                if self.iterations >= self.max_iterations:
+                    self.task[:] = (5, 504)
+                elif self.evaluations > LBFGSB_MAXFUN:
+                    self.task[:] = (5, 502)
+            else:
+                return False
 
-    def finished(self):
-        with self.cond:
-            self.running -= 1
-            self._flush()
+    def tell(self, f: float, g) -> None:
+        """The objective and gradient at :attr:`x` (asked for by :meth:`advance`)."""
+        self.cache = (self.x.copy(), f, g)
+        self.f, self.g = f, g
+        self.evaluations += 1
 
-    def _flush(self):
-        if not self.pending or len(self.pending) < self.running:
-            return
-        batch, self.pending = self.pending, []
-        by_problem: dict[int, list] = {}
-        for ticket, index, x in batch:
-            by_problem.setdefault(index, []).append((ticket, x))
-        for index, items in by_problem.items():
-            try:
-                values = _factor_objectives(self.problems[index], [x for _, x in items])
-            except BaseException as err:       # noqa: BLE001 - handed to the waiting threads
-                values = [err] * len(items)
-            for (ticket, _), value in zip(items, values):
-                self.done[ticket] = value
-        self.cond.notify_all()
+    def result(self) -> optimize.OptimizeResult:
+        """``optimize.minimize``'s result fields (``x``, ``fun``, ``jac``, ``nit``, ``success``, ``message``)."""
+        status, task = int(self.task[0]), int(self.task[1])
+        message = _LBFGSB_STATUS.get(status, str(status)) + ": " + _LBFGSB_TASK.get(task, "")
+        return optimize.OptimizeResult(x=self.x, fun=self.f, jac=self.g, nit=self.iterations,
+                                       nfev=self.evaluations, success=status == 4, message=message)
 
 
-#: at most this many minimisations run at once (one thread each) in :func:`centralized_optima`
-MAX_CONCURRENT_STARTS = 256
-
-
-def centralized_optima(problems) -> list[CentralizedOptimum]:
+def centralized_optima(problems, *, lockstep: bool = True) -> list[CentralizedOptimum]:
     """:func:`centralized_optimum` of many problems (dicts of its keyword arguments) at once.
 
-    Every start of every problem runs its own L-BFGS in a thread; their objective and gradient
-    evaluations wait for each other and are computed in batches, one array program per problem
-    (a leading axis of kernels, :func:`_profile_batch`). Each start follows exactly its
-    sequential path, so every optimum equals the one-at-a-time result, bit for bit; a start
-    repeated on equal data (problems that share their clients and seed share their random starts)
-    runs once.
+    Every start of every problem runs SciPy's L-BFGS-B in lock-step with the others, in this
+    thread (:class:`_LbfgsbStart`, reverse communication); the objective and gradient evaluations
+    all starts ask for are computed together, one array program per problem (a leading axis of
+    kernels, :func:`_profile_batch`). Each start follows exactly its sequential path (that of
+    ``optimize.minimize(method="L-BFGS-B")`` alone), so every optimum equals the one-at-a-time
+    result, bit for bit; a start repeated on equal data (problems that share their clients and
+    seed share their random starts) runs once.
 
     Parameters
     ----------
     problems : iterable of dict
         Keyword arguments of :func:`centralized_optimum`, one dict per problem.
+    lockstep : bool, default True
+        ``False``: the reference path instead, each start one ``optimize.minimize(method="L-BFGS-B")``
+        call after another (same results, bit for bit; slower).
 
     Returns
     -------
@@ -388,24 +419,94 @@ def centralized_optima(problems) -> list[CentralizedOptimum]:
     True
     """
     problems = [_problem(**dict(problem)) for problem in problems]
-    jobs, same = _distinct_starts(problems)
-    outcomes: dict = {}
+    digests = _data_digests(problems)
+    jobs, same = _distinct_starts(problems, digests)
     with threadpool_limits(1, user_api="blas"):   # tiny BLAS calls: threads only spin (10× slower under load)
-        for lo in range(0, len(jobs), MAX_CONCURRENT_STARTS):
-            wave = jobs[lo:lo + MAX_CONCURRENT_STARTS]
-            batches = _Batches(problems, len(wave))
-            threads = [threading.Thread(target=_minimise, args=(problems[i], i, j, batches, outcomes),
-                                        name="linattn-optimum") for i, j in wave]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-    for key, value in outcomes.items():
-        if isinstance(value, BaseException):
-            raise value
+        outcomes = (_lockstep if lockstep else _one_by_one)(problems, jobs, digests)
     outcomes.update({job: outcomes[first] for job, first in same.items()})
-    return [_optimum(problem, [outcomes[(i, j)] for j in range(len(problem.inits))])
-            for i, problem in enumerate(problems)]
+    optima = [_optimum(problem, [outcomes[(i, j)] for j in range(len(problem.inits))])
+              for i, problem in enumerate(problems)]
+    return _refined(problems, optima, digests, lockstep)
+
+
+def _refined(problems: list[_Problem], optima: list, digests: list[bytes], lockstep: bool) -> list:
+    """``optima`` after each problem's ``refine`` rounds: a start from the best kernel so far in balanced
+    factors (:func:`_factors`), all problems' together, while the objective falls."""
+    falling = {i for i, problem in enumerate(problems) if problem.refine > 0}
+    for k in range(1, max((p.refine for p in problems), default=0) + 1):
+        falling = {i for i in falling if problems[i].refine >= k}
+        if not falling:
+            break
+        again = {i: dataclasses.replace(problems[i], starts=[], inits=[(f"refined_{k}",
+                                        *_factors(optima[i].kernel, problems[i].rank))]) for i in sorted(falling)}
+        jobs = [(i, 0) for i in again]
+        with threadpool_limits(1, user_api="blas"):
+            outcomes = (_lockstep if lockstep else _one_by_one)(
+                [again.get(i, problem) for i, problem in enumerate(problems)], jobs, digests)
+        for i in sorted(falling):
+            better, optima[i] = _merged(optima[i], _optimum(again[i], [outcomes[(i, 0)]]))
+            if not better:
+                falling.discard(i)
+    return optima
+
+
+def _merged(optimum: CentralizedOptimum, refined: CentralizedOptimum):
+    """``(lower, merged)``: ``refined``'s row appended to ``optimum``'s table, and its kernel taken when its
+    objective is lower (``lower``)."""
+    starts = pd.concat([optimum.starts, refined.starts], ignore_index=True)
+    lower = refined.objective < optimum.objective
+    return lower, dataclasses.replace(refined if lower else optimum, starts=starts)
+
+
+def _evaluate(problems: list[_Problem], points: dict, batch_of: dict) -> dict:
+    """``{job: (Φ_0, ∇Φ_0)}`` at ``points`` ``{(problem, start): x}``: one batch (:func:`_factor_objectives`)
+    per group of problems that share their data and factor shape (``batch_of[problem]`` names its group's
+    first problem; a kernel's values do not depend on the batch it is computed in)."""
+    by_batch: dict = {}
+    for (i, j), x in points.items():
+        by_batch.setdefault(batch_of[i], []).append(((i, j), x))
+    values = {}
+    for first, items in by_batch.items():
+        values.update(zip([job for job, _ in items], _factor_objectives(problems[first], [x for _, x in items])))
+    return values
+
+
+def _lockstep(problems: list[_Problem], jobs: list, digests: list[bytes]) -> dict:
+    """``{(problem, start): (f0, result)}``: every start of ``jobs`` by L-BFGS-B, all advanced together;
+    each round evaluates the points every running start asks for in one batch per data set (:func:`_evaluate`)."""
+    batch_of = _shared_batches(problems, digests)
+    initial = {(i, j): np.concatenate([problems[i].inits[j][1].ravel(), problems[i].inits[j][2].ravel()])
+               for i, j in jobs}
+    starts = {job: _LbfgsbStart(initial[job], *value, problems[job[0]].max_iterations, problems[job[0]].tolerance)
+              for job, value in _evaluate(problems, initial, batch_of).items()}
+    running = [job for job in jobs if starts[job].advance()]
+    while running:
+        for job, (f, g) in _evaluate(problems, {job: starts[job].x for job in running}, batch_of).items():
+            starts[job].tell(f, g)
+        running = [job for job in running if starts[job].advance()]
+    return {job: (starts[job].f0, starts[job].result()) for job in jobs}
+
+
+def _shared_batches(problems: list[_Problem], digests: list[bytes]) -> dict:
+    """``{problem: the first problem with equal data (its :func:`_data_digests` entry) and factor shape}``."""
+    first: dict = {}
+    for i, (problem, data) in enumerate(zip(problems, digests)):
+        first.setdefault((data, problem.shape), i)
+    return {i: first[(data, problem.shape)] for i, (problem, data) in enumerate(zip(problems, digests))}
+
+
+def _one_by_one(problems: list[_Problem], jobs: list, digests=None) -> dict:
+    """:func:`_lockstep`'s result by the reference path: each start one ``optimize.minimize`` call."""
+    outcomes = {}
+    for i, j in jobs:
+        problem, (_, WQ, WK) = problems[i], problems[i].inits[j]
+        x0 = np.concatenate([WQ.ravel(), WK.ravel()])
+        f0 = _factor_objectives(problem, [x0])[0][0]
+        res = optimize.minimize(lambda x: _factor_objectives(problem, [x])[0], x0, jac=True, method="L-BFGS-B",
+                                options={"maxiter": problem.max_iterations, "ftol": LBFGSB_FTOL, "gtol": problem.tolerance,
+                                         "maxcor": LBFGSB_MEMORY, "maxls": LBFGSB_MAXLS, "maxfun": LBFGSB_MAXFUN})
+        outcomes[(i, j)] = (f0, res)
+    return outcomes
 
 
 def _data_digest(data: StackedClients) -> bytes:
@@ -419,20 +520,26 @@ def _data_digest(data: StackedClients) -> bytes:
     return digest.digest()
 
 
-def _distinct_starts(problems: list[_Problem]):
+def _data_digests(problems: list[_Problem]) -> list[bytes]:
+    """:func:`_data_digest` of every problem's data (once per data object)."""
+    digests: dict = {}
+    for problem in problems:
+        if id(problem.data) not in digests:
+            digests[id(problem.data)] = _data_digest(problem.data)
+    return [digests[id(problem.data)] for problem in problems]
+
+
+def _distinct_starts(problems: list[_Problem], digests: list[bytes]):
     """``(jobs, same)``: the starts ``(problem, start)`` to run, one per distinct (data, starting
-    point, solver settings), and ``{start: the job it repeats}`` for the others.
+    point, solver settings), and ``{start: the job it repeats}`` for the others (``digests``: the
+    problems' :func:`_data_digests`).
 
     Instances that share their clients and seed (e.g. one task at several step sizes) share their
     random starts; a start is a deterministic function of its data and starting point (its path
     does not depend on the batch it runs in), so a repeat's result is the first run's, bit for bit.
     """
     jobs, same, seen = [], {}, {}
-    digests: dict = {}
-    for i, problem in enumerate(problems):
-        if id(problem.data) not in digests:
-            digests[id(problem.data)] = _data_digest(problem.data)
-        data = digests[id(problem.data)]
+    for i, (problem, data) in enumerate(zip(problems, digests)):
         for j, (_, WQ, WK) in enumerate(problem.inits):
             key = (data, problem.shape, WQ.tobytes(), WK.tobytes(), problem.max_iterations, problem.tolerance)
             if key in seen:
@@ -441,22 +548,6 @@ def _distinct_starts(problems: list[_Problem]):
                 seen[key] = (i, j)
                 jobs.append((i, j))
     return jobs, same
-
-
-def _minimise(problem: _Problem, index: int, j: int, batches: _Batches, outcomes: dict) -> None:
-    """One start's L-BFGS (in its own thread); its result or error into ``outcomes[(index, j)]``."""
-    try:
-        label, WQ, WK = problem.inits[j]
-        x0 = np.concatenate([WQ.ravel(), WK.ravel()])
-        f0 = batches(index, x0)[0]
-        res = optimize.minimize(lambda x: batches(index, x), x0, jac=True, method="L-BFGS-B",
-                                options={"maxiter": problem.max_iterations, "ftol": 1e-15,
-                                         "gtol": problem.tolerance, "maxcor": 20})
-        outcomes[(index, j)] = (f0, res)
-    except BaseException as err:                  # noqa: BLE001 - re-raised by the caller
-        outcomes[(index, j)] = err
-    finally:
-        batches.finished()
 
 
 def _optimum(problem: _Problem, solved: list) -> CentralizedOptimum:
