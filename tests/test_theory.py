@@ -673,3 +673,30 @@ def test_value_moments_record_the_ridge():
     np.testing.assert_allclose(ridge.A_tilde - plain.A_tilde, 0.3 * np.eye(plain.A.shape[-1])[None].repeat(2, 0))
     with pytest.raises(ValueError, match="lam"):
         value_moments(K, clients, -1.0)
+
+
+def test_a_changed_private_scipy_routine_sends_the_optima_down_the_reference_path(monkeypatch):
+    """SciPy's ``_lbfgsb.setulb`` is private: where it no longer drives as expected (here the driver's call
+    raises, as a changed signature would make it), lockstep_usable says so once with a warning, and
+    centralized_optima returns the reference path's optima, bit for bit."""
+    from linattn_theory.theory import profile
+
+    problems = [dict(clients=planted_kernel_clients(num_clients=2, samples_per_client=16, tokens=4, dim=3,
+                                                    rank=1, seed=seed), rank=1, restarts=1) for seed in (0, 1)]
+    reference = th.centralized_optima(problems, lockstep=False)
+    profile.lockstep_usable.cache_clear()
+    assert profile.lockstep_usable()
+
+    def changed(self):
+        raise TypeError("setulb() takes 14 positional arguments")
+
+    monkeypatch.setattr(profile._LbfgsbStart, "advance", changed)
+    profile.lockstep_usable.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="reference path"):
+            assert not profile.lockstep_usable()
+        optima = th.centralized_optima(problems)
+    finally:
+        profile.lockstep_usable.cache_clear()
+    assert [o.objective for o in optima] == [o.objective for o in reference]
+    assert all(np.array_equal(o.kernel, r.kernel) for o, r in zip(optima, reference))

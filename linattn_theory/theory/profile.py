@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -384,6 +386,48 @@ class _LbfgsbStart:
                                        nfev=self.evaluations, success=status == 4, message=message)
 
 
+@functools.cache
+def lockstep_usable() -> bool:
+    """Whether SciPy's L-BFGS-B routine drives as :class:`_LbfgsbStart` expects: its signature is SciPy's
+    private one (``scipy.optimize._lbfgsb.setulb``), so a SciPy release may change it. Rosenbrock's function
+    from ``(−1.2, 1)`` is solved both ways once per process; unless the two agree bit for bit (point,
+    value, iterations) :func:`centralized_optima` takes the reference path (the same optima, slower) and
+    says so once.
+
+    Returns
+    -------
+    bool
+        The lock-step solver is SciPy's ``optimize.minimize``, bit for bit, under this SciPy.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.profile import lockstep_usable
+    >>> lockstep_usable()
+    True
+    """
+    def rosenbrock(x):
+        return optimize.rosen(x), optimize.rosen_der(x)
+
+    x0, iterations, tolerance = np.array([-1.2, 1.0]), 100, 1e-10
+    reference = optimize.minimize(rosenbrock, x0, jac=True, method="L-BFGS-B",
+                                  options={"maxiter": iterations, "ftol": LBFGSB_FTOL, "gtol": tolerance,
+                                           "maxcor": LBFGSB_MEMORY, "maxls": LBFGSB_MAXLS, "maxfun": LBFGSB_MAXFUN})
+    try:                                  # any failure of a private routine means: do not use it
+        start = _LbfgsbStart(x0, *rosenbrock(x0), iterations, tolerance)
+        while start.advance():
+            start.tell(*rosenbrock(start.x))
+        ours = start.result()
+        usable = bool(np.array_equal(ours.x, reference.x) and ours.fun == reference.fun
+                      and ours.nit == reference.nit)
+    except Exception as error:            # noqa: BLE001 (a private API: its failure is the answer)
+        usable, ours = False, error
+    if not usable:
+        warnings.warn(f"scipy {__import__('scipy').__version__}: its private L-BFGS-B routine does not drive as "
+                      f"expected ({ours!r:.200}); centralised optima take the reference path (same optima, slower)",
+                      RuntimeWarning, stacklevel=2)
+    return usable
+
+
 def centralized_optima(problems, *, lockstep: bool = True) -> list[CentralizedOptimum]:
     """:func:`centralized_optimum` of many problems (dicts of its keyword arguments) at once.
 
@@ -401,7 +445,8 @@ def centralized_optima(problems, *, lockstep: bool = True) -> list[CentralizedOp
         Keyword arguments of :func:`centralized_optimum`, one dict per problem.
     lockstep : bool, default True
         ``False``: the reference path instead, each start one ``optimize.minimize(method="L-BFGS-B")``
-        call after another (same results, bit for bit; slower).
+        call after another (same results, bit for bit; slower). Taken also where
+        :func:`lockstep_usable` finds SciPy's private routine changed.
 
     Returns
     -------
@@ -419,6 +464,7 @@ def centralized_optima(problems, *, lockstep: bool = True) -> list[CentralizedOp
     True
     """
     problems = [_problem(**dict(problem)) for problem in problems]
+    lockstep = lockstep and lockstep_usable()
     digests = _data_digests(problems)
     jobs, same = _distinct_starts(problems, digests)
     with threadpool_limits(1, user_api="blas"):   # tiny BLAS calls: threads only spin (10× slower under load)
