@@ -145,6 +145,57 @@ def test_a_saved_figure_is_rendered_once_per_format(tmp_path, monkeypatch):
     assert len(renders) == 2 and {p.suffix for p in paths} == {".csv", ".png", ".pdf"}
 
 
+def test_a_saved_figure_is_laid_out_only_by_saving_it(tmp_path, monkeypatch):
+    """matplotlib lays a constrained-layout figure out before each format it saves (a draw with drawing
+    disabled, then the render): the print-ready check reads the text saving laid out, adding no pass of
+    its own, so PNG and PDF cost four draws, not five; a figure the check refuses leaves no image."""
+    from matplotlib.figure import Figure
+    draws = []
+    draw = Figure.draw
+
+    def counting(figure, renderer):
+        draws.append(type(renderer).__name__)
+        return draw(figure, renderer)
+    monkeypatch.setattr(Figure, "draw", counting)
+    fig, ax = plotting.figure(1, width="column")
+    ax.plot([0, 1], [0, 1])
+    plotting.save_figure(fig, "passes", tmp_path, pd.DataFrame({"x": [0, 1]}))
+    assert len(draws) == 4, draws
+    fig, ax = plotting.figure(1, width="column")
+    ax.plot([0, 1], [0, 1])
+    ax.text(0.5, 0.5, "tiny", fontsize=6)
+    with pytest.raises(ValueError, match="below 7 pt"):
+        plotting.save_figure(fig, "refused", tmp_path, formats=("png", "pdf"))
+    assert not list(tmp_path.glob("refused.*"))
+
+
+
+def test_chaos_repeats_shared_among_processes_store_the_numbers_of_one(tmp_path, monkeypatch):
+    """fedavg_chaos with its repeats split among two worker processes (chaos_chunks, round-robin) stores,
+    run by run, exactly the records it stores running them all in this process."""
+    import json
+    import shutil
+
+    from linattn_theory.report import sweep_analysis
+    from linattn_theory.report.figures import figure_sweep
+    from linattn_theory.sim.config import config_from_dict
+    (tmp_path / "demo.toml").write_text('[federated]\nrounds = 6\n[grid]\n'
+                                        '"federated.warmup_rounds" = [0, 6]\nseed = [0, 1, 2]\n')
+    _, results, folder = figure_sweep(tmp_path / "demo.toml", tmp_path, executor="serial")
+    serial = sweep_analysis.fedavg_chaos(folder, results, ["seed"])
+    stored = {p.name: json.loads(p.read_text()) for p in (folder / "_chaos").glob("*.json")}
+    assert len(stored) == 3 and len({r["amplification"] for r in stored.values()}) == 3   # a mix-up would show
+    shutil.rmtree(folder / "_chaos")
+    monkeypatch.setattr(sweep_analysis, "CHAOS_PARALLEL_STEPS", 0)
+    fedavg = results[results["T0"] == results["federated.rounds"]]
+    configs = [config_from_dict({})] * 3
+    assert [len(c) for c in sweep_analysis.chaos_chunks(list(fedavg["run_id"]), configs, 2)] == [2, 1]
+    shared = sweep_analysis.fedavg_chaos(folder, results, ["seed"], workers=2)
+    pd.testing.assert_frame_equal(shared, serial, check_exact=True)
+    assert {p.name: json.loads(p.read_text()) for p in (folder / "_chaos").glob("*.json")} == stored
+    with pytest.raises(ValueError, match="2 run ids for 1 configs"):
+        sweep_analysis.chaos_chunks(["a", "b"], [None], 2)
+
 @pytest.mark.slow
 def test_the_style_is_seaborn_s_theme_without_importing_seaborn():
     """``style.PAPER_TICKS`` is every rcParam ``seaborn.set_theme`` sets with the figures' options (but the

@@ -458,8 +458,11 @@ def legend_below(fig, handles=None, labels=None, ncols: int | None = None, **kwa
     return fig.legend(handles, labels, loc="outside lower center", ncols=ncols, **kwargs)
 
 
-def check_print_ready(fig, name: str = "figure") -> None:
+def check_print_ready(fig, name: str = "figure", *, drawn: bool = False) -> None:
     """Raise unless ``fig`` is 3.5 in or 7 in wide and every visible text is at least 7 pt.
+
+    The tick labels exist once the figure is drawn: unless ``drawn`` (the figure was drawn already,
+    e.g. saved), it is laid out first without rendering.
 
     Parameters
     ----------
@@ -467,6 +470,8 @@ def check_print_ready(fig, name: str = "figure") -> None:
         The figure.
     name : str, default "figure"
         Its name in the error.
+    drawn : bool, default False
+        The figure was drawn already: skip the layout pass.
 
     Raises
     ------
@@ -494,7 +499,8 @@ def check_print_ready(fig, name: str = "figure") -> None:
     if width not in (COLUMN_WIDTH, FULL_WIDTH):
         raise ValueError(f"figure {name!r}: {width} in wide; expected {COLUMN_WIDTH} in (one column) "
                          f"or {FULL_WIDTH} in (two columns)")
-    fig.draw_without_rendering()    # lays out the tick labels (no rasterisation: saving draws once per format)
+    if not drawn:
+        fig.draw_without_rendering()    # lays out the tick labels (no rasterisation)
     small = sorted({(t.get_text(), t.get_fontsize()) for t in fig.findobj(matplotlib.text.Text)
                     if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_SIZE - 1e-9})
     if small:
@@ -564,15 +570,16 @@ def save_figure(fig, name: str, out_dir, data: pd.DataFrame | None = None,
         _check_data(name, data)
         paths.append(atomic_write_text(out / f"{name}.csv",
                                        data.to_csv(index=False, float_format="%.10g")))
-    if formats:
-        check_print_ready(fig, name)
     quick = getattr(fig, "linattn_quick", False)
-    for fmt in formats:
+    images = []
+    for fmt in formats:             # each format drawn once, in memory; checked before any is written
         buf = _io.BytesIO()
         fig.savefig(buf, format=fmt, metadata=_metadata(fmt, name, quick))
-        paths.append(atomic_write_bytes(out / f"{name}.{fmt}", buf.getvalue()))
+        images.append((fmt, buf.getvalue()))
     if formats:
+        check_print_ready(fig, name, drawn=True)
         plt.close(fig)
+    paths += [atomic_write_bytes(out / f"{name}.{fmt}", image) for fmt, image in images]
     return paths
 
 
