@@ -32,7 +32,6 @@ except ImportError:  # a checkout without installing: the package is next to sim
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
-import seaborn as sns
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import PercentFormatter
 
@@ -82,6 +81,8 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
 
 def draw(cells, drawn, settings, quick=False):
     """Per E a heatmap: rows (attention, α), columns the step scales and "tuned"."""
+    import seaborn as sns         # imported where it draws: it imports pyplot, which plotting sets headless first
+
     E_values = sorted(settings["local_steps"])
     fig, axes = plotting.figure(1, len(E_values), height=2.6, quick=quick)
     axes = np.atleast_1d(axes)

@@ -362,3 +362,19 @@ def test_the_strategies_comparison_does_not_depend_on_its_workers():
     for a, b in zip(serial, parallel):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert len(serial[0]) == 16 and serial[0]["seed"].tolist()[:4] == [0] * 4
+
+
+def test_loading_a_figure_script_imports_no_seaborn_and_leaves_matplotlib_headless():
+    """Every figure script imports seaborn (which imports pyplot, and scipy.stats: about a second) only
+    where it draws, so that pyplot is first imported by report.plotting, which chooses the off-screen
+    backend before it: loading every script, in a fresh process with a display backend asked for,
+    leaves matplotlib on Agg and seaborn unimported."""
+    code = ("import importlib.util, sys, pathlib\n"
+            "for path in sorted(pathlib.Path('simulations').glob('*.py')):\n"
+            "    spec = importlib.util.spec_from_file_location('figure_' + path.stem, path)\n"
+            "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "import matplotlib\n"
+            "print(matplotlib.get_backend(), 'seaborn' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "TkAgg"})
+    assert out.stdout.split("\n")[-2].strip() == "Agg False", out.stdout + out.stderr
