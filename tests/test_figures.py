@@ -170,6 +170,7 @@ def test_a_saved_figure_is_laid_out_only_by_saving_it(tmp_path, monkeypatch):
 
 
 
+@pytest.mark.slow
 def test_chaos_repeats_shared_among_processes_store_the_numbers_of_one(tmp_path, monkeypatch):
     """fedavg_chaos with its repeats split among two worker processes (chaos_chunks, round-robin) stores,
     run by run, exactly the records it stores running them all in this process."""
@@ -364,6 +365,7 @@ def test_the_strategies_comparison_does_not_depend_on_its_workers():
     assert len(serial[0]) == 16 and serial[0]["seed"].tolist()[:4] == [0] * 4
 
 
+@pytest.mark.slow
 def test_loading_a_figure_script_imports_no_seaborn_and_leaves_matplotlib_headless():
     """Every figure script imports seaborn (which imports pyplot, and scipy.stats: about a second) only
     where it draws, so that pyplot is first imported by report.plotting, which chooses the off-screen
