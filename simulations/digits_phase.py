@@ -81,8 +81,6 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
 
 def draw(cells, drawn, settings, quick=False):
     """Per E a heatmap: rows (attention, α), columns the step scales and "tuned"."""
-    import seaborn as sns         # imported where it draws: it imports pyplot, which plotting sets headless first
-
     E_values = sorted(settings["local_steps"])
     fig, axes = plotting.figure(1, len(E_values), height=2.6, quick=quick)
     axes = np.atleast_1d(axes)
@@ -92,7 +90,7 @@ def draw(cells, drawn, settings, quick=False):
         boxes = drawn[drawn["local_steps"] == E].assign(row=part["row"].to_numpy())
         grid = part.pivot(index="row", columns="column", values="gain_median")[order]
         text = part.assign(_t=[_text(r) for r in part.itertuples()]).pivot(index="row", columns="column", values="_t")[order]
-        sns.heatmap(grid.clip(-LIMIT, LIMIT).replace(-np.inf, -LIMIT), ax=ax, annot=text, fmt="", cmap="PiYG",
+        plotting.heatmap(ax, grid.clip(-LIMIT, LIMIT).replace(-np.inf, -LIMIT), annot=text, fmt="", cmap="PiYG",
                     vmin=-LIMIT, vmax=LIMIT, cbar=False, linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7})
         boxed = boxes.pivot(index="row", columns="column", values="boxed")[order]
         for i, row in enumerate(grid.index):

@@ -6,6 +6,7 @@ import sys
 from importlib.util import find_spec
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -145,28 +146,46 @@ def test_a_saved_figure_is_rendered_once_per_format(tmp_path, monkeypatch):
     assert len(renders) == 2 and {p.suffix for p in paths} == {".csv", ".png", ".pdf"}
 
 
-def test_a_saved_figure_is_laid_out_only_by_saving_it(tmp_path, monkeypatch):
-    """matplotlib lays a constrained-layout figure out before each format it saves (a draw with drawing
-    disabled, then the render): the print-ready check reads the text saving laid out, adding no pass of
-    its own, so PNG and PDF cost four draws, not five; a figure the check refuses leaves no image."""
-    from matplotlib.figure import Figure
-    draws = []
-    draw = Figure.draw
+@pytest.mark.slow
+def test_heatmaps_are_drawn_as_seaborn_draws_them_without_rasterising_the_figure_per_panel(monkeypatch):
+    """plotting.heatmap gives the bytes seaborn.heatmap gives (PNG and PDF of a figure of three panels
+    with colour bars and tick labels), while rendering nothing before the save (seaborn renders the
+    whole figure once per panel, for its tick-label overlap test)."""
+    import io
 
-    def counting(figure, renderer):
-        draws.append(type(renderer).__name__)
-        return draw(figure, renderer)
+    import seaborn as sns
+    from matplotlib.backends.backend_mixed import MixedModeRenderer
+    from matplotlib.figure import Figure
+
+    grid = pd.DataFrame(np.arange(12.0).reshape(3, 4), index=["a", "bb", "ccc"], columns=[0.25, 0.5, 1.0, 2.0])
+
+    def draw(heatmap):
+        fig, axes = plotting.figure(3, height=2.0)
+        for k, ax in enumerate(axes):
+            heatmap(ax, grid * (k + 1))
+        renders = len(calls)
+        images = []
+        for fmt in ("png", "pdf"):
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, metadata={"Creator": "test", **({"CreationDate": None} if fmt == "pdf" else {})})
+            images.append(buf.getvalue())
+        plt.close(fig)
+        return renders, images
+
+    calls = []
+    render = Figure.draw
+
+    def counting(figure, renderer):          # a render: drawing not disabled (as the test above counts)
+        inner = renderer._renderer if isinstance(renderer, MixedModeRenderer) else renderer
+        if "draw_path" not in vars(inner):
+            calls.append(type(renderer).__name__)
+        return render(figure, renderer)
     monkeypatch.setattr(Figure, "draw", counting)
-    fig, ax = plotting.figure(1, width="column")
-    ax.plot([0, 1], [0, 1])
-    plotting.save_figure(fig, "passes", tmp_path, pd.DataFrame({"x": [0, 1]}))
-    assert len(draws) == 4, draws
-    fig, ax = plotting.figure(1, width="column")
-    ax.plot([0, 1], [0, 1])
-    ax.text(0.5, 0.5, "tiny", fontsize=6)
-    with pytest.raises(ValueError, match="below 7 pt"):
-        plotting.save_figure(fig, "refused", tmp_path, formats=("png", "pdf"))
-    assert not list(tmp_path.glob("refused.*"))
+    ours = draw(lambda ax, data: plotting.heatmap(ax, data, annot=True, fmt="g", cbar=True))
+    calls.clear()
+    theirs = draw(lambda ax, data: sns.heatmap(data, ax=ax, annot=True, fmt="g", cbar=True))
+    assert ours[0] == 0 and theirs[0] == 3
+    assert ours[1] == theirs[1]
 
 
 
