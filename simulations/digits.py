@@ -37,7 +37,7 @@ from linattn_theory.data.digits import DIGITS_EXTRA, evaluate
 from linattn_theory.sim.config import ONLINE_STRATEGY
 from linattn_theory.sim.engine import clients_from_config
 from linattn_theory.sim.sweep import load_sweep
-from linattn_theory.report.figures import config_path, figure_sweep, script_main
+from linattn_theory.report.figures import analysis_workers, config_path, figure_sweep, script_main
 from linattn_theory.report.sweep_analysis import (fedavg_chaos, paired_ratios, quartiles, runs_by_instance,
                                                   select_instances)
 
@@ -102,7 +102,8 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     grid = results[results["federated.strategy"] != ONLINE_STRATEGY]
     table = run_table(folder, grid)
     runs, best, left_out = select_instances(table, INSTANCE, risk="final_loss_regularized")
-    best = best.merge(fedavg_chaos(folder, table, INSTANCE), on=list(INSTANCE), how="left", validate="one_to_one")
+    best = best.merge(fedavg_chaos(folder, table, INSTANCE, workers=analysis_workers(executor, workers)),
+                      on=list(INSTANCE), how="left", validate="one_to_one")
     change = paired_ratios(runs, INSTANCE, column="final_loss_regularized")
     change = change.assign(relative_change=100 * (change["ratio"] - 1))
     online = online_warmups(results)

@@ -32,7 +32,6 @@ except ImportError:  # a checkout without installing: the package is next to sim
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
-import seaborn as sns
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import PercentFormatter
 
@@ -91,7 +90,7 @@ def draw(cells, drawn, settings, quick=False):
         boxes = drawn[drawn["local_steps"] == E].assign(row=part["row"].to_numpy())
         grid = part.pivot(index="row", columns="column", values="gain_median")[order]
         text = part.assign(_t=[_text(r) for r in part.itertuples()]).pivot(index="row", columns="column", values="_t")[order]
-        sns.heatmap(grid.clip(-LIMIT, LIMIT).replace(-np.inf, -LIMIT), ax=ax, annot=text, fmt="", cmap="PiYG",
+        plotting.heatmap(ax, grid.clip(-LIMIT, LIMIT).replace(-np.inf, -LIMIT), annot=text, fmt="", cmap="PiYG",
                     vmin=-LIMIT, vmax=LIMIT, cbar=False, linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7})
         boxed = boxes.pivot(index="row", columns="column", values="boxed")[order]
         for i, row in enumerate(grid.index):

@@ -65,9 +65,7 @@ def _heatmap(ax, cells, value, title, text, cmap, vmin=None, vmax=None, bar="", 
     chaos = cells.pivot(index=ROW, columns=COL, values="chaotic_instances").sort_index(ascending=False)
     flags = marks.map(lambda k: "†" if k else "") + chaos.map(lambda k: "‡" if k else "")
     labels = labels + flags.map(lambda f: "\n" + f if f else "")      # the marks below the number: legible
-    import seaborn as sns         # imported where it draws (its import costs about a second)
-
-    sns.heatmap(grid, ax=ax, annot=labels, fmt="", cmap=cmap, cbar=True, vmin=vmin, vmax=vmax,
+    plotting.heatmap(ax, grid, annot=labels, fmt="", cmap=cmap, cbar=True, vmin=vmin, vmax=vmax,
                 linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7},
                 cbar_kws={"label": bar, "shrink": 0.9, "pad": 0.03})
     if percent:

@@ -68,9 +68,7 @@ def _panel(ax, cells, rows, arm, E, threshold, first_column):
     text = part.assign(_t=[_text(r) for r in part.itertuples()]).pivot(
         index="zeta_value", columns="column", values="_t")[order].sort_index(ascending=False)
     clean = part.pivot(index="zeta_value", columns="column", values="gain_median_clean")[order].sort_index(ascending=False)
-    import seaborn as sns         # imported where it draws (its import costs about a second)
-
-    sns.heatmap(grid.clip(-LIMIT, LIMIT).replace(-np.inf, -LIMIT), ax=ax, annot=text, fmt="", cmap="PiYG", vmin=-LIMIT,
+    plotting.heatmap(ax, grid.clip(-LIMIT, LIMIT).replace(-np.inf, -LIMIT), annot=text, fmt="", cmap="PiYG", vmin=-LIMIT,
                 vmax=LIMIT, cbar=False, linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7})
     for i, zeta in enumerate(clean.index):                # measured: median gain without flags > 2 %
         for j, column in enumerate(order):

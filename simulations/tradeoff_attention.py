@@ -47,10 +47,12 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
 
     _, results, folder = figure_sweep(CONFIG, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
-    table = excess_risk_table(folder, results, workers=analysis_workers(executor, workers))
+    processes = analysis_workers(executor, workers)
+    table = excess_risk_table(folder, results, workers=processes)
     table = table.assign(**{ATTENTION: table[ATTENTION].fillna("linear")})      # linear records none
     runs, best, left_out = select_instances(table, INSTANCE)
-    best = best.merge(fedavg_chaos(folder, table, INSTANCE), on=list(INSTANCE), how="left", validate="one_to_one")
+    best = best.merge(fedavg_chaos(folder, table, INSTANCE, workers=processes), on=list(INSTANCE), how="left",
+                      validate="one_to_one")
     ratios = paired_ratios(runs, INSTANCE)
     summary = gain_summary(best, [ATTENTION, HUE], left_out)
     levels = sorted(table[HUE].unique())

@@ -6,6 +6,7 @@ import sys
 from importlib.util import find_spec
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -144,6 +145,76 @@ def test_a_saved_figure_is_rendered_once_per_format(tmp_path, monkeypatch):
     paths = plotting.save_figure(fig, "once", tmp_path, pd.DataFrame({"x": [0, 1]}))
     assert len(renders) == 2 and {p.suffix for p in paths} == {".csv", ".png", ".pdf"}
 
+
+@pytest.mark.slow
+def test_heatmaps_are_drawn_as_seaborn_draws_them_without_rasterising_the_figure_per_panel(monkeypatch):
+    """plotting.heatmap gives the bytes seaborn.heatmap gives (PNG and PDF of a figure of three panels
+    with colour bars and tick labels), while rendering nothing before the save (seaborn renders the
+    whole figure once per panel, for its tick-label overlap test)."""
+    import io
+
+    import seaborn as sns
+    from matplotlib.backends.backend_mixed import MixedModeRenderer
+    from matplotlib.figure import Figure
+
+    grid = pd.DataFrame(np.arange(12.0).reshape(3, 4), index=["a", "bb", "ccc"], columns=[0.25, 0.5, 1.0, 2.0])
+
+    def draw(heatmap):
+        fig, axes = plotting.figure(3, height=2.0)
+        for k, ax in enumerate(axes):
+            heatmap(ax, grid * (k + 1))
+        renders = len(calls)
+        images = []
+        for fmt in ("png", "pdf"):
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, metadata={"Creator": "test", **({"CreationDate": None} if fmt == "pdf" else {})})
+            images.append(buf.getvalue())
+        plt.close(fig)
+        return renders, images
+
+    calls = []
+    render = Figure.draw
+
+    def counting(figure, renderer):          # a render: drawing not disabled (as the test above counts)
+        inner = renderer._renderer if isinstance(renderer, MixedModeRenderer) else renderer
+        if "draw_path" not in vars(inner):
+            calls.append(type(renderer).__name__)
+        return render(figure, renderer)
+    monkeypatch.setattr(Figure, "draw", counting)
+    ours = draw(lambda ax, data: plotting.heatmap(ax, data, annot=True, fmt="g", cbar=True))
+    calls.clear()
+    theirs = draw(lambda ax, data: sns.heatmap(data, ax=ax, annot=True, fmt="g", cbar=True))
+    assert ours[0] == 0 and theirs[0] == 3
+    assert ours[1] == theirs[1]
+
+
+
+@pytest.mark.slow
+def test_chaos_repeats_shared_among_processes_store_the_numbers_of_one(tmp_path, monkeypatch):
+    """fedavg_chaos with its repeats split among two worker processes (chaos_chunks, round-robin) stores,
+    run by run, exactly the records it stores running them all in this process."""
+    import json
+    import shutil
+
+    from linattn_theory.report import sweep_analysis
+    from linattn_theory.report.figures import figure_sweep
+    from linattn_theory.sim.config import config_from_dict
+    (tmp_path / "demo.toml").write_text('[federated]\nrounds = 6\n[grid]\n'
+                                        '"federated.warmup_rounds" = [0, 6]\nseed = [0, 1, 2]\n')
+    _, results, folder = figure_sweep(tmp_path / "demo.toml", tmp_path, executor="serial")
+    serial = sweep_analysis.fedavg_chaos(folder, results, ["seed"])
+    stored = {p.name: json.loads(p.read_text()) for p in (folder / "_chaos").glob("*.json")}
+    assert len(stored) == 3 and len({r["amplification"] for r in stored.values()}) == 3   # a mix-up would show
+    shutil.rmtree(folder / "_chaos")
+    monkeypatch.setattr(sweep_analysis, "CHAOS_PARALLEL_STEPS", 0)
+    fedavg = results[results["T0"] == results["federated.rounds"]]
+    configs = [config_from_dict({})] * 3
+    assert [len(c) for c in sweep_analysis.chaos_chunks(list(fedavg["run_id"]), configs, 2)] == [2, 1]
+    shared = sweep_analysis.fedavg_chaos(folder, results, ["seed"], workers=2)
+    pd.testing.assert_frame_equal(shared, serial, check_exact=True)
+    assert {p.name: json.loads(p.read_text()) for p in (folder / "_chaos").glob("*.json")} == stored
+    with pytest.raises(ValueError, match="2 run ids for 1 configs"):
+        sweep_analysis.chaos_chunks(["a", "b"], [None], 2)
 
 @pytest.mark.slow
 def test_the_style_is_seaborn_s_theme_without_importing_seaborn():
@@ -311,3 +382,20 @@ def test_the_strategies_comparison_does_not_depend_on_its_workers():
     for a, b in zip(serial, parallel):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert len(serial[0]) == 16 and serial[0]["seed"].tolist()[:4] == [0] * 4
+
+
+@pytest.mark.slow
+def test_loading_a_figure_script_imports_no_seaborn_and_leaves_matplotlib_headless():
+    """Every figure script imports seaborn (which imports pyplot, and scipy.stats: about a second) only
+    where it draws, so that pyplot is first imported by report.plotting, which chooses the off-screen
+    backend before it: loading every script, in a fresh process with a display backend asked for,
+    leaves matplotlib on Agg and seaborn unimported."""
+    code = ("import importlib.util, sys, pathlib\n"
+            "for path in sorted(pathlib.Path('simulations').glob('*.py')):\n"
+            "    spec = importlib.util.spec_from_file_location('figure_' + path.stem, path)\n"
+            "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "import matplotlib\n"
+            "print(matplotlib.get_backend(), 'seaborn' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "TkAgg"})
+    assert out.stdout.split("\n")[-2].strip() == "Agg False", out.stdout + out.stderr

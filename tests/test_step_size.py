@@ -176,3 +176,29 @@ def test_the_full_models_curvature_sets_the_step_when_asked():
     assert back.federated.step_scale is None and "step_curvature" not in back.to_dict()["federated"]
     assert "step_curvature" not in RunConfig().to_dict()["federated"]
     assert scaled(0.5).federated.step_curvature == "value"
+
+
+def test_the_full_models_curvature_is_computed_once_per_instance(monkeypatch):
+    """The power iteration runs once per instance (θ⁰ and clients) and process: a cell's step scales share
+    it, bit for bit what a fresh iteration gives; another seed (other clients and θ⁰) or another ridge
+    is iterated anew."""
+    from linattn_theory.core import curvature
+    from linattn_theory.sim import step_size
+
+    calls = []
+    iterate = curvature.hessian_curvature
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return iterate(*args, **kwargs)
+    monkeypatch.setattr(curvature, "hessian_curvature", counted)
+    monkeypatch.setattr(step_size, "_MODEL_CURVATURE", {})
+    runs = simulate_many([scaled(c, step_curvature="model") for c in (0.1, 0.2, 0.4)])
+    stable = {run.metadata["step_scale"]["stable_learning_rate"] for run in runs}
+    assert len(calls) == 1 and len(stable) == 1
+    monkeypatch.setattr(step_size, "_MODEL_CURVATURE", {})
+    assert simulate_many([scaled(0.3, step_curvature="model")])[0].metadata["step_scale"][
+        "stable_learning_rate"] == stable.pop() and len(calls) == 2
+    simulate_many([scaled(0.1, seed=1, step_curvature="model")])
+    simulate_many([scaled(0.1, step_curvature="model", ridge=0.1)])
+    assert len(calls) == 4

@@ -374,10 +374,12 @@ def excess_risk_sweep(config, out_dir, *, by, bound=False, quick=False, executor
 
     _, results, folder = figure_sweep(config, out_dir, quick=quick, executor=executor,
                                       workers=workers, progress=progress)
-    table = excess_risk_table(folder, results, bound=bound, workers=analysis_workers(executor, workers))
+    processes = analysis_workers(executor, workers)
+    table = excess_risk_table(folder, results, bound=bound, workers=processes)
     runs, best, left_out = select_instances(table, by)
     if chaos:
-        best = best.merge(fedavg_chaos(folder, table, by), on=list(by), how="left", validate="one_to_one")
+        best = best.merge(fedavg_chaos(folder, table, by, workers=processes), on=list(by), how="left",
+                          validate="one_to_one")
     return runs, best, left_out
 
 

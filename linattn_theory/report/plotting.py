@@ -36,7 +36,8 @@ from .style import COLORBLIND, PAPER_TICKS  # noqa: E402
 
 __all__ = ["LABELS", "STRATEGY_NAMES", "label", "apply_style", "palette", "figure", "save_figure", "drop_diverged",
            "note_dropped", "dropped_text", "mark_x", "instance_band", "data_ticks", "stacked_bars", "log_scale",
-           "symlog_scale", "curve_rows", "legend_below", "check_print_ready", "PALETTE_NAME", "COLUMN_WIDTH",
+           "symlog_scale", "curve_rows", "legend_below", "check_print_ready", "heatmap", "PALETTE_NAME",
+           "COLUMN_WIDTH",
            "FULL_WIDTH", "MIN_FONT_SIZE", "QUICK_MARK", "Style", "METHODS", "METHOD_PANELS", "PANELS", "COLORS",
            "ATTENTION",
            "method_style", "heterogeneity_color", "heterogeneity_label", "heterogeneity_style", "SEED_MARKERS",
@@ -884,6 +885,53 @@ def curve_rows(x: str, series: pd.Series, count: int, **labels) -> pd.DataFrame:
     values = series.to_numpy(dtype=float)
     return pd.DataFrame({x: series.index, "median": values, "q25": values, "q75": values,
                          "count": count, **labels})
+
+
+def heatmap(ax, data, **kwargs):
+    """``seaborn.heatmap(data, ax=ax, **kwargs)``, its tick-label overlap test laid out without rendering.
+
+    seaborn lays the whole figure out to see whether the new panel's tick labels overlap, by rendering
+    it (``fig.canvas.draw()``: every panel drawn so far rasterised again, once per heatmap); here that
+    pass is :meth:`~matplotlib.figure.Figure.draw_without_rendering`, which places the same labels at
+    the same size (the same renderer class and dpi) and draws no pixel. seaborn is imported here, where
+    a figure draws with it (its import costs about a second, and it imports pyplot after this module
+    chose the off-screen backend).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The panel.
+    data : pandas.DataFrame
+        The grid.
+    **kwargs
+        Passed to :func:`seaborn.heatmap`.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+        ``ax``.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> import pandas as pd
+    >>> from linattn_theory.report.plotting import figure, heatmap
+    >>> fig, ax = figure(width="column")
+    >>> heatmap(ax, pd.DataFrame([[0.0, 1.0], [2.0, 3.0]]), annot=True) is ax
+    True
+    >>> plt.close(fig)
+    """
+    import seaborn as sns
+    from seaborn import matrix
+
+    drawn = getattr(matrix, "_draw_figure", None)
+    if drawn is not None:
+        matrix._draw_figure = lambda fig: fig.draw_without_rendering()
+    try:
+        return sns.heatmap(data, ax=ax, **kwargs)
+    finally:
+        if drawn is not None:
+            matrix._draw_figure = drawn
 
 
 def instance_band(ax, data: pd.DataFrame, x: str, y: str, *, color, label: str | None = None,

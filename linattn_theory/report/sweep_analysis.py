@@ -38,7 +38,7 @@ from ..core.clients import StackedClients, stack_clients
 
 __all__ = ["runs_by_instance", "frozen_stage_table", "excess_risk_table", "best_warmup", "select_instances",
            "paired_ratios", "gain_summary", "quartiles", "spearman_interval", "fedavg_chaos", "gain_intervals",
-           "WIN_THRESHOLD"]
+           "chaos_chunks", "WIN_THRESHOLD", "CHAOS_PARALLEL_STEPS"]
 
 #: a win is a gain ``1 − R(T0_best)/R(T)`` above this: the threshold the phase diagram declares
 #: (``simulations/configs/phase_diagram.toml``, docs/theory.md §6), so that a gain of 0.2 % is no win
@@ -591,7 +591,7 @@ def gain_summary(best: pd.DataFrame, level, left_out: pd.DataFrame | None = None
     return pd.DataFrame(rows)
 
 
-def fedavg_chaos(folder, table: pd.DataFrame, by) -> pd.DataFrame:
+def fedavg_chaos(folder, table: pd.DataFrame, by, workers: int | None = None) -> pd.DataFrame:
     """Per instance (a value of the columns ``by``) whose plain FedAvg run (``T0 = T``) did not diverge:
     how chaotic that run is (docs/theory.md §6 "Chaotic instances"), measured as the phase diagram
     measures it (:func:`linattn_theory.report.phase_diagram.run_instances`): the run repeated from
@@ -601,7 +601,9 @@ def fedavg_chaos(folder, table: pd.DataFrame, by) -> pd.DataFrame:
     run's warm-up path, so its flag is the instance's. Columns: ``by``, ``chaotic`` (amplification above
     :data:`~linattn_theory.sim.sensitivity.CHAOS_AMPLIFICATION`, or the repeat diverged where the run did
     not) and ``amplification``. Each measurement is stored with the sweep
-    (``<folder>/_chaos/<run_id>.json``), so that redrawing a figure does not repeat it.
+    (``<folder>/_chaos/<run_id>.json``), so that redrawing a figure does not repeat it. The repeats
+    still to run are shared among ``workers`` processes (:func:`chaos_chunks`; an ensemble's results do
+    not depend on its members, so the numbers are the same for any count).
 
     Parameters
     ----------
@@ -612,6 +614,8 @@ def fedavg_chaos(folder, table: pd.DataFrame, by) -> pd.DataFrame:
         ``run_id``, ``T0``, ``federated.rounds``, ``diverged`` and the columns ``by``.
     by : list of str
         The columns that name an instance.
+    workers : int, optional
+        Processes for the repeats still to run (default: this one).
 
     Returns
     -------
@@ -631,7 +635,6 @@ def fedavg_chaos(folder, table: pd.DataFrame, by) -> pd.DataFrame:
     ([False], True)
     """
     from ..core.io import write_json
-    from ..sim.sensitivity import PERTURBATION, ensemble_sensitivities
 
     by = list(by)
     fedavg = table[(table["T0"] == table["federated.rounds"]) & ~table["diverged"].astype(bool)]
@@ -643,17 +646,80 @@ def fedavg_chaos(folder, table: pd.DataFrame, by) -> pd.DataFrame:
             found[rid] = json.loads(path.read_text())
         else:
             todo.append(rid)
-    configs = [_run_config(folder, rid) for rid in todo]
-    clients = [clients_from_config(config) for config in configs]
-    references = [load_run(folder, rid) for rid in todo]
-    for rid, chaos in zip(todo, ensemble_sensitivities(configs, clients, references)):
-        found[rid] = {"chaotic": bool(chaos.chaotic), "amplification": float(chaos.amplification),
-                      "perturbation": PERTURBATION}
-        write_json(store / f"{rid}.json", found[rid])
+    chunks = chaos_chunks(todo, [_run_config(folder, rid) for rid in todo], workers)
+    if len(chunks) > 1:
+        from joblib import Parallel, delayed
+        measured = Parallel(n_jobs=len(chunks))(delayed(_chaos_task)(folder, chunk) for chunk in chunks)
+    else:
+        measured = [_chaos_task(folder, chunk) for chunk in chunks]
+    for chunk, records in zip(chunks, measured):
+        for rid, record in zip(chunk, records):
+            found[rid] = record
+            write_json(store / f"{rid}.json", record)
     rows = [{**dict(zip(by, key)), "chaotic": bool(found[rid]["chaotic"]),
              "amplification": float(found[rid]["amplification"])}
             for rid, key in zip(fedavg["run_id"], fedavg[by].itertuples(index=False, name=None))]
     return pd.DataFrame(rows, columns=[*by, "chaotic", "amplification"])
+
+
+#: local steps (``rounds × local_steps`` summed over the repeats) below which :func:`fedavg_chaos` runs its
+#: repeats in this process: starting worker processes costs about a second, a quick figure's repeats less
+CHAOS_PARALLEL_STEPS = 20_000
+
+
+def chaos_chunks(run_ids: list, configs: list, workers: int | None = None) -> list[list]:
+    """The repeats of :func:`fedavg_chaos` still to run, shared among at most ``workers`` processes:
+    round-robin over ``run_ids`` (neighbours in a sweep are alike in cost), one chunk when ``workers``
+    is ``None`` or 1, or when their local steps ``Σ rounds × local_steps`` stay under
+    :data:`CHAOS_PARALLEL_STEPS` (worker start-up would cost more than it saves); no empty chunk.
+
+    Parameters
+    ----------
+    run_ids : list of str
+        The runs whose repeats are to run.
+    configs : list of RunConfig
+        Their configurations (for the work they hold).
+    workers : int, optional
+        The processes available.
+
+    Returns
+    -------
+    list of list of str
+        The run ids of each process, every id once.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.report.sweep_analysis import chaos_chunks
+    >>> long = lt.config_from_dict({"federated": {"rounds": 1000, "local_steps": 10}})
+    >>> chaos_chunks(["a", "b", "c"], [long] * 3, workers=2)
+    [['a', 'c'], ['b']]
+    >>> chaos_chunks(["a", "b", "c"], [lt.config_from_dict({})] * 3, workers=2)     # little work: one process
+    [['a', 'b', 'c']]
+    >>> chaos_chunks([], [], workers=2)
+    []
+    """
+    if len(run_ids) != len(configs):
+        raise ValueError(f"chaos_chunks: {len(run_ids)} run ids for {len(configs)} configs; expected one each")
+    if not run_ids:
+        return []
+    steps = sum(c.federated.rounds * c.federated.local_steps for c in configs)
+    count = 1 if workers is None or steps < CHAOS_PARALLEL_STEPS else max(1, min(int(workers), len(run_ids)))
+    return [list(run_ids[i::count]) for i in range(count)]
+
+
+def _chaos_task(folder, run_ids: list) -> list[dict]:
+    """Worker side of :func:`fedavg_chaos`: the stored records of the runs ``run_ids`` (chaotic,
+    amplification, perturbation), their repeats run as one
+    :func:`~linattn_theory.sim.sensitivity.ensemble_sensitivities`."""
+    from ..sim.sensitivity import PERTURBATION, ensemble_sensitivities
+
+    configs = [_run_config(folder, rid) for rid in run_ids]
+    clients = [clients_from_config(config) for config in configs]
+    references = [load_run(folder, rid) for rid in run_ids]
+    return [{"chaotic": bool(chaos.chaotic), "amplification": float(chaos.amplification),
+             "perturbation": PERTURBATION}
+            for chaos in ensemble_sensitivities(configs, clients, references)]
 
 
 def gain_intervals(best: pd.DataFrame, level, threshold: float = WIN_THRESHOLD) -> pd.DataFrame:
