@@ -93,6 +93,17 @@ def test_each_result_is_simulate_bit_for_bit_on_the_array_api_engine():
     assert alone[9].diverged and sum(r.diverged for r in alone) < len(runs) - 3
 
 
+def test_instances_of_one_group_each_gather_their_own_participants():
+    # several instances of one ensemble and rule group, each drawing its own participants (k < m):
+    # every instance must gather its own participants' data and SCAFFOLD control variates
+    # (strategies.base.take_rows, an (instance, client) gather), so each result is its run alone
+    runs = [config(seed=s, strategy=strategy, participation=0.5) for strategy in ("fedfrozen", "scaffold")
+            for s in (20, 21, 22)]
+    for many, c in zip(simulate_many(runs), runs):
+        assert_identical(many, simulate(c))
+    assert len({tuple(simulate(c).table["participants"]) for c in runs}) == 1        # k = 2 of m = 4 each round
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_simulate_and_simulate_many_agree_bit_for_bit_with_a_ridge_in_every_dtype(dtype):
     # F_λ = F + ½λ‖W_V‖² is one function on both paths, in the run's dtype: in float32 the

@@ -220,15 +220,11 @@ class RunConfig:
         """
         data = self.to_dict()
         given = [key for key in STEP_KEYS if updates.get(f"federated.{key}") is not None]
-        if len(given) == 1:
+        if len(given) == 1:              # the other one goes, with the settings only a step scale has
             other, = set(STEP_KEYS) - set(given)
-            data["federated"].pop(other, None)
-            if other == "step_scale":
-                for key in STEP_SCALE_KEYS:
-                    data["federated"].pop(key, None)
-        for key, value in updates.items():
-            set_dotted(data, key, value, "with_updates")
-        return config_from_dict(_drop_none(data))
+            for key in (other,) + (STEP_SCALE_KEYS if other == "step_scale" else ()):
+                data["federated"].pop(key, None)
+        return config_from_dict(_drop_none(apply_overrides(data, updates, "with_updates")))
 
     @property
     def warmup_rounds(self) -> int:
@@ -338,8 +334,7 @@ def config_from_dict(data: dict) -> RunConfig:
     task = sections["task"]
     extra = set(data.get("task", {})) - FAMILY_KEYS[task.family] - {"family"}
     if extra:
-        key = sorted(extra)[0]
-        raise ConfigError(f"task.{key}: does not apply to family {task.family!r}; "
+        raise ConfigError(f"task.{min(extra)}: does not apply to family {task.family!r}; "
                           f"its keys are {', '.join(sorted(FAMILY_KEYS[task.family]))}")
     check = family_check(task.family)
     if check is not None:                # the family's own checks (docs/howto/add-task-family.md)
@@ -693,18 +688,18 @@ def config_hash(config: RunConfig) -> str:
     False
     """
     data = config.to_dict()
+    fed = data["federated"]
     if data["model"]["engine"] == "auto":   # the default engine leaves earlier runs' keys unchanged
         del data["model"]["engine"]
-    if data["federated"]["strategy"] != "fedfrozen_adaptive":
-        del data["federated"]["adaptive_confidence"]
-        del data["federated"]["adaptive_gain_confidence"]
-        del data["federated"]["adaptive_descent_confidence"]
-        data["federated"].update(_ADAPTIVE_KEY_DEFAULTS)
+    if fed["strategy"] != ONLINE_STRATEGY:
+        for key in ("adaptive_confidence", "adaptive_gain_confidence", "adaptive_descent_confidence"):
+            del fed[key]
+        fed.update(_ADAPTIVE_KEY_DEFAULTS)
     else:
-        if data["federated"]["adaptive_gain_confidence"] == 0.0:   # the rule before z_g kept its keys
-            del data["federated"]["adaptive_gain_confidence"]
-        if data["federated"]["adaptive_descent_confidence"] == math.inf:   # and the rules before z_d theirs
-            del data["federated"]["adaptive_descent_confidence"]
+        if fed["adaptive_gain_confidence"] == 0.0:   # the rule before z_g kept its keys
+            del fed["adaptive_gain_confidence"]
+        if fed["adaptive_descent_confidence"] == math.inf:   # and the rules before z_d theirs
+            del fed["adaptive_descent_confidence"]
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

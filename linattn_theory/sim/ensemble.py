@@ -242,8 +242,7 @@ def ensemble_bytes(max_bytes, xp) -> int | None:
         return CPU_ENSEMBLE_BYTES
     if is_cupy_namespace(xp):
         import cupy
-        free, _ = cupy.cuda.Device().mem_info
-        return free // 2
+        return cupy.cuda.Device().mem_info[0] // 2           # (free, total) bytes
     return None
 
 
@@ -583,8 +582,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone
                 if T0 == family.served():
                     family.by_T0[T0], family.history[T0] = result, history
                 elif result.diverged and T0 >= result.divergence.round:     # diverged in its warm-up
-                    family.by_T0[T0] = dataclasses.replace(result, table=result.table.copy(),
-                                                           metadata=dict(result.metadata, warmup_rounds=T0))
+                    family.by_T0[T0] = _copy(result, warmup_rounds=T0)
                     family.history[T0] = history
                 else:
                     second.append(Member(config, family.data, states[T0].params, prefix=states[T0]))
@@ -610,21 +608,22 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone
                 else:
                     family.history[T0] = family.history[lead][:T0] + history
         for family in families:
-            for i in family.online:
+            for i in family.online + family.indices:     # each result its own (copies of a config share one)
                 config = family.configs[i]
-                result = family.replays[i].result(family.by_T0[("online", i)])
+                key = ("online", i) if i in family.online else config.warmup_rounds
+                result = family.by_T0[key]
+                if i in family.online:
+                    result = family.replays[i].result(result)
+                elif any(results[j] is result for j in family.indices if results[j] is not None):
+                    result = _copy(result)
                 result.metadata.update(run_metadata(config))
-                _add_test_metrics(result, family.clients, config, family.history.get(("online", i)))
+                _add_test_metrics(result, family.clients, config, family.history.get(key))
                 results[i] = result
-            for i in family.indices:
-                config = family.configs[i]
-                result = family.by_T0[config.warmup_rounds]
-                if any(results[j] is result for j in family.indices if results[j] is not None):
-                    result = dataclasses.replace(result, table=result.table.copy(),
-                                                 metadata=dict(result.metadata))
-                result.metadata.update(run_metadata(config))
-                _add_test_metrics(result, family.clients, config, family.history.get(config.warmup_rounds))
-                results[i] = result
+
+
+def _copy(result: RunResult, **metadata) -> RunResult:
+    """``result`` with its own table and metadata (``metadata`` set there)."""
+    return dataclasses.replace(result, table=result.table.copy(), metadata=dict(result.metadata, **metadata))
 
 
 class _OnlineReplay:
@@ -659,10 +658,8 @@ class _OnlineReplay:
 
     def result(self, run: RunResult) -> RunResult:
         """The online run's result from the lead's (no freeze) or the continuation's ``run``."""
-        table = run.table.copy()
-        table["strategy"] = self.strategy.name
-        result = dataclasses.replace(run, table=table, metadata=dict(
-            run.metadata, warmup_rounds=self.config.warmup_rounds, strategy=self.strategy.name))
+        result = _copy(run, warmup_rounds=self.config.warmup_rounds, strategy=self.strategy.name)
+        result.table["strategy"] = self.strategy.name
         result.metadata.update(self.strategy.control.finish(result))
         return result
 

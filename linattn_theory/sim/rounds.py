@@ -66,7 +66,7 @@ from ..core.model import (BLOCKS, Params, flat as _flat, kernel, loss_and_grad_f
 from ..core.seeds import SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
 from .config import RunConfig
 from .strategies import Round, Strategy, make_strategy
-from .strategies.base import instance_rows as _instance_rows, local_sgd, weighted_sum
+from .strategies.base import freeze_after, local_sgd, take_rows, weighted_sum
 
 __all__ = ["run_ensemble", "Member", "RunResult", "RunState", "Divergence", "select_engine", "objective"]
 
@@ -363,13 +363,10 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     if engine == "array_api":
         return None
     reason = _why_not(xp, data, fed, strategy)
-    if engine == "fused":
-        if reason is not None:
-                raise ConfigError(f"engine = 'fused' does not apply: {reason}; use engine = 'auto' "
-                              f"or 'array_api'")
-        return _fused.FusedEngine(data, instances)
+    if engine == "fused" and reason is not None:
+        raise ConfigError(f"engine = 'fused' does not apply: {reason}; use engine = 'auto' or 'array_api'")
     m, N, d = data.S.shape[-4], data.S.shape[-3], data.S.shape[-1]
-    if reason is not None or m * N * d * d < _fused.MIN_STEP_WORK:
+    if engine == "auto" and (reason is not None or m * N * d * d < _fused.MIN_STEP_WORK):
         return None
     return _fused.FusedEngine(data, instances)
 
@@ -424,28 +421,23 @@ def _stack(xp, arrays):
     return xp.stack([xp.asarray(a) for a in arrays], axis=0)
 
 
+#: the arrays of :class:`~linattn_theory.core.clients.StackedClients` (``X``: softmax attention only)
+_DATA_ARRAYS = ("S", "q", "y", "sample_weight", "weights", "X")
+
+
 def _stack_data(xp, members) -> StackedClients:
     """The members' clients stacked on a leading instance axis (``sizes`` ``(I, m)`` on the host)."""
     first = members[0].data
-    X = None if first.X is None else _stack(xp, [mb.data.X for mb in members])
-    return StackedClients(*(_stack(xp, [getattr(mb.data, f) for mb in members])
-                            for f in ("S", "q", "y", "sample_weight", "weights")),
-                          np.stack([np.asarray(mb.data.sizes) for mb in members]), X,
-                          first.attention, first.temperature)
+    return dataclasses.replace(first, sizes=np.stack([np.asarray(mb.data.sizes) for mb in members]), **{
+        f: None if getattr(first, f) is None else _stack(xp, [getattr(mb.data, f) for mb in members])
+        for f in _DATA_ARRAYS})
 
 
 def _slice_data(data: StackedClients, lo: int, hi: int) -> StackedClients:
     if lo == 0 and hi == data.S.shape[0]:
         return data
-    cut = lambda a: None if a is None else a[lo:hi, ...]  # noqa: E731
-    return StackedClients(cut(data.S), cut(data.q), cut(data.y), cut(data.sample_weight),
-                          cut(data.weights), data.sizes[lo:hi], cut(data.X), data.attention,
-                          data.temperature)
-
-
-def _mask(xp, host_bool, ndim: int):
-    """A host boolean ``(I,)`` as a device mask of ``ndim`` dimensions."""
-    return xp.reshape(xp.asarray(np.asarray(host_bool)), (-1,) + (1,) * (ndim - 1))
+    return dataclasses.replace(data, sizes=data.sizes[lo:hi], **{
+        f: None if getattr(data, f) is None else getattr(data, f)[lo:hi, ...] for f in _DATA_ARRAYS})
 
 
 def _where(xp, mask, new, old):
@@ -502,15 +494,15 @@ def instance_setting(xp, values, dtype, ndim: int = 5):
 # --------------------------------------------------------------------------------------------
 def _select_clients(xp, a, part: np.ndarray, lo: int, hi: int):
     """Rows ``part[:, lo:hi]`` of ``a`` ``(I, m, ...)``: the participants of a chunk, per instance."""
-    I, m = a.shape[0], a.shape[1]
+    m = a.shape[1]
     if part.shape[1] == m:
         return a if (lo, hi) == (0, m) else a[:, lo:hi, ...]
-    return _take(xp, a, 2, _instance_rows(I, m, part[:, lo:hi]).reshape(I, hi - lo))
+    return take_rows(a, part[:, lo:hi])
 
 
 def _take(xp, a, axes: int, idx: np.ndarray):
     """Entries ``idx`` (flat indices into the first ``axes`` axes of ``a``) of ``a``, shaped
-    ``idx.shape + a.shape[axes:]`` (clients ``(I, k)`` of ``(I, m, ...)``, samples ``(I, k, b)`` of ``(I, m, N, ...)``)."""
+    ``idx.shape + a.shape[axes:]`` (minibatch samples ``(I, k, b)`` of ``(I, m, N, ...)``)."""
     rest = tuple(a.shape[axes:])
     rows = xp.take(xp.reshape(a, (-1,) + rest), xp.asarray(idx.reshape(-1)), axis=0)
     return xp.reshape(rows, idx.shape + rest)
@@ -613,16 +605,13 @@ def _client_losses(xp, params: Params, data: StackedClients, phi=None):
 # --------------------------------------------------------------------------------------------
 class _Features:
     """The frozen-stage features ``φ`` ``(I, m, N, Hd)`` of instances whose kernel is frozen,
-    computed once per instance at its frozen kernel (docs/theory.md §5), kept while it stays frozen.
-
-    Array-API path: disjoint pieces ``(lo, hi, φ)`` merged when a group spans several; fused
-    engine (NumPy): one buffer filled in place. An instance with a ``frozen_features`` hook
+    computed once per instance at its frozen kernel (docs/theory.md §5), kept while it stays frozen,
+    in one buffer filled in place (in the run's dtype). An instance with a ``frozen_features`` hook
     (:class:`Member`) gets the hook's features at its parameters instead.
     """
 
-    def __init__(self, xp, data: StackedClients, buffered: bool, hooks):
-        self.xp, self.data, self.buffered, self.hooks = xp, data, buffered, hooks
-        self.pieces: list[tuple[int, int, Any]] = []
+    def __init__(self, xp, data: StackedClients, hooks):
+        self.xp, self.data, self.hooks = xp, data, hooks
         self.buffer = None
         self.filled = np.zeros(data.S.shape[0], dtype=bool)
 
@@ -637,30 +626,17 @@ class _Features:
 
     def keep_only(self, frozen: np.ndarray) -> None:
         """Forget the features of instances whose kernel is not frozen (it moves, or they idle)."""
-        if np.any(self.filled & ~frozen):
-            self.filled &= frozen
-            self.pieces = [(lo, hi, a) for lo, hi, a in self.pieces if frozen[lo:hi].all()]
+        self.filled &= frozen
 
     def get(self, P: Params, lo: int, hi: int):
         """``φ`` of the instances ``lo..hi-1`` (all frozen now), at their kernels in ``P``."""
-        todo = [(lo + a, lo + b) for a, b, _ in _groups([None if f else True for f in self.filled[lo:hi]])]
-        if self.buffered:
-            if self.buffer is None:
-                H, d = P.WV.shape[-3], P.WV.shape[-2]
-                self.buffer = np.zeros(tuple(self.data.q.shape[:3]) + (H * d,), dtype=self.data.S.dtype)
-            for a, b in todo:
-                self.buffer[a:b] = self._compute(P, a, b)
-            self.filled[lo:hi] = True
-            return self.buffer[lo:hi]
-        inside = sorted(e for e in self.pieces if lo <= e[0] and e[1] <= hi)
-        if len(inside) == 1 and inside[0][:2] == (lo, hi):
-            return inside[0][2]
-        parts = [(a, b, self._compute(P, a, b)) for a, b in todo]
-        parts = sorted(inside + parts, key=lambda e: e[0])
-        phi = parts[0][2] if len(parts) == 1 else self.xp.concat([e[2] for e in parts], axis=0)
-        self.pieces = [e for e in self.pieces if e[1] <= lo or e[0] >= hi] + [(lo, hi, phi)]
+        if self.buffer is None:
+            H, d = P.WV.shape[-3], P.WV.shape[-2]
+            self.buffer = self.xp.zeros(tuple(self.data.q.shape[:3]) + (H * d,), dtype=self.data.S.dtype)
+        for a, b, _ in _groups([None if f else True for f in self.filled[lo:hi]]):     # not computed yet
+            self.buffer[lo + a:lo + b, ...] = self._compute(P, lo + a, lo + b)
         self.filled[lo:hi] = True
-        return phi
+        return self.buffer[lo:hi, ...]
 
 
 def _groups(keys: list) -> list[tuple[int, int, Any]]:
@@ -702,19 +678,17 @@ class _ArrayAPI:
 
     name = "array_api"
 
-    def __init__(self, ens: "_Ensemble", buffered: bool = False):
+    def __init__(self, ens: "_Ensemble"):
         self.ens = ens
-        self.features = _Features(ens.xp, ens.data, buffered, [mb.frozen_features for mb in ens.members])
+        self.features = _Features(ens.xp, ens.data, [mb.frozen_features for mb in ens.members])
 
     def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
         ens, fed, m = self.ens, self.ens.fed, self.ens.m
         data = _slice_data(ens.data, lo, hi)
         inputs = (data.inputs, data.q) if phi is None else (phi,)
-        batches = None
-        if fed.batch_size is not None:
-            batches = np.stack([_minibatch_indices(t, rnd.participants[j], data.sizes[j], ens.Nmax, fed.local_steps,
-                                                   fed.batch_size, ens.seeds[lo + j]) + j * m * ens.Nmax
-                                for j in range(hi - lo)])
+        batches = None if fed.batch_size is None else np.stack([   # flat sample indices (hi−lo, k, E, b)
+            _minibatch_indices(t, rnd.participants[j], data.sizes[j], ens.Nmax, fed.local_steps, fed.batch_size,
+                               ens.seeds[lo + j]) + j * m * ens.Nmax for j in range(hi - lo)])
         chunks = client_chunks(rnd.participants.shape[1], (hi - lo) * ens.working, ens.max_bytes)
         pieces = [_local_training(ens.xp, Pg, rnd, a, b, client_rule, cs, inputs, data, batches, rnd.learning_rate,
                                   lam, fed.batch_size) for a, b in chunks]
@@ -732,7 +706,7 @@ class _Fused(_ArrayAPI):
     name = "fused"
 
     def __init__(self, ens: "_Ensemble", engine: "_fused.FusedEngine"):
-        super().__init__(ens, buffered=True)
+        super().__init__(ens)
         self.engine = engine
 
     def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
@@ -837,7 +811,7 @@ class _Ensemble:
     """An ensemble's members, their strategies and stacked data, and its rounds:
     :meth:`init` and :meth:`round_step` on an explicit :class:`LoopState` (as Optax or FedJAX would)."""
 
-    def __init__(self, members: list[Member], max_bytes, engine, keep_history):
+    def __init__(self, members: list[Member], max_bytes, engine):
         self.members = members
         config = members[0].config
         self.fed, self.model = config.federated, config.model
@@ -850,8 +824,7 @@ class _Ensemble:
         self.T0 = np.array([mb.warmup_rounds for mb in members])
         self.start = np.array([mb.start for mb in members])
         self.seeds = [mb.config.seed for mb in members]
-        feds = [mb.config.federated for mb in members]
-        self.feds = feds
+        self.feds = feds = [mb.config.federated for mb in members]
         if any(f.learning_rate is None for f in feds):
             raise ConfigError("federated.step_scale: resolve it to a learning rate first "
                               "(linattn_theory.sim.step_size.resolve_step_scale; simulate does)")
@@ -866,7 +839,6 @@ class _Ensemble:
         self.finishers = list(self.controls)
         self.max_bytes = max_bytes
         self.working = client_working_bytes(first, self.model.heads, self.fed.batch_size)
-        self.keep_history = keep_history
         choice = self.model.engine if engine is None else engine
         if choice == "moments":
             self.backend = _Moments(self)
@@ -920,7 +892,7 @@ class _Ensemble:
         P, alive, warm = state.params, state.alive, state.warm
         active = self.start <= t
         if np.any(active & (self.T0 == t)):           # θ^{T0}, for the instances that reach it
-            warm = _where(xp, alive & _mask(xp, active & (self.T0 == t), 1), P, warm)
+            warm = _where(xp, alive & xp.asarray(active & (self.T0 == t)), P, warm)
         blocks = [tuple(self.schedules[i](t)) if active[i] else None for i in range(count)]
         if self.backend.features is not None:
             self.backend.features.keep_only(np.array([b is not None and "WQ" not in b and "WK" not in b
@@ -939,7 +911,7 @@ class _Ensemble:
                                             xp.zeros((count, 3), dtype=dtype)), count)
         P = _assemble(xp, pieces["P"], P, count)
         F_reg = row[1]
-        running = alive & _mask(xp, active, 1)
+        running = alive & xp.asarray(active)
         better = running & (F_reg < state.best_loss)
         bad = running & (~xp.isfinite(F_reg) | (F_reg > self.threshold))
         state = LoopState(P, state.initial, _where(xp, better, P, state.best), xp.where(better, F_reg, state.best_loss),
@@ -1051,7 +1023,7 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
     if len({mb.prefix is None for mb in members}) > 1:
         raise ValueError("run_ensemble: members start all at round 0 or all from a prefix")
     order = _sorted_members(members)
-    ens = _Ensemble([members[i] for i in order], max_bytes, engine, keep_history)
+    ens = _Ensemble([members[i] for i in order], max_bytes, engine)
     state, origin = ens.init()
     first, count = int(ens.start.min()), ens.count
     wanted = {r for mb in ens.members for r in mb.checkpoints}
@@ -1082,11 +1054,7 @@ def run_ensemble(members: list[Member], *, max_bytes: int | None = None, engine:
         if _all_diverged(ens.xp, state.alive, t - first):
             break
     outcome = _Outcome(ens, records, first, origin, state, saved, history, hooks.frozen)
-    results = [outcome.member(i) for i in range(count)]
-    back = [None] * count
-    for position, i in enumerate(order):
-        back[i] = results[position]
-    return back
+    return [outcome.member(int(position)) for position in np.argsort(order)]      # in the members' order
 
 
 def _lift(xp, points) -> Params:
@@ -1100,9 +1068,8 @@ def _instance(P: Params, i: int) -> Params:
     return Params(*(getattr(P, b)[i, 0, ...] for b in BLOCKS))
 
 
-def _frozen_schedule(t: int) -> tuple[str, ...]:
-    """After a control's freeze: only the value block trains (docs/theory.md §5)."""
-    return ("WV",)
+#: the schedule after a control's freeze: only the value block trains (docs/theory.md §5)
+_FROZEN_SCHEDULE = freeze_after(0, ("WV",))
 
 
 class _Hooks:
@@ -1116,20 +1083,15 @@ class _Hooks:
         self.watched = [i for i, mb in enumerate(ens.members)
                         if mb.on_round is not None or ens.controls[i] is not None]
         self.frozen = np.zeros(ens.count, dtype=bool)
-        self.rows, self.gamma = {}, {}
-        if self.watched:
-            host = None if origin is None else tuple(np.asarray(to_numpy(a)) for a in origin)
-            for i in self.watched:
-                self.rows[i] = _first_rows(ens, i, host)
-                self.gamma[i] = float(self.rows[i][-1]["cumulative_kernel_drift"])
+        host = None if origin is None or not self.watched else tuple(np.asarray(to_numpy(a)) for a in origin)
+        self.rows = {i: _first_rows(ens, i, host) for i in self.watched}
 
     def record(self, t: int, row, blocks, ks) -> None:
         """Round ``t``'s table row of every watched instance that ran it."""
         for i in self.watched:
             if blocks[i] is not None and len(self.rows[i]) == t + 1:
-                values = [np.asarray(to_numpy(a[i, ...])) for a in row]
-                new, self.gamma[i] = _round_row(t, blocks[i], values, int(ks[i]), self.ens.names[i], self.gamma[i])
-                self.rows[i].append(new)
+                _append_row(self.rows[i], t, blocks[i], [np.asarray(to_numpy(a[i, ...])) for a in row], int(ks[i]),
+                            self.ens.names[i])
 
     def observe(self, r: int, loop: "LoopState", running: np.ndarray, bad: np.ndarray) -> "LoopState":
         """``on_round`` and the control of every watched instance that ran round ``r − 1`` (round
@@ -1151,11 +1113,11 @@ class _Hooks:
                 continue
             ens.controls[i] = None
             if r < ens.fed.rounds:            # a freeze at round T changes nothing
-                mask = _mask(xp, np.arange(ens.count) == i, 1)
+                mask = xp.asarray(np.arange(ens.count) == i)
                 frozen = _lift(xp, [decision.params] * ens.count)
                 loop = loop._replace(params=_where(xp, mask, frozen, loop.params),
                                      warm=_where(xp, mask, frozen, loop.warm))
-                ens.schedules[i], self.frozen[i] = _frozen_schedule, True
+                ens.schedules[i], self.frozen[i] = _FROZEN_SCHEDULE, True
         return loop
 
 
@@ -1169,17 +1131,17 @@ def _first_rows(ens: "_Ensemble", i: int, origin) -> list:
                       ens.m, ens.names[i])]
 
 
-def _round_row(t: int, blocks, values, participants: int, name: str, gamma: float):
-    """The table row of round ``t`` (``θ^{t+1}``) from one instance's host ``(F, F_λ, F_c, kernel
-    drift, block drifts)``, and the cumulative kernel drift after it."""
+def _append_row(rows: list, t: int, blocks, values, participants: int, name: str) -> None:
+    """Append round ``t``'s table row (``θ^{t+1}``) from one instance's host ``(F, F_λ, F_c, kernel
+    drift, block drifts)`` to ``rows``; its cumulative kernel drift continues the last row's."""
     F, F_reg, losses, kernel_drift, drift = values
     drift = {b: float(drift[q]) if b in blocks else 0.0 for q, b in enumerate(BLOCKS)}
-    moved = 0.0
+    gamma, moved = float(rows[-1]["cumulative_kernel_drift"]), 0.0
     if "WQ" in blocks or "WK" in blocks:
         moved = float(kernel_drift)
         gamma += moved
-    return table_row(t + 1, _stage(blocks), float(F), float(F_reg), losses, moved, gamma, drift, participants,
-                     name), gamma
+    rows.append(table_row(t + 1, _stage(blocks), float(F), float(F_reg), losses, moved, gamma, drift, participants,
+                          name))
 
 
 #: how often (rounds) a GPU ensemble asks whether every instance diverged (a host synchronisation)
@@ -1207,27 +1169,18 @@ class _Outcome:
         self.origin = None if origin is None else tuple(host(a) for a in origin)
         self.diverged_at = host(loop.diverged_at)
         self.saved, self.frozen = saved, frozen
-        self.history = None
-        if history is not None:
-            self.history = history[0].map(lambda *a: host(xp.stack(a, axis=0)), *history[1:])  # (rounds, I, 1, H, d, r)
-
-    def rows(self, i: int, end: int) -> list:
-        ens, mb = self.ens, self.ens.members[i]
-        rows = _first_rows(ens, i, self.origin)
-        gamma = float(rows[-1]["cumulative_kernel_drift"])
-        for t in range(mb.start, end):
-            j = t - self.first
-            row, gamma = _round_row(t, self.blocks[j][i], [a[j, i] for a in self.records],
-                                    int(self.participants[j][i]), ens.names[i], gamma)
-            rows.append(row)
-        return rows
+        self.history = None if history is None else history[0].map(   # (rounds, I, 1, H, d, r)
+            lambda *a: host(xp.stack(a, axis=0)), *history[1:])
 
     def member(self, i: int):
         ens, mb = self.ens, self.ens.members[i]
         T, T0 = ens.fed.rounds, mb.warmup_rounds
         diverged = self.diverged_at[i] >= 0
         end = int(self.diverged_at[i]) if diverged else T
-        rows = self.rows(i, end)
+        rows = _first_rows(ens, i, self.origin)
+        for j in range(mb.start - self.first, end - self.first):
+            _append_row(rows, j + self.first, self.blocks[j][i], [a[j, i] for a in self.records],
+                        int(self.participants[j][i]), ens.names[i])
         final = _instance(self.loop.final, i)
         warm = _instance(self.loop.warm, i) if T0 < end or self.frozen[i] else final
         divergence = None
@@ -1240,13 +1193,10 @@ class _Outcome:
         result.metadata["engine"] = ens.backend.name
         if ens.finishers[i] is not None:
             result.metadata.update(ens.finishers[i].finish(result))
-        states = {}
-        for r in mb.checkpoints:
-            if r in self.saved and mb.start <= r <= end:
-                states[r] = _run_state(i, r, T0, rows[:r + 1], self.saved[r])
-        history = None
-        if self.history is not None:
-            history = [self.history.map(lambda a: a[j, i, 0]) for j in range(mb.start - self.first, end - self.first + 1)]
+        states = {r: _run_state(i, r, T0, rows[:r + 1], self.saved[r]) for r in mb.checkpoints
+                  if r in self.saved and mb.start <= r <= end}
+        history = None if self.history is None else [self.history.map(lambda a: a[j, i, 0])
+                                                     for j in range(mb.start - self.first, end - self.first + 1)]
         return result, states, history
 
 

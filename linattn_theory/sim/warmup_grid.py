@@ -115,15 +115,8 @@ def frozen_stages_from_moments(stages) -> list[RunResult]:
             raise ValueError(f"prefix ends at round {prefix.round}; expected the round-T0 state, T0 = {T0}")
         fed = dataclasses.replace(fed, strategy="fedfrozen", warmup_rounds=T0)
         members.append(Member(RunConfig(seed=seed, federated=fed), data, prefix.params, prefix=prefix))
-    return _run_frozen_stages(members)
 
-
-def _run_frozen_stages(members: list[Member]) -> list[RunResult]:
-    """The frozen stages of ``members`` (each continuing from its ``prefix``) in moment space:
-    :func:`~linattn_theory.sim.rounds.run_ensemble` with the moment-space backend, one ensemble per
-    schedule and shapes (rounds, local steps, participation, ``m``, ``(H, d, p)``, dtype). Returns the
-    results in the members' order."""
-    def key(mb: Member):
+    def key(mb: Member):          # one ensemble per shapes and schedule, on the moment-space backend
         fed = mb.config.federated
         return (mb.data.S.shape[0], tuple(mb.params.WV.shape), str(mb.data.S.dtype), fed.rounds, fed.local_steps,
                 fed.participation)

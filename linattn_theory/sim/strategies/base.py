@@ -36,7 +36,7 @@ from ...core.model import BLOCKS, Params
 
 __all__ = ["Round", "ClientRule", "ServerRule", "Strategy", "Control", "Freeze", "train_all", "freeze_after",
            "local_sgd", "server_sgd", "zeros_like_blocks", "scatter_clients", "take_clients",
-           "weighted_sum", "instance_rows", "Declaration", "declare"]
+           "weighted_sum", "instance_rows", "take_rows", "Declaration", "declare"]
 
 
 class Round(NamedTuple):
@@ -540,12 +540,7 @@ def scatter_clients(full, part_values, rnd: Round):
     mask = np.zeros(lead + (m,), dtype=bool)
     np.put_along_axis(position, part, np.broadcast_to(np.arange(k), part.shape), axis=-1)
     np.put_along_axis(mask, part, True, axis=-1)
-    if lead:
-        rows = instance_rows(lead[0], k, position)
-        flat = xp.reshape(part_values, (lead[0] * k,) + tuple(part_values.shape[2:]))
-        gathered = xp.reshape(xp.take(flat, xp.asarray(rows), axis=0), tuple(full.shape))
-    else:
-        gathered = xp.take(part_values, xp.asarray(position), axis=0)
+    gathered = take_rows(part_values, position)
     mask = xp.reshape(xp.asarray(mask), mask.shape + (1,) * (full.ndim - mask.ndim))
     return xp.where(mask, gathered, full)
 
@@ -608,12 +603,40 @@ def take_clients(full, rnd: Round):
     [[1.0], [3.0]]
     """
     part = np.asarray(rnd.participants)
-    if part.shape[-1] == rnd.num_clients:
-        return full
+    return full if part.shape[-1] == rnd.num_clients else take_rows(full, part)
+
+
+def take_rows(full, index):
+    """Rows ``index`` of the client axis of ``full``: ``full[index[j]]`` for one run (``index``
+    ``(k,)``, ``full`` ``(m, ...)``), ``full[i, index[i, j]]`` for an ensemble (``index`` ``(I, k)``,
+    ``full`` ``(I, m, ...)``); a gather, as the Array API has it (:func:`instance_rows`).
+
+    Parameters
+    ----------
+    full : array, shape (m, ...) or (I, m, ...)
+        Values of all clients.
+    index : array of int, shape (k,) or (I, k)
+        The rows (host integers).
+
+    Returns
+    -------
+    array, shape (k, ...) or (I, k, ...)
+        The rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.sim.strategies.base import take_rows
+    >>> take_rows(np.array([[1.0], [2.0], [3.0]]), np.array([2, 0])).tolist()
+    [[3.0], [1.0]]
+    >>> take_rows(np.arange(6.0).reshape(2, 3), np.array([[0, 2], [1, 1]])).tolist()    # an ensemble
+    [[0.0, 2.0], [4.0, 4.0]]
+    """
     xp = array_namespace(full)
-    if part.ndim == 1:
-        return xp.take(full, xp.asarray(part), axis=0)
+    index = np.asarray(index)
+    if index.ndim == 1:
+        return xp.take(full, xp.asarray(index), axis=0)
     I, m = full.shape[0], full.shape[1]
     flat = xp.reshape(full, (I * m,) + tuple(full.shape[2:]))
-    rows = xp.take(flat, xp.asarray(instance_rows(I, m, part)), axis=0)
-    return xp.reshape(rows, (I, part.shape[-1]) + tuple(full.shape[2:]))
+    rows = xp.take(flat, xp.asarray(instance_rows(I, m, index)), axis=0)
+    return xp.reshape(rows, index.shape + tuple(full.shape[2:]))

@@ -260,7 +260,6 @@ def _process_results(tasks: list, workers: int):
     threads = max(1, (os.cpu_count() or 1) // workers)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                initializer=_worker_init, initargs=(os.getpid(), threads))
-    finished = False
     try:
         pending = {pool.submit(compute_task, task) for task in tasks}
         processes = list(pool._processes.values())
@@ -268,12 +267,10 @@ def _process_results(tasks: list, workers: int):
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 yield future.result()
-        finished = True
-    finally:
-        if finished:
-            pool.shutdown(wait=True)
-        else:                                   # an error, Ctrl-C or SIGTERM: stop the workers now
-            _stop_pool(pool, list(pool._processes.values() if pool._processes else processes))
+    except BaseException:                       # an error, Ctrl-C or SIGTERM: stop the workers now
+        _stop_pool(pool, list(pool._processes.values() if pool._processes else processes))
+        raise
+    pool.shutdown(wait=True)
 
 
 #: prefix of a local Dask cluster's scratch folder (in the system's temporary folder)

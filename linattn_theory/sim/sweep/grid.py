@@ -68,14 +68,10 @@ class Sweep:
     def with_runs(self, configs, points=None) -> "Sweep":
         """This sweep with more (validated) runs appended; runs already in it are kept once."""
         points = [{} for _ in configs] if points is None else list(points)
-        seen = set(self.run_ids)
-        new_configs, new_points = list(self.configs), list(self.points)
+        runs = dict(zip(self.run_ids, zip(self.configs, self.points)))
         for config, point in zip(configs, points):
-            if config_hash(config) not in seen:
-                seen.add(config_hash(config))
-                new_configs.append(config)
-                new_points.append(dict(point))
-        return Sweep(tuple(new_configs), tuple(new_points), self.grid, self.base, self.figure, self.source)
+            runs.setdefault(config_hash(config), (config, dict(point)))
+        return Sweep(*_unzip(runs), self.grid, self.base, self.figure, self.source)
 
 
 def _table(data: dict, name: str) -> dict:
@@ -229,7 +225,7 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
     if max_runs is not None and size > max_runs:
         raise ConfigError(f"grid: {size} runs, above the limit of {max_runs} runs; split the grid "
                           f"or raise the limit with --max-runs")
-    configs, points, seen = [], [], set()
+    runs = {}                          # by config hash: a run the grids name twice runs once
     for grid in grids:
         for combo in itertools.product(*grid.values()):
             point = dict(zip(grid, combo))
@@ -241,13 +237,13 @@ def sweep_from_dict(data: dict, *, quick: bool = False, source: str | None = Non
             except ConfigError as err:
                 where = ", ".join(f"{k}={v!r}" for k, v in point.items())
                 raise ConfigError(f"{err} (in the run {where})" if point else str(err)) from None
-            key = config_hash(config)
-            if key not in seen:
-                seen.add(key)
-                configs.append(config)
-                points.append(point)
-    grid_out = grids[0] if len(grids) == 1 else grids
-    return Sweep(tuple(configs), tuple(points), grid_out, base, figure, source)
+            runs.setdefault(config_hash(config), (config, point))
+    return Sweep(*_unzip(runs), grids[0] if len(grids) == 1 else grids, base, figure, source)
+
+
+def _unzip(runs: dict) -> tuple[tuple, tuple]:
+    """``(configs, points)`` of ``{run id: (config, point)}``, in its order."""
+    return tuple(c for c, _ in runs.values()), tuple(p for _, p in runs.values())
 
 
 def load_sweep(path, *, quick: bool = False, max_runs: int | None = MAX_RUNS,

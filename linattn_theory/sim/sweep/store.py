@@ -288,17 +288,13 @@ def sweep_manifest(sweep: Sweep, out: Path, existing: str) -> dict:
         raise ConfigError(f"out = {str(out)!r} holds another sweep ({old.get('source')}: "
                           f"{len(old_runs)} runs, {finished} finished) with a different grid; "
                           f"choose another --out, or pass --add to add this sweep's runs to it")
-    seen = set(old_runs)
-    runs, points = old_runs, old_points
+    runs = dict(zip(old_runs, old_points))          # by run id: the old runs, then this sweep's new ones
     for run_id, point in zip(manifest["runs"], manifest["points"]):
-        if run_id not in seen:
-            seen.add(run_id)
-            runs.append(run_id)
-            points.append(point)
+        runs.setdefault(run_id, point)
     grids = old["grid"] if isinstance(old.get("grid"), list) else [old.get("grid")]
     new = sweep.grid if isinstance(sweep.grid, list) else [sweep.grid]
-    return {**manifest, "source": old.get("source"), "grid": grids + new, "runs": runs, "points": points,
-            "added": list(old.get("added", [])) + [sweep.source]}
+    return {**manifest, "source": old.get("source"), "grid": grids + new, "runs": list(runs),
+            "points": list(runs.values()), "added": list(old.get("added", [])) + [sweep.source]}
 
 
 def _lock_holder(path: Path) -> str:
