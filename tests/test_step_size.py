@@ -183,7 +183,6 @@ def test_the_full_models_curvature_is_computed_once_per_instance(monkeypatch):
     it, bit for bit what a fresh iteration gives; another seed (other clients and θ⁰) or another ridge
     is iterated anew."""
     from linattn_theory.core import curvature
-    from linattn_theory.sim import step_size
 
     calls = []
     iterate = curvature.hessian_curvature
@@ -192,11 +191,11 @@ def test_the_full_models_curvature_is_computed_once_per_instance(monkeypatch):
         calls.append(1)
         return iterate(*args, **kwargs)
     monkeypatch.setattr(curvature, "hessian_curvature", counted)
-    monkeypatch.setattr(step_size, "_MODEL_CURVATURE", {})
+    monkeypatch.setattr(curvature, "_MODEL_CURVATURE", {})
     runs = simulate_many([scaled(c, step_curvature="model") for c in (0.1, 0.2, 0.4)])
     stable = {run.metadata["step_scale"]["stable_learning_rate"] for run in runs}
     assert len(calls) == 1 and len(stable) == 1
-    monkeypatch.setattr(step_size, "_MODEL_CURVATURE", {})
+    monkeypatch.setattr(curvature, "_MODEL_CURVATURE", {})
     assert simulate_many([scaled(0.3, step_curvature="model")])[0].metadata["step_scale"][
         "stable_learning_rate"] == stable.pop() and len(calls) == 2
     simulate_many([scaled(0.1, seed=1, step_curvature="model")])

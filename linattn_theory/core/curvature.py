@@ -8,13 +8,16 @@ iteration. The simulator's divergence report and the theory's step-size checks u
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from .arrays import array_namespace, sq_norms, to_numpy
 from .clients import StackedClients
 from .model import BLOCKS, Params, flat as _flat, loss_and_grad_from_inputs
 
-__all__ = ["value_curvature", "stable_learning_rate", "hessian_curvature"]
+__all__ = ["value_curvature", "stable_learning_rate", "hessian_curvature", "model_curvature", "instance_digest",
+           "MODEL_ITERATIONS", "MODEL_CURVATURE_MEMO"]
 
 
 def value_curvature(K, data: StackedClients, ridge: float = 0.0):
@@ -168,3 +171,99 @@ def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
         v = scale(hv, 1.0 / xp.maximum(estimate, xp.asarray(1e-300, dtype=estimate.dtype)))
     estimate = to_numpy(estimate)
     return estimate if single else estimate.reshape(count, m)
+
+
+#: power-iteration steps of the full model's curvature (the step scale's ``step_curvature = "model"``)
+MODEL_ITERATIONS = 200
+#: the full model's curvatures remembered per process (:func:`model_curvature`), at most this many
+MODEL_CURVATURE_MEMO = 4096
+
+_MODEL_CURVATURE: dict = {}
+
+
+def instance_digest(params, data, *numbers) -> str:
+    """A digest of the bytes of ``θ⁰`` (``params``), of the stacked clients ``data`` (inputs, queries,
+    targets, sample weights, attention, temperature) and of ``numbers``: equal exactly when every
+    array (dtype, shape and each bit) and number is equal.
+
+    Parameters
+    ----------
+    params : Params
+        ``θ⁰``.
+    data : StackedClients
+        The stacked clients.
+    *numbers
+        Further settings (their ``repr`` is hashed).
+
+    Returns
+    -------
+    str
+        The hex digest.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.core.curvature import instance_digest
+    >>> config = lt.config_from_dict({})
+    >>> data, params = prepare_run(config)
+    >>> instance_digest(params, data, 0.0) == instance_digest(*prepare_run(config)[::-1], 0.0)
+    True
+    >>> instance_digest(params, data, 0.0) == instance_digest(params.replace(WV=2 * params.WV), data, 0.0)
+    False
+    """
+    digest = hashlib.blake2b(digest_size=20)
+    for block in (params.WQ, params.WK, params.WV, data.inputs, data.q, data.y, data.sample_weight):
+        array = np.ascontiguousarray(to_numpy(block))
+        digest.update(repr((array.dtype.str, array.shape)).encode())
+        digest.update(array.tobytes())
+    digest.update(repr((data.attention, data.temperature, *numbers)).encode())
+    return digest.hexdigest()
+
+
+def model_curvature(params, data, ridge: float, curvature=None) -> float:
+    """``max_c λ_max(∇²F_{λ,c}(θ⁰))`` by :func:`hessian_curvature` (:data:`MODEL_ITERATIONS` power
+    iterations, docs/theory.md §5), computed once per instance and process: the runs of one instance
+    (a cell's step scales, a ``T0`` grid, a tuned arm's candidates) share ``θ⁰`` and clients, so they
+    share this number bit for bit (the power iteration is deterministic); remembered by
+    :func:`instance_digest`.
+
+    Parameters
+    ----------
+    params : Params
+        ``θ⁰``.
+    data : StackedClients
+        The stacked clients.
+    ridge : float
+        ``λ``.
+    curvature : callable, optional
+        The power iteration (default :func:`hessian_curvature`, looked up when called).
+
+    Returns
+    -------
+    float
+        The largest curvature over the clients.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.core.curvature import hessian_curvature
+    >>> from linattn_theory.sim.ensemble import prepare_run
+    >>> from linattn_theory.core.curvature import model_curvature
+    >>> data, params = prepare_run(lt.config_from_dict({}))
+    >>> calls = []
+    >>> def counted(*args, **kwargs):
+    ...     calls.append(1)
+    ...     return hessian_curvature(*args, **kwargs)
+    >>> first = model_curvature(params, data, 0.0, counted)
+    >>> first == model_curvature(params, data, 0.0, counted), len(calls)         # the second is remembered
+    (True, 1)
+    """
+    curvature = hessian_curvature if curvature is None else curvature
+    key = instance_digest(params, data, float(ridge), MODEL_ITERATIONS, getattr(curvature, "__module__", None),
+                          getattr(curvature, "__qualname__", repr(curvature)))
+    if key not in _MODEL_CURVATURE:
+        if len(_MODEL_CURVATURE) >= MODEL_CURVATURE_MEMO:
+            _MODEL_CURVATURE.clear()
+        _MODEL_CURVATURE[key] = float(np.max(curvature(params, data, ridge, iterations=MODEL_ITERATIONS)))
+    return _MODEL_CURVATURE[key]

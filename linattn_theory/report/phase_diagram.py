@@ -16,7 +16,7 @@ from ..core.model import kernel
 from ..recommenders.scoring import best_warmup
 from ..sim.config import RunConfig
 from ..sim.engine import clients_from_config, hessian_curvature, prepare_run
-from ..sim.step_size import MODEL_ITERATIONS
+from ..core.curvature import MODEL_ITERATIONS
 from ..theory.bound import drift_floor_leading_order
 from ..theory.decomposition import decompose_excess_risk
 from ..theory.phase_predictor import (drift_share, edge_round, predict_best_warmup, predict_pays,

@@ -26,117 +26,20 @@ step) and its metadata ``step_scale`` the scale ``c``, ``η``, ``η_stable`` and
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import numpy as np
 
 from ..core.arrays import to_numpy
 from ..core.model import kernel
 from ..core.moments import value_moments
+from ..core.curvature import model_curvature
 from .config import RunConfig
 
-__all__ = ["CURVATURE", "resolve_step_scale", "model_curvature", "instance_digest", "MODEL_ITERATIONS",
-           "MODEL_CURVATURE_MEMO"]
+__all__ = ["CURVATURE", "resolve_step_scale"]
 
 #: what ``η_stable`` is the stable step of, by ``federated.step_curvature`` (recorded in the metadata)
 CURVATURE = {"value": "value block at θ⁰: 2 / max_c λ_max(Ã_c(K⁰)), docs/theory.md §5",
              "model": "full model at θ⁰: 2 / max_c λ_max(∇²F_λ,c(θ⁰)), power iteration, docs/theory.md §5"}
-#: power-iteration steps of the full model's curvature
-MODEL_ITERATIONS = 200
-#: the full model's curvatures remembered per process (:func:`model_curvature`), at most this many
-MODEL_CURVATURE_MEMO = 4096
-
-_MODEL_CURVATURE: dict = {}
-
-
-def instance_digest(params, data, *numbers) -> str:
-    """A digest of the bytes of ``θ⁰`` (``params``), of the stacked clients ``data`` (inputs, queries,
-    targets, sample weights, attention, temperature) and of ``numbers``: equal exactly when every
-    array (dtype, shape and each bit) and number is equal.
-
-    Parameters
-    ----------
-    params : Params
-        ``θ⁰``.
-    data : StackedClients
-        The stacked clients.
-    *numbers
-        Further settings (their ``repr`` is hashed).
-
-    Returns
-    -------
-    str
-        The hex digest.
-
-    Examples
-    --------
-    >>> import linattn_theory as lt
-    >>> from linattn_theory.sim.ensemble import prepare_run
-    >>> from linattn_theory.sim.step_size import instance_digest
-    >>> config = lt.config_from_dict({})
-    >>> data, params = prepare_run(config)
-    >>> instance_digest(params, data, 0.0) == instance_digest(*prepare_run(config)[::-1], 0.0)
-    True
-    >>> instance_digest(params, data, 0.0) == instance_digest(params.replace(WV=2 * params.WV), data, 0.0)
-    False
-    """
-    digest = hashlib.blake2b(digest_size=20)
-    for block in (params.WQ, params.WK, params.WV, data.inputs, data.q, data.y, data.sample_weight):
-        array = np.ascontiguousarray(to_numpy(block))
-        digest.update(repr((array.dtype.str, array.shape)).encode())
-        digest.update(array.tobytes())
-    digest.update(repr((data.attention, data.temperature, *numbers)).encode())
-    return digest.hexdigest()
-
-
-def model_curvature(params, data, ridge: float, hessian_curvature) -> float:
-    """``max_c λ_max(∇²F_{λ,c}(θ⁰))`` by ``hessian_curvature`` (:data:`MODEL_ITERATIONS` power
-    iterations, docs/theory.md §5), computed once per instance and process: the runs of one instance
-    (a cell's step scales, a ``T0`` grid, a tuned arm's candidates) share ``θ⁰`` and clients, so they
-    share this number bit for bit (the power iteration is deterministic); remembered by
-    :func:`instance_digest`.
-
-    Parameters
-    ----------
-    params : Params
-        ``θ⁰``.
-    data : StackedClients
-        The stacked clients.
-    ridge : float
-        ``λ``.
-    hessian_curvature : callable
-        :func:`~linattn_theory.core.curvature.hessian_curvature`.
-
-    Returns
-    -------
-    float
-        The largest curvature over the clients.
-
-    Examples
-    --------
-    >>> import linattn_theory as lt
-    >>> from linattn_theory.core.curvature import hessian_curvature
-    >>> from linattn_theory.sim.ensemble import prepare_run
-    >>> from linattn_theory.sim.step_size import model_curvature
-    >>> data, params = prepare_run(lt.config_from_dict({}))
-    >>> calls = []
-    >>> def counted(*args, **kwargs):
-    ...     calls.append(1)
-    ...     return hessian_curvature(*args, **kwargs)
-    >>> first = model_curvature(params, data, 0.0, counted)
-    >>> first == model_curvature(params, data, 0.0, counted), len(calls)         # the second is remembered
-    (True, 1)
-    """
-    key = instance_digest(params, data, float(ridge), MODEL_ITERATIONS,
-                          getattr(hessian_curvature, "__module__", None),
-                          getattr(hessian_curvature, "__qualname__", repr(hessian_curvature)))
-    if key not in _MODEL_CURVATURE:
-        if len(_MODEL_CURVATURE) >= MODEL_CURVATURE_MEMO:
-            _MODEL_CURVATURE.clear()
-        _MODEL_CURVATURE[key] = float(np.max(hessian_curvature(params, data, ridge, iterations=MODEL_ITERATIONS)))
-    return _MODEL_CURVATURE[key]
-
-
 def resolve_step_scale(config: RunConfig, data, params, hessian_curvature=None) -> tuple[RunConfig, dict]:
     """``(config with η = c · η_stable(θ⁰), metadata record)`` for ``step_scale = c`` (module docstring).
 
