@@ -10,10 +10,12 @@ and the wins above 2 % (its bootstrap 95 % interval in digits_phase_cells.csv), 
 median change of the held-out test accuracy in percentage points. Columns c: FedFrozen at its best warm-up T0 for the
 held-out run itself (an oracle over T0, T0 = T, plain FedAvg at c, included); "tuned": FedFrozen
 at its (c, T0) chosen on the design seeds (no oracle). Boxed: median gain above 2 % AND accuracy
-not lower; † cells with diverged runs.
+not lower; † cells with diverged runs; ‡ cells with chaotic instances (a compared run whose end moves
+by more than 1e7 times a 1e-12 move of θ⁰, docs/theory.md §6 "Chaotic instances"; the statistics
+without them in digits_phase_cells.csv, its columns ending in _without_chaotic).
 
 Writes figures/digits_phase.png/.pdf; digits_phase.csv (one row per run: role, seed, attention, α,
-E, c, η, T0, final F_λ, test accuracy, diverged: every statistic recomputes from it),
+E, c, η, T0, final F_λ, test accuracy, diverged, chaotic: every statistic recomputes from it),
 digits_phase_optimum.csv (Φ*_λ of each held-out linear-attention instance, from which the cells'
 gains in excess risk R = F_λ − Φ*_λ follow; softmax has no computed optimum),
 digits_phase_cells.csv (the statistics per cell and the tuned choices) and digits_phase_plot.csv
@@ -48,7 +50,7 @@ LIMIT = 0.3       # the colour scale's gain range, ± 30 %
 def _text(row) -> str:
     if not np.isfinite(row.gain_median):
         return f"diverged\n{row.wins}/{row.instances}"
-    mark = "†" if row.diverged or row.tuned_diverged else ""
+    mark = ("†" if row.diverged or row.tuned_diverged else "") + ("‡" if row.chaotic_instances else "")
     return (f"{100 * row.gain_median:+.0f}%{mark} {row.wins}/{row.instances}\n"
             f"{row.accuracy_change_median:+.1f} pp").replace("-inf", "−∞")
 
@@ -74,7 +76,8 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
     threshold = settings["threshold"]
     drawn = cells.assign(colour=cells["gain_median"].clip(-LIMIT, LIMIT).fillna(0.0),
                          boxed=(cells["gain_median"] > threshold) & (cells["accuracy_change_median"] >= 0))
-    drawn = drawn[["attention", "label_alpha", "local_steps", "column", "colour", "boxed", "wins", "instances"]]
+    drawn = drawn[["attention", "label_alpha", "local_steps", "column", "colour", "boxed", "wins", "instances",
+                   "chaotic_instances"]]
     paths.append(atomic_write_text(out / f"{NAME}_plot.csv", drawn.to_csv(index=False, float_format="%.17g")))
     return paths + plotting.save_figure(draw(cells, drawn, settings, quick), NAME, out_dir, None)
 
@@ -109,7 +112,7 @@ def draw(cells, drawn, settings, quick=False):
     fig.suptitle(f"digits: FedFrozen against tuned FedAvg, {len(settings['heldout_seeds'])} held-out instances "
                  f"per cell: median gain in the final\ntraining objective, wins above {100 * threshold:g} % (intervals: "
                  f"digits_phase_cells.csv); median test-accuracy change\nin points; boxed: gain above "
-                 f"{100 * threshold:g} % and accuracy not lower; † diverged runs")
+                 f"{100 * threshold:g} % and accuracy not lower; † diverged runs; ‡ chaotic instances")
     return fig
 
 

@@ -132,3 +132,57 @@ def test_committed_held_out_rows_of_seeds_0_and_19_are_regenerated():
         if not (old.chaotic or old.diverged):
             assert new.excess_risk == pytest.approx(old.excess_risk, rel=CHAOS_AMPLIFICATION * PERTURBATION), \
                 (old.arm, old.local_steps)
+
+
+# -- digits, searched: chaotic runs ------------------------------------------------------------------
+
+def test_a_sweep_at_the_edge_is_chaotic_where_fedavg_runs_and_calm_where_frozen_from_the_start():
+    """A small linear instance at step scale 0.5 for 40 rounds (found by a scan of scales 0.5-0.95, seeds
+    0 and 1): its FedAvg run (``T0 = 40``) amplifies a 1e-12 move of θ⁰ by ~3e10, frozen from the start
+    (``T0 = 0``) by far less; sweep_chaos flags them as ensemble_sensitivities does each run alone."""
+    from linattn_theory.report.digits_phase import sweep_chaos
+    from linattn_theory.sim.engine import clients_from_config
+    from linattn_theory.sim.sensitivity import ensemble_sensitivities
+    from linattn_theory.sim.warmup_grid import warmup_sweeps_and_paths
+
+    small = {"task.num_clients": 4, "task.samples_per_client": 24, "task.tokens": 5, "task.dim": 4, "task.rank": 2,
+             "model.rank": 2, "federated.rounds": 40, "federated.warmup_rounds": 40, "seed": 1}
+    configs = [config_from_dict({}).with_updates({**small, "federated.step_scale": c}) for c in (0.5, 0.3)]
+    clients = [clients_from_config(c) for c in configs]
+    sweeps = warmup_sweeps_and_paths(configs, [0, 40], clients)[0]
+    assert not any(s[T0].diverged for s in sweeps for T0 in (0, 40))
+    assert sweep_chaos(configs, clients, sweeps, [0, 40]) == [{0: False, 40: True}, {0: False, 40: False}]
+    edge = [configs[0].with_updates({"federated.warmup_rounds": T0}) for T0 in (0, 40)]
+    alone = ensemble_sensitivities(edge, [clients[0]] * 2, [sweeps[0][0], sweeps[0][40]])
+    assert [found.chaotic for found in alone] == [False, True] and alone[1].amplification > 1e9
+
+
+def test_the_digits_cells_count_chaotic_instances_and_give_the_statistics_without_them():
+    """Hand-made runs of one cell, 4 held-out seeds, ``T = 2``: tuned FedAvg (c = 1, T0 = 2) has F = 1 and is
+    chaotic on seed 3; FedFrozen at T0 = 0 has F = 0.9, 0.99, 1.1, 0.5, chaotic on seed 2. The oracle column
+    takes seed 2's FedAvg run (F = 1, calm): gains 0.1, 0.01, 0, 0.5, one chaotic instance (seed 3),
+    without it median 0.01 and one win. The tuned column (c = 1, T0 = 0): gains 0.1, 0.01, −0.1, 0.5, two
+    chaotic (seeds 2 and 3), without them median 0.055, one win. One of the two design runs is chaotic."""
+    from linattn_theory.report.digits_phase import ROW_COLUMNS, digits_cells
+
+    cell = ("heldout", "linear", 0.1, 2, 1.0, 0.5)
+    F0, chaotic0 = [0.9, 0.99, 1.1, 0.5], [False, False, True, False]
+    rows = [(cell[0], seed, *cell[1:], T0, F, 0.5, False, chaotic)
+            for seed in range(4)
+            for T0, F, chaotic in ((0, F0[seed], chaotic0[seed]), (2, 1.0, seed == 3))]
+    design = [("design", 100, *cell[1:], T0, 1.0, 0.5, False, T0 == 2) for T0 in (0, 2)]   # one chaotic design run
+    rows = pd.DataFrame(rows + design, columns=ROW_COLUMNS)
+    choices = pd.DataFrame({"arm": ["fedavg", "fedfrozen"], "attention": "linear", "label_alpha": 0.1, "local_steps": 2,
+                            "step": 1.0, "T0": [2, 0]})
+    settings = {"base": config_from_dict({"federated": {"rounds": 2, "warmup_rounds": 2}}), "step_scales": [1.0], "threshold": 0.02,
+                "bootstrap_resamples": 200, "bootstrap_seed": 0}
+    cells = digits_cells(rows, choices, settings).set_index("column")
+    oracle, tuned = cells.loc["1"], cells.loc["tuned"]
+    assert (oracle["instances"], oracle["chaotic_instances"], oracle["instances_without_chaotic"]) == (4, 1, 3)
+    assert oracle["gain_median_without_chaotic"] == pytest.approx(0.01, abs=1e-15)
+    assert (oracle["wins"], oracle["wins_without_chaotic"]) == (2, 1)
+    assert (tuned["chaotic_instances"], tuned["instances_without_chaotic"], tuned["wins_without_chaotic"]) == (2, 2, 1)
+    assert tuned["gain_median_without_chaotic"] == pytest.approx(0.055, abs=1e-15)
+    assert tuned["gain_low_without_chaotic"] == pytest.approx(0.01) and tuned["gain_high_without_chaotic"] == pytest.approx(0.1)
+    assert oracle["accuracy_change_median_without_chaotic"] == 0.0
+    assert (cells["design_chaotic_runs"] == 1).all()

@@ -6,7 +6,11 @@ clients with Dirichlet(α) label skew, :mod:`linattn_theory.data.digits`); its s
 ``η = c · 2 / λ_max(θ⁰)``, the full model's curvature at ``θ⁰`` computed once per instance
 (:func:`~linattn_theory.report.phase_diagram.stable_step`). Every run sweeps the declared warm-ups
 ``T0`` (``T0 = T``: FedAvg). No ``Φ*_λ`` is known here, so a run is scored by its final training
-objective ``F_λ(θ_T)`` and, beside it, its held-out test accuracy.
+objective ``F_λ(θ_T)`` and, beside it, its held-out test accuracy. Every run is also swept again from
+``θ⁰ ⊙ (1 + 10⁻¹² ξ)`` and flagged ``chaotic`` when its end moves by more than
+:data:`~linattn_theory.sim.sensitivity.CHAOS_AMPLIFICATION` times that (:func:`sweep_chaos`,
+docs/theory.md §6 "Chaotic instances"); the cells give their statistics with and without the
+instances whose compared runs are chaotic.
 """
 
 from __future__ import annotations
@@ -19,14 +23,15 @@ from ..sim.engine import clients_from_config
 from .phase_diagram import bootstrap_median, load_settings, stable_step
 from .tuning import choose_steps
 
-__all__ = ["load_digits_settings", "run_digits", "tuned_choices", "digits_cells", "linear_optima"]
+__all__ = ["load_digits_settings", "run_digits", "sweep_chaos", "tuned_choices", "digits_cells", "linear_optima",
+           "chaos_statistics"]
 
 #: the keys of ``digits_phase.toml`` besides ``base`` and ``quick``
 SETTINGS = ("step_scales", "fedavg_steps", "label_alpha", "local_steps", "attention", "warmups", "design_seeds",
             "heldout_seeds", "threshold", "bootstrap_resamples", "bootstrap_seed")
 #: the per-run table's columns (figures/digits_phase.csv)
 ROW_COLUMNS = ["role", "seed", "attention", "label_alpha", "local_steps", "step_scale", "learning_rate", "T0",
-               "final_loss", "test_accuracy", "diverged"]
+               "final_loss", "test_accuracy", "diverged", "chaotic"]
 KEYS = ["attention", "label_alpha", "local_steps"]
 
 
@@ -63,9 +68,56 @@ def load_digits_settings(path, quick: bool = False) -> dict:
     return settings
 
 
+def sweep_chaos(configs: list, clients: list, sweeps: list, warmups) -> list[dict]:
+    """Per config, ``{T0: chaotic}``: its warm-up sweep ``sweeps[i]`` (``T0 → RunResult``) run again from
+    ``θ⁰ ⊙ (1 + s ξ_0)`` (``s = 10⁻¹²``, the start and stream of
+    :func:`~linattn_theory.sim.sensitivity.ensemble_sensitivities`) and each ``T0``'s end compared with the
+    unperturbed one by :func:`~linattn_theory.sim.sensitivity.run_sensitivity`: chaotic when
+    ``max(‖θ^T' − θ^T‖ / (s ‖θ^T‖), |F_λ' − F_λ| / (s |F_λ|)) > CHAOS_AMPLIFICATION`` or when exactly one of
+    the two diverged (docs/theory.md §6 "Chaotic instances").
+
+    Parameters
+    ----------
+    configs : list of RunConfig
+        The instances (any ``warmup_rounds``: the sweep sets it).
+    clients : list of FederatedDataset
+        Their clients.
+    sweeps : list of dict of int to RunResult
+        The unperturbed sweeps (:func:`~linattn_theory.sim.warmup_grid.warmup_sweeps_and_paths`).
+    warmups : iterable of int
+        The swept ``T0``.
+
+    Returns
+    -------
+    list of dict of int to bool
+        Per config, whether its run at each ``T0`` is chaotic.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.sim.engine import clients_from_config
+    >>> from linattn_theory.sim.warmup_grid import warmup_sweeps_and_paths
+    >>> from linattn_theory.report.digits_phase import sweep_chaos
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4}})
+    >>> clients = [clients_from_config(config)]
+    >>> sweeps = warmup_sweeps_and_paths([config], [0, 2, 4], clients)[0]
+    >>> sweep_chaos([config], clients, sweeps, [0, 2, 4])           # a small step: calm
+    [{0: False, 2: False, 4: False}]
+    """
+    from ..sim.ensemble import prepare_run
+    from ..sim.sensitivity import PERTURBATION, perturbed_params, run_sensitivity
+    from ..sim.warmup_grid import warmup_sweeps_and_paths
+
+    warmups = list(warmups)
+    starts = [perturbed_params(prepare_run(c, cl)[1], PERTURBATION, c.seed) for c, cl in zip(configs, clients)]
+    repeats = warmup_sweeps_and_paths(configs, warmups, clients, params=starts)[0]
+    return [{T0: bool(run_sensitivity(c, cl, reference=sweep[T0], runs=[repeat[T0]]).chaotic) for T0 in warmups}
+            for c, cl, sweep, repeat in zip(configs, clients, sweeps, repeats)]
+
+
 def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
     """Every instance at every ``E``, step scale and warm-up: one row (:data:`ROW_COLUMNS`) per run, its
-    final ``F_λ`` and test accuracy (NaN when it diverged).
+    final ``F_λ`` and test accuracy (NaN when it diverged) and whether it is chaotic (:func:`sweep_chaos`).
 
     Parameters
     ----------
@@ -98,8 +150,9 @@ def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
                                                             "federated.learning_rate": c * eta_stable}))
                         clients.append(inst_clients)
     sweeps = warmup_sweeps_and_paths(configs, settings["warmups"], clients, progress=progress)[0]
+    chaos = sweep_chaos(configs, clients, sweeps, settings["warmups"])
     rows = []
-    for point, config, inst_clients, sweep in zip(points, configs, clients, sweeps):
+    for point, config, inst_clients, sweep, chaotic in zip(points, configs, clients, sweeps, chaos):
         truth = inst_clients.truth
         for T0 in settings["warmups"]:
             run = sweep[T0]
@@ -107,7 +160,7 @@ def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
                       evaluate(run.params, truth["test_X"], truth["test_q"], truth["test_y"],
                                config.model.attention, config.model.temperature))
             loss = np.nan if run.diverged else float(run.table["loss_regularized"].iloc[-1])
-            rows.append((*point, T0, loss, float(scores["accuracy"]), bool(run.diverged)))
+            rows.append((*point, T0, loss, float(scores["accuracy"]), bool(run.diverged), chaotic[T0]))
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
 
 
@@ -193,6 +246,54 @@ def tuned_choices(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
     return choices.assign(T0=T0.fillna(T).astype(int)).drop(columns=["cell", "setting"])
 
 
+def chaos_statistics(gain: pd.Series, accuracy: pd.Series, chaotic: pd.Series, settings: dict) -> dict:
+    """A cell's statistics with its chaotic instances counted and left out (docs/theory.md §6 "Chaotic
+    instances"): ``chaotic_instances``, the instances of a gain (``gain`` not NaN) that are ``chaotic``
+    (the held-out arm's run or tuned FedAvg's is chaotic), and over the others alone
+    ``instances_without_chaotic``, the median gain ``1 − F_arm / F_tuned`` with its bootstrap 95 %
+    interval (``gain_median_without_chaotic``, ``gain_low_…``, ``gain_high_…``;
+    :func:`~linattn_theory.report.phase_diagram.bootstrap_median` with the settings' resamples and seed),
+    ``wins_without_chaotic`` (gain above the threshold) and ``accuracy_change_median_without_chaotic``.
+
+    Parameters
+    ----------
+    gain, accuracy : pandas.Series
+        Per instance: the gain (NaN where tuned FedAvg diverged) and the accuracy change in points.
+    chaotic : pandas.Series of bool
+        Per instance, on the same index: is one of the two compared runs chaotic?
+    settings : dict
+        ``threshold``, ``bootstrap_resamples`` and ``bootstrap_seed``.
+
+    Returns
+    -------
+    dict
+        The columns above.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from linattn_theory.report.digits_phase import chaos_statistics
+    >>> gain, accuracy = pd.Series([0.0, 0.01, 0.3, 0.5]), pd.Series([1.0, 0.0, 2.0, -4.0])
+    >>> found = chaos_statistics(gain, accuracy, pd.Series([False, False, False, True]),
+    ...                          {"threshold": 0.02, "bootstrap_resamples": 200, "bootstrap_seed": 0})
+    >>> found["chaotic_instances"], found["instances_without_chaotic"], found["wins_without_chaotic"]
+    (1, 3, 1)
+    >>> found["gain_median_without_chaotic"], found["accuracy_change_median_without_chaotic"]
+    (0.01, 1.0)
+    """
+    from .phase_diagram import bootstrap_median
+
+    chaotic = chaotic.astype(bool)
+    calm = gain[~chaotic]
+    median, low, high = bootstrap_median(calm, resamples=settings["bootstrap_resamples"], seed=settings["bootstrap_seed"])
+    accuracy = accuracy[~chaotic]
+    return {"chaotic_instances": int((chaotic & gain.notna()).sum()), "instances_without_chaotic": int(calm.notna().sum()),
+            "gain_median_without_chaotic": median, "gain_low_without_chaotic": low, "gain_high_without_chaotic": high,
+            "wins_without_chaotic": int((calm > settings["threshold"]).sum()),
+            "accuracy_change_median_without_chaotic":
+                float(np.nanmedian(accuracy)) if accuracy.notna().any() else np.nan}
+
+
 def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict, optima: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (attention, α, E, column) over the held-out instances, against tuned FedAvg of the same
     instance: the gain ``1 − F_arm / F_tuned`` (median, bootstrap 95 % interval, wins above the
@@ -201,6 +302,10 @@ def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict, opti
     own ``F_λ``, an oracle over the warm-ups, ``T0 = T`` included) and ``"tuned"`` (FedFrozen at its
     ``(c, T0)`` chosen on the design seeds). Where ``optima`` (:func:`linear_optima`) holds the instance's
     ``Φ*_λ``, the same gain in excess risk ``R = F_λ − Φ*_λ`` (``excess_gain_*``, ``excess_wins``; NaN elsewhere).
+    An instance is chaotic in a column when its compared FedFrozen run or its tuned FedAvg run is
+    (``chaotic`` of the runs); :func:`chaos_statistics` counts them and gives the statistics without them.
+    ``design_chaotic_runs``: the cell's design runs (every ``c`` and ``T0``, on which both arms' steps
+    were chosen) that are chaotic; where it is not zero the tuned choices themselves may move.
 
     Parameters
     ----------
@@ -226,6 +331,7 @@ def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict, opti
         held = held.assign(optimum=np.nan)
     pick = choices.set_index(["arm", *KEYS])
     out = []
+    design = rows[rows["role"] == "design"].groupby(KEYS)["chaotic"].sum()
     for (attention, alpha, E), group in held.groupby(KEYS, sort=True):
         ref = pick.loc[("fedavg", attention, alpha, E)]
         tuned = group[(group["step_scale"] == ref["step"]) & (group["T0"] == T)].set_index("seed")
@@ -245,6 +351,7 @@ def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict, opti
                 gain = 1.0 - best["F"] / F_ref
                 excess = (1.0 - (best["F"] - best["optimum"]) / R_ref)
             accuracy = 100 * (best["test_accuracy"] - tuned["test_accuracy"])
+            chaotic = best["chaotic"].eq(True) | tuned["chaotic"].eq(True)
             median, low, high = bootstrap_median(gain, resamples=settings["bootstrap_resamples"],
                                                  seed=settings["bootstrap_seed"])
             R_median, R_low, R_high = bootstrap_median(excess, resamples=settings["bootstrap_resamples"],
@@ -258,5 +365,7 @@ def digits_cells(rows: pd.DataFrame, choices: pd.DataFrame, settings: dict, opti
                         "accuracy_change_median": float(np.nanmedian(accuracy)) if accuracy.notna().any() else np.nan,
                         "accuracy_wins": int((accuracy > 0).sum()), "excess_gain_median": R_median,
                         "excess_gain_low": R_low, "excess_gain_high": R_high,
-                        "excess_wins": int((excess > settings["threshold"]).sum())})
+                        "excess_wins": int((excess > settings["threshold"]).sum()),
+                        **chaos_statistics(gain, accuracy, chaotic, settings),
+                        "design_chaotic_runs": int(design.get((attention, alpha, E), 0))})
     return pd.DataFrame(out)

@@ -518,29 +518,43 @@ def _gain_ci(median, low=None, high=None, wins=None, n=None) -> str:
 def _digits_phase(figures: Path) -> str:
     """Digits searched (``digits_phase_cells.csv``, ``digits_phase.csv``, ``digits_phase_optimum.csv``): per
     (attention, α, E) the tuned steps, FedFrozen with its own tuned ``(c, T0)``, its best oracle column, and
-    oracle against oracle; gains in ``F_λ`` and, for linear attention, in excess risk."""
+    oracle against oracle; gains in ``F_λ`` and, for linear attention, in excess risk; the held-out runs that
+    are chaotic, ‡ where a compared run is, and the verdicts without those instances (docs/theory.md §6
+    "Chaotic instances")."""
     cells = read_csv_exact(figures / "digits_phase_cells.csv", dtype={"column": str})
     runs = read_csv_exact(figures / "digits_phase.csv")
     optima = read_csv_exact(figures / "digits_phase_optimum.csv")
     oracle = digits_oracle_gains(runs, optima).set_index(["attention", "label_alpha", "local_steps"])
     lines = ["| attention | `α` | `E` | tuned FedAvg's `c` | FedFrozen, own tuned `(c, T0)`: gain in `F` ; in `R` | "
              "FedFrozen at its best `T0` (oracle), best `c`: in `F` ; in `R` ; accuracy | oracle against oracle: in `F` ; "
-             "in `R` ; accuracy |", "|---|---|---|---|---|---|---|"]
+             "in `R` ; accuracy | chaotic held-out runs |", "|---|---|---|---|---|---|---|---|"]
     steps = cells[cells["column"] != "tuned"]
+    held = runs[runs["role"] == "heldout"]
+    chaotic = held.groupby(["attention", "label_alpha", "local_steps"])["chaotic"].agg(["sum", "size"])
+
+    def mark(row) -> str:
+        return "‡" if row["chaotic_instances"] else ""
     for (attention, alpha, E), group in cells.groupby(["attention", "label_alpha", "local_steps"], sort=True):
         tuned = group[group["column"] == "tuned"].iloc[0]
         best = group[group["column"] != "tuned"].loc[lambda d: d["gain_median"].idxmax()]
         o = oracle.loc[(attention, alpha, E)]
         lines.append(
             f"| {attention} | {alpha:g} | {E} | {tuned['tuned_fedavg_step']:g} | `c = {tuned['step_scale']:g}`, "
-            f"`T0 = {int(tuned['T0'])}`: {_gain(tuned)} ; {_gain_ci(tuned['excess_gain_median'])} | "
-            f"`c = {best['column']}`: {_gain(best)} ; {_gain_ci(best['excess_gain_median'])} ; "
+            f"`T0 = {int(tuned['T0'])}`: {_gain(tuned)}{mark(tuned)} ; {_gain_ci(tuned['excess_gain_median'])} | "
+            f"`c = {best['column']}`: {_gain(best)}{mark(best)} ; {_gain_ci(best['excess_gain_median'])} ; "
             f"{best['accuracy_change_median']:+.1f} pp | {_gain_ci(o['gain_median'], wins=o['wins'], n=o['instances'])} ; "
             f"{_gain_ci(o['excess_gain_median'], o['excess_gain_low'], o['excess_gain_high'], o['excess_wins'], o['instances'])} ; "
-            f"{o['accuracy_change_median']:+.1f} pp |")
+            f"{o['accuracy_change_median']:+.1f} pp | {int(chaotic.loc[(attention, alpha, E), 'sum'])} of "
+            f"{int(chaotic.loc[(attention, alpha, E), 'size'])} |")
     pays = steps[(steps["gain_median"] > 0.02) & (steps["accuracy_change_median"] >= 0)]
     tuned = cells[cells["column"] == "tuned"]
     own = tuned[(tuned["gain_median"] > 0.02) & (tuned["accuracy_change_median"] >= 0)]
+    calm_pays = steps[(steps["gain_median_without_chaotic"] > 0.02) & (steps["accuracy_change_median_without_chaotic"] >= 0)]
+    calm_own = tuned[(tuned["gain_median_without_chaotic"] > 0.02) & (tuned["accuracy_change_median_without_chaotic"] >= 0)]
+    flagged = cells[cells["chaotic_instances"] > 0]
+    design = runs[runs["role"] == "design"]
+    unsure = tuned[tuned["design_chaotic_runs"] > 0]
+    unsure_text = "; ".join(f"{r.attention}, `α = {r.label_alpha:g}`, `E = {r.local_steps}`" for r in unsure.itertuples()) or "none"
     linear = oracle[oracle.index.get_level_values("attention") == "linear"]
     pays_R = linear[linear["excess_gain_low"] > 0]
     spread = optima.groupby("seed")["optimum"].agg(lambda v: v.max() - v.min())
@@ -553,7 +567,17 @@ def _digits_phase(figures: Path) -> str:
             f"the design seeds, in **{len(own)} of {len(tuned)}** cells. Oracle against oracle (FedFrozen at its "
             f"best `(c, T0)`, FedAvg at its best `c`, both chosen on each held-out instance), the median gain in `F` "
             f"is {100 * oracle['gain_median'].min():+.1f} to {100 * oracle['gain_median'].max():+.1f} %, and in `R` "
-            f"(linear) its interval lies above zero in **{len(pays_R)}** of {len(linear)} cells.\n")
+            f"(linear) its interval lies above zero in **{len(pays_R)}** of {len(linear)} cells. Chaotic "
+            f"(docs/theory.md §6 \"Chaotic instances\": a 1e-12 move of `θ⁰` moves the end by more than 1e7 times that): "
+            f"{int(held['chaotic'].sum())} of the {len(held)} held-out runs; ‡ marks a column in which FedFrozen's "
+            f"compared run or tuned FedAvg's is chaotic for some instance, {int(flagged['chaotic_instances'].sum())} of "
+            f"{int(cells['instances'].sum())} (column, instance) comparisons in {len(flagged)} of {len(cells)} columns "
+            f"of {flagged[['attention', 'label_alpha', 'local_steps']].drop_duplicates().shape[0]} cells. Without those "
+            f"instances (`digits_phase_cells.csv`, columns `*_without_chaotic`) FedFrozen at its best `T0` pays in "
+            f"**{len(calm_pays)}** (cell, `c`) pairs and with its own tuned `(c, T0)` in **{len(calm_own)} of "
+            f"{len(tuned)}** cells. The steps were chosen on design runs of which {int(design['chaotic'].sum())} of "
+            f"{len(design)} are chaotic, in {len(unsure)} cells ({unsure_text}): there the tuned choices may move too "
+            f"(`design_chaotic_runs`).\n")
 
 
 def digits_oracle_gains(runs: pd.DataFrame, optima: pd.DataFrame | None = None) -> pd.DataFrame:
