@@ -338,7 +338,7 @@ HELD_OUT_R5 = {
 
 #: Round 5's sets: name -> (variant, role, seeds). Design: round 4's evaluation sets (scored in commit
 #: a3e738e, so design instances now); round 5's candidates were chosen on them only. Evaluation: fresh
-#: seeds 7000–7004 on the grid's variants (in distribution) and on :data:`HELD_OUT_R5` (out of
+#: seeds 7000–7003 on the grid's variants (in distribution) and on :data:`HELD_OUT_R5` (out of
 #: distribution). No record of a seed ≥ 7000 existed when this was committed.
 SETS_R5 = {
     **{name: (variant, "design", seeds) for name, (variant, role, seeds) in SETS_R4.items() if role == "evaluation"},
