@@ -357,6 +357,22 @@ def test_second_sweep_with_another_grid_is_refused_or_added(tmp_path, capsys):
     assert main(first) == 2            # the folder now holds the union, not the first grid
 
 
+def _pool_workers(psutil, parent):
+    """The live forked workers of ``parent``: children running the parent's own command line.
+
+    A sweep also runs short-lived children of its own (``git rev-parse`` for the manifest) while
+    its pool starts; counting every child made the check flaky (CI, 2026-12-02: a third, already
+    terminated child), so only the forked copies of the parent count."""
+    workers = []
+    for child in parent.children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and child.cmdline() == parent.cmdline():
+                workers.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return workers
+
+
 def _sweep_children(tmp_path, sig):
     """Start a processes sweep, wait for its two workers, send ``sig``; the workers' pids."""
     psutil = pytest.importorskip("psutil")
@@ -369,7 +385,7 @@ def _sweep_children(tmp_path, sig):
     deadline = time.monotonic() + 60
     children = []
     while time.monotonic() < deadline and len(children) < 2 and proc.poll() is None:
-        children = parent.children(recursive=True)
+        children = _pool_workers(psutil, parent)
         time.sleep(0.05)
     assert len(children) == 2, "the sweep did not start two workers"
     proc.send_signal(sig)
