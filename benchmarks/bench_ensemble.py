@@ -318,7 +318,7 @@ def compute(args) -> None:
     size = REFERENCE
     config = size_config(size, rounds=1)
     data, theta0 = prepare_run(config)
-    ensemble = _Ensemble([Member(config, data, theta0)], None, "fused", False)
+    ensemble = _Ensemble([Member(config, data, theta0)], None, "fused")
     state, _ = ensemble.init()
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(2, 1024, 1024))
