@@ -55,7 +55,7 @@ def test_the_oldest_pins_are_the_declared_lower_bounds():
             pins[name].count(".") - version.count(".")), f"{name}: pinned {pins[name]}, declared >= {version}"
 
 
-def test_ci_runs_the_readme_test_command_fresh_oldest_and_with_avx512_off():
+def test_ci_runs_the_readme_test_command_fresh_oldest_and_as_on_another_cpu():
     script = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     command = 'pip install ".[test]" && python -m pytest -q'
@@ -64,4 +64,6 @@ def test_ci_runs_the_readme_test_command_fresh_oldest_and_with_avx512_off():
     assert any(line == command or line.startswith(command + " ||") for line in runs), \
         "CI runs the README's test command itself, not a variant of it"
     assert "-m venv" in script and 'PIP_CONSTRAINT="$PWD/.ci/oldest.txt"' in script
-    assert "NPY_DISABLE_CPU_FEATURES" in script
+    assert "NPY_DISABLE_CPU_FEATURES" in script and 'OPENBLAS_CORETYPE="$kernels"' in script
+    another = [line.strip() for line in script[script.index('OPENBLAS_CORETYPE="$kernels"'):].splitlines()[:2]]
+    assert another[1] == '"$work/newest/bin/python" -m pytest -q', "the other-CPU run runs every test"

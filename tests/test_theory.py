@@ -119,7 +119,9 @@ def test_centralized_optimum_is_zero_on_realisable_noise_free_data(seed):
     """Known value: one value map for every client (``ζ_V = 0``) and no noise, so the teacher's layer fits
     every sample and ``Φ*_0 = 0``. The teacher is not a start (the clients are passed stacked, without
     their ``truth``): the default random starts reach 0 to rounding, ``1e-12`` of ``½ E‖y‖²``. On seeds 0
-    and 1 some starts end in local minima above ``10⁻³`` of it, which the other starts make up for."""
+    and 1 some starts end in local minima above ``10⁻³`` of it, which the other starts make up for. Whether
+    L-BFGS-B then reports convergence or an ``ABNORMAL`` line search (no decrease left in float64 at 0) is
+    rounding, and differs between CPUs (CI 2026-12-02, seed 2): the test does not ask."""
     from linattn_theory.theory.host import as_stacked
     clients = planted_kernel_clients(num_clients=3, samples_per_client=40, tokens=6, dim=4, rank=2, noise=0.0,
                                      zeta_value=0.0, seed=seed)
@@ -129,7 +131,7 @@ def test_centralized_optimum_is_zero_on_realisable_noise_free_data(seed):
     opt = th.centralized_optimum(data, 0.0, rank=2, heads=1, seed=0)
     assert "teacher" not in opt.starts["start"].tolist()
     assert abs(opt.objective) <= 1e-12 * half_y2, opt.starts
-    assert opt.best_start.startswith("random_") and opt.converged
+    assert opt.best_start.startswith("random_")
 
 
 def test_lockstep_solver_is_scipys_minimize_one_start_at_a_time_bit_for_bit():
@@ -137,7 +139,9 @@ def test_lockstep_solver_is_scipys_minimize_one_start_at_a_time_bit_for_bit():
     (reverse communication); the reference runs ``optimize.minimize(method="L-BFGS-B")`` once per start.
     Problems with shared data (equal contents, separate objects), other data of the same shape, a ridge,
     starts stopped by the iteration limit and a larger instance: the optima, kernels and every start's
-    row (objective, iterations, convergence flag, message) are equal, bit for bit."""
+    row (objective, iterations, convergence flag, message) are equal, bit for bit. The rows compared include
+    starts that converged and starts stopped by the limit (which starts end ``ABNORMAL`` differs between CPUs:
+    on OpenBLAS's Haswell kernels all of the last problem's do)."""
     shared = [small_clients(seed=s) for s in (3, 3, 4)]
     problems = [dict(clients=shared[0], lam=0.05, rank=2, restarts=3, seed=3),
                 dict(clients=shared[1], lam=0.0, rank=2, restarts=3, seed=3, initial_kernels=[shared[0].truth["kernel"] + 0.1]),
@@ -153,26 +157,31 @@ def test_lockstep_solver_is_scipys_minimize_one_start_at_a_time_bit_for_bit():
     stopped = fast[2].starts
     assert (stopped["iterations"] == 6).all() and not stopped["converged"].any()
     assert stopped["message"].str.contains("ITERATIONS REACHED LIMIT").all()
-    assert fast[0].starts["converged"].any() and fast[3].starts["message"].str.startswith("CONVERGENCE").any()
+    assert fast[0].starts["converged"].any() and fast[0].starts["message"].str.startswith("CONVERGENCE").any()
 
 
 def test_refine_restarts_from_the_best_kernel_in_balanced_factors_while_the_objective_falls():
     """``refine``: starts from the best kernel so far, split afresh into balanced factors, one after another
-    while the objective falls. On this instance the winning random start stops at the iteration limit short
-    of its kernel's minimum and the first refinement lowers ``Φ*`` by 2e-4 relative; it is the same start as
-    a fresh call from that kernel (bit for bit), the rounds stop at the first one that does not lower it,
-    and ``refine = 0`` is the solver without it."""
+    while the objective falls. With 25 iterations per start every start stops at the limit short of its
+    kernel's minimum, so the first refinement lowers ``Φ*`` (by 3.5 % on OpenBLAS's SkylakeX and Haswell
+    kernels alike); it is the same start as a fresh call from that kernel (bit for bit), each kept round
+    lowered it, the rounds stop at the first one that does not, and ``refine = 0`` is the solver without it.
+    (With the default 1,000 iterations whether the winning start stops short is rounding: on SkylakeX
+    kernels it does and refining gains 2e-4, on Haswell kernels it converges to another local minimum and
+    refining gains 5e-15 — CI 2026-12-02.)"""
     from linattn_theory.theory.host import as_stacked
     data = as_stacked(planted_kernel_clients(num_clients=3, samples_per_client=40, tokens=6, dim=5, rank=2, heads=2,
                                              noise=0.3, seed=0, zeta_value=1.0))
-    spec = dict(clients=data, lam=0.0, rank=2, heads=2, restarts=3, seed=0)
+    spec = dict(clients=data, lam=0.0, rank=2, heads=2, restarts=3, seed=0, max_iterations=25)
     plain = th.centralized_optimum(**spec)
+    assert (plain.starts["iterations"] == 25).all()
     assert th.centralized_optimum(**spec, refine=0).starts.equals(plain.starts)
     refined = th.centralized_optimum(**spec, refine=4)
-    assert refined.objective < plain.objective * (1 - 1e-4)
+    assert refined.objective < plain.objective * (1 - 1e-2)
     rows = refined.starts.set_index("start")["objective"]
     assert rows.iloc[:3].equals(plain.starts.set_index("start")["objective"])
-    fresh = th.centralized_optimum(data, 0.0, rank=2, heads=2, restarts=0, initial_kernels=[plain.kernel])
+    fresh = th.centralized_optimum(data, 0.0, rank=2, heads=2, restarts=0, initial_kernels=[plain.kernel],
+                                   max_iterations=25)
     assert rows["refined_1"] == fresh.starts["objective"].iloc[0] < plain.objective
     labels = [label for label in rows.index if label.startswith("refined_")]
     assert 2 <= len(labels) <= 4
