@@ -5,7 +5,8 @@
     python benchmarks/figure_times.py --out figures   # time the full set while regenerating it
 
 
-Runs the scripts that ``linattn figures`` finds, one after the other in its order, into a
+Runs the scripts that ``linattn figures`` finds, one after the other in its order (``--jobs 1``:
+each script's seconds are its own; ``linattn figures`` runs two at a time by default), into a
 temporary folder (so the sweep cache starts empty and the committed figures are not touched),
 or into ``--out`` (whose sweep cache ``_sweeps/`` is removed first, so that the timing still
 starts from an empty cache: one run then both regenerates the committed figures and times them),

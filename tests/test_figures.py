@@ -102,14 +102,81 @@ def test_a_figure_script_runs_on_its_own(tmp_path):
     assert (tmp_path / "heatmaps.png").is_file() and (tmp_path / "heatmaps.csv").is_file()
 
 
+#: cheap scripts, with and without sweeps, redrawn one at a time in the test's own process
+RERUN = ("heatmaps", "kernel_bias_drift", "tradeoff", "warmup_inexactness")
+
+
 @pytest.mark.slow
-def test_figures_are_byte_identical_on_a_rerun(quick_figures, tmp_path):
-    """Fixed metadata (no creation date): the same figure written again gives the same bytes."""
-    assert main(["figures", "--quick", "--only", "warmup_inexactness", "--out", str(tmp_path), "--root", str(ROOT),
-                 "--executor", "serial", "--quiet"]) == 0
-    for ext in ("png", "pdf", "csv"):
-        again = (tmp_path / f"warmup_inexactness.{ext}").read_bytes()
-        assert again == (quick_figures / f"warmup_inexactness.{ext}").read_bytes(), ext
+def test_figures_are_byte_identical_on_a_rerun_one_at_a_time(quick_figures, tmp_path):
+    """Fixed metadata (no creation date): the same figure written again gives the same bytes — also
+    when the set was made two scripts at a time in processes of their own (the fixture, ``--jobs``'
+    default) and the rerun makes them one after the other in this process (``--jobs 1``)."""
+    only = [arg for name in RERUN for arg in ("--only", name)]
+    assert main(["figures", "--quick", *only, "--out", str(tmp_path), "--root", str(ROOT),
+                 "--executor", "serial", "--jobs", "1", "--quiet"]) == 0
+    written = sorted(path.name for path in tmp_path.iterdir() if path.is_file())
+    assert {f"{name}.{ext}" for name in RERUN for ext in ("png", "pdf", "csv")} <= set(written)
+    for name in written:
+        assert (tmp_path / name).read_bytes() == (quick_figures / name).read_bytes(), name
+
+
+def test_figure_scripts_side_by_side_keep_their_order_and_stop_at_a_failure(tmp_path):
+    """``jobs=2``: the scripts run in processes of their own; the result is in the scripts' order,
+    and a script's error reaches the caller with its message."""
+    from linattn_theory.report.figures import make_figures
+
+    (tmp_path / "simulations").mkdir()
+    for name in ("b_second", "a_first"):
+        (tmp_path / "simulations" / f"{name}.py").write_text(
+            "import os\nfrom pathlib import Path\n\n\ndef make(out_dir, quick=False):\n"
+            f"    path = Path(out_dir) / '{name}.txt'\n    path.parent.mkdir(parents=True, exist_ok=True)\n"
+            "    path.write_text(str(os.getpid()))\n    return [path]\n")
+    made = make_figures(discover(tmp_path), tmp_path / "out", executor="serial", jobs=2)
+    assert list(made) == ["a_first", "b_second"]
+    pids = {(tmp_path / "out" / f"{name}.txt").read_text() for name in made}
+    assert str(os.getpid()) not in pids                     # each ran in a worker process
+    (tmp_path / "simulations" / "c_broken.py").write_text(
+        "# broken\ndef make(out_dir, quick=False):\n    raise ValueError('the broken script')\n")
+    with pytest.raises(ValueError, match="the broken script"):
+        make_figures(discover(tmp_path), tmp_path / "out", executor="serial", jobs=2)
+    with pytest.raises(Exception, match="jobs = 0"):
+        make_figures(discover(tmp_path), tmp_path / "out", jobs=0)
+
+
+def test_figure_scripts_side_by_side_share_a_sweep(tmp_path):
+    """Two scripts reading one sweep, started together: the second waits for the first's sweep
+    (no "another sweep is writing" refusal) and both see every run of it, computed once."""
+    from linattn_theory.report.figures import make_figures
+
+    (tmp_path / "simulations" / "configs").mkdir(parents=True)
+    (tmp_path / "simulations" / "configs" / "shared.toml").write_text(
+        '[federated]\nrounds = 30\n[grid]\n"federated.warmup_rounds" = [0, 10, 20, 30]\nseed = [0, 1, 2]\n')
+    for name in ("first", "second"):
+        (tmp_path / "simulations" / f"{name}.py").write_text(
+            "# reads the shared sweep\nfrom pathlib import Path\n\n\ndef make(out_dir, quick=False):\n"
+            "    from linattn_theory.report.figures import figure_sweep\n"
+            "    config = Path(__file__).parent / 'configs' / 'shared.toml'\n"
+            "    _, results, _ = figure_sweep(config, out_dir, executor='serial')\n"
+            f"    path = Path(out_dir) / '{name}.csv'\n"
+            "    results.sort_values('run_id').to_csv(path, index=False)\n    return [path]\n")
+    out = tmp_path / "out"
+    made = make_figures(discover(tmp_path), out, executor="serial", jobs=2)
+    assert list(made) == ["first", "second"]
+    first, second = (pd.read_csv(out / f"{name}.csv") for name in made)
+    assert len(first) == 12 and first.equals(second)
+    assert len(list((out / "_sweeps" / "shared" / "runs").iterdir())) == 12
+
+
+def test_figure_jobs_default_and_the_gpu_backend(capsys):
+    from linattn_theory.cli.commands import FIGURE_JOBS_DEFAULT, figure_jobs
+    from linattn_theory.sim.limits import usable_cores
+
+    assert figure_jobs(None, None) == max(1, min(FIGURE_JOBS_DEFAULT, usable_cores()))
+    assert figure_jobs(3, "numpy") == 3
+    assert figure_jobs(3, "cupy") == 1 and "--jobs 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["figures", "--jobs", "0", "--list"])
+    assert refused.value.code == 2 and "--jobs: '0': expected a finite number >= 1" in capsys.readouterr().err
 
 
 def test_print_ready_check_rejects_wide_figures_and_small_text():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -252,6 +253,8 @@ def _figures(args) -> int:
     from ..report.figures import discover, make_figures
     from ..sim.limits import check_output_folder
 
+    start = time.perf_counter()
+
     root, checkout = _figures_root(args.root)
     scripts = discover(root, only=args.only)
     if args.list:
@@ -266,18 +269,38 @@ def _figures(args) -> int:
                             f"--overwrite")
     if args.backend is not None:
         args.executor = _backend_executor(args.backend, args.executor)
+    jobs = figure_jobs(args.jobs, args.backend)
     _warn("figures", _workers_notes(args))
     args.kept = lambda: f"the figures written so far and the finished sweep runs are kept in {out}; rerun to resume"
     made = make_figures(scripts, out, quick=args.quick, executor=args.executor,
-                        workers=args.workers, progress=not args.quiet, backend=args.backend)
+                        workers=args.workers, progress=not args.quiet, backend=args.backend, jobs=jobs)
     for name, (paths, seconds) in made.items():
         print(f"{name} ({seconds:.1f} s):")
         for path in paths:
             print(f"  wrote {path}")
-    total = sum(seconds for _, seconds in made.values())
     files = sum(len(paths) for paths, _ in made.values())
-    print(f"{len(made)} figure scripts, {files} files, {total:.1f} s in all, written to {out}")
+    print(f"{len(made)} figure scripts, {files} files, {time.perf_counter() - start:.1f} s in all"
+          f"{f' ({jobs} at a time)' if jobs > 1 and len(made) > 1 else ''}, written to {out}")
     return EXIT_OK
+
+
+#: ``linattn figures --jobs``' default: two scripts at a time (each spends most of its time on one
+#: core: optima, analysis, drawing; the quick set took 0.65-0.70 of its one-at-a-time wall time on 2 cores,
+#: 2026-12-03)
+FIGURE_JOBS_DEFAULT = 2
+
+
+def figure_jobs(jobs: int | None, backend: str | None) -> int:
+    """Figure scripts run at once: ``--jobs``, else :data:`FIGURE_JOBS_DEFAULT` capped at the usable
+    cores; one on a GPU backend (one process drives the device)."""
+    from ..sim.limits import usable_cores
+
+    if backend not in (None, "numpy"):
+        if jobs not in (None, 1):
+            print(f"--backend {backend}: one process drives the GPU; running one figure script at a time "
+                  f"(--jobs 1)", file=sys.stderr)
+        return 1
+    return jobs if jobs is not None else max(1, min(FIGURE_JOBS_DEFAULT, usable_cores()))
 
 
 def _analyze(args) -> int:
@@ -477,6 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="with --quick, allow --out to be the folder of the full-size figures")
     _executor_arguments(p)
+    p.add_argument("--jobs", type=_non_negative(int, 1), default=None, metavar="N",
+                   help=f"figure scripts run at once, each in a process of its own (default "
+                        f"{FIGURE_JOBS_DEFAULT}, at most one per core; 1 on a GPU backend); the files are "
+                        f"the same bytes whatever N")
     _backend_argument(p, "of the figures' sweeps (cached apart from the NumPy runs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _debug_argument(p)

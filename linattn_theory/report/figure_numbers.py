@@ -350,10 +350,12 @@ def figure_times(figures) -> pd.DataFrame:
 def _times(figures: Path) -> str:
     times = figure_times(figures)
     full, quick = (times[times["mode"] == mode] for mode in ("full", "quick"))
-    return (f"Figures, each set from an empty sweep cache: the full set (`linattn figures`, {len(full)} "
-            f"scripts, {int(full['sweep_runs'].sum()):,} runs stored in sweeps) takes "
-            f"**{_duration(full['seconds'].sum())}** ({_conditions(full)}); the quick set "
-            f"(`linattn figures --quick`) takes **{_duration(quick['seconds'].sum())}** ({_conditions(quick)}).\n")
+    return (f"Figures, each set from an empty sweep cache, its scripts one at a time: the full set "
+            f"(`linattn figures --jobs 1`, {len(full)} scripts, {int(full['sweep_runs'].sum()):,} runs stored in "
+            f"sweeps) takes **{_duration(full['seconds'].sum())}** ({_conditions(full)}); the quick set "
+            f"(`linattn figures --quick --jobs 1`) takes **{_duration(quick['seconds'].sum())}** "
+            f"({_conditions(quick)}). `linattn figures` runs two scripts at a time by default (`--jobs`), "
+            f"so a set takes less than this sum; the files are the same bytes.\n")
 
 
 def _times_table(figures: Path) -> str:

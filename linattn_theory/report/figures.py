@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..core.errors import ArgumentError, ConfigError
 
-__all__ = ["find_root", "discover", "make_figures", "figure_sweep", "figure_backend", "script_main", "config_path",
-           "analysis_workers", "excess_risk_sweep"]
+__all__ = ["find_root", "discover", "make_figures", "make_figure", "longest_first", "recorded_seconds",
+           "figure_sweep", "figure_backend", "script_main", "config_path", "analysis_workers", "excess_risk_sweep"]
 
 #: the array backend of the figures' sweeps (``None``: each sweep's own), set by :func:`figure_backend`
 _BACKEND: str | None = None
@@ -163,12 +163,17 @@ def _load(name: str, path: Path):
 
 def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
                  executor: str = "processes", workers: int | None = None,
-                 progress: bool = False, backend: str | None = None) -> dict[str, tuple[list[Path], float]]:
+                 progress: bool = False, backend: str | None = None,
+                 jobs: int = 1) -> dict[str, tuple[list[Path], float]]:
     """Run each script's ``make``; ``{name: (written paths, seconds)}``.
 
     Options a script's ``make`` does not take (e.g. ``executor`` for a script that runs no sweep)
     are not passed; ``make`` may return a list of paths or a ``{kind: path}`` dict. ``backend``
-    runs every figure sweep on that array library (:func:`figure_backend`).
+    runs every figure sweep on that array library (:func:`figure_backend`). With ``jobs > 1`` the
+    scripts run side by side in that many processes, the longest first (:func:`longest_first`):
+    a script spends most of its time on one core (optima, analysis, drawing), so two of them
+    keep two cores busy. Each script's files are the same bytes either way (a script's numbers
+    do not depend on the processes around it); its seconds are then measured beside the others.
 
     Parameters
     ----------
@@ -186,11 +191,13 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
         Show progress bars.
     backend : str, optional
         Array library of every figure sweep; default as configured.
+    jobs : int, default 1
+        Scripts run at once, each in a process of its own (``1``: one after the other, here).
 
     Returns
     -------
     dict of str to tuple of (list of pathlib.Path, float)
-        Per script, the files written and the seconds taken.
+        Per script, in the order of ``scripts``, the files written and the seconds taken.
 
     Examples
     --------
@@ -205,17 +212,132 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
     >>> list(made), made["demo"][0] == [root / "figures"]
     (['demo'], True)
     """
-    made = {}
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ArgumentError(f"jobs = {jobs!r}; expected an integer >= 1")
     options = {"quick": quick, "executor": executor, "workers": workers, "progress": progress}
+    jobs = min(jobs, len(scripts))
+    if jobs <= 1:
+        return {name: make_figure(name, path, out_dir, options, backend) for name, path in scripts.items()}
+    return _make_side_by_side(scripts, out_dir, dict(options, progress=False), backend, jobs, progress)
+
+
+def make_figure(name: str, path: Path, out_dir, options: dict, backend: str | None = None
+                ) -> tuple[list[Path], float]:
+    """Run one script's ``make`` with the ``options`` it takes; ``(written paths, seconds)``.
+
+    Parameters
+    ----------
+    name : str
+        The script's name.
+    path : pathlib.Path
+        The script.
+    out_dir : str or path-like
+        Where its figure goes.
+    options : dict
+        ``quick``, ``executor``, ``workers``, ``progress`` (those ``make`` does not take are dropped).
+    backend : str, optional
+        Array library of its sweeps (:func:`figure_backend`).
+
+    Returns
+    -------
+    tuple of (list of pathlib.Path, float)
+        The files written and the seconds taken.
+    """
+    start = time.perf_counter()
     with figure_backend(backend):
-        for name, path in scripts.items():
-            start = time.perf_counter()
-            make = _load(name, path).make
-            accepted = inspect.signature(make).parameters
-            paths = make(out_dir, **{k: v for k, v in options.items() if k in accepted})
-            paths = paths.values() if isinstance(paths, dict) else paths
-            made[name] = ([Path(p) for p in paths], time.perf_counter() - start)
+        make = _load(name, path).make
+        accepted = inspect.signature(make).parameters
+        paths = make(out_dir, **{k: v for k, v in options.items() if k in accepted})
+    paths = paths.values() if isinstance(paths, dict) else paths
+    return [Path(p) for p in paths], time.perf_counter() - start
+
+
+def longest_first(scripts: dict[str, Path], seconds: dict[str, float]) -> list[str]:
+    """The scripts' names, the longest first by ``seconds`` (scripts not timed first of all, in
+    their order): longest-processing-time order, so that no long script starts last.
+
+    Parameters
+    ----------
+    scripts : dict of str to pathlib.Path
+        The scripts.
+    seconds : dict of str to float
+        Known times (e.g. ``figures/timings.csv``).
+
+    Returns
+    -------
+    list of str
+        Their names in the order to start them.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.figures import longest_first
+    >>> longest_first({"a": None, "b": None, "c": None, "new": None}, {"a": 1.0, "b": 9.0, "c": 3.0})
+    ['new', 'b', 'c', 'a']
+    """
+    return sorted(scripts, key=lambda name: (name in seconds, -seconds.get(name, 0.0)))
+
+
+def recorded_seconds(root, quick: bool) -> dict[str, float]:
+    """Each script's seconds in ``root/figures/timings.csv`` for the mode (``{}`` when none is recorded)."""
+    import csv
+
+    path = Path(root) / "figures" / "timings.csv"
+    try:
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError:
+        return {}
+    mode = "quick" if quick else "full"
+    return {row["figure"]: float(row["seconds"]) for row in rows if row.get("mode") == mode}
+
+
+def _make_side_by_side(scripts: dict[str, Path], out_dir, options: dict, backend, jobs: int,
+                       progress: bool) -> dict[str, tuple[list[Path], float]]:
+    """:func:`make_figures` with ``jobs`` scripts at once, each in a fresh (spawned) process: the
+    first failure stops the others (their finished files and sweep runs are kept) and is raised."""
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    roots = {path.resolve().parent.parent for path in scripts.values()}
+    seconds = recorded_seconds(roots.pop(), options["quick"]) if len(roots) == 1 else {}
+    order = longest_first(scripts, seconds)
+    bar = _progress_bar(len(order), progress)
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {pool.submit(_make_figure_and_release, name, scripts[name], out_dir, options, backend): name
+                   for name in order}
+        made, pending = {}, set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for future in done:
+                made[futures[future]] = future.result()     # a script's error is raised here
+                bar.update(1)
+    except BaseException:
+        for process in list((pool._processes or {}).values()):   # stop the other scripts now
+            process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        bar.close()
+    pool.shutdown(wait=True)
+    return {name: made[name] for name in scripts}
+
+
+def _make_figure_and_release(name: str, path: Path, out_dir, options: dict, backend) -> tuple[list[Path], float]:
+    """:func:`make_figure` in a worker process, then stop the joblib (loky) workers its analysis
+    started: loky keeps them for 300 s of idleness, and the worker could not exit before they do."""
+    made = make_figure(name, path, out_dir, options, backend)
+    if "joblib.externals.loky" in sys.modules:
+        from joblib.externals.loky import get_reusable_executor
+        get_reusable_executor().shutdown(wait=True)
     return made
+
+
+def _progress_bar(total: int, shown: bool):
+    """A bar over the figure scripts (tqdm), or a stand-in that shows nothing."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="figure scripts", unit="script", disable=not shown)
 
 
 def analysis_workers(executor: str = "processes", workers: int | None = None) -> int:
@@ -272,8 +394,9 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
     """Run (or reuse) a figure's sweep; returns ``(sweep, results, sweep_dir)``.
 
     ``config`` is a sweep TOML file or a :class:`~linattn_theory.sim.sweep.Sweep` read from one
-    (then ``quick`` only names the folder). ``results`` is :func:`linattn_theory.load_results`
-    of the sweep folder ``out_dir/_sweeps/<config stem>[-quick]``; with ``rounds=True`` also the
+    (then ``quick`` only names the folder). Figure scripts share sweeps and may run side by side
+    (``make_figures(jobs=2)``): a script whose sweep another one is writing waits for it, then
+    reuses it. ``results`` is :func:`linattn_theory.load_results` of the sweep folder ``out_dir/_sweeps/<config stem>[-quick]``; with ``rounds=True`` also the
     per-round table, as ``(summary, per_round)``.
 
     Parameters
@@ -318,7 +441,7 @@ def figure_sweep(config, out_dir, *, quick=False, executor="processes", workers=
     stem = Path(sweep.source).stem if sweep.source else "sweep"
     folder = Path(out_dir) / "_sweeps" / (stem + ("-quick" if quick else ""))
     summary = run_sweep(sweep, folder, executor=executor, workers=workers, progress=progress,
-                        existing="replace").table          # load_results(folder), read once
+                        existing="replace", wait=True).table   # load_results(folder), read once
     if rounds:
         return sweep, (summary, load_results(folder, rounds=True)), folder
     return sweep, summary, folder
