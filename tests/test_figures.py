@@ -143,6 +143,26 @@ def test_figure_scripts_side_by_side_keep_their_order_and_stop_at_a_failure(tmp_
         make_figures(discover(tmp_path), tmp_path / "out", jobs=0)
 
 
+@pytest.mark.parametrize("cores, expected", [(2, "serial 1"), (4, "processes 2"), (1, "serial 1")])
+def test_figure_scripts_side_by_side_share_the_cores(tmp_path, monkeypatch, cores, expected):
+    """Two scripts at a time with the default workers: each gets half the usable cores, and a share of
+    one core runs its sweeps in its own process (no pool of one worker beside it)."""
+    from linattn_theory.report.figures import make_figures
+    from linattn_theory.sim import limits
+
+    monkeypatch.setattr(limits, "usable_cores", lambda: cores)
+    (tmp_path / "simulations").mkdir()
+    for name in ("one", "two"):
+        (tmp_path / "simulations" / f"{name}.py").write_text(
+            "# records its options\nfrom pathlib import Path\n\n\ndef make(out_dir, executor='processes', workers=None):\n"
+            f"    path = Path(out_dir) / '{name}.txt'\n    path.parent.mkdir(parents=True, exist_ok=True)\n"
+            "    path.write_text(f'{executor} {workers}')\n    return [path]\n")
+    make_figures(discover(tmp_path), tmp_path / "out", jobs=2)
+    assert {(tmp_path / "out" / f"{name}.txt").read_text() for name in ("one", "two")} == {expected}
+    make_figures(discover(tmp_path), tmp_path / "out", jobs=2, workers=3)       # explicit workers are kept
+    assert (tmp_path / "out" / "one.txt").read_text() == "processes 3"
+
+
 def test_figure_scripts_side_by_side_share_a_sweep(tmp_path):
     """Two scripts reading one sweep, started together: the second waits for the first's sweep
     (no "another sweep is writing" refusal) and both see every run of it, computed once."""

@@ -285,8 +285,8 @@ def _figures(args) -> int:
 
 
 #: ``linattn figures --jobs``' default: two scripts at a time (each spends most of its time on one
-#: core: optima, analysis, drawing; the quick set took 0.65-0.70 of its one-at-a-time wall time on 2 cores,
-#: 2026-12-03)
+#: core: optima, analysis, drawing; with the cores shared, the quick set took 0.54 of its one-at-a-time wall
+#: time on 2 cores, 2026-12-04)
 FIGURE_JOBS_DEFAULT = 2
 
 
@@ -502,8 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     _executor_arguments(p)
     p.add_argument("--jobs", type=_non_negative(int, 1), default=None, metavar="N",
                    help=f"figure scripts run at once, each in a process of its own (default "
-                        f"{FIGURE_JOBS_DEFAULT}, at most one per core; 1 on a GPU backend); the files are "
-                        f"the same bytes whatever N")
+                        f"{FIGURE_JOBS_DEFAULT}, at most one per core; 1 on a GPU backend); without --workers "
+                        f"the scripts share the cores; the files are the same bytes whatever N")
     _backend_argument(p, "of the figures' sweeps (cached apart from the NumPy runs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _debug_argument(p)

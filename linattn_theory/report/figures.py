@@ -23,8 +23,9 @@ from pathlib import Path
 
 from ..core.errors import ArgumentError, ConfigError
 
-__all__ = ["find_root", "discover", "make_figures", "make_figure", "longest_first", "recorded_seconds",
-           "figure_sweep", "figure_backend", "script_main", "config_path", "analysis_workers", "excess_risk_sweep"]
+__all__ = ["find_root", "discover", "make_figures", "make_figure", "cores_per_script", "longest_first",
+           "recorded_seconds", "figure_sweep", "figure_backend", "script_main", "config_path", "analysis_workers",
+           "excess_risk_sweep"]
 
 #: the array backend of the figures' sweeps (``None``: each sweep's own), set by :func:`figure_backend`
 _BACKEND: str | None = None
@@ -172,8 +173,10 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
     runs every figure sweep on that array library (:func:`figure_backend`). With ``jobs > 1`` the
     scripts run side by side in that many processes, the longest first (:func:`longest_first`):
     a script spends most of its time on one core (optima, analysis, drawing), so two of them
-    keep two cores busy. Each script's files are the same bytes either way (a script's numbers
-    do not depend on the processes around it); its seconds are then measured beside the others.
+    keep two cores busy. The scripts then share the cores (:func:`cores_per_script`): with the
+    default ``workers`` a script whose share is one core runs its sweeps in its own process.
+    Each script's files are the same bytes either way (a script's numbers do not depend on the
+    processes around it); its seconds are then measured beside the others.
 
     Parameters
     ----------
@@ -214,11 +217,52 @@ def make_figures(scripts: dict[str, Path], out_dir, *, quick: bool = False,
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ArgumentError(f"jobs = {jobs!r}; expected an integer >= 1")
-    options = {"quick": quick, "executor": executor, "workers": workers, "progress": progress}
     jobs = min(jobs, len(scripts))
     if jobs <= 1:
+        options = {"quick": quick, "executor": executor, "workers": workers, "progress": progress}
         return {name: make_figure(name, path, out_dir, options, backend) for name, path in scripts.items()}
-    return _make_side_by_side(scripts, out_dir, dict(options, progress=False), backend, jobs, progress)
+    executor, workers = cores_per_script(executor, workers, jobs)
+    options = {"quick": quick, "executor": executor, "workers": workers, "progress": False}
+    return _make_side_by_side(scripts, out_dir, options, backend, jobs, progress)
+
+
+def cores_per_script(executor: str, workers: int | None, jobs: int) -> tuple[str, int | None]:
+    """The ``(executor, workers)`` of each of ``jobs`` scripts run side by side: with the default
+    ``workers`` and local worker processes, the usable cores divided among the scripts, and a share
+    of one core runs in the script's own process (``"serial"``: a pool of one worker only adds a
+    process and its imports, and a pool per script would put more processes than cores to work).
+    Explicit ``workers`` and other executors are kept.
+
+    Parameters
+    ----------
+    executor : str
+        The sweeps' executor.
+    workers : int, optional
+        Their workers; ``None`` for one per core.
+    jobs : int
+        Scripts at once.
+
+    Returns
+    -------
+    tuple of (str, int or None)
+        Each script's executor and workers.
+
+    Examples
+    --------
+    >>> from unittest import mock
+    >>> from linattn_theory.report.figures import cores_per_script
+    >>> with mock.patch("linattn_theory.sim.limits.usable_cores", return_value=8):
+    ...     cores_per_script("processes", None, 2), cores_per_script("processes", None, 8)
+    (('processes', 4), ('serial', 1))
+    >>> cores_per_script("processes", 3, 2), cores_per_script("dask", None, 2)
+    (('processes', 3), ('dask', None))
+    """
+    from ..sim import limits
+
+    if executor != "processes" or workers is not None:
+        return executor, workers
+    share = max(1, limits.usable_cores() // jobs)
+    return ("serial" if share == 1 else executor), share
 
 
 def make_figure(name: str, path: Path, out_dir, options: dict, backend: str | None = None
