@@ -120,17 +120,24 @@ def test_figures_are_byte_identical_on_a_rerun_one_at_a_time(quick_figures, tmp_
         assert (tmp_path / name).read_bytes() == (quick_figures / name).read_bytes(), name
 
 
+def _toy_script(root, name: str, parameters: str, text: str) -> None:
+    """``root/simulations/<name>.py``: a figure script whose ``make(out_dir, <parameters>)`` writes the
+    expression ``text`` to ``<name>.txt`` (a leading comment line: :func:`discover` looks for ``def make``
+    after one)."""
+    (root / "simulations").mkdir(exist_ok=True)
+    (root / "simulations" / f"{name}.py").write_text(
+        f"# a toy figure\nimport os\nfrom pathlib import Path\n\n\ndef make(out_dir, {parameters}):\n"
+        f"    path = Path(out_dir) / '{name}.txt'\n    path.parent.mkdir(parents=True, exist_ok=True)\n"
+        f"    path.write_text({text})\n    return [path]\n")
+
+
 def test_figure_scripts_side_by_side_keep_their_order_and_stop_at_a_failure(tmp_path):
     """``jobs=2``: the scripts run in processes of their own; the result is in the scripts' order,
     and a script's error reaches the caller with its message."""
     from linattn_theory.report.figures import make_figures
 
-    (tmp_path / "simulations").mkdir()
     for name in ("b_second", "a_first"):
-        (tmp_path / "simulations" / f"{name}.py").write_text(
-            "import os\nfrom pathlib import Path\n\n\ndef make(out_dir, quick=False):\n"
-            f"    path = Path(out_dir) / '{name}.txt'\n    path.parent.mkdir(parents=True, exist_ok=True)\n"
-            "    path.write_text(str(os.getpid()))\n    return [path]\n")
+        _toy_script(tmp_path, name, "quick=False", "str(os.getpid())")
     made = make_figures(discover(tmp_path), tmp_path / "out", executor="serial", jobs=2)
     assert list(made) == ["a_first", "b_second"]
     pids = {(tmp_path / "out" / f"{name}.txt").read_text() for name in made}
@@ -151,12 +158,8 @@ def test_figure_scripts_side_by_side_share_the_cores(tmp_path, monkeypatch, core
     from linattn_theory.sim import limits
 
     monkeypatch.setattr(limits, "usable_cores", lambda: cores)
-    (tmp_path / "simulations").mkdir()
     for name in ("one", "two"):
-        (tmp_path / "simulations" / f"{name}.py").write_text(
-            "# records its options\nfrom pathlib import Path\n\n\ndef make(out_dir, executor='processes', workers=None):\n"
-            f"    path = Path(out_dir) / '{name}.txt'\n    path.parent.mkdir(parents=True, exist_ok=True)\n"
-            "    path.write_text(f'{executor} {workers}')\n    return [path]\n")
+        _toy_script(tmp_path, name, "executor='processes', workers=None", "f'{executor} {workers}'")
     make_figures(discover(tmp_path), tmp_path / "out", jobs=2)
     assert {(tmp_path / "out" / f"{name}.txt").read_text() for name in ("one", "two")} == {expected}
     make_figures(discover(tmp_path), tmp_path / "out", jobs=2, workers=3)       # explicit workers are kept
