@@ -133,7 +133,8 @@ def _toy_script(root, name: str, parameters: str, text: str) -> None:
 
 def test_figure_scripts_side_by_side_keep_their_order_and_stop_at_a_failure(tmp_path):
     """``jobs=2``: the scripts run in processes of their own; the result is in the scripts' order,
-    and a script's error reaches the caller with its message."""
+    and a script's error reaches the caller with its message at once: the script running beside it
+    (a minute's sleep before it writes) is stopped, not waited for."""
     from linattn_theory.report.figures import make_figures
 
     for name in ("b_second", "a_first"):
@@ -144,8 +145,11 @@ def test_figure_scripts_side_by_side_keep_their_order_and_stop_at_a_failure(tmp_
     assert str(os.getpid()) not in pids                     # each ran in a worker process
     (tmp_path / "simulations" / "c_broken.py").write_text(
         "# broken\ndef make(out_dir, quick=False):\n    raise ValueError('the broken script')\n")
+    _toy_script(tmp_path, "d_slow", "quick=False", "__import__('time').sleep(60) or 'finished'")
+    scripts = {name: path for name, path in discover(tmp_path).items() if name in ("c_broken", "d_slow")}
     with pytest.raises(ValueError, match="the broken script"):
-        make_figures(discover(tmp_path), tmp_path / "out", executor="serial", jobs=2)
+        make_figures(scripts, tmp_path / "out", executor="serial", jobs=2)
+    assert not (tmp_path / "out" / "d_slow.txt").exists()       # stopped, not waited for
     with pytest.raises(Exception, match="jobs = 0"):
         make_figures(discover(tmp_path), tmp_path / "out", jobs=0)
 
@@ -190,9 +194,14 @@ def test_figure_scripts_side_by_side_share_a_sweep(tmp_path):
     assert len(list((out / "_sweeps" / "shared" / "runs").iterdir())) == 12
 
 
-def test_figure_jobs_default_and_the_gpu_backend(capsys):
+def test_figure_jobs_default_and_the_gpu_backend(capsys, tmp_path):
     from linattn_theory.cli.commands import FIGURE_JOBS_DEFAULT, figure_jobs
+    from linattn_theory.report.figures import recorded_seconds
     from linattn_theory.sim.limits import usable_cores
+
+    quick, full = recorded_seconds(ROOT, quick=True), recorded_seconds(ROOT, quick=False)
+    assert set(quick) == set(full) == set(discover(ROOT))       # the order's times: every script, per mode
+    assert quick["digits_phase"] < full["digits_phase"] and recorded_seconds(tmp_path, quick=True) == {}
 
     assert figure_jobs(None, None) == max(1, min(FIGURE_JOBS_DEFAULT, usable_cores()))
     assert figure_jobs(3, "numpy") == 3

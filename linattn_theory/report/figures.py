@@ -322,17 +322,16 @@ def longest_first(scripts: dict[str, Path], seconds: dict[str, float]) -> list[s
 
 
 def recorded_seconds(root, quick: bool) -> dict[str, float]:
-    """Each script's seconds in ``root/figures/timings.csv`` for the mode (``{}`` when none is recorded)."""
-    import csv
+    """Each script's seconds in ``root/figures/timings.csv`` for the mode (the table
+    :func:`~linattn_theory.report.figure_numbers.figure_times` reads; ``{}`` when none is recorded)."""
+    from ..core.io import read_csv_exact
 
     path = Path(root) / "figures" / "timings.csv"
-    try:
-        with path.open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
-    except OSError:
+    if not path.is_file():
         return {}
-    mode = "quick" if quick else "full"
-    return {row["figure"]: float(row["seconds"]) for row in rows if row.get("mode") == mode}
+    times = read_csv_exact(path)
+    times = times[times["mode"] == ("quick" if quick else "full")]
+    return dict(zip(times["figure"], times["seconds"].astype(float)))
 
 
 def _make_side_by_side(scripts: dict[str, Path], out_dir, options: dict, backend, jobs: int,
