@@ -12,10 +12,11 @@ import math
 from dataclasses import fields
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from linattn_theory.cli.commands import main
+from linattn_theory.core.errors import ConfigError
 from linattn_theory.sim.config import SECTIONS
 from linattn_theory.sim.strategies import STRATEGIES
 
@@ -162,3 +163,45 @@ def test_odd_encodings_are_refused_naming_the_file(tmp_path, capsys, encoding):
     assert main(["simulate", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"config file {str(path)!r} is" in err and not (tmp_path / "out").exists()
+
+
+#: the annotations a section's setting may have: a scalar, or a scalar or ``None`` (RunConfig.to_dict
+#: reads the settings without copying them, which is what ``dataclasses.asdict`` gives only for these)
+SCALAR_ANNOTATIONS = {"int", "float", "str", "bool", "int | None", "float | None", "str | None"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(family=st.sampled_from(["planted_kernel", "in_context_regression", "digits"]),
+       attention=st.sampled_from(["linear", "softmax"]), strategy=st.sampled_from(STRATEGY_NAMES),
+       scaled=st.booleans(), seed=st.integers(0, 2**31), rounds=st.integers(1, 50))
+def test_to_dict_is_the_dataclass_record_with_the_documented_keys_left_out(family, attention, strategy, scaled,
+                                                                           seed, rounds):
+    """``RunConfig.to_dict`` against its definition written with ``dataclasses.asdict``: the chosen
+    family's task keys, the softmax keys only with softmax attention, η or the step scale (with its
+    curvature), in the same key order; and every setting is a scalar, so that the record shares nothing
+    with the config (a setting left out, an order changed or a list-valued setting fails this)."""
+    from dataclasses import asdict
+
+    from linattn_theory.data.families import FAMILY_KEYS
+    from linattn_theory.sim.config import SOFTMAX_KEYS, STEP_KEYS, STEP_SCALE_KEYS, config_from_dict
+
+    for cls in SECTIONS.values():
+        for f in fields(cls):
+            assert f.type in SCALAR_ANNOTATIONS, (cls.__name__, f.name, f.type)
+    federated = {"strategy": strategy, "rounds": rounds, "warmup_rounds": min(rounds, 3)}
+    federated.update({"step_scale": 0.3, "step_curvature": "model"} if scaled else {"learning_rate": 0.02})
+    model = {"attention": attention, "temperature": 0.5} if attention == "softmax" else {}
+    try:
+        config = config_from_dict({"seed": seed, "task": {"family": family}, "federated": federated, "model": model})
+    except ConfigError:              # a strategy that refuses these settings (FedAdam's server step)
+        assume(False)
+    expected = asdict(config)
+    keep = FAMILY_KEYS[family] | {"family"}
+    expected["task"] = {k: v for k, v in expected["task"].items() if k in keep}
+    if attention == "linear":
+        expected["model"] = {k: v for k, v in expected["model"].items() if k not in SOFTMAX_KEYS}
+    expected["federated"] = {k: v for k, v in expected["federated"].items()
+                             if (k not in STEP_KEYS or v is not None) and (k not in STEP_SCALE_KEYS or scaled)}
+    record = config.to_dict()
+    assert json.dumps(record) == json.dumps(expected)          # the same keys in the same order
+    assert config_from_dict(record) == config

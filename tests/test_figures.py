@@ -467,6 +467,41 @@ def test_spearman_interval_resamples_instances_not_pairs():
     assert same["low"] == pytest.approx(same["rho"]) and same["high"] == pytest.approx(same["rho"])
 
 
+
+def test_spearman_interval_is_the_one_resample_at_a_time_bootstrap_bit_for_bit():
+    """Resamples of one length are ranked in one call; the interval is the bootstrap written one
+    resample at a time (rankdata per resample, the same draws), bit for bit, with ties, a constant
+    resample and instances of unequal sizes (the one-at-a-time path) alike (ranking along the
+    wrong axis or another draw order fails this)."""
+    from scipy.stats import rankdata
+
+    from linattn_theory.report.sweep_analysis import spearman_interval
+
+    def by_definition(x, y, instances, resamples, seed, level=0.95):
+        groups = pd.factorize(np.asarray(instances))[0]
+        members = [np.flatnonzero(groups == g) for g in range(groups.max() + 1)]
+        rng = np.random.default_rng(seed)
+        draws = []
+        for _ in range(resamples):
+            index = np.concatenate([members[g] for g in rng.integers(len(members), size=len(members))])
+            a, b = rankdata(x[index]), rankdata(y[index])
+            if np.ptp(a) == 0 or np.ptp(b) == 0:
+                draws.append(np.nan)
+                continue
+            a, b = a - a.mean(), b - b.mean()
+            draws.append(float(a @ b / np.sqrt((a @ a) * (b @ b))))
+        return [float(v) for v in np.nanquantile(draws, [(1 - level) / 2, (1 + level) / 2])]
+
+    rng = np.random.default_rng(11)
+    for sizes in ([4] * 12, [3] * 7, [2, 3, 4, 2, 5, 3]):
+        instances = np.repeat(np.arange(len(sizes)), sizes)
+        x = np.round(rng.normal(size=len(instances)), 1)                  # ties
+        y = x + rng.normal(size=len(instances))
+        y[:sizes[0]] = 0.0                                                # a resample of instance 0 alone is constant in y
+        found = spearman_interval(x, y, instances, resamples=300, seed=5)
+        assert [found["low"], found["high"]] == by_definition(x, y, instances, 300, 5)
+
+
 def test_the_strategies_comparison_does_not_depend_on_its_workers():
     """strategies.py runs its (level, seed) groups in worker processes: the tables are assembled in
     the groups' order and equal the serial ones exactly (here 2 levels × 2 seeds, 4 strategies, 6 rounds)."""

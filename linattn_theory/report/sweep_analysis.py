@@ -811,15 +811,23 @@ def spearman_interval(x, y, instances, *, level: float = 0.95, resamples: int = 
     groups = pd.factorize(np.asarray(instances))[0]
     members = [np.flatnonzero(groups == g) for g in range(groups.max() + 1)]
 
-    def rho(index):          # Spearman's ρ: Pearson's correlation of the (average) ranks
-        a, b = rankdata(x[index]), rankdata(y[index])
+    def correlation(a, b):   # Spearman's ρ: Pearson's correlation of the (average) ranks a, b
         if np.ptp(a) == 0 or np.ptp(b) == 0:
             return np.nan
         a, b = a - a.mean(), b - b.mean()
         return float(a @ b / np.sqrt((a @ a) * (b @ b)))
+
+    def rho(index):
+        return correlation(rankdata(x[index]), rankdata(y[index]))
     rng = np.random.default_rng(seed)
-    draws = [rho(np.concatenate([members[g] for g in rng.integers(len(members), size=len(members))]))
-             for _ in range(resamples)]
+    indices = [np.concatenate([members[g] for g in rng.integers(len(members), size=len(members))])
+               for _ in range(resamples)]
+    if len({len(index) for index in indices}) == 1:     # resamples of one length: ranked in one call each
+        index = np.stack(indices)
+        ranks = zip(rankdata(x[index], axis=1), rankdata(y[index], axis=1))
+        draws = [correlation(a, b) for a, b in ranks]
+    else:
+        draws = [rho(index) for index in indices]
     tail = (1 - level) / 2
     low, high = np.nanquantile(draws, [tail, 1 - tail]) if np.isfinite(draws).any() else (np.nan, np.nan)
     return {"rho": rho(np.arange(len(x))), "low": float(low), "high": float(high),

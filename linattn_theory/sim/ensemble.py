@@ -24,6 +24,7 @@ batches its trajectory stops at the largest ``T0`` and every frozen stage runs i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import warnings
 from typing import Any
@@ -520,7 +521,12 @@ class _Family:
 
     def lead(self) -> RunConfig:
         """The run of the largest ``T0`` (the others' warm-up trajectory)."""
-        return self.configs[max(self.indices, key=lambda i: self.configs[i].warmup_rounds)]
+        return self.configs[self._lead]
+
+    @functools.cached_property
+    def _lead(self) -> int:
+        """The index of :meth:`lead` (found once: the wave asks for it per run and ``T0``)."""
+        return max(self.indices, key=lambda i: self.configs[i].warmup_rounds)
 
     def trajectory(self) -> RunConfig:
         """The first ensemble's run: the lead, stopped at its ``T0`` for moment-space stages."""
