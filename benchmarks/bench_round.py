@@ -7,7 +7,11 @@ E = 10 local steps, float64) one interleaved run times, in turn and ``--repeat``
   (bytes read + written), on 1 and on 2 threads (each thread copies half);
 * a warm-up round (every block trains) of the Array-API engine (``engine="array_api"``,
   ``simulate``'s default chunking) and of the fused engine (``engine="fused"``) on 1 and on
-  2 threads (:func:`linattn_theory.core.fused.set_threads`);
+  2 threads (:func:`linattn_theory.core.fused.set_threads`): runs of ``T`` and ``2T`` rounds in the
+  same pass, a round being their difference over ``T`` and the rest of the shorter run its per-run
+  setup (the fused engine's tiled data layout for ``d = 9–16``, about 10 ms here). Until
+  2026-12-04 the table divided a 3-round run by 3, which charged a third of that setup to each
+  round: fused on 2 threads read 23.7 ms per round where ``simulate`` spends 10.4 ms;
 * when PyTorch is importable, a straightforward autograd round (attention written on ``X``,
   clients in a Python loop, as a user would first write it).
 
@@ -92,6 +96,13 @@ def with_threads(threads: int, fn):
     return run
 
 
+def marginal_rounds(short: list, long: list) -> list:
+    """Per pass, the seconds of one round: ``(long − short) / ROUNDS`` for runs of ``ROUNDS`` and
+    ``2·ROUNDS`` rounds timed in the same pass, so that what a run does once (the fused engine's data
+    layout, the first loss evaluation) is not spread over its few rounds."""
+    return [(b - a) / ROUNDS for a, b in zip(short, long)]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=7, help="interleaved passes (median and range)")
@@ -124,10 +135,12 @@ def main(argv=None) -> None:
     difference = relative_difference(fused_result.params, array_result.params)
 
     copies = {t: copier(t) for t in (1, 2)}
-    fns = {"copy, 1 thread": copies[1][0], "copy, 2 threads": copies[2][0],
-           "Array-API engine": engine_run("array_api"),
-           "fused engine, 1 thread": with_threads(1, engine_run("fused")),
-           "fused engine, 2 threads": with_threads(2, engine_run("fused"))}
+    engines = {"Array-API engine": (default_threads, lambda rounds: engine_run("array_api", rounds)),
+               "fused engine, 1 thread": (1, lambda rounds: with_threads(1, engine_run("fused", rounds))),
+               "fused engine, 2 threads": (2, lambda rounds: with_threads(2, engine_run("fused", rounds)))}
+    fns = {"copy, 1 thread": copies[1][0], "copy, 2 threads": copies[2][0]}
+    for name, (_, run) in engines.items():          # runs of T and 2T rounds: a round's time is their difference
+        fns[name], fns[name + " (2T)"] = run(ROUNDS), run(2 * ROUNDS)
     torch_available = False
     if not args.no_torch:
         try:
@@ -157,14 +170,15 @@ def main(argv=None) -> None:
 
     rows = []
     client_steps = size.clients * size.local_steps
-    array_median = statistics.median(times["Array-API engine"])
-    for name, threads in (("Array-API engine", default_threads), ("fused engine, 1 thread", 1),
-                          ("fused engine, 2 threads", 2)):
-        per_round = [s / ROUNDS for s in times[name]]
+    rounds = {name: marginal_rounds(times[name], times[name + " (2T)"]) for name in engines}
+    array_median = statistics.median(rounds["Array-API engine"])
+    for name, (threads, _) in engines.items():
+        per_round = rounds[name]
+        setup = [t - ROUNDS * r for t, r in zip(times[name], per_round)]
         share = [floor[min(threads, 2)] / (r / size.local_steps) for r in per_round]
-        rows.append([name, stats(per_round, 1e3), stats([c / ROUNDS for c in cpu[name]], 1e3),
-                     stats([client_steps / r for r in per_round]),
-                     stats(share), f"{array_median / statistics.median(times[name]):.2f}"])
+        rows.append([name, stats(per_round, 1e3), stats(marginal_rounds(cpu[name], cpu[name + " (2T)"]), 1e3),
+                     stats(setup, 1e3), stats([client_steps / r for r in per_round]),
+                     stats(share), f"{array_median / statistics.median(per_round):.2f}"])
     if torch_available:
         name = "PyTorch autograd, clients in a loop"
         per_round = times[name]
@@ -172,13 +186,16 @@ def main(argv=None) -> None:
         rows.append([name, stats(per_round, 1e3), stats(cpu[name], 1e3),
                      stats([client_steps / r for r in per_round]),
                      stats(share), f"{array_median / ROUNDS / statistics.median(per_round):.3f}"])
-    print_table(["round", "ms per round", "CPU ms per round", "client-steps/s", "share of the floor",
-                 "speed-up vs Array-API"], rows)
-    print(f"\n(a round includes the loss evaluations of the run table; the Array-API engine uses "
+    print_table(["round", "ms per round", "CPU ms per round", "per-run setup ms", "client-steps/s",
+                 "share of the floor", "speed-up vs Array-API"], rows)
+    print(f"\n(a round's time is (time of {2 * ROUNDS} rounds − time of {ROUNDS}) / {ROUNDS}, paired by pass; "
+          f"the per-run setup is the rest of a {ROUNDS}-round run: the fused engine lays the data out "
+          f"in tiles once per run, for d = 9–16; "
+          f"a round includes the loss evaluations of the run table; the Array-API engine uses "
           f"simulate's chunking, max_bytes={budget}; the share uses the floor at the same thread "
           f"count; fused vs Array-API parameters after {ROUNDS} rounds: max rel. difference "
           f"{difference:.1e})")
-    fused_median = statistics.median(times["fused engine, 2 threads"]) / ROUNDS
+    fused_median = statistics.median(rounds["fused engine, 2 threads"])
     if torch_available:
         torch_median = statistics.median(times["PyTorch autograd, clients in a loop"])
         print(f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads): the fused engine on 2 "
