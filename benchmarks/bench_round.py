@@ -9,7 +9,7 @@ E = 10 local steps, float64) one interleaved run times, in turn and ``--repeat``
   ``simulate``'s default chunking) and of the fused engine (``engine="fused"``) on 1 and on
   2 threads (:func:`linattn_theory.core.fused.set_threads`): runs of ``T`` and ``2T`` rounds in the
   same pass, a round being their difference over ``T`` and the rest of the shorter run its per-run
-  setup (the fused engine's tiled data layout for ``d = 9–16``, about 10 ms here). Until
+  setup (the fused engine's tiled data layout for ``d = 9–16``, 10–30 ms here). Until
   2026-12-04 the table divided a 3-round run by 3, which charged a third of that setup to each
   round: fused on 2 threads read 23.7 ms per round where ``simulate`` spends 10.4 ms;
 * when PyTorch is importable, a straightforward autograd round (attention written on ``X``,
@@ -183,9 +183,9 @@ def main(argv=None) -> None:
         name = "PyTorch autograd, clients in a loop"
         per_round = times[name]
         share = [floor[min(default_threads, 2)] / (r / size.local_steps) for r in per_round]
-        rows.append([name, stats(per_round, 1e3), stats(cpu[name], 1e3),
+        rows.append([name, stats(per_round, 1e3), stats(cpu[name], 1e3), "–",
                      stats([client_steps / r for r in per_round]),
-                     stats(share), f"{array_median / ROUNDS / statistics.median(per_round):.3f}"])
+                     stats(share), f"{array_median / statistics.median(per_round):.3f}"])
     print_table(["round", "ms per round", "CPU ms per round", "per-run setup ms", "client-steps/s",
                  "share of the floor", "speed-up vs Array-API"], rows)
     print(f"\n(a round's time is (time of {2 * ROUNDS} rounds − time of {ROUNDS}) / {ROUNDS}, paired by pass; "
