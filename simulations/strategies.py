@@ -60,6 +60,7 @@ from linattn_theory.core.errors import ConfigError
 from linattn_theory.sim.config import config_from_dict  # noqa: E402
 from linattn_theory.core.model import Params  # noqa: E402
 from linattn_theory.sim.engine import clients_from_config, simulate  # noqa: E402
+from linattn_theory.sim.ensemble import simulate_many  # noqa: E402
 from linattn_theory.report import plotting  # noqa: E402
 from linattn_theory.report.figures import analysis_workers  # noqa: E402
 from linattn_theory.core.io import atomic_write_text  # noqa: E402
@@ -154,18 +155,22 @@ def teacher_params(clients, config, ridge: float):
     return Params(WQ, WK, V.reshape(H, K.shape[-1], -1))
 
 
+def centralised_config(config, steps: int = CENTRALISED_STEPS):
+    """The run of :func:`centralised_reference`: centralised gradient descent on ``F_λ`` (FedAvg with
+    ``E = 1``, full batch and participation) for ``steps`` steps."""
+    return config.with_updates({"federated.strategy": "fedavg", "federated.local_steps": 1,
+                                "federated.rounds": steps, "federated.participation": 1.0,
+                                "federated.batch_size": None})
+
+
 def centralised_reference(config, clients, steps: int = CENTRALISED_STEPS) -> float:
     """The lowest ``F_λ`` of centralised gradient descent on ``F_λ`` (FedAvg with ``E = 1``, full
     batch and participation) started at the teacher kernel with its optimal value block, or
     ``Φ_λ(K*)`` alone when the model cannot hold the teacher."""
-    lam = config.federated.ridge
-    params = teacher_params(clients, config, lam)
+    params = teacher_params(clients, config, config.federated.ridge)
     if params is None:
-        return static_profile_objective(clients.truth["kernel"], clients, lam)[0]
-    gd = config.with_updates({"federated.strategy": "fedavg", "federated.local_steps": 1,
-                              "federated.rounds": steps, "federated.participation": 1.0,
-                              "federated.batch_size": None})
-    result = simulate(gd, clients, params=params)
+        return static_profile_objective(clients.truth["kernel"], clients, config.federated.ridge)[0]
+    result = simulate(centralised_config(config, steps), clients, params=params)
     return float(np.nanmin(result.table["loss_regularized"]))
 
 
@@ -180,14 +185,19 @@ def _static_features(name: str, clients):
 def run_grid(settings: dict, progress: bool = True, workers: int = 1):
     """Run every configuration; return per-run results and per-round excess-risk curves.
 
-    The (level, seed) groups are independent: ``workers`` processes run them, and the tables are
-    assembled in the groups' order, so they do not depend on ``workers``."""
+    The (level, seed) groups are independent: ``workers`` processes run contiguous shares of them,
+    each share's runs as ensembles (:func:`_run_groups`), and the tables are assembled in the groups'
+    order. A run's numbers do not depend on the ensemble it runs in, so the tables do not depend on
+    ``workers``."""
     groups = [(level, seed) for level in settings["levels"] for seed in settings["seeds"]]
-    if workers > 1 and len(groups) > 1:
+    shares = [part for part in np.array_split(np.arange(len(groups)), max(1, min(workers, len(groups)))) if len(part)]
+    shares = [[groups[i] for i in part] for part in shares]
+    if len(shares) > 1:
         from joblib import Parallel, delayed
-        done = Parallel(n_jobs=workers)(delayed(_run_group)(settings, level, seed) for level, seed in groups)
+        done = [group for share in Parallel(n_jobs=len(shares))(delayed(_run_groups)(settings, share)
+                                                                  for share in shares) for group in share]
     else:
-        done = (_run_group(settings, level, seed) for level, seed in groups)
+        done = _run_groups(settings, groups)
     runs, curves = [], []
     for (level, seed), (group_runs, group_curves) in zip(groups, done):
         runs += group_runs
@@ -197,17 +207,45 @@ def run_grid(settings: dict, progress: bool = True, workers: int = 1):
     return pd.DataFrame(runs), pd.concat(curves, ignore_index=True)
 
 
-def _run_group(settings: dict, level: str, seed: int) -> tuple[list, list]:
-    """Every strategy on one (level, seed): per-run rows and per-round excess-risk curves."""
-    runs, curves = [], []
-    group = {name: settings["configs"][level, name, seed] for name in settings["strategies"]}
-    clients = clients_from_config(next(iter(group.values())))
+def _run_groups(settings: dict, groups: list) -> list:
+    """:func:`_group_rows` of every (level, seed) of ``groups``: all their runs, the centralised
+    references' included, in one :func:`~linattn_theory.sim.ensemble.simulate_many` call (runs of one
+    strategy and shape form one ensemble; each result is its run alone's)."""
+    configs, clients, features, params, where = [], [], [], [], []
+    for level, seed in groups:
+        group = {name: settings["configs"][level, name, seed] for name in settings["strategies"]}
+        first = next(iter(group.values()))
+        data = clients_from_config(first)
+        for name, config in group.items():
+            configs.append(config)
+            clients.append(data)
+            features.append(_static_features(name, data))
+            params.append(None)
+        teacher = teacher_params(data, first, first.federated.ridge)
+        if teacher is not None:
+            configs.append(centralised_config(first, settings["centralised_steps"]))
+            clients.append(data)
+            features.append(None)
+            params.append(teacher)
+        where.append((data, first, teacher is not None))
     with np.errstate(over="ignore", invalid="ignore"):     # divergence is recorded, not warned
-        results = {name: simulate(config, clients, frozen_features=_static_features(name, clients))
-                   for name, config in group.items()}
-    config = next(iter(group.values()))
-    with np.errstate(over="ignore", invalid="ignore"):
-        centralised = centralised_reference(config, clients, settings["centralised_steps"])
+        results = iter(simulate_many(configs, clients, params=params, frozen_features=features))
+    done = []
+    for (level, seed), (data, first, taught) in zip(groups, where):
+        group_results = {name: next(results) for name in settings["strategies"]}
+        if taught:
+            centralised = float(np.nanmin(next(results).table["loss_regularized"]))
+        else:
+            centralised = static_profile_objective(data.truth["kernel"], data, first.federated.ridge)[0]
+        done.append(_group_rows(settings, level, seed, group_results, centralised))
+    return done
+
+
+def _group_rows(settings: dict, level: str, seed: int, results: dict, centralised: float) -> tuple[list, list]:
+    """Every strategy on one (level, seed), from its runs' ``results`` and the centralised
+    reference: per-run rows and per-round excess-risk curves."""
+    runs, curves = [], []
+    config = settings["configs"][level, settings["strategies"][0], seed]
     best = min(float(np.nanmin(r.table["loss_regularized"])) for r in results.values())
     reference = min(centralised, best)
     for name, result in results.items():

@@ -170,6 +170,39 @@ def test_figure_scripts_side_by_side_share_the_cores(tmp_path, monkeypatch, core
     assert (tmp_path / "out" / "one.txt").read_text() == "processes 3"
 
 
+@pytest.mark.parametrize("cores", [1, 2])
+def test_figure_scripts_side_by_side_limit_their_threads(tmp_path, monkeypatch, cores):
+    """Two scripts at a time on a share of one core each: in its process, BLAS and the fused engine use
+    one thread, not every core beside the other script (and so do a sweep's worker processes: their
+    share of the cores)."""
+    from linattn_theory.report.figures import make_figures
+    from linattn_theory.sim import limits
+    from linattn_theory.sim.sweep import executors
+
+    monkeypatch.setattr(limits, "usable_cores", lambda: cores)
+    threads = ("f\"{__import__('linattn_theory.core.fused', fromlist=['_']).default_threads()} \""
+               "f\"{max(i['num_threads'] for i in __import__('threadpoolctl').threadpool_info() "
+               "if i['user_api'] == 'blas')}\"")
+    for name in ("one", "two"):
+        _toy_script(tmp_path, name, "quick=False", threads)
+    make_figures(discover(tmp_path), tmp_path / "out", jobs=2)
+    assert {(tmp_path / "out" / f"{name}.txt").read_text() for name in ("one", "two")} == {"1 1"}
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from linattn_theory.core import fused
+    before = fused._threads
+    monkeypatch.setattr(executors.threading, "Thread", lambda **kwargs: type("T", (), {"start": lambda self: None})())
+    monkeypatch.setattr(executors.signal, "signal", lambda *args: None)
+    try:
+        with threadpool_limits(limits=None):               # restores BLAS afterwards
+            executors._worker_init(os.getpid(), 1)
+            assert fused.default_threads() == 1
+            assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas")
+    finally:
+        fused.set_threads(before)
+
+
 def test_figure_scripts_side_by_side_share_a_sweep(tmp_path):
     """Two scripts reading one sweep, started together: the second waits for the first's sweep
     (no "another sweep is writing" refusal) and both see every run of it, computed once."""
@@ -516,6 +549,31 @@ def test_the_strategies_comparison_does_not_depend_on_its_workers():
     for a, b in zip(serial, parallel):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert len(serial[0]) == 16 and serial[0]["seed"].tolist()[:4] == [0] * 4
+
+
+def test_the_strategies_comparison_runs_each_run_as_it_runs_alone():
+    """strategies.py runs a share of (level, seed) groups as ensembles (one ``simulate_many`` call):
+    every run's final loss, drift and the centralised reference equal, bit for bit, those of the run
+    alone (``simulate``, a static arm with its frozen features; ``centralised_reference``)."""
+    strategies = _load_script("strategies")
+    settings = strategies.load_settings(strategies.CONFIG, quick=True)
+    settings["levels"], settings["seeds"] = settings["levels"][:2], [0, 1]
+    settings["strategies"] = ["fedavg", "fedfrozen", "fedfrozen_adaptive", "static_saf", "static_uniform"]
+    settings["centralised_steps"] = 15
+    settings["configs"] = {key: config.with_updates({"federated.rounds": 6, "federated.warmup_rounds": 3})
+                           for key, config in settings["configs"].items()}
+    runs, _ = strategies.run_grid(settings, progress=False)
+    for level in settings["levels"]:
+        for seed in settings["seeds"]:
+            clients = strategies.clients_from_config(settings["configs"][level, "fedavg", seed])
+            centralised = strategies.centralised_reference(settings["configs"][level, "fedavg", seed], clients, 15)
+            for name in settings["strategies"]:
+                alone = strategies.simulate(settings["configs"][level, name, seed], clients,
+                                            frozen_features=strategies._static_features(name, clients)).table
+                row = runs[(runs["level"] == level) & (runs["seed"] == seed) & (runs["strategy"] == name)].iloc[0]
+                assert row["final_loss"] == alone["loss_regularized"].iloc[-1], (level, seed, name)
+                assert row["value_drift"] == alone["drift_WV"].iloc[-1], (level, seed, name)
+                assert row["centralised_reference"] == centralised
 
 
 @pytest.mark.slow

@@ -345,7 +345,9 @@ def _make_side_by_side(scripts: dict[str, Path], out_dir, options: dict, backend
     seconds = recorded_seconds(roots.pop(), options["quick"]) if len(roots) == 1 else {}
     order = longest_first(scripts, seconds)
     bar = _progress_bar(len(order), progress)
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    share = options["workers"] if options["executor"] == "serial" else None
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_limit_threads, initargs=(share,))
     try:
         futures = {pool.submit(_make_figure_and_release, name, scripts[name], out_dir, options, backend): name
                    for name in order}
@@ -364,6 +366,19 @@ def _make_side_by_side(scripts: dict[str, Path], out_dir, options: dict, backend
         bar.close()
     pool.shutdown(wait=True)
     return {name: made[name] for name in scripts}
+
+
+def _limit_threads(threads: int | None) -> None:
+    """Start of a script's process: with ``threads`` (its share of the cores, when its sweeps run in
+    it), BLAS and the fused engine use that many threads, not every core beside the other scripts
+    (their numbers do not depend on it, :mod:`linattn_theory.core.fused`)."""
+    if threads is None:
+        return
+    from threadpoolctl import threadpool_limits
+
+    from ..core.fused import set_threads
+    threadpool_limits(threads)
+    set_threads(threads)
 
 
 def _make_figure_and_release(name: str, path: Path, out_dir, options: dict, backend) -> tuple[list[Path], float]:

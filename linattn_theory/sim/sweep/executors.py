@@ -218,7 +218,7 @@ def _dask():
 
 def _worker_init(parent_pid: int, threads: int) -> None:
     """Worker process start: leave Ctrl-C to the sweep's process (it stops the workers), limit
-    BLAS threads to this worker's share of the cores, and exit as soon as the sweep's process
+    BLAS and fused-engine threads to this worker's share of the cores, and exit as soon as the sweep's process
     is gone (killed by SIGKILL, say), so that no worker outlives its sweep."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -226,11 +226,11 @@ def _worker_init(parent_pid: int, threads: int) -> None:
     import tqdm.std
     for cls in {tqdm.std.tqdm, tqdm.auto.tqdm}:     # a forked copy of a lock may be held: fresh ones
         cls.set_lock(tqdm.std.TqdmDefaultWriteLock())
-    try:
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(threads)
-    except ImportError:                                  # pragma: no cover - comes with joblib
-        pass
+    from threadpoolctl import threadpool_limits
+
+    from ...core.fused import set_threads
+    threadpool_limits(threads)
+    set_threads(threads)                                 # the fused engine's threads, too
 
     def watch():
         while os.getppid() == parent_pid:
