@@ -20,7 +20,8 @@ threads, which moves less on a shared machine), client-steps per second, and the
 floor each engine reaches: the floor is the time to read each sample's context once per local
 step in its smaller form (``d(d+1)/2`` numbers of the symmetric ``Ŝ``, plus ``q`` and ``y``) at
 the copy bandwidth of the same thread count; share = floor time / measured step time. A second
-table scales the number of clients (``--scaling``, default m = 32, 128, 512) at one repeat each.
+table scales the number of clients (``--scaling``, default m = 32, 128, 512), a round timed the same
+way (runs of 1 and 2 rounds), 3 passes.
 Compilation of the fused kernels happens in a warm-up call before any timing (and is cached on
 disk for later processes). Results of the two engines are compared (largest relative
 difference of the round's parameters).
@@ -96,11 +97,11 @@ def with_threads(threads: int, fn):
     return run
 
 
-def marginal_rounds(short: list, long: list) -> list:
-    """Per pass, the seconds of one round: ``(long − short) / ROUNDS`` for runs of ``ROUNDS`` and
-    ``2·ROUNDS`` rounds timed in the same pass, so that what a run does once (the fused engine's data
+def marginal_rounds(short: list, long: list, rounds: int = ROUNDS) -> list:
+    """Per pass, the seconds of one round: ``(long − short) / rounds`` for runs of ``rounds`` and
+    ``2·rounds`` rounds timed in the same pass, so that what a run does once (the fused engine's data
     layout, the first loss evaluation) is not spread over its few rounds."""
-    return [(b - a) / ROUNDS for a, b in zip(short, long)]
+    return [(b - a) / rounds for a, b in zip(short, long)]
 
 
 def main(argv=None) -> None:
@@ -206,28 +207,34 @@ def main(argv=None) -> None:
 
     if args.quick or not args.scaling:
         return
-    print("\nScaling in clients (one warm-up round after an untimed one; 3 interleaved passes; the "
-          "Array-API engine with simulate's chunking):")
+    print("\nScaling in clients (a round: a 2-round run's time minus a 1-round run's, paired by pass, "
+          "after an untimed run; 3 interleaved passes; the Array-API engine with simulate's chunking):")
     runs, sizes = {}, {}
     for m in args.scaling:
-        cfg = size_config(dataclasses.replace(size, name=f"m={m}", clients=m), rounds=1)
+        cfg = size_config(dataclasses.replace(size, name=f"m={m}", clients=m), rounds=2)
         d_m, t_m = prepare_run(cfg)
         sizes[m] = d_m.S.nbytes
         chunks = resolve_max_bytes("auto", d_m, size.heads)
         for engine in ("fused", "array_api"):
-            run = (lambda d_m=d_m, t_m=t_m, cfg=cfg, engine=engine, chunks=chunks:
-                   run_schedule(t_m, d_m, cfg.federated, 1, max_bytes=chunks, engine=engine))
-            run()
-            runs[(m, engine)] = run
+            for count in (1, 2):
+                one = dataclasses.replace(cfg.federated, rounds=count)
+                run = (lambda d_m=d_m, t_m=t_m, one=one, count=count, engine=engine, chunks=chunks:
+                       run_schedule(t_m, d_m, one, count, max_bytes=chunks, engine=engine))
+                if count == 1:
+                    run()
+                runs[(m, engine, count)] = run
     seconds = interleaved(runs, 3)
     rows = []
     for m in args.scaling:
-        per_step = {e: [s / (m * size.local_steps) for s in seconds[(m, e)]] for e in ("fused", "array_api")}
-        rows.append([m, f"{sizes[m] / 1e6:.0f}", stats(seconds[(m, "fused")], 1e3),
-                     stats(per_step["fused"], 1e6), stats(seconds[(m, "array_api")], 1e3),
+        per_round = {e: marginal_rounds(seconds[(m, e, 1)], seconds[(m, e, 2)], 1) for e in ("fused", "array_api")}
+        setup = {e: [t - r for t, r in zip(seconds[(m, e, 1)], per_round[e])] for e in per_round}
+        per_step = {e: [s / (m * size.local_steps) for s in per_round[e]] for e in per_round}
+        rows.append([m, f"{sizes[m] / 1e6:.0f}", stats(per_round["fused"], 1e3), stats(per_step["fused"], 1e6),
+                     stats(setup["fused"], 1e3), stats(per_round["array_api"], 1e3),
                      stats(per_step["array_api"], 1e6)])
-    print_table(["clients m", "Ŝ MB", "fused ms per round", "fused µs per client-step",
+    print_table(["clients m", "Ŝ MB", "fused ms per round", "fused µs per client-step", "fused per-run setup ms",
                  "Array-API ms per round", "Array-API µs per client-step"], rows)
+
 
 if __name__ == "__main__":
     main()
