@@ -138,6 +138,34 @@ def test_divergent_run_is_detected_with_round_and_stable_step():
     assert not simulate(safe).diverged
 
 
+def test_a_divergence_reports_its_stable_step_when_read_the_same_as_at_once(monkeypatch):
+    """A run alone on the host defers its divergence report's stable step (a curvature power
+    iteration) until it is read; then, and once only, it computes exactly what the report made at
+    once gives; a pickled report carries the computed numbers."""
+    import pickle
+
+    from linattn_theory.sim import rounds
+
+    config = small_config(**{"federated.learning_rate": 5.0, "federated.rounds": 30})
+    calls = []
+    advice = rounds._divergence_advice
+    monkeypatch.setattr(rounds, "_divergence_advice", lambda *args: calls.append(1) or advice(*args))
+    result = simulate(config)
+    deferred = result.divergence
+    assert calls == [] and "_advice" in vars(deferred) and deferred.round >= 1
+    step, message = result.metadata["divergence"]["stable_learning_rate"], deferred.message   # read: computed
+    assert calls == [1] and deferred.stable_learning_rate == step and calls == [1] and 0 < step < 5.0
+    assert dict(result.metadata["divergence"]) == {"round": deferred.round, "loss": deferred.loss,
+                                                   "stable_learning_rate": step, "message": message}
+    carried = pickle.loads(pickle.dumps(simulate(config).divergence))
+    assert "_advice" not in vars(carried) and (carried.stable_learning_rate, carried.message) == (step, message)
+    report = rounds.report_divergence
+    monkeypatch.setattr(rounds, "report_divergence", lambda *args, **kwargs: report(*args))   # computed at once
+    at_once = simulate(config).divergence
+    assert "_advice" not in vars(at_once)
+    assert (at_once.round, at_once.stable_learning_rate, at_once.message) == (deferred.round, step, message)
+
+
 def test_float32_runs_in_float32():
     result = simulate(small_config(**{"model.dtype": "float32"}))
     assert result.params.WV.dtype == np.float32

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
 from pathlib import Path
@@ -111,7 +112,7 @@ def atomic_write_text(path, text: str) -> Path:
 
 
 def _jsonable(obj):
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -101,6 +101,55 @@ class Divergence:
     loss: float
     stable_learning_rate: float
     message: str
+
+    @classmethod
+    def deferred(cls, round: int, loss: float, advice: Callable[[], tuple[float, str]]) -> Divergence:
+        """A divergence whose ``stable_learning_rate`` and ``message`` are ``advice()``, computed when
+        first read (then kept; a pickled or compared report computes them first): the stable step
+        costs a curvature power iteration, and most analyses read only that a run diverged."""
+        report = object.__new__(cls)
+        for name, value in (("round", round), ("loss", loss), ("_advice", advice)):
+            object.__setattr__(report, name, value)
+        return report
+
+    def __getattr__(self, name: str):
+        advice = self.__dict__.get("_advice")
+        if advice is None or name not in ("stable_learning_rate", "message"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        step, message = advice()
+        object.__setattr__(self, "stable_learning_rate", step)
+        object.__setattr__(self, "message", message)
+        del self.__dict__["_advice"]
+        return getattr(self, name)
+
+    def __getstate__(self) -> dict:
+        self.message                                         # computed before it leaves the process
+        return dict(self.__dict__)
+
+
+class DivergenceFields(Mapping):
+    """A run's ``metadata["divergence"]``: its :class:`Divergence`'s fields as a read-only mapping, each
+    read from the report when asked for (a deferred report computes its stable step then)."""
+
+    __slots__ = ("divergence",)
+    FIELDS = ("round", "loss", "stable_learning_rate", "message")
+
+    def __init__(self, divergence: Divergence):
+        self.divergence = divergence
+
+    def __getitem__(self, key: str):
+        if key not in self.FIELDS:
+            raise KeyError(key)
+        return getattr(self.divergence, key)
+
+    def __iter__(self):
+        return iter(self.FIELDS)
+
+    def __len__(self) -> int:
+        return len(self.FIELDS)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
 
 
 @dataclass
@@ -1188,7 +1237,8 @@ class _Outcome:
             j = end - 1 - self.first
             points = [_instance(P, i) for P in (self.loop.initial, self.loop.best, self.loop.last_start)]
             divergence = report_divergence(end, float(self.records[1][j, i]), points, mb.data,
-                                           float(ens.lam[i]), float(ens.eta[i]), self.blocks[j][i])
+                                           float(ens.lam[i]), float(ens.eta[i]), self.blocks[j][i],
+                                           deferred=isinstance(mb.data.q, np.ndarray))
         result = run_result(rows, final, warm, divergence, T0, ens.names[i])
         result.metadata["engine"] = ens.backend.name
         if ens.finishers[i] is not None:
@@ -1216,7 +1266,7 @@ def run_result(rows, params, warm_params, divergence, warmup_rounds, strategy) -
     table = pd.DataFrame(rows)
     host = lambda P: P.map(lambda a: to_numpy(a))  # noqa: E731
     meta = {"diverged": divergence is not None,
-            "divergence": None if divergence is None else divergence.__dict__,
+            "divergence": None if divergence is None else DivergenceFields(divergence),
             "rounds_completed": int(table["round"].iloc[-1]), "warmup_rounds": warmup_rounds,
             "strategy": strategy}
     return RunResult(table, host(params), host(warm_params), divergence, meta)
@@ -1229,14 +1279,25 @@ def _stage(blocks) -> str:
     return "frozen" if tuple(blocks) == ("WV",) else "value_frozen"
 
 
-@np.errstate(over="ignore", invalid="ignore")
-def report_divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Divergence:
+def report_divergence(t, F, points: list[Params], data, lam, eta, blocks, *, deferred: bool = False) -> Divergence:
     """Report a divergence at round ``t`` with a stable step: the smallest ``2/λ_max`` over ``points``.
 
     ``points`` are finite iterates of the run (the start, the best so far, the last finite
     one): in the factorised model the curvature grows as the kernel is learned, so the step
-    must be stable where the run was heading, not only where it started.
+    must be stable where the run was heading, not only where it started. ``deferred``: the step and
+    the message are computed when first read (:meth:`Divergence.deferred`; host arrays only: the
+    report keeps copies of ``points`` and a reference to ``data``), the same numbers.
     """
+    if deferred:
+        points = [P.map(np.array) for P in points]          # copies: the report outlives the ensemble's arrays
+        return Divergence.deferred(t, float(F), functools.partial(_divergence_advice, t, F, points, data, lam,
+                                                                  eta, blocks))
+    return Divergence(t, float(F), *_divergence_advice(t, F, points, data, lam, eta, blocks))
+
+
+@np.errstate(over="ignore", invalid="ignore")
+def _divergence_advice(t, F, points: list[Params], data, lam, eta, blocks) -> tuple[float, str]:
+    """:func:`report_divergence`'s ``(stable step, message)``."""
     points = [P for P in points if all(np.all(np.isfinite(to_numpy(getattr(P, b)))) for b in BLOCKS)]
     kernel_trains = "WQ" in blocks or "WK" in blocks
     safe, where = float("nan"), "2/λ_max(Ã_c), the value block's curvature (docs/theory.md §5)"
@@ -1260,7 +1321,7 @@ def report_divergence(t, F, points: list[Params], data, lam, eta, blocks) -> Div
     if kernel_trains:
         msg += ("; below the value-block bound the frozen stage is guaranteed stable, while the "
                 "warm-up's curvature can grow as the kernel is learned: if it still diverges, halve η")
-    return Divergence(t, float(F), safe, msg)
+    return safe, msg
 
 
 def table_row(t, stage, F, F_reg, losses, kernel_drift, gamma, drift, participants, strategy):
