@@ -222,3 +222,26 @@ def test_online_arm_carries_its_own_chaos_flag(monkeypatch):
     rows, _ = instance_rows(run_instances(settings), settings)
     assert rows.loc[rows["arm"] == "fedfrozen_online", "chaotic"].all()
     assert not rows.loc[rows["arm"] != "fedfrozen_online", "chaotic"].any()
+
+
+def test_stable_steps_of_many_instances_are_each_one_alone():
+    """``stable_steps`` iterates instances of equal shapes together (two shapes here, so two groups, in a
+    mixed order): each instance's step is what ``stable_step`` gives it alone, bit for bit; data sets of
+    different shapes for one power iteration are refused."""
+    import linattn_theory as lt
+    from linattn_theory.core.curvature import hessian_curvature
+    from linattn_theory.report.phase_diagram import stable_step, stable_steps
+    from linattn_theory.sim.engine import clients_from_config, prepare_run
+
+    configs = [lt.config_from_dict({"seed": seed, "task": {"zeta_value": zeta, "dim": dim},
+                                    "federated": {"rounds": 4, "warmup_rounds": 2}})
+               for seed, zeta, dim in [(0, 1.0, 4), (1, 3.0, 6), (2, 2.0, 4), (3, 1.0, 6)]]
+    clients = [clients_from_config(config) for config in configs]
+    steps = stable_steps(configs, clients)
+    assert steps == [stable_step(config, data) for config, data in zip(configs, clients)]
+    assert len(set(steps)) == 4
+    (small, theta), (large, other) = prepare_run(configs[0], clients[0]), prepare_run(configs[1], clients[1])
+    with pytest.raises(ValueError, match="differ in shape"):
+        hessian_curvature([theta, other], [small, large])
+    with pytest.raises(ValueError, match="2 data sets for 1 points"):
+        hessian_curvature([theta], [small, small])

@@ -94,14 +94,16 @@ def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
     Hessian-vector products are central differences of the closed-form gradients,
     ``Hv ≈ (∇F(θ + εv) − ∇F(θ − εv)) / 2ε``, ``ε = 10⁻⁵ max(1, max|θ|)``; all clients are iterated at
     once. ``params`` may also be a sequence of points ``θ``: then all points and clients are iterated
-    at once and the result is ``(points, m)``, each row what ``θ`` alone gives, bit for bit.
+    at once and the result is ``(points, m)``, each row what ``θ`` alone gives, bit for bit; ``data``
+    may then also be one data set per point (of equal shapes, attention and temperature: other
+    instances), each row what its point on its data alone gives, bit for bit.
 
     Parameters
     ----------
     params : Params or sequence of Params
         The point(s) ``θ``.
-    data : StackedClients
-        The clients.
+    data : StackedClients or sequence of StackedClients
+        The clients (or, with a sequence of points, the clients of each point).
     ridge : float, default 0.0
         ``λ``.
     iterations : int, default 50
@@ -130,18 +132,29 @@ def hessian_curvature(params, data: StackedClients, ridge: float = 0.0,
     >>> bool(np.array_equal(hessian_curvature([params, other], data)[1], hessian_curvature(other, data)))
     True
     """
-    xp = array_namespace(data.S)
     single = isinstance(params, Params)
     points = [params] if single else list(params)
+    datasets = [data] * len(points) if isinstance(data, StackedClients) else list(data)
+    if len(datasets) != len(points):
+        raise ValueError(f"{len(datasets)} data sets for {len(points)} points; expected one data set, or one per point")
+    data = datasets[0]
+    if any((d.inputs.shape, d.q.shape, d.y.shape, d.attention, d.temperature)
+           != (data.inputs.shape, data.q.shape, data.y.shape, data.attention, data.temperature) for d in datasets):
+        raise ValueError("the points' data sets differ in shape, attention or temperature; expected them equal")
+    xp = array_namespace(data.S)
     m, count = data.S.shape[0], len(points)
     rng = np.random.default_rng(seed)
 
-    def tile(a):                         # the clients' rows once per point: (count·m, ...)
+    def stacked_rows(name):              # the clients' rows of every point's data: (count·m, ...)
+        arrays = [getattr(d, name) for d in datasets]
+        return arrays[0] if count == 1 else xp.concat(arrays, axis=0)
+
+    def tile(a):                         # ``a`` once per point: (count·m, ...)
         return a if count == 1 else xp.concat([a] * count, axis=0)
 
     stacked = Params(*(xp.concat([xp.broadcast_to(getattr(P, b), (m,) + tuple(getattr(P, b).shape))
                                   for P in points], axis=0) for b in BLOCKS))
-    inputs, q, y, weight = (tile(a) for a in (data.inputs, data.q, data.y, data.sample_weight))
+    inputs, q, y, weight = (stacked_rows(name) for name in ("inputs", "q", "y", "sample_weight"))
 
     def grad(P):
         _, g = loss_and_grad_from_inputs(P, inputs, q, y, weight, attention=data.attention,

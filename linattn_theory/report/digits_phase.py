@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..data.digits import evaluate
 from ..sim.engine import clients_from_config
-from .phase_diagram import bootstrap_median, load_settings, stable_step
+from .phase_diagram import bootstrap_median, load_settings, stable_steps
 from .tuning import choose_steps
 
 __all__ = ["load_digits_settings", "run_digits", "sweep_chaos", "tuned_choices", "digits_cells", "linear_optima",
@@ -136,19 +136,19 @@ def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
     base = settings["base"]
     scales = sorted(set(settings["step_scales"]) | set(settings["fedavg_steps"]))
     roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
+    found = [(role, seed, attention, alpha,
+              base.with_updates({"model.attention": attention, "task.label_alpha": alpha, "seed": seed}))
+             for attention in settings["attention"] for alpha in settings["label_alpha"] for role, seed in roles]
+    data = [clients_from_config(entry[-1]) for entry in found]
+    steps = stable_steps([entry[-1] for entry in found], data)
     points, configs, clients = [], [], []
-    for attention in settings["attention"]:
-        for alpha in settings["label_alpha"]:
-            for role, seed in roles:
-                config = base.with_updates({"model.attention": attention, "task.label_alpha": alpha, "seed": seed})
-                inst_clients = clients_from_config(config)
-                eta_stable, _ = stable_step(config, inst_clients)
-                for E in settings["local_steps"]:
-                    for c in scales:
-                        points.append((role, seed, attention, alpha, E, c, c * eta_stable))
-                        configs.append(config.with_updates({"federated.local_steps": E,
-                                                            "federated.learning_rate": c * eta_stable}))
-                        clients.append(inst_clients)
+    for (role, seed, attention, alpha, config), inst_clients, (eta_stable, _) in zip(found, data, steps):
+        for E in settings["local_steps"]:
+            for c in scales:
+                points.append((role, seed, attention, alpha, E, c, c * eta_stable))
+                configs.append(config.with_updates({"federated.local_steps": E,
+                                                    "federated.learning_rate": c * eta_stable}))
+                clients.append(inst_clients)
     sweeps = warmup_sweeps_and_paths(configs, settings["warmups"], clients, progress=progress)[0]
     chaos = sweep_chaos(configs, clients, sweeps, settings["warmups"])
     rows = []

@@ -24,7 +24,7 @@ from ..theory.phase_predictor import (drift_share, edge_round, predict_best_warm
 from ..theory.profile import profile_objective
 from .tuning import choose_steps
 
-__all__ = ["stable_step", "predictor_inputs"]
+__all__ = ["stable_step", "stable_steps", "predictor_inputs"]
 
 
 def stable_step(config: RunConfig, clients=None) -> tuple[float, float]:
@@ -56,6 +56,49 @@ def stable_step(config: RunConfig, clients=None) -> tuple[float, float]:
     data, theta0 = prepare_run(config, clients)
     curvature = float(np.max(hessian_curvature(theta0, data, config.federated.ridge, iterations=MODEL_ITERATIONS)))
     return 2.0 / curvature, curvature
+
+
+def stable_steps(configs, clients) -> list[tuple[float, float]]:
+    """:func:`stable_step` of many instances: those of equal shapes, attention, temperature and ridge
+    iterated together (:func:`~linattn_theory.core.curvature.hessian_curvature` over their points and
+    data), each the same numbers as alone, bit for bit.
+
+    Parameters
+    ----------
+    configs : sequence of RunConfig
+        The instances.
+    clients : sequence of FederatedDataset
+        Their clients.
+
+    Returns
+    -------
+    list of tuple of (float, float)
+        ``(2/λ_max, λ_max)`` per instance, in their order.
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.report.phase_diagram import stable_step, stable_steps
+    >>> from linattn_theory.sim.engine import clients_from_config
+    >>> configs = [lt.config_from_dict({"seed": seed, "federated": {"rounds": 4, "warmup_rounds": 2}}) for seed in (0, 1)]
+    >>> clients = [clients_from_config(config) for config in configs]
+    >>> stable_steps(configs, clients) == [stable_step(c, cl) for c, cl in zip(configs, clients)]
+    True
+    """
+    prepared = [prepare_run(config, inst_clients) for config, inst_clients in zip(configs, clients)]
+    groups: dict = {}
+    for i, (config, (data, _)) in enumerate(zip(configs, prepared)):
+        key = (data.inputs.shape, data.q.shape, data.y.shape, str(data.S.dtype), data.attention, data.temperature,
+               config.federated.ridge)
+        groups.setdefault(key, []).append(i)
+    steps: list = [None] * len(prepared)
+    for members in groups.values():
+        rows = hessian_curvature([prepared[i][1] for i in members], [prepared[i][0] for i in members],
+                                 configs[members[0]].federated.ridge, iterations=MODEL_ITERATIONS)
+        for i, row in zip(members, rows):
+            curvature = float(np.max(row))
+            steps[i] = (2.0 / curvature, curvature)
+    return steps
 
 
 def predictor_inputs(config: RunConfig, eta: float, curvature: float, clients=None, warmups=None) -> dict:
@@ -175,13 +218,10 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
     T = base.federated.rounds
     scales = sorted(set(settings["step_scales"]) | set(settings["fedavg_steps"]))
     roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
-    instances = []
-    for zeta in settings["zeta_value"]:
-        for role, seed in roles:
-            config = _instance(base, zeta, seed)
-            clients = clients_from_config(config)
-            eta_stable, curvature = stable_step(config, clients)
-            instances.append((zeta, role, seed, config, clients, eta_stable, curvature))
+    found = [(zeta, role, seed, _instance(base, zeta, seed)) for zeta in settings["zeta_value"] for role, seed in roles]
+    found = [(*entry, clients_from_config(entry[-1])) for entry in found]
+    steps = stable_steps([entry[3] for entry in found], [entry[4] for entry in found])
+    instances = [(*entry, eta_stable, curvature) for entry, (eta_stable, curvature) in zip(found, steps)]
     points, configs, clients = [], [], []
     for k, (zeta, role, seed, config, inst_clients, eta_stable, curvature) in enumerate(instances):
         for E in settings["local_steps"]:
