@@ -233,10 +233,8 @@ def _run_groups(settings: dict, groups: list) -> list:
     done = []
     for (level, seed), (data, first, taught) in zip(groups, where):
         group_results = {name: next(results) for name in settings["strategies"]}
-        if taught:
-            centralised = float(np.nanmin(next(results).table["loss_regularized"]))
-        else:
-            centralised = static_profile_objective(data.truth["kernel"], data, first.federated.ridge)[0]
+        centralised = (float(np.nanmin(next(results).table["loss_regularized"])) if taught
+                       else centralised_reference(first, data))       # Φ_λ(K*): the model cannot hold K*
         done.append(_group_rows(settings, level, seed, group_results, centralised))
     return done
 

@@ -170,11 +170,11 @@ def test_figure_scripts_side_by_side_share_the_cores(tmp_path, monkeypatch, core
     assert (tmp_path / "out" / "one.txt").read_text() == "processes 3"
 
 
-@pytest.mark.parametrize("cores", [1, 2])
-def test_figure_scripts_side_by_side_limit_their_threads(tmp_path, monkeypatch, cores):
-    """Two scripts at a time on a share of one core each: in its process, BLAS and the fused engine use
-    one thread, not every core beside the other script (and so do a sweep's worker processes: their
-    share of the cores)."""
+@pytest.mark.parametrize("cores, expected", [(1, {"1 1"}), (2, {"1 1"}), (4, {"2 1", "2 2"})])
+def test_figure_scripts_side_by_side_limit_their_threads(tmp_path, monkeypatch, cores, expected):
+    """Two scripts at a time: in its process, BLAS and the fused engine use the script's share of the
+    cores (one of 1 or 2, two of 4; BLAS at most what it has here), not every core beside the other
+    script; a sweep's worker processes keep to their own share."""
     from linattn_theory.report.figures import make_figures
     from linattn_theory.sim import limits
     from linattn_theory.sim.sweep import executors
@@ -186,7 +186,7 @@ def test_figure_scripts_side_by_side_limit_their_threads(tmp_path, monkeypatch, 
     for name in ("one", "two"):
         _toy_script(tmp_path, name, "quick=False", threads)
     make_figures(discover(tmp_path), tmp_path / "out", jobs=2)
-    assert {(tmp_path / "out" / f"{name}.txt").read_text() for name in ("one", "two")} == {"1 1"}
+    assert {(tmp_path / "out" / f"{name}.txt").read_text() for name in ("one", "two")} <= expected
 
     from threadpoolctl import threadpool_info, threadpool_limits
 

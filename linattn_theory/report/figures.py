@@ -345,9 +345,10 @@ def _make_side_by_side(scripts: dict[str, Path], out_dir, options: dict, backend
     seconds = recorded_seconds(roots.pop(), options["quick"]) if len(roots) == 1 else {}
     order = longest_first(scripts, seconds)
     bar = _progress_bar(len(order), progress)
-    share = options["workers"] if options["executor"] == "serial" else None
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_limit_threads, initargs=(share,))
+    from ..sim import limits
+
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_limit_threads,
+                               initargs=(max(1, limits.usable_cores() // jobs),))
     try:
         futures = {pool.submit(_make_figure_and_release, name, scripts[name], out_dir, options, backend): name
                    for name in order}
@@ -368,12 +369,10 @@ def _make_side_by_side(scripts: dict[str, Path], out_dir, options: dict, backend
     return {name: made[name] for name in scripts}
 
 
-def _limit_threads(threads: int | None) -> None:
-    """Start of a script's process: with ``threads`` (its share of the cores, when its sweeps run in
-    it), BLAS and the fused engine use that many threads, not every core beside the other scripts
-    (their numbers do not depend on it, :mod:`linattn_theory.core.fused`)."""
-    if threads is None:
-        return
+def _limit_threads(threads: int) -> None:
+    """Start of a script's process: BLAS and the fused engine use ``threads`` (its share of the cores),
+    not every core beside the other scripts (their numbers do not depend on it,
+    :mod:`linattn_theory.core.fused`; a sweep's worker processes set their own, ``_worker_init``)."""
     from threadpoolctl import threadpool_limits
 
     from ..core.fused import set_threads
