@@ -49,7 +49,12 @@ evaluation sets become its design sets, fresh seeds and other held-out settings 
 FedAvg's last round) chosen by round 4's criterion, round 4's chosen rules scored beside it
 (``CARRIED_R5``); tables ``predictive_regret_r5*``.
 
-Run:  python benchmarks/predictive_regret.py [--round 4|5] [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
+Round 6 (issue 31; ``--round 6``, docs/theory.md §8, "Round 6") is declared below round 5's: round 5's
+evaluation sets become its design sets, fresh seeds and other held-out settings (``HELD_OUT_R6``,
+``SETS_R6``) its evaluation, one candidate (``CANDIDATES_R6``: the value solve after the ``T`` rounds),
+round 5's choice and carried rules scored beside it (``CARRIED_R6``); tables ``predictive_regret_r6*``.
+
+Run:  python benchmarks/predictive_regret.py [--round 4|5|6] [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
 """
 
 from __future__ import annotations
@@ -372,6 +377,62 @@ QUICK_R5 = {"sets": {"r4_evaluation": (6901,), "r4_heldout_minibatch": (6901,), 
                      "r5_heldout_shape": (7901,), "r5_heldout_participation": (7901,)},
             "candidates": {"value_solve": {"profile_trend": (0.0, 1.0)}}}
 
+
+# ======================================================================================
+# round 6 (issue 31), pre-registered before any record of its evaluation instances existed:
+# round 5's evaluation sets as design sets, fresh seeds, other held-out settings, the solve after the budget
+# ======================================================================================
+#: Settings no instance of rounds 1–5 had (docs/theory.md §8, "Round 6"): ``participation6``: full batches
+#: with half the clients per round; ``clients16``: 16 clients of 64 samples, a quarter of them per round;
+#: ``shape6``: other d, m, N and a shorter T; ``long6``: T = 80; ``levels6``: heterogeneity and E off every
+#: earlier grid; ``minibatch6``: minibatches of 4 with every client in every round.
+HELD_OUT_R6 = {
+    "participation6": {"title": "held out: full batches, participation 0.5", "federated": {"participation": 0.5}},
+    "clients16": {"title": "held out: m = 16 clients of 64 samples, participation 0.25",
+                  "task": {"num_clients": 16, "samples_per_client": 64}, "federated": {"participation": 0.25}},
+    "shape6": {"title": "held out: d = 6 / 3, m = 12 clients of 96 samples, T = 30",
+               "federated": {"rounds": 30},
+               "task": {"num_clients": 12, "samples_per_client": 96},
+               "by_family": {"planted_kernel": {"task": {"dim": 6}},
+                             "in_context_regression": {"task": {"dim": 3}, "model": {"rank": 4}}}},
+    "long6": {"title": "held out: T = 80 rounds", "federated": {"rounds": 80}},
+    "levels6": {"title": "held out: ζ_V ∈ {0.5, 6}, E ∈ {4, 30}, η = 0.008; ζ_task ∈ {0.15, 0.6}, E ∈ {4, 30}, η = 0.004",
+                "by_family": {"planted_kernel": {"levels": (0.5, 6.0), "local_steps": (4, 30),
+                                                 "learning_rate": (0.008,)},
+                              "in_context_regression": {"levels": (0.15, 0.6), "local_steps": (4, 30),
+                                                        "learning_rate": (0.004,)}}},
+    "minibatch6": {"title": "held out: minibatches of b = 4, full participation", "federated": {"batch_size": 4}},
+}
+
+#: Round 6's sets: name -> (variant, role, seeds). Design: round 5's evaluation sets (scored in commit
+#: 3044311, so design instances now). Evaluation: fresh seeds 8000–8005 on the grid's variants (in
+#: distribution) and on :data:`HELD_OUT_R6` (out of distribution). No record of a seed ≥ 8000 existed
+#: when this was committed.
+SETS_R6 = {
+    **{name: (variant, "design", seeds) for name, (variant, role, seeds) in SETS_R5.items() if role == "evaluation"},
+    "r6_evaluation": ("linear", "evaluation", (8000, 8001, 8002)),
+    "r6_evaluation_softmax": ("softmax", "evaluation", (8000, 8001)),
+    "r6_evaluation_minibatch": ("minibatch", "evaluation", (8000, 8001, 8002)),
+    "r6_heldout_participation": ("participation6", "evaluation", (8000, 8001)),
+    "r6_heldout_clients": ("clients16", "evaluation", (8000, 8001)),
+    "r6_heldout_shape": ("shape6", "evaluation", (8000, 8001)),
+    "r6_heldout_long": ("long6", "evaluation", (8000, 8001)),
+    "r6_heldout_levels": ("levels6", "evaluation", (8000, 8001, 8002, 8003, 8004, 8005)),
+    "r6_heldout_minibatch": ("minibatch6", "evaluation", (8000, 8001)),
+}
+
+#: Candidates of round 6: the value solve after the ``T`` rounds (information set (c),
+#: :class:`~linattn_theory.recommenders.rules.ValueSolveRule` with ``after_budget``). Round 5's choice, round
+#: 4's rules and round 3's are scored again, unchanged (:data:`CARRIED_R6`).
+CANDIDATES_R6 = {"value_solve": {"after_budget": (True,)}}
+#: Scored beside round 6's choice on every evaluation set: round 5's choice (its
+#: ``predictive_regret_r5_choice.json``) and round 5's carried rules.
+CARRIED_R6 = {"value_solve(profile_trend=1.0)": ("value_solve", {"profile_trend": 1.0}), **CARRIED_R5}
+#: --quick for round 6 (a smoke test, not a score), on seeds that are no evaluation seed of ``SETS_R6``.
+QUICK_R6 = {"sets": {"r5_evaluation": (7901,), "r5_heldout_participation": (7901,), "r6_evaluation": (8901,),
+                     "r6_heldout_participation": (8901,), "r6_heldout_shape": (8901,)},
+            "candidates": {"value_solve": {"after_budget": (True,)}}}
+
 RECOMMENDERS = ("online", "previous", "pilot", "transfer", "a_posteriori")
 BASELINES = ("fedavg", "half", "cross_seed_oracle")
 LABELS = {"online": "online (causal)", "previous": "previous online rule", "pilot": "pilot (T/4 rounds)",
@@ -385,9 +446,9 @@ COLORS = {"online": 0, "previous": 7, "fedavg": 3, "half": 2, "best": 1}
 # the instances and their records
 # ======================================================================================
 def settings(variant: str, quick: bool = False):
-    """Every setting of ``variant`` (of :data:`VARIANTS`, :data:`HELD_OUT` or :data:`HELD_OUT_R5`) as ``(family, heterogeneity,
+    """Every setting of ``variant`` (of :data:`VARIANTS`, :data:`HELD_OUT`, :data:`HELD_OUT_R5` or :data:`HELD_OUT_R6`) as ``(family, heterogeneity,
     E, η, config dict without seed)`` (``η`` is the step scale ``c`` where the variant sets one)."""
-    spec_v = {**VARIANTS, **HELD_OUT, **HELD_OUT_R5}[variant]
+    spec_v = {**VARIANTS, **HELD_OUT, **HELD_OUT_R5, **HELD_OUT_R6}[variant]
     for family, spec in FAMILIES.items():
         if family not in spec_v.get("families", FAMILIES) or (quick and family not in QUICK["families"]):
             continue
@@ -1091,21 +1152,23 @@ def report_r4(goals: pd.DataFrame, chosen: dict, round_number: int = 4) -> str:
 
 
 def rounds_declared() -> dict:
-    """Rounds 4 and 5 as declared: their sets and quick sets, candidate grids (full and quick), the rules
+    """Rounds 4, 5 and 6 as declared: their sets and quick sets, candidate grids (full and quick), the rules
     scored beside the choice on the evaluation sets, and the prefix of their tables."""
     round3 = {rule_name_r4("online", ROUND3_RULE): ("online", dict(ROUND3_RULE))}
     return {4: {"sets": SETS_R4, "quick": QUICK_R4, "candidates": CANDIDATES_R4, "carried": round3,
                 "prefix": "predictive_regret_r4"},
             5: {"sets": SETS_R5, "quick": QUICK_R5, "candidates": CANDIDATES_R5, "carried": {**CARRIED_R5, **round3},
-                "prefix": "predictive_regret_r5"}}
+                "prefix": "predictive_regret_r5"},
+            6: {"sets": SETS_R6, "quick": QUICK_R6, "candidates": CANDIDATES_R6, "carried": {**CARRIED_R6, **round3},
+                "prefix": "predictive_regret_r6"}}
 
 
 def main_round(args, out: Path, cache: Path) -> int:
-    """Round 4 or 5 (``args.round``): records (format 4) of the design sets, every candidate replayed on
+    """Round 4, 5 or 6 (``args.round``): records (format 4) of the design sets, every candidate replayed on
     them, the design table and the choice per information set (``--design-only`` stops here), then the
     evaluation sets scored once: the chosen rules, the round's carried rules (round 3's; for round 5 also
-    round 4's choice), FedAvg and the value solve in the last round (strategy ``value_solve_final``, a
-    baseline of information set (c))."""
+    round 4's choice; for round 6 also round 5's), FedAvg and the value solve in the last round (strategy
+    ``value_solve_final``, a baseline of information set (c))."""
     start = time.perf_counter()
     declared = rounds_declared()[args.round]
     prefix = declared["prefix"]
@@ -1160,10 +1223,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small instances (smoke test; not a score)")
-    parser.add_argument("--round", type=int, choices=(3, 4, 5), default=3,
+    parser.add_argument("--round", type=int, choices=(3, 4, 5, 6), default=3,
                         help="3: round 3's tables (committed); 4: round 4's rules per information set, "
                              "scored on fresh seeds and held-out settings (issue 31); 5: the value solve's "
-                             "forecast of FedAvg's last round, designed on round 4's evaluation sets")
+                             "forecast of FedAvg's last round, designed on round 4's evaluation sets; 6: the "
+                             "solve after the T rounds, designed on round 5's evaluation sets")
     parser.add_argument("--design-only", action="store_true",
                         help="compute the design table and the criterion's choice only (no evaluation score)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -1187,7 +1251,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else ROOT / (
         f"results/predictive_regret-{args.backend}" if gpu else "results" if args.quick else "figures")
     cache = Path(args.cache) if args.cache else ROOT / "benchmarks" / "_cache" / f"predictive_regret{suffix}"
-    if args.round in (4, 5):
+    if args.round in (4, 5, 6):
         return main_round(args, out, cache)
     start = time.perf_counter()
     table = instances(args.quick, args.backend)

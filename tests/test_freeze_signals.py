@@ -268,6 +268,27 @@ def test_value_solve_rule_declines_the_solve_when_fedavgs_last_round_is_forecast
         ValueSolveRule(profile_trend=-1.0)
 
 
+def test_value_solve_after_the_budget_waits_all_T_rounds_and_solves_at_the_smallest_profile_of_0_to_T():
+    """Round 6 on FALLING (T = 9): it waits at t = 0..8 (round 5's rule solves at t = 8, at K_8 = 2.10),
+    then at t = 9 solves at K_9 (Φ = 2.05, the smallest of rounds 0..9); on the base history extended by
+    a round whose profile rises (2.5), at K_6 (2.39). Its outcome is never above Φ_λ(K_T), nor above
+    round 4's solve; κ ≠ 0 and a non-boolean are refused."""
+    rule = ValueSolveRule(after_budget=True)
+    for t in range(9):
+        d = rule.decide(hand(**FALLING, upto=t), 9)
+        assert not d.stop and d.outcome == "freeze"
+    end = rule.decide(hand(**FALLING, upto=9), 9)
+    assert (end.stop, end.round, end.kernel_round, end.outcome, end.freeze_objective) == (True, 9, 9, "solve", 2.05)
+    assert ValueSolveRule().decide(hand(**FALLING), 9).freeze_objective == 2.10 > end.freeze_objective
+    rising = dict(A=A + [4.5], profile=PROFILE + [2.5], floor=FLOOR + [0.14])
+    end = rule.decide(hand(**rising, upto=9), 9)
+    assert (end.kernel_round, end.freeze_objective) == (6, 2.39) and end.freeze_objective <= rising["profile"][9]
+    with pytest.raises(ValueError, match="profile_trend"):
+        ValueSolveRule(profile_trend=1.0, after_budget=True)
+    with pytest.raises(ValueError, match="after_budget"):
+        ValueSolveRule(after_budget="yes")
+
+
 def test_rules_are_registered_with_their_information_sets():
     assert set(RULES) == {"online", "value_moments_recall", "server_observable", "value_solve"}
     for name, cls in RULES.items():
@@ -324,6 +345,14 @@ def test_the_realised_outcomes_of_recall_and_solve_are_the_simulated_ones(small)
         np.testing.assert_allclose(observed_losses(forecasts) + _loss_offset(forecasts), fedavg.to_numpy(), rtol=1e-10)
     t, s, decision = replay_online(record, ValueSolveRule())
     assert (t, decision.outcome) == (T - 1, "solve") and s == int(np.argmin(record["profile"][:T]))
+    # round 6: the solve after the T rounds at K_T is strategy value_solve_final's with one round more
+    # (FedAvg for T rounds, the solve in round T + 1), to 1e-10; replayed, the rule solves at argmin_{s ≤ T}
+    later = simulate(config.with_updates({"federated.strategy": "value_solve_final", "federated.rounds": T + 1}),
+                     clients)
+    assert realised_risk(record, T, T, outcome="solve") == pytest.approx(
+        later.table["loss_regularized"].iloc[-1] - record["optimum"], rel=1e-10)
+    t, s, decision = replay_online(record, ValueSolveRule(after_budget=True))
+    assert (t, decision.outcome) == (T, "solve") and s == int(np.argmin(record["profile"]))
     with pytest.raises(ValueError, match="outcome"):
         realised_risk(record, T, T, outcome="oracle")
 
@@ -409,6 +438,40 @@ def test_round5_designs_on_round4s_evaluation_and_scores_fresh_seeds_and_new_set
         assert bench.rule_name_r4(kind, params) == name
     kappas = bench.CANDIDATES_R5["value_solve"]["profile_trend"]
     assert "κ ∈ {" + ", ".join(f"{k:g}" for k in kappas) + "}" in docs
+
+
+@pytest.mark.slow
+def test_round6_designs_on_round5s_evaluation_and_scores_fresh_seeds_and_new_settings():
+    """Round 6: its design sets are round 5's evaluation sets; its evaluation seeds are new to every
+    earlier round, its held-out settings (seed aside) are no instance of rounds 1–5, its in-distribution
+    sets are earlier settings; docs/theory.md §8 names every evaluation set with its variant and seeds;
+    the carried rules are round 5's committed choice and round 5's carried rules."""
+    import json
+
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    table = bench.instances(False, sets=bench.SETS_R6)
+    design, evaluation = table[table["role"] == "design"], table[table["role"] == "evaluation"]
+    assert set(design["set"]) == {n for n, (_, role, _) in bench.SETS_R5.items() if role == "evaluation"}
+    earlier = (bench.SETS, bench.SETS_R4, bench.SETS_R5)
+    assert not set(evaluation["seed"]) & {s for sets in earlier for _, _, seeds in sets.values() for s in seeds}
+    unseed = lambda config: repr({k: v for k, v in config.items() if k != "seed"})  # noqa: E731
+    seen = set().union(*(set(bench.instances(False, sets=sets)["config"].map(unseed)) for sets in earlier))
+    held = evaluation[evaluation["variant"].isin(list(bench.HELD_OUT_R6))]
+    assert set(held["variant"]) == set(bench.HELD_OUT_R6) and not set(held["config"].map(unseed)) & seen
+    fresh = evaluation[~evaluation["variant"].isin(list(bench.HELD_OUT_R6))]
+    assert set(fresh["config"].map(unseed)) <= seen
+    docs = " ".join((root / "docs" / "theory.md").read_text().split())
+    for name, (variant, role, seeds) in bench.SETS_R6.items():
+        if role == "evaluation":
+            assert list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+            assert f"`{name}` ({variant}, seeds {seeds[0]}–{seeds[-1]}" in docs, name
+    chosen = json.loads((root / "figures" / "predictive_regret_r5_choice.json").read_text())
+    assert {c["rule"] for c in chosen.values()} | set(bench.CARRIED_R5) == set(bench.CARRIED_R6)
+    for name, (kind, params) in bench.CARRIED_R6.items():
+        assert bench.rule_name_r4(kind, params) == name
+    assert list(bench.candidate_rules_r4(bench.CANDIDATES_R6))[0] == "value_solve(after_budget=True)"
 
 
 def test_round4_captured_share_and_criterion_by_hand():

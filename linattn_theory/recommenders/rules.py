@@ -13,7 +13,8 @@ decision by its ``outcome`` (:func:`~.scoring.realised_risk`):
   parameters and the clients' reported losses, no moment; it reads ``F_λ(θ_u)`` alone;
 * :class:`ValueSolveRule` — information set **(c) = (a) plus the exact value solve**
   (strategy ``value_solve``, docs/theory.md §5); from round 5 with a forecast of FedAvg's last round
-  (``profile_trend``), which may decline the solve.
+  (``profile_trend``), which may decline the solve; from round 6 optionally after the ``T`` rounds
+  (``after_budget``), in the evaluation step in which every rule reads round ``T``.
 
 :data:`RULES` registers them by name, with today's :class:`~.online.OnlineRule` as ``online``;
 :data:`INFORMATION_SETS` says each one's information set in a sentence.
@@ -39,7 +40,7 @@ INFORMATION_SETS = {
     "server_observable": ("(b) what a server observes: the global parameters and the clients' reported "
                           "losses (their weighted mean plus the ridge term is F_λ(θ_u)); no moment"),
     "value_moments_and_solve": ("(c) the client value moments of (a) and the option of the exact value "
-                                "solve V*_λ(K) in the last round (strategy value_solve)"),
+                                "solve V*_λ(K) at a stored kernel (strategy value_solve)"),
 }
 
 
@@ -342,10 +343,18 @@ class ValueSolveRule:
     never worse than FedAvg). ``κ = 0`` is round 4's rule (``J(T−1, 1) ≥ Φ_λ(K_{T−1}) ≥ Φ_λ(K_{s*})``:
     it never declines).
 
+    With ``after_budget`` (round 6, docs/theory.md §8, "Round 6") the solve is no training round: FedAvg
+    runs all ``T`` rounds, and at ``t = T`` — the evaluation step in which every rule reads round ``T``
+    (its ``F_λ(θ_T)``, and for (a) and (c) the moments at ``K_T``) — the rule solves at
+    ``s* = argmin_{s ≤ T} Φ_λ(K_s)``. Its outcome ``Φ_λ(K_{s*}) ≤ Φ_λ(K_T) ≤ F_λ(θ_T)`` is never worse
+    than FedAvg's, by construction; nothing is forecast, so ``κ`` must be 0.
+
     Parameters
     ----------
     profile_trend : float, default 0.0
         ``κ`` (``≥ 0``).
+    after_budget : bool, default False
+        Solve after the ``T`` rounds (round 6) instead of in round ``T``.
 
     Examples
     --------
@@ -365,19 +374,30 @@ class ValueSolveRule:
     >>> decision = rule.decide(falling, T=4)
     >>> decision.stop, decision.fedavg_forecast, decision.test
     (False, 0.5, 'end_forecast')
+    >>> after = ValueSolveRule(after_budget=True)               # the solve after the T = 4 rounds
+    >>> after.decide(falling, T=4).stop, after.decide(falling + falling[-1:], T=4).kernel_round
+    (False, 3)
     """
 
     profile_trend: float = 0.0
+    after_budget: bool = False
     information_set = "value_moments_and_solve"
 
     def __post_init__(self):
         _check_number(type(self).__name__, "profile_trend", self.profile_trend)
+        if not isinstance(self.after_budget, (bool, np.bool_)):
+            raise ValueError(f"ValueSolveRule.after_budget = {self.after_budget!r}; expected True or False")
+        if self.after_budget and self.profile_trend != 0:
+            raise ValueError("ValueSolveRule: after_budget forecasts nothing; profile_trend must be 0")
 
     def decide(self, forecasts, T: int) -> OnlineDecision:
         """The decision at round ``t = len(forecasts) − 1``: wait until ``t = T − 1``, then solve (or,
         when the forecast of FedAvg's last round beats the solve, train it and end at ``t = T`` with the
-        stored iterate of the smallest training objective)."""
+        stored iterate of the smallest training objective). With ``after_budget``: wait until ``t = T``,
+        then solve at the smallest profile of rounds ``0..T``."""
         t = _round_and_check(forecasts, T)
+        if self.after_budget:
+            return self._after_budget(forecasts, T, t)
         if t == T:
             return _best_iterate(observed_losses(forecasts), T, t, "budget",
                                  "the solve declined: the stored iterate of the smallest training objective")
@@ -395,6 +415,18 @@ class ValueSolveRule:
                                   f"({profile[s]:.4g}): train it")
         return OnlineDecision(t, True, s, float(profile[s]), nan, nan, forecast, nan, "solve",
                               f"solve the value block at K_{s}, the smallest profile stored", "solve")
+
+    @staticmethod
+    def _after_budget(forecasts, T: int, t: int) -> OnlineDecision:
+        profile = np.asarray(profiles_and_floors(forecasts)[0], dtype=float)
+        s = int(np.argmin(np.where(np.isfinite(profile), profile, np.inf)))
+        nan = float("nan")
+        if t < T:
+            return OnlineDecision(t, False, s, float(profile[s]), nan, nan, nan, nan, "solve",
+                                  "waiting: FedAvg trains all T rounds, the solve comes after them")
+        return OnlineDecision(t, True, s, float(profile[s]), nan, nan, nan, nan, "solve",
+                              f"after the T rounds, solve the value block at K_{s}, the smallest profile stored",
+                              "solve")
 
 
 def last_round_forecast(forecasts, profile, profile_trend: float) -> float:
