@@ -357,6 +357,35 @@ def test_the_realised_outcomes_of_recall_and_solve_are_the_simulated_ones(small)
         realised_risk(record, T, T, outcome="oracle")
 
 
+def test_a_noisy_record_whose_bound_path_diverges_keeps_its_forecasts(small, monkeypatch):
+    """Under client sampling the bound's path (warmup_path, redrawn from round 0's streams) is another run
+    than the truth's FedAvg and may diverge where that did not (round 6's held-out sets met one): the
+    record then says where, has no pilot or a-posteriori T0, and keeps the FedAvg path's forecasts, equal
+    to those of the record whose bound path did not diverge; the rules replay on it."""
+    import dataclasses
+
+    from linattn_theory.recommenders import recommendation
+
+    config, clients = small
+    config = config.with_updates({"federated.participation": 0.7})
+    plain = score_instance(config, clients, restarts=2)
+    assert plain["noisy"] and "bound_path_diverged_at" not in plain and plain["pilot_T0"] is not None
+    real = recommendation.warmup_path
+
+    def diverging(config, clients=None):
+        path = real(config, clients)
+        report = type("Report", (), {"round": 3, "message": "diverged at round 3"})()
+        return dataclasses.replace(path, params=path.params[:3], divergence=report)
+
+    monkeypatch.setattr(recommendation, "warmup_path", diverging)
+    record = score_instance(config, clients, restarts=2)
+    assert record["bound_path_diverged_at"] == 3 and record["pilot_T0"] is record["a_posteriori_T0"] is None
+    for field in ("excess_risk", "profile", "freeze_objective", "stability_margin"):
+        assert record[field] == plain[field], field
+    t, s, decision = replay_online(record, ValueSolveRule(after_budget=True))
+    assert (t, decision.outcome) == (config.federated.rounds, "solve")
+
+
 def test_a_records_offers_are_the_rounds_offers_and_the_rules_decide_the_same(small):
     """A record's table gives B_u at once (StoredForecasts.offers): the same numbers as the loop
     over its rounds' StoredForecast, and every round-4 rule decides the same on both."""

@@ -376,16 +376,24 @@ def _record(config, clients, truth: dict, pilot_rounds: int | None, path=None) -
         record.update(fedavg_diverged=True, fedavg_path_diverged_at=int(divergence.round))
         return record
     if record["noisy"]:      # the bound's path re-draws each round from round 0's streams (warmup_path)
-        pilot, path = pilot_path(config, clients, Tp), warmup_path(config, clients)
+        path = warmup_path(config, clients)
+        pilot = pilot_path(config, clients, Tp) if path.divergence is None else None     # its first Tp rounds
         terms = pilot_terms = None
     else:                    # one FedAvg run serves the pilot, the bound and the forecasts: its terms once
         pilot, path = path_from_states(states[:Tp + 1]), path_from_states(states)
         terms = path_terms(path, clients, config, optimum)
         pilot_terms = first_rounds(terms, Tp)
-    record["pilot_T0"] = pilot_warmup(config, clients, pilot, optimum, pilot_terms)[0]
-    record["a_posteriori_T0"] = estimate_bound(config, clients, path=path, optimum=optimum, terms=terms).T0_theory
-    for mode in ("pilot", "a_posteriori"):
-        record[f"{mode}_risk"] = float(R[record[f"{mode}_T0"]])
+    if path.divergence is not None:
+        # under noise the bound's path redraws every round from round 0's streams, another run than the
+        # truth's FedAvg, and may diverge where that did not: the pilot and a-posteriori recommenders
+        # then have no path (None); the rules read the truth's FedAvg path below and are scored as always
+        record.update(bound_path_diverged_at=int(path.divergence.round), pilot_T0=None, a_posteriori_T0=None,
+                      pilot_risk=None, a_posteriori_risk=None)
+    else:
+        record["pilot_T0"] = pilot_warmup(config, clients, pilot, optimum, pilot_terms)[0]
+        record["a_posteriori_T0"] = estimate_bound(config, clients, path=path, optimum=optimum, terms=terms).T0_theory
+        for mode in ("pilot", "a_posteriori"):
+            record[f"{mode}_risk"] = float(R[record[f"{mode}_T0"]])
     rows, profile, floor, margin = [], [], [], []
     for state in states:
         s = state.round
