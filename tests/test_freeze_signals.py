@@ -695,6 +695,22 @@ def test_round4_choice_and_score_quoted_in_the_docs_follow_from_the_committed_ta
             in docs)
 
 
+def _goals_by_hand(scores: pd.DataFrame, harm_margin: float) -> pd.DataFrame:
+    """Per (rule, set), with plain NumPy: n, median (the higher one), worst, harmed, the median captured
+    share where FedAvg's regret exceeds 10 %, and whether the four goals of issue 31 are met."""
+    per = {}
+    for (rule, name), part in scores.groupby(["rule", "set"]):
+        r, rf = part["regret"].to_numpy(), part["fedavg_regret"].to_numpy()
+        gap = rf > 0.10
+        captured = np.median((rf[gap] - r[gap]) / rf[gap]) if gap.any() else np.nan
+        harmed = int(np.sum(r - rf > harm_margin))
+        median = np.percentile(r, 50, method="higher")
+        per[(rule, name)] = dict(n=len(r), median=median, worst=r.max(), harmed=harmed, captured=captured,
+                                 met=bool(median <= 0.005 and r.max() <= 0.15 and harmed <= 0.01 * len(r)
+                                          and (not gap.any() or captured >= 0.8)))
+    return pd.DataFrame(per).T
+
+
 def test_round5_choice_and_score_quoted_in_the_docs_follow_from_the_committed_tables():
     """docs/theory.md §8, round 5, and the README, recomputed from the committed tables with plain pandas:
     the choice is the criterion's on the committed design table; the report is the scores'; the scored and
@@ -737,17 +753,7 @@ def test_round5_choice_and_score_quoted_in_the_docs_follow_from_the_committed_ta
     assert (f"{diverged['r5_evaluation_minibatch']} of {declared['r5_evaluation_minibatch']} and "
             f"{diverged['r5_heldout_minibatch']} of {declared['r5_heldout_minibatch']}") == "22 of 108 and 27 of 72"
 
-    per = {}
-    for (rule, name), part in scores.groupby(["rule", "set"]):
-        r, rf = part["regret"].to_numpy(), part["fedavg_regret"].to_numpy()
-        gap = rf > 0.10
-        captured = np.median((rf[gap] - r[gap]) / rf[gap]) if gap.any() else np.nan
-        harmed = int(np.sum(r - rf > bench.HARM_MARGIN))
-        median = np.percentile(r, 50, method="higher")
-        per[(rule, name)] = dict(n=len(r), median=median, worst=r.max(), harmed=harmed, captured=captured,
-                                 met=bool(median <= 0.005 and r.max() <= 0.15 and harmed <= 0.01 * len(r)
-                                          and (not gap.any() or captured >= 0.8)))
-    per = pd.DataFrame(per).T
+    per = _goals_by_hand(scores, bench.HARM_MARGIN)
     kappa1, kappa0 = per.xs(pick["rule"]), per.xs("value_solve")
     assert int(kappa1["met"].sum()) == 7 and int(kappa0["met"].sum()) == 8
     assert "meets every goal on 7 of the 9 sets" in docs and "on 8 of 9" in docs and "goal on 8 of 9 sets" in readme
@@ -830,17 +836,7 @@ def test_round6_choice_and_score_quoted_in_the_docs_follow_from_the_committed_ta
     assert (f"{diverged['r6_evaluation_minibatch']} of {declared['r6_evaluation_minibatch']} and "
             f"{diverged['r6_heldout_minibatch']} of {declared['r6_heldout_minibatch']}") in docs
 
-    per = {}
-    for (rule, name), part in scores.groupby(["rule", "set"]):
-        r, rf = part["regret"].to_numpy(), part["fedavg_regret"].to_numpy()
-        gap = rf > 0.10
-        captured = np.median((rf[gap] - r[gap]) / rf[gap]) if gap.any() else np.nan
-        harmed = int(np.sum(r - rf > bench.HARM_MARGIN))
-        median = np.percentile(r, 50, method="higher")
-        per[(rule, name)] = dict(n=len(r), median=median, worst=r.max(), harmed=harmed, captured=captured,
-                                 met=bool(median <= 0.005 and r.max() <= 0.15 and harmed <= 0.01 * len(r)
-                                          and (not gap.any() or captured >= 0.8)))
-    per = pd.DataFrame(per).T
+    per = _goals_by_hand(scores, bench.HARM_MARGIN)
     after = per.xs(pick["rule"])
     assert after["met"].all() and len(after) == 9 and "**meets every goal on all 9 sets**" in docs
     assert "met every goal on all 9 sets of new seeds and settings" in readme
