@@ -1219,6 +1219,47 @@ def main_round(args, out: Path, cache: Path) -> int:
 
 
 # ======================================================================================
+# a posteriori (round 5): was the value solve's harm under client sampling the last round's luck?
+# ======================================================================================
+#: The set whose harms the redraws examine, and how many redraws per instance.
+REDRAWN_SET, REDRAWS = "r5_heldout_participation", 40
+
+
+def _redraw_row(config_dict: dict, record_path: str, draws: int) -> dict:
+    """Worker: one instance's redraws of FedAvg's last round against round 4's value solve (at
+    ``argmin_{s ≤ T−1} Φ_λ(K_s)``): its observed harm, the share of redraws it would harm by more than
+    :data:`HARM_MARGIN` (the regrets of both against the instance's own ``R``), the redraws' median."""
+    import warnings
+
+    from linattn_theory.recommenders.scoring import last_round_redraws
+    record = json.loads(Path(record_path).read_text())
+    R = np.asarray(record["excess_risk"], dtype=float)
+    T = len(R) - 1
+    profile = np.asarray(record["profile"][:T], dtype=float)
+    solve = float(profile[int(np.argmin(profile))])
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        ends = last_round_redraws(config_from_dict(config_dict), draws=draws) - float(record["optimum"])
+    harm = regret(solve, R) - np.asarray([regret(e, R) for e in ends])
+    return {"solve_regret": regret(solve, R), "fedavg_regret": regret(R[-1], R),
+            "harmed": bool(regret(solve, R) - regret(R[-1], R) > HARM_MARGIN),
+            "redraw_median_regret": float(np.median([regret(e, R) for e in ends])),
+            "harm_share": float(np.mean(harm > HARM_MARGIN)), "draws": int(draws)}
+
+
+def redraws_table(table: pd.DataFrame, cache: Path, workers: int, draws: int = REDRAWS) -> pd.DataFrame:
+    """Per scored instance of :data:`REDRAWN_SET` (its record cached by round 5): :func:`_redraw_row`
+    (a posteriori, docs/theory.md §8, "Round 5")."""
+    part = table[table["set"] == REDRAWN_SET]
+    records = compute(part, cache, workers)
+    keep = part[[not records[k]["fedavg_diverged"] for k in part["key"]]]
+    jobs = [(_redraw_row, cfg, str(cache / f"{key}.json"), draws) for key, cfg in zip(keep["key"], keep["config"])]
+    rows = _parallel(jobs, workers, "last-round redraws")
+    columns = ["set", "setting", "family", "heterogeneity", "local_steps", "learning_rate", "seed"]
+    return pd.concat([keep[columns].reset_index(drop=True), pd.DataFrame(rows)], axis=1)
+
+
+# ======================================================================================
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1230,6 +1271,9 @@ def main(argv=None) -> int:
                              "solve after the T rounds, designed on round 5's evaluation sets")
     parser.add_argument("--design-only", action="store_true",
                         help="compute the design table and the criterion's choice only (no evaluation score)")
+    parser.add_argument("--redraws", action="store_true",
+                        help="with --round 5: a posteriori, FedAvg's last round redrawn on the participation set "
+                             "(predictive_regret_r5_redraws.csv)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--no-figure", action="store_true", help="write the tables only")
     parser.add_argument("--out", default=None, help="output folder (default figures/, or results/ with --quick)")
@@ -1251,6 +1295,17 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else ROOT / (
         f"results/predictive_regret-{args.backend}" if gpu else "results" if args.quick else "figures")
     cache = Path(args.cache) if args.cache else ROOT / "benchmarks" / "_cache" / f"predictive_regret{suffix}"
+    if args.redraws:
+        if args.round != 5:
+            parser.error("--redraws examines round 5's participation set: pass --round 5")
+        quick_sets = QUICK_R5["sets"]
+        table = instances(args.quick, args.backend, sets=SETS_R5, quick_sets=quick_sets)
+        redraws = redraws_table(table, cache, args.workers, 4 if args.quick else REDRAWS)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "predictive_regret_r5_redraws.csv", redraws.to_csv(index=False, float_format="%.6g"))
+        print(f"wrote {out / 'predictive_regret_r5_redraws.csv'}: {len(redraws)} instances, harmed "
+              f"{int(redraws['harmed'].sum())}, expected under redrawn last rounds {redraws['harm_share'].sum():.2f}")
+        return 0
     if args.round in (4, 5, 6):
         return main_round(args, out, cache)
     start = time.perf_counter()

@@ -26,7 +26,8 @@ from ..core.arrays import to_numpy
 from ..core.model import kernel
 
 __all__ = ["best_warmup", "regret", "instance_truth", "instance_truths", "score_instance", "score_instances", "StoredForecast",
-           "StoredForecasts", "stored_forecasts", "replay_online", "realised_risk", "ScriptedRule", "is_noisy", "fedavg_path"]
+           "StoredForecasts", "stored_forecasts", "replay_online", "realised_risk", "ScriptedRule", "is_noisy", "fedavg_path",
+           "last_round_redraws"]
 
 
 def best_warmup(excess_risk) -> int:
@@ -252,6 +253,53 @@ def fedavg_path(config, clients, *, with_divergence: bool = False):
     return (data, states, result.divergence) if with_divergence else (data, states)
 
 
+def last_round_redraws(config, clients=None, draws: int = 40, *, first_seed: int = 10_000) -> np.ndarray:
+    """``F_λ(θ_T)`` of FedAvg's last round rerun ``draws`` times from the run's own ``θ^{T−1}`` with the
+    draws (participants, minibatches) of seeds ``first_seed, first_seed + 1, …`` in place of the run's:
+    the spread of FedAvg's outcome that the last round's sampling alone makes (an a-posteriori
+    diagnostic, docs/theory.md §8, "Round 5"). With the run's own seed it is the run's own ``F_λ(θ_T)``;
+    with full batches and full participation every redraw is.
+
+    Parameters
+    ----------
+    config, clients
+        The instance (:class:`~linattn_theory.sim.config.RunConfig`) and its clients.
+    draws : int, default 40
+        How many redraws.
+    first_seed : int, default 10000
+        The first redraw's seed.
+
+    Returns
+    -------
+    numpy.ndarray, shape (draws,)
+        ``F_λ(θ_T)`` of each redraw (``inf`` where one diverged).
+
+    Examples
+    --------
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.recommenders.scoring import last_round_redraws
+    >>> config = lt.config_from_dict({"federated": {"rounds": 4, "warmup_rounds": 4, "participation": 0.5}})
+    >>> own = last_round_redraws(config, draws=1, first_seed=config.seed)[0]
+    >>> bool(own == lt.simulate(config).table["loss_regularized"].iloc[-1])
+    True
+    """
+    import dataclasses
+
+    from ..sim.engine import run_schedule
+
+    T = config.federated.rounds
+    data, states = fedavg_path(config, clients)
+    if len(states) < T + 1:
+        raise ValueError(f"the FedAvg path diverged before round {T}: nothing to redraw")
+    fed = dataclasses.replace(config.federated, strategy="fedfrozen", warmup_rounds=T)
+    ends = []
+    for seed in range(first_seed, first_seed + int(draws)):
+        run = run_schedule(states[T - 1].params, data, fed, T, seed, prefix=states[T - 1],
+                           engine=config.model.engine)
+        ends.append(float("inf") if run.diverged else float(run.table["loss_regularized"].iloc[-1]))
+    return np.asarray(ends)
+
+
 def score_instance(config, clients=None, *, pilot_rounds: int | None = None, restarts: int = 8) -> dict:
     """Truth, the pilot and a-posteriori recommendations and the FedAvg path's forecasts of one
     instance: the record ``benchmarks/predictive_regret.py`` stores (docs/theory.md §8).
@@ -261,7 +309,8 @@ def score_instance(config, clients=None, *, pilot_rounds: int | None = None, res
     FedAvg run ended finite and the record's own FedAvg run diverged: an instance at the edge of
     stability, not scored), ``noisy`` (:func:`is_noisy`), per recommender ``<mode>_T0`` and
     ``<mode>_risk`` (``pilot``, ``a_posteriori``; the transfer recommender reads other instances'
-    records and is scored by the caller), and for every round ``s`` of the realised FedAvg path
+    records and is scored by the caller; ``None``, with ``bound_path_diverged_at`` its round, when
+    under noise the bound's redrawn path diverged), and for every round ``s`` of the realised FedAvg path
     ``freeze_objective[s][t − s] = J(s, T − t) − Φ*_λ`` (``t = s..T``), ``profile[s] = Φ_λ(K_s) − Φ*_λ``
     ``drift_floor[s] = D(K_s)`` and ``stability_margin[s] = 2 − η max_c λ_max(Ã_c(K_s))`` (record
     format 4): what an online rule sees (:func:`replay_online`). Nothing in
