@@ -12,7 +12,8 @@ from .host import check_kernel, check_ridge, host_moments, profile_from_moments,
 from ..core.frozen_map import frozen_client_map
 
 __all__ = ["frozen_stage_map", "fedavg_fixed_point", "contraction_rate", "value_drift_floor", "affine_round",
-           "fixed_point", "spectral_radius", "drift_floor_from_moments", "check_schedule"]
+           "fixed_point", "spectral_radius", "drift_floor_from_moments", "check_schedule", "sampling_pair_weights",
+           "sampled_frozen_stage", "expected_frozen_objective"]
 
 
 # --------------------------------------------------------------------------------------
@@ -321,3 +322,125 @@ def value_drift_floor(K, clients, eta: float, E: int, lam: float = 0.0) -> float
     moments = host_moments(check_kernel(K, data), data)
     _, V_star = profile_from_moments(moments, lam)
     return drift_floor_from_moments(fixed_point(*affine_round(moments, eta, E, lam)), V_star, moments, lam)
+
+
+# --------------------------------------------------------------------------------------
+# the frozen stage under client sampling: its mean and second moment (docs/theory.md §5)
+# --------------------------------------------------------------------------------------
+def sampling_pair_weights(m: int, k: int) -> tuple[float, float]:
+    """``(α, β)`` of ``E[Σ_{c∈S} Σ_{c'∈S} X_c ⋆ Y_{c'}] = α Σ_c X_c ⋆ Y_c + β (Σ_c X_c) ⋆ (Σ_c Y_c)`` for ``S``
+    a uniform draw of ``k`` of ``m`` clients without replacement and any bilinear ``⋆``: a client is in
+    ``S`` with probability ``k/m``, a pair of distinct clients with ``k(k−1)/(m(m−1))``, so
+    ``β = k(k−1)/(m(m−1))`` and ``α = k/m − β``.
+
+    Examples
+    --------
+    >>> from linattn_theory.theory.frozen_stage import sampling_pair_weights
+    >>> sampling_pair_weights(4, 4), sampling_pair_weights(4, 1)      # everyone: (ΣX)(ΣY); one: Σ X_c Y_c / m
+    ((0.0, 1.0), (0.25, 0.0))
+    """
+    m, k = int(m), int(k)
+    if not 1 <= k <= m:
+        raise ValueError(f"{k} participants of {m} clients; expected 1 <= k <= m")
+    beta = k * (k - 1) / (m * (m - 1)) if m > 1 else 0.0
+    return k / m - beta, beta
+
+
+def sampled_frozen_stage(moments: ValueMoments, eta: float, E: int, lam: float, V0, rounds: int, participants: int,
+                         server_learning_rate: float = 1.0):
+    """``(E[V_k], E[V_k V_k^T])`` after ``k = rounds`` frozen rounds from ``V0`` when each round
+    ``participants`` of the ``m`` equally weighted clients, drawn uniformly without replacement and
+    independently across rounds, run their ``E`` full-batch local steps (docs/theory.md §5, "Client
+    sampling").
+
+    A round is the random affine map ``V ← A_S V + a_S`` with ``A_S = (1 − η_s) I + η_s G_S``,
+    ``G_S = (1/k) Σ_{c∈S} M_c``, ``a_S = (η_s/k) Σ_{c∈S} b_c`` (``M_c``, ``b_c``: a client's local map,
+    :func:`~linattn_theory.core.frozen_map.frozen_client_map`), independent of ``V``; so the mean follows
+    the full-participation map (:func:`affine_round`) and the second moment ``Σ = E[V V^T]`` the exact
+    linear recursion ``Σ' = E[A_S Σ A_S^T] + E[A_S μ a_S^T] + E[a_S μ^T A_S^T] + E[a_S a_S^T]``, each term
+    by :func:`sampling_pair_weights`. With ``participants = m`` the covariance ``Σ − μμ^T`` stays 0.
+
+    Parameters
+    ----------
+    moments : ValueMoments
+        The clients' moments at the frozen kernel (equal weights ``p_c = 1/m``).
+    eta, E, lam, server_learning_rate
+        ``η``, ``E``, ``λ``, ``η_s``.
+    V0 : array_like, shape (H·d, p)
+        The value block when the stage starts.
+    rounds : int
+        Frozen rounds.
+    participants : int
+        ``k``, the clients per round (the simulator's ``max(1, round(participation·m))``).
+
+    Returns
+    -------
+    mean : numpy.ndarray, shape (H·d, p)
+    second : numpy.ndarray, shape (H·d, H·d)
+        ``E[V_k]`` and ``E[V_k V_k^T]``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.host import as_stacked, host_moments
+    >>> from linattn_theory.theory.frozen_stage import affine_round, sampled_frozen_stage
+    >>> clients = lt.planted_kernel_clients(num_clients=4, samples_per_client=32, tokens=8, dim=3, rank=2)
+    >>> moments = host_moments(clients.truth["kernel"], as_stacked(clients))
+    >>> V0 = np.zeros(moments.B.shape[1:])                         # (H·d, p)
+    >>> mean, second = sampled_frozen_stage(moments, 0.05, 5, 0.0, V0, rounds=3, participants=2)
+    >>> M, b = affine_round(moments, 0.05, 5, 0.0)
+    >>> bool(np.allclose(mean, M @ (M @ (M @ V0 + b) + b) + b))      # the mean: full participation's map
+    True
+    >>> bool(np.linalg.eigvalsh(second - mean @ mean.T).min() > -1e-12)   # a covariance
+    True
+    """
+    weights = np.asarray(moments.weights, dtype=float)
+    m = weights.shape[0]
+    if not np.allclose(weights, weights[0], rtol=1e-12, atol=0):
+        raise ValueError("sampled_frozen_stage: the clients' weights differ; the renormalised weights of a "
+                         "sampled round then depend on the draw (equal weights only)")
+    alpha, beta = sampling_pair_weights(m, participants)
+    Mc, bc = frozen_client_map(moments, eta, E, lam)
+    k, s = int(participants), float(server_learning_rate)
+    SM, Sb = Mc.sum(axis=0), bc.sum(axis=0)
+    G, g = SM / m, Sb / m                                       # E[G_S], E[g_S]
+    I = np.eye(Mc.shape[-1])
+
+    def pairs(X, left, right):
+        """E[(Σ_{c∈S} left_c) X (Σ_{c'∈S} right_c')^T] / k² (left, right stacked per client)."""
+        own = np.einsum("cij,jk,clk->il", left, X, right)
+        return (alpha * own + beta * left.sum(axis=0) @ X @ right.sum(axis=0).T) / k ** 2
+
+    mu = np.asarray(V0, dtype=float)
+    second = mu @ mu.T
+    for _ in range(int(rounds)):
+        AXA = (1 - s) ** 2 * second + s * (1 - s) * (G @ second + second @ G.T) + s ** 2 * pairs(second, Mc, Mc)
+        AMa = s * (1 - s) * mu @ g.T + s ** 2 * pairs(mu, Mc, bc)
+        aa = s ** 2 * pairs(np.eye(bc.shape[-1]), bc, bc)
+        second = AXA + AMa + AMa.T + aa
+        mu = ((1 - s) * I + s * G) @ mu + s * g
+    return mu, second
+
+
+def expected_frozen_objective(moments: ValueMoments, lam: float, mean, second) -> float:
+    """``E[F_λ(K, V)] = Φ_λ(K) + ½ tr(Ã (Σ − μV*^T − V*μ^T + V*V*^T))`` for ``E[V] = μ``, ``E[V V^T] = Σ``
+    (``F_λ`` is quadratic in ``V``: its mean is the objective of the mean plus ``½ tr(Ã Cov V)``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.theory.host import as_stacked, host_moments, profile_from_moments
+    >>> from linattn_theory.theory.frozen_stage import expected_frozen_objective
+    >>> clients = lt.planted_kernel_clients(num_clients=3, samples_per_client=32, tokens=8, dim=3, rank=2)
+    >>> moments = host_moments(clients.truth["kernel"], as_stacked(clients))
+    >>> profile, V_star = profile_from_moments(moments, 0.0)
+    >>> bool(np.isclose(expected_frozen_objective(moments, 0.0, V_star, V_star @ V_star.T), profile))
+    True
+    """
+    profile, V_star = profile_from_moments(moments, lam)
+    A = ridged(moments.weighted()[0], lam)
+    mu, second = np.asarray(mean, dtype=float), np.asarray(second, dtype=float)
+    centred = second - mu @ V_star.T - V_star @ mu.T + V_star @ V_star.T
+    return float(profile + 0.5 * np.trace(A @ centred))
