@@ -1247,11 +1247,12 @@ def _redraw_row(config_dict: dict, record_path: str, draws: int) -> dict:
             "harm_share": float(np.mean(harm > HARM_MARGIN)), "draws": int(draws)}
 
 
-def redraws_table(table: pd.DataFrame, cache: Path, workers: int, draws: int = REDRAWS) -> pd.DataFrame:
-    """Per scored instance of :data:`REDRAWN_SET` (its record cached by round 5): :func:`_redraw_row`
-    (a posteriori, docs/theory.md §8, "Round 5")."""
+def redraws_table(table: pd.DataFrame, cache: Path, workers: int, draws: int = REDRAWS,
+                  restarts: int = 8) -> pd.DataFrame:
+    """Per scored instance of :data:`REDRAWN_SET` (its record cached by round 5, ``restarts`` as there):
+    :func:`_redraw_row` (a posteriori, docs/theory.md §8, "Round 5")."""
     part = table[table["set"] == REDRAWN_SET]
-    records = compute(part, cache, workers)
+    records = compute(part, cache, workers, restarts)
     keep = part[[not records[k]["fedavg_diverged"] for k in part["key"]]]
     jobs = [(_redraw_row, cfg, str(cache / f"{key}.json"), draws) for key, cfg in zip(keep["key"], keep["config"])]
     rows = _parallel(jobs, workers, "last-round redraws")
@@ -1300,7 +1301,8 @@ def main(argv=None) -> int:
             parser.error("--redraws examines round 5's participation set: pass --round 5")
         quick_sets = QUICK_R5["sets"]
         table = instances(args.quick, args.backend, sets=SETS_R5, quick_sets=quick_sets)
-        redraws = redraws_table(table, cache, args.workers, 4 if args.quick else REDRAWS)
+        redraws = redraws_table(table, cache, args.workers, 4 if args.quick else REDRAWS,
+                                QUICK["restarts"] if args.quick else 8)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "predictive_regret_r5_redraws.csv", redraws.to_csv(index=False, float_format="%.6g"))
         print(f"wrote {out / 'predictive_regret_r5_redraws.csv'}: {len(redraws)} instances, harmed "

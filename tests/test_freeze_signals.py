@@ -435,6 +435,29 @@ def test_round4_evaluation_is_out_of_distribution_and_declared_in_the_docs():
     assert f"at most {100 * bench.DESIGN_HARM_LIMIT_R4:g} % of every design variant" in docs
 
 
+def _check_declared_round(bench, root, sets, previous, earlier, held_out) -> str:
+    """A round's declaration: its design sets are the ``previous`` round's evaluation sets; its evaluation
+    seeds are new to every set of ``earlier``; its ``held_out`` settings (seed aside) are no instance of
+    ``earlier``, its other evaluation sets are earlier settings; docs/theory.md names every evaluation set
+    with its variant and seeds (contiguous). Returns the docs' text, whitespace joined."""
+    table = bench.instances(False, sets=sets)
+    design, evaluation = table[table["role"] == "design"], table[table["role"] == "evaluation"]
+    assert set(design["set"]) == {n for n, (_, role, _) in previous.items() if role == "evaluation"}
+    assert not set(evaluation["seed"]) & {s for group in earlier for _, _, seeds in group.values() for s in seeds}
+    unseed = lambda config: repr({k: v for k, v in config.items() if k != "seed"})  # noqa: E731
+    seen = set().union(*(set(bench.instances(False, sets=group)["config"].map(unseed)) for group in earlier))
+    held = evaluation[evaluation["variant"].isin(list(held_out))]
+    assert set(held["variant"]) == set(held_out) and not set(held["config"].map(unseed)) & seen
+    fresh = evaluation[~evaluation["variant"].isin(list(held_out))]
+    assert set(fresh["config"].map(unseed)) <= seen
+    docs = " ".join((root / "docs" / "theory.md").read_text().split())
+    for name, (variant, role, seeds) in sets.items():
+        if role == "evaluation":
+            assert list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+            assert f"`{name}` ({variant}, seeds {seeds[0]}–{seeds[-1]}" in docs, name
+    return docs
+
+
 @pytest.mark.slow
 def test_round5_designs_on_round4s_evaluation_and_scores_fresh_seeds_and_new_settings():
     """Round 5: its design sets are round 4's evaluation sets; its evaluation seeds are new to every
@@ -446,21 +469,7 @@ def test_round5_designs_on_round4s_evaluation_and_scores_fresh_seeds_and_new_set
     from tests.test_recommenders import _benchmark
 
     bench, root = _benchmark()
-    table = bench.instances(False, sets=bench.SETS_R5)
-    design, evaluation = table[table["role"] == "design"], table[table["role"] == "evaluation"]
-    assert set(design["set"]) == {n for n, (_, role, _) in bench.SETS_R4.items() if role == "evaluation"}
-    assert not set(evaluation["seed"]) & {s for _, _, seeds in bench.SETS_R4.values() for s in seeds}
-    unseed = lambda config: repr({k: v for k, v in config.items() if k != "seed"})  # noqa: E731
-    seen = set(bench.instances(False, sets=bench.SETS_R4)["config"].map(unseed))
-    held = evaluation[evaluation["variant"].isin(list(bench.HELD_OUT_R5))]
-    assert set(held["variant"]) == set(bench.HELD_OUT_R5) and not set(held["config"].map(unseed)) & seen
-    fresh = evaluation[~evaluation["variant"].isin(list(bench.HELD_OUT_R5))]
-    assert set(fresh["config"].map(unseed)) <= seen
-    docs = " ".join((root / "docs" / "theory.md").read_text().split())
-    for name, (variant, role, seeds) in bench.SETS_R5.items():
-        if role == "evaluation":
-            assert list(seeds) == list(range(seeds[0], seeds[-1] + 1))
-            assert f"`{name}` ({variant}, seeds {seeds[0]}–{seeds[-1]}" in docs, name
+    docs = _check_declared_round(bench, root, bench.SETS_R5, bench.SETS_R4, (bench.SETS_R4,), bench.HELD_OUT_R5)
     chosen = json.loads((root / "figures" / "predictive_regret_r4_choice.json").read_text())
     assert set(bench.CARRIED_R5) == {c["rule"] for c in chosen.values()}
     for name, (kind, params) in bench.CARRIED_R5.items():
@@ -480,22 +489,8 @@ def test_round6_designs_on_round5s_evaluation_and_scores_fresh_seeds_and_new_set
     from tests.test_recommenders import _benchmark
 
     bench, root = _benchmark()
-    table = bench.instances(False, sets=bench.SETS_R6)
-    design, evaluation = table[table["role"] == "design"], table[table["role"] == "evaluation"]
-    assert set(design["set"]) == {n for n, (_, role, _) in bench.SETS_R5.items() if role == "evaluation"}
-    earlier = (bench.SETS, bench.SETS_R4, bench.SETS_R5)
-    assert not set(evaluation["seed"]) & {s for sets in earlier for _, _, seeds in sets.values() for s in seeds}
-    unseed = lambda config: repr({k: v for k, v in config.items() if k != "seed"})  # noqa: E731
-    seen = set().union(*(set(bench.instances(False, sets=sets)["config"].map(unseed)) for sets in earlier))
-    held = evaluation[evaluation["variant"].isin(list(bench.HELD_OUT_R6))]
-    assert set(held["variant"]) == set(bench.HELD_OUT_R6) and not set(held["config"].map(unseed)) & seen
-    fresh = evaluation[~evaluation["variant"].isin(list(bench.HELD_OUT_R6))]
-    assert set(fresh["config"].map(unseed)) <= seen
-    docs = " ".join((root / "docs" / "theory.md").read_text().split())
-    for name, (variant, role, seeds) in bench.SETS_R6.items():
-        if role == "evaluation":
-            assert list(seeds) == list(range(seeds[0], seeds[-1] + 1))
-            assert f"`{name}` ({variant}, seeds {seeds[0]}–{seeds[-1]}" in docs, name
+    docs = _check_declared_round(bench, root, bench.SETS_R6, bench.SETS_R5,
+                                 (bench.SETS, bench.SETS_R4, bench.SETS_R5), bench.HELD_OUT_R6)
     chosen = json.loads((root / "figures" / "predictive_regret_r5_choice.json").read_text())
     assert {c["rule"] for c in chosen.values()} | set(bench.CARRIED_R5) == set(bench.CARRIED_R6)
     for name, (kind, params) in bench.CARRIED_R6.items():
