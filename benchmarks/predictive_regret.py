@@ -54,7 +54,13 @@ evaluation sets become its design sets, fresh seeds and other held-out settings 
 ``SETS_R6``) its evaluation, one candidate (``CANDIDATES_R6``: the value solve after the ``T`` rounds),
 round 5's choice and carried rules scored beside it (``CARRIED_R6``); tables ``predictive_regret_r6*``.
 
-Run:  python benchmarks/predictive_regret.py [--round 4|5|6] [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
+Round 7 (issue 31; ``--round 7``, docs/theory.md §8, "Round 7") is declared below round 6's: rounds 5's
+and 6's evaluation sets become its design sets, fresh seeds and other held-out settings (``HELD_OUT_R7``,
+``SETS_R7``) its evaluation, one candidate of information set (a) (``CANDIDATES_R7``: the recall rule
+with the price of waiting one round more), round 6's choice and carried rules scored beside it
+(``CARRIED_R7``); tables ``predictive_regret_r7*``.
+
+Run:  python benchmarks/predictive_regret.py [--round 4|5|6|7] [--quick] [--design-only] [--workers 2] [--out figures] [--backend cupy]
 """
 
 from __future__ import annotations
@@ -433,6 +439,68 @@ QUICK_R6 = {"sets": {"r5_evaluation": (7901,), "r5_heldout_participation": (7901
                      "r6_heldout_participation": (8901,), "r6_heldout_shape": (8901,)},
             "candidates": {"value_solve": {"after_budget": (True,)}}}
 
+
+# ======================================================================================
+# round 7 (issue 31), pre-registered before any record of its evaluation instances existed:
+# rounds 5's and 6's evaluation sets as design sets, fresh seeds, other held-out settings, one (a) rule
+# ======================================================================================
+#: Settings no instance of rounds 1–6 had (docs/theory.md §8, "Round 7"): ``heads7``: two heads (every
+#: earlier instance had one); ``tokens7``: contexts of n = 6 tokens (all had 16); ``participation7``: full
+#: batches with three quarters of the clients per round; ``shape7``: other d, m, N and T; ``minibatch7``:
+#: minibatches of 24 with 60 % of the clients per round; ``levels7``: heterogeneity, E and η off every
+#: earlier grid.
+HELD_OUT_R7 = {
+    "heads7": {"title": "held out: H = 2 heads", "model": {"heads": 2}},
+    "tokens7": {"title": "held out: contexts of n = 6 tokens", "task": {"tokens": 6}},
+    "participation7": {"title": "held out: full batches, participation 0.75", "federated": {"participation": 0.75}},
+    "shape7": {"title": "held out: d = 14 / 7, m = 6 clients of 200 samples, T = 45",
+               "federated": {"rounds": 45},
+               "task": {"num_clients": 6, "samples_per_client": 200},
+               "by_family": {"planted_kernel": {"task": {"dim": 14}},
+                             "in_context_regression": {"task": {"dim": 7}, "model": {"rank": 8}}}},
+    "minibatch7": {"title": "held out: minibatches of b = 24, participation 0.6",
+                   "federated": {"batch_size": 24, "participation": 0.6}},
+    "levels7": {"title": "held out: ζ_V ∈ {0.75, 3.5}, E ∈ {7, 12}, η = 0.018; ζ_task ∈ {0.4, 0.8}, E ∈ {7, 12}, η = 0.007",
+                "by_family": {"planted_kernel": {"levels": (0.75, 3.5), "local_steps": (7, 12),
+                                                 "learning_rate": (0.018,)},
+                              "in_context_regression": {"levels": (0.4, 0.8), "local_steps": (7, 12),
+                                                        "learning_rate": (0.007,)}}},
+}
+
+#: Round 7's sets: name -> (variant, role, seeds). Design: round 5's and round 6's evaluation sets (scored
+#: in commits 3044311 and 0507ab9, so design instances now; the candidate was found on them). Evaluation:
+#: fresh seeds 9000–9005 on the grid's variants (in distribution) and on :data:`HELD_OUT_R7` (out of
+#: distribution). No record of a seed ≥ 9000 existed when this was committed.
+SETS_R7 = {
+    **{name: (variant, "design", seeds) for name, (variant, role, seeds) in SETS_R5.items() if role == "evaluation"},
+    **{name: (variant, "design", seeds) for name, (variant, role, seeds) in SETS_R6.items() if role == "evaluation"},
+    "r7_evaluation": ("linear", "evaluation", (9000, 9001, 9002)),
+    "r7_evaluation_softmax": ("softmax", "evaluation", (9000, 9001)),
+    "r7_evaluation_minibatch": ("minibatch", "evaluation", (9000, 9001, 9002)),
+    "r7_heldout_heads": ("heads7", "evaluation", (9000, 9001)),
+    "r7_heldout_tokens": ("tokens7", "evaluation", (9000, 9001)),
+    "r7_heldout_participation": ("participation7", "evaluation", (9000, 9001)),
+    "r7_heldout_shape": ("shape7", "evaluation", (9000, 9001)),
+    "r7_heldout_minibatch": ("minibatch7", "evaluation", (9000, 9001)),
+    "r7_heldout_levels": ("levels7", "evaluation", (9000, 9001, 9002, 9003, 9004, 9005)),
+}
+
+#: The candidate of round 7, information set (a) (:class:`~linattn_theory.recommenders.rules.ValueMomentsRecallRule`):
+#: round 4's chosen rule with the price of waiting one round more (``lookahead``), the noise margin only where
+#: the run samples (``margin = "noisy"``) and the no-harm test's σ from second differences. Found on the
+#: design sets after looking at them (docs/theory.md §8, "Round 7"): its design score is a posteriori.
+CANDIDATES_R7 = {"value_moments_recall": {"window": (10,), "fraction": (0.2,), "confidence": (2.0,),
+                                          "stability": (False,), "no_harm": (2.0,), "forecast": ("line",),
+                                          "lookahead": (True,), "margin": ("noisy",),
+                                          "no_harm_noise": ("second_differences",)}}
+#: Scored beside round 7's choice on every evaluation set: round 6's choice (its ``predictive_regret_r6_choice.json``)
+#: and round 6's carried rules (round 4's (a) among them, unchanged).
+CARRIED_R7 = {"value_solve(after_budget=True)": ("value_solve", {"after_budget": True}), **CARRIED_R6}
+#: --quick for round 7 (a smoke test, not a score), on seeds that are no evaluation seed of ``SETS_R7``.
+QUICK_R7 = {"sets": {"r5_evaluation": (7901,), "r6_heldout_participation": (8901,), "r7_evaluation": (9901,),
+                     "r7_heldout_heads": (9901,), "r7_heldout_participation": (9901,)},
+            "candidates": CANDIDATES_R7}
+
 RECOMMENDERS = ("online", "previous", "pilot", "transfer", "a_posteriori")
 BASELINES = ("fedavg", "half", "cross_seed_oracle")
 LABELS = {"online": "online (causal)", "previous": "previous online rule", "pilot": "pilot (T/4 rounds)",
@@ -446,9 +514,10 @@ COLORS = {"online": 0, "previous": 7, "fedavg": 3, "half": 2, "best": 1}
 # the instances and their records
 # ======================================================================================
 def settings(variant: str, quick: bool = False):
-    """Every setting of ``variant`` (of :data:`VARIANTS`, :data:`HELD_OUT`, :data:`HELD_OUT_R5` or :data:`HELD_OUT_R6`) as ``(family, heterogeneity,
+    """Every setting of ``variant`` (of :data:`VARIANTS`, :data:`HELD_OUT`, :data:`HELD_OUT_R5`, :data:`HELD_OUT_R6` or
+    :data:`HELD_OUT_R7`) as ``(family, heterogeneity,
     E, η, config dict without seed)`` (``η`` is the step scale ``c`` where the variant sets one)."""
-    spec_v = {**VARIANTS, **HELD_OUT, **HELD_OUT_R5, **HELD_OUT_R6}[variant]
+    spec_v = {**VARIANTS, **HELD_OUT, **HELD_OUT_R5, **HELD_OUT_R6, **HELD_OUT_R7}[variant]
     for family, spec in FAMILIES.items():
         if family not in spec_v.get("families", FAMILIES) or (quick and family not in QUICK["families"]):
             continue
@@ -1152,7 +1221,7 @@ def report_r4(goals: pd.DataFrame, chosen: dict, round_number: int = 4) -> str:
 
 
 def rounds_declared() -> dict:
-    """Rounds 4, 5 and 6 as declared: their sets and quick sets, candidate grids (full and quick), the rules
+    """Rounds 4 to 7 as declared: their sets and quick sets, candidate grids (full and quick), the rules
     scored beside the choice on the evaluation sets, and the prefix of their tables."""
     round3 = {rule_name_r4("online", ROUND3_RULE): ("online", dict(ROUND3_RULE))}
     return {4: {"sets": SETS_R4, "quick": QUICK_R4, "candidates": CANDIDATES_R4, "carried": round3,
@@ -1160,11 +1229,13 @@ def rounds_declared() -> dict:
             5: {"sets": SETS_R5, "quick": QUICK_R5, "candidates": CANDIDATES_R5, "carried": {**CARRIED_R5, **round3},
                 "prefix": "predictive_regret_r5"},
             6: {"sets": SETS_R6, "quick": QUICK_R6, "candidates": CANDIDATES_R6, "carried": {**CARRIED_R6, **round3},
-                "prefix": "predictive_regret_r6"}}
+                "prefix": "predictive_regret_r6"},
+            7: {"sets": SETS_R7, "quick": QUICK_R7, "candidates": CANDIDATES_R7, "carried": {**CARRIED_R7, **round3},
+                "prefix": "predictive_regret_r7"}}
 
 
 def main_round(args, out: Path, cache: Path) -> int:
-    """Round 4, 5 or 6 (``args.round``): records (format 4) of the design sets, every candidate replayed on
+    """Round 4, 5, 6 or 7 (``args.round``): records (format 4) of the design sets, every candidate replayed on
     them, the design table and the choice per information set (``--design-only`` stops here), then the
     evaluation sets scored once: the chosen rules, the round's carried rules (round 3's; for round 5 also
     round 4's choice; for round 6 also round 5's), FedAvg and the value solve in the last round (strategy
@@ -1265,11 +1336,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small instances (smoke test; not a score)")
-    parser.add_argument("--round", type=int, choices=(3, 4, 5, 6), default=3,
+    parser.add_argument("--round", type=int, choices=(3, 4, 5, 6, 7), default=3,
                         help="3: round 3's tables (committed); 4: round 4's rules per information set, "
                              "scored on fresh seeds and held-out settings (issue 31); 5: the value solve's "
                              "forecast of FedAvg's last round, designed on round 4's evaluation sets; 6: the "
-                             "solve after the T rounds, designed on round 5's evaluation sets")
+                             "solve after the T rounds, designed on round 5's evaluation sets; 7: the (a) rule "
+                             "with a lookahead price, designed on rounds 5's and 6's evaluation sets")
     parser.add_argument("--design-only", action="store_true",
                         help="compute the design table and the criterion's choice only (no evaluation score)")
     parser.add_argument("--redraws", action="store_true",
@@ -1308,7 +1380,7 @@ def main(argv=None) -> int:
         print(f"wrote {out / 'predictive_regret_r5_redraws.csv'}: {len(redraws)} instances, harmed "
               f"{int(redraws['harmed'].sum())}, expected under redrawn last rounds {redraws['harm_share'].sum():.2f}")
         return 0
-    if args.round in (4, 5, 6):
+    if args.round in (4, 5, 6, 7):
         return main_round(args, out, cache)
     start = time.perf_counter()
     table = instances(args.quick, args.backend)

@@ -18,8 +18,9 @@ from linattn_theory.recommenders.recommendation import pilot_bound
 from linattn_theory.recommenders.rules import (INFORMATION_SETS, RULES, ServerObservableRule, ValueMomentsRecallRule,
                                                ValueSolveRule, last_round_forecast, make_rule, observed_losses)
 from linattn_theory.recommenders.scoring import realised_risk, replay_online, score_instance
-from linattn_theory.recommenders.signals import (decomposition_forecast, margin_crossing, offers, price_of_waiting,
-                                                 recall_margin, stability_margin)
+from linattn_theory.recommenders.signals import (decomposition_forecast, lookahead_price, margin_crossing, offers,
+                                                 price_of_waiting, recall_margin, second_difference_noise,
+                                                 stability_margin)
 from linattn_theory.sim.config import config_from_dict
 from linattn_theory.sim.engine import clients_from_config, prepare_run, simulate
 from tests.test_recommenders import SMALL
@@ -176,6 +177,73 @@ def test_recall_rule_stability_and_no_harm_tests():
     by_parts = ValueMomentsRecallRule(**rule, no_harm=148.0, forecast="decomposition").decide(hand(), 20)
     assert by_parts.stop and by_parts.fedavg_forecast == pytest.approx(4.14, abs=1e-12)
     assert not ValueMomentsRecallRule(**rule, no_harm=149.0, forecast="decomposition").decide(hand(), 20).stop
+
+
+class Sampled(list):
+    """Forecasts that say whether their run samples (as a record's ``StoredForecasts`` do)."""
+
+    def __init__(self, items, noisy):
+        super().__init__(items)
+        self.noisy = noisy
+
+
+def test_round7_lookahead_price_by_hand():
+    """At round 8 of the hand-made history (T = 20) one round more leaves 11 frozen rounds: J(s, 11) =
+    A_s − 11 c_s is 4.67, 4.859, 4.548, 4.237, 3.926, 3.675, 3.644, 3.623, 3.602 (s = 0..8), so waiting
+    would cost at most 3.602 − min B = 3.602 − 3.535 = 0.067, where the price already paid is 0.029.
+    A rule with ε = 0.05 tolerates 0.05675: it trains on by the paid price and freezes K_8 by the
+    lookahead (its forecast J(8, 12) = 3.564)."""
+    nxt = [f.final_objective(11) for f in hand()]
+    np.testing.assert_allclose(nxt, [4.67, 4.859, 4.548, 4.237, 3.926, 3.675, 3.644, 3.623, 3.602], atol=1e-12)
+    assert lookahead_price(nxt, OFFERS) == pytest.approx(0.067, abs=1e-12)
+    assert lookahead_price([np.nan, 4.0, np.inf], [3.0, 3.5]) == pytest.approx(1.0)
+    rule = dict(window=3, fraction=0.05, confidence=0.0)
+    assert not ValueMomentsRecallRule(**rule).decide(hand(), 20).stop
+    d = ValueMomentsRecallRule(**rule, lookahead=True).decide(hand(), 20)
+    assert d.stop and d.kernel_round == 8 and d.cost == pytest.approx(0.067, abs=1e-12)
+    assert d.freeze_objective == pytest.approx(3.564, abs=1e-12)
+    # ε = 0.06 tolerates 0.0681 > 0.067: the lookahead trains on too
+    assert not ValueMomentsRecallRule(window=3, fraction=0.06, confidence=0.0, lookahead=True).decide(hand(), 20).stop
+
+
+def test_round7_noise_margin_only_where_the_run_samples():
+    """ε = 0 and z = 5.6: the margin z σ_B = 5.6 √27e-6 = 0.0291 covers the price 0.029, so the rule
+    trains on with the margin always on, and where the run samples; with full batches (``margin =
+    "noisy"``, ``noisy = False``) the margin is 0 and it freezes. Forecasts that do not say whether
+    their run samples are refused; a record's forecasts say it."""
+    rule = dict(window=3, fraction=0.0, confidence=5.6)
+    assert not ValueMomentsRecallRule(**rule).decide(hand(), 20).stop
+    assert not ValueMomentsRecallRule(**rule, margin="noisy").decide(Sampled(hand(), True), 20).stop
+    exact = ValueMomentsRecallRule(**rule, margin="noisy").decide(Sampled(hand(), False), 20)
+    assert exact.stop and exact.kernel_round == 8
+    with pytest.raises(ValueError, match="forecasts.noisy"):
+        ValueMomentsRecallRule(**rule, margin="noisy").decide(hand(), 20)
+    from linattn_theory.recommenders.scoring import StoredForecasts
+    record = {"excess_risk": [0.5, 0.2, 0.3], "optimum": 1.0, "profile": [0.4, 0.15, 0.1],
+              "drift_floor": [0.01, 0.02, 0.03], "freeze_objective": [[0.5, 0.45, 0.6], [0.2, 0.25], [0.3]]}
+    assert StoredForecasts({**record, "noisy": True}).noisy and not StoredForecasts({**record, "noisy": False})[:2].noisy
+
+
+def test_round7_no_harm_noise_from_second_differences_by_hand():
+    """At round 8 (w = 3) F_λ(θ_u) = 4.06, 4.04, 4.03, 4.02 (u = 5..8): second differences 0.01, 0, so
+    s = √(5e-5/6) = 0.002887, where the straight line's residual σ is √1.5e-5 = 0.003873. FedAvg's
+    line forecasts 3.864, which B = 3.564 beats by 0.3 = 103.9 s = 77.46 σ: z_h = 100 freezes with
+    second differences and not with the line's σ; z_h = 105 trains on with either."""
+    assert second_difference_noise(A[5:9]) == pytest.approx(np.sqrt(5e-5 / 6), rel=1e-9)
+    assert second_difference_noise([1.0, 2.0, 3.0]) == 0.0 and second_difference_noise([1, 2, np.nan, 4]) == 0.0
+    assert second_difference_noise([0.0, 1.0, 0.0, 1.0, 0.0]) == pytest.approx(np.sqrt(4 / 6))
+    rule = dict(window=3, fraction=0.0, confidence=0.0)
+    d = ValueMomentsRecallRule(**rule, no_harm=100.0, no_harm_noise="second_differences").decide(hand(), 20)
+    assert d.stop and d.forecast_error == pytest.approx(100 * np.sqrt(5e-5 / 6), rel=1e-9)
+    assert not ValueMomentsRecallRule(**rule, no_harm=100.0).decide(hand(), 20).stop
+    blocked = ValueMomentsRecallRule(**rule, no_harm=105.0, no_harm_noise="second_differences").decide(hand(), 20)
+    assert not blocked.stop and blocked.test == "no_harm" and blocked.fedavg_forecast == pytest.approx(3.864)
+
+
+def test_round7_options_are_checked():
+    for bad in ({"margin": "sometimes"}, {"no_harm_noise": "residuals"}, {"lookahead": "yes"}):
+        with pytest.raises(ValueError, match="ValueMomentsRecallRule"):
+            ValueMomentsRecallRule(**bad)
 
 
 # ------------------------------------------------------------------------------- (b) server observable
@@ -496,6 +564,37 @@ def test_round6_designs_on_round5s_evaluation_and_scores_fresh_seeds_and_new_set
     for name, (kind, params) in bench.CARRIED_R6.items():
         assert bench.rule_name_r4(kind, params) == name
     assert list(bench.candidate_rules_r4(bench.CANDIDATES_R6))[0] == "value_solve(after_budget=True)"
+
+
+@pytest.mark.slow
+def test_round7_designs_on_rounds_5_and_6s_evaluation_and_scores_fresh_seeds_and_new_settings():
+    """Round 7: its design sets are rounds 5's and 6's evaluation sets; its evaluation seeds are new to
+    every earlier round, its held-out settings (seed aside) are no instance of rounds 1–6, its
+    in-distribution sets are earlier settings; docs/theory.md §8 names every evaluation set with its
+    variant and seeds; the carried rules are round 6's committed choice and round 6's carried rules; the
+    candidate is round 4's chosen (a) rule with the three changes and nothing else."""
+    import json
+
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    previous = {name: spec for sets in (bench.SETS_R5, bench.SETS_R6) for name, spec in sets.items()
+                if spec[1] == "evaluation"}
+    docs = _check_declared_round(bench, root, bench.SETS_R7, previous,
+                                 (bench.SETS, bench.SETS_R4, bench.SETS_R5, bench.SETS_R6), bench.HELD_OUT_R7)
+    chosen = json.loads((root / "figures" / "predictive_regret_r6_choice.json").read_text())
+    assert {c["rule"] for c in chosen.values()} | set(bench.CARRIED_R6) == set(bench.CARRIED_R7)
+    for name, (kind, params) in bench.CARRIED_R7.items():
+        assert bench.rule_name_r4(kind, params) == name
+    [(name, (kind, params))] = [(n, r) for n, r in bench.candidate_rules_r4(bench.CANDIDATES_R7).items()
+                                if r[0] != "online"]
+    carried = json.loads((root / "figures" / "predictive_regret_r4_choice.json").read_text())["value_moments"]["rule"]
+    round4 = bench.CARRIED_R5[carried][1]
+    assert kind == "value_moments_recall" and {k: v for k, v in params.items() if k in round4} == round4
+    assert {k: v for k, v in params.items() if k not in round4} == {
+        "lookahead": True, "margin": "noisy", "no_harm_noise": "second_differences"}
+    assert ("ValueMomentsRecallRule(window=10, fraction=0.2, confidence=2.0, no_harm=2.0, lookahead=True, "
+            "margin=\"noisy\", no_harm_noise=\"second_differences\")") in docs
 
 
 def test_round4_captured_share_and_criterion_by_hand():

@@ -28,7 +28,8 @@ import numpy as np
 
 from .online import (OnlineDecision, OnlineRule, freeze_options, freeze_risk, profiles_and_floors, escape_round,
                      fedavg_forecast)
-from .signals import decomposition_forecast, margin_crossing, offers, price_of_waiting, recall_margin
+from .signals import (decomposition_forecast, lookahead_price, margin_crossing, offers, price_of_waiting, recall_margin,
+                      second_difference_noise)
 
 __all__ = ["INFORMATION_SETS", "RULES", "ValueMomentsRecallRule", "ServerObservableRule", "ValueSolveRule",
            "observed_losses", "last_round_forecast", "make_rule"]
@@ -161,6 +162,16 @@ class ValueMomentsRecallRule:
     :func:`~.signals.decomposition_forecast`). At ``t = T`` it ends with the stored iterate of the
     smallest training objective (recall; ``θ_T`` is plain FedAvg).
 
+    Round 7's options (docs/theory.md §8, "Round 7"): ``lookahead`` compares the price of waiting
+    one round more, ``min_{s ≤ t} J(s, T − t − 1) − min_u B_u`` (:func:`~.signals.lookahead_price`,
+    exact from the stored kernels), instead of the price already paid; ``margin = "noisy"`` adds the
+    noise margin ``z σ_B`` only where the run samples (minibatches or partial participation,
+    ``forecasts.noisy``): with full batches the offers are exact, and ``σ_B`` would measure their
+    curvature, not noise; ``no_harm_noise = "second_differences"`` takes the no-harm test's ``σ``
+    from the second differences of ``F_λ(θ_u)`` over the window
+    (:func:`~.signals.second_difference_noise`), so that a descent slowing down smoothly is not
+    counted as forecast error in FedAvg's favour.
+
     Parameters
     ----------
     window : int, default 10
@@ -175,6 +186,13 @@ class ValueMomentsRecallRule:
         ``z_h`` (``None``: no no-harm test).
     forecast : {"line", "decomposition"}, default "line"
         FedAvg's end forecast of the no-harm test.
+    lookahead : bool, default False
+        Compare the price of waiting one round more (round 7) instead of the price paid.
+    margin : {"always", "noisy"}, default "always"
+        Where the noise margin ``z σ_B`` applies (``"noisy"``: only where the run samples; the
+        forecasts must say so, ``forecasts.noisy``).
+    no_harm_noise : {"line", "second_differences"}, default "line"
+        The no-harm test's ``σ``: the straight line's residuals, or second differences.
 
     Examples
     --------
@@ -197,13 +215,31 @@ class ValueMomentsRecallRule:
     stability: bool = False
     no_harm: float | None = None
     forecast: str = "line"
+    lookahead: bool = False
+    margin: str = "always"
+    no_harm_noise: str = "line"
     information_set = "value_moments"
 
     def __post_init__(self):
         _check_recall(self)
         _check_number(type(self).__name__, "no_harm", self.no_harm, optional=True)
-        if self.forecast not in ("line", "decomposition"):
-            raise ValueError(f"ValueMomentsRecallRule.forecast = {self.forecast!r}; expected 'line' or 'decomposition'")
+        for name, allowed in (("forecast", ("line", "decomposition")), ("margin", ("always", "noisy")),
+                              ("no_harm_noise", ("line", "second_differences"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ValueMomentsRecallRule.{name} = {getattr(self, name)!r}; expected one of "
+                                 + ", ".join(map(repr, allowed)))
+        if not isinstance(self.lookahead, (bool, np.bool_)):
+            raise ValueError(f"ValueMomentsRecallRule.lookahead = {self.lookahead!r}; expected True or False")
+
+    def _confidence(self, forecasts) -> float:
+        """``z`` of the noise margin: always, or only where the run samples (``margin = "noisy"``)."""
+        if self.margin == "always":
+            return self.confidence
+        noisy = getattr(forecasts, "noisy", None)
+        if noisy is None:
+            raise ValueError("ValueMomentsRecallRule(margin='noisy') needs forecasts that say whether the run "
+                             "samples (forecasts.noisy: a record's StoredForecasts)")
+        return self.confidence if noisy else 0.0
 
     def decide(self, forecasts, T: int) -> OnlineDecision:
         """The decision at round ``t = len(forecasts) − 1`` from the forecasts of rounds ``0..t``."""
@@ -225,8 +261,9 @@ class ValueMomentsRecallRule:
         if ready is None or t < ready:
             return go_on("escape", f"escaping the saddle: R_freeze has not yet fallen below R_freeze(0) {w} rounds ago")
         B = _offers(forecasts, T)
-        price = price_of_waiting(B)
-        tolerated = recall_margin(B, _value_part(forecasts, B, T), self.fraction, w, self.confidence)
+        price = (lookahead_price(freeze_options(forecasts, T - t - 1), B) if self.lookahead else
+                 price_of_waiting(B))
+        tolerated = recall_margin(B, _value_part(forecasts, B, T), self.fraction, w, self._confidence(forecasts))
         crossing = margin_crossing(_margins(forecasts), w) if self.stability else float("inf")
         if price <= tolerated and not crossing <= T:
             return go_on("recall", f"the price of waiting {price:.3g} is within its margin {tolerated:.3g}", price)
@@ -235,6 +272,8 @@ class ValueMomentsRecallRule:
         if self.no_harm is not None:
             objective = observed_losses(forecasts)
             forecast, error = fedavg_forecast(objective, T, w, self.no_harm)
+            if self.no_harm_noise == "second_differences":
+                error = self.no_harm * second_difference_noise(objective[-w - 1:])
             if self.forecast == "decomposition":
                 profile, floor = profiles_and_floors(forecasts)
                 forecast = decomposition_forecast(profile, floor, objective, T, w)

@@ -620,6 +620,12 @@ class StoredForecasts(Sequence):
         """``2 − η max_c λ_max(Ã_c(K_s))`` of the stored rounds (NaN in a record before format 4)."""
         return self._table[3][:self._n]
 
+    @property
+    def noisy(self) -> bool:
+        """Whether the record's run samples (minibatches or partial participation, :func:`is_noisy`): a
+        fact of its configuration, known before training."""
+        return bool(self._record["noisy"])
+
 
 def stored_forecasts(record: dict) -> StoredForecasts:
     """The forecasts of every round of the record's FedAvg path (:class:`StoredForecasts`, a sequence

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["stability_margin", "margin_crossing", "offers", "price_of_waiting", "recall_margin", "decomposition_forecast"]
+__all__ = ["stability_margin", "margin_crossing", "offers", "price_of_waiting", "lookahead_price", "recall_margin",
+           "second_difference_noise", "decomposition_forecast"]
 
 
 def _slope_and_sigma(values) -> tuple[float, float]:
@@ -147,6 +148,71 @@ def price_of_waiting(offer_values) -> float:
     """
     B = np.asarray(offer_values, dtype=float)
     return float(B[-1] - np.min(B))
+
+
+def lookahead_price(next_options, offer_values) -> float:
+    """``min_{s ≤ t} J(s, T − t − 1) − min_{u ≤ t} B_u``: the price of waiting one round more, bounded
+    before it is paid (docs/theory.md §8, "Round 7"). Waiting makes the next offer
+    ``B_{t+1} = min(min_{s ≤ t} J(s, T − t − 1), J(t + 1, T − t − 1))``; the next kernel only adds an
+    option, so ``B_{t+1} − min_u B_u`` is at most this number, which the stored kernels give exactly.
+    The price :func:`price_of_waiting` reports is the one already paid; this one can jump when the
+    frozen rounds left run out (at ``t = T − 1`` the options are the stored iterates, ``J(s, 0)``).
+
+    Parameters
+    ----------
+    next_options : sequence of float
+        ``J(s, T − t − 1)``, ``s = 0..t`` (non-finite options never win).
+    offer_values : sequence of float
+        ``B_0..B_t`` (:func:`offers`).
+
+    Returns
+    -------
+    float
+        The bound on the next round's price of waiting.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.signals import lookahead_price, price_of_waiting
+    >>> B = [5.0, 4.0, 3.0]                       # the offers so far: the price paid is 0
+    >>> price_of_waiting(B), lookahead_price([4.5, 3.6, 3.25], B)    # one frozen round fewer costs 0.25
+    (0.0, 0.25)
+    """
+    options = np.asarray(next_options, dtype=float)
+    options = options[np.isfinite(options)]
+    best_next = float(np.min(options)) if len(options) else float("inf")
+    return best_next - float(np.min(np.asarray(offer_values, dtype=float)))
+
+
+def second_difference_noise(values) -> float:
+    """Round-to-round noise ``s`` of a series from its second differences: for ``y_u = g(u) + e_u``
+    with ``g`` smooth (a trend and a slowly changing slope drop out) and ``e_u`` independent of
+    variance ``s²``, ``Var(y_{u+1} − 2y_u + y_{u−1}) = 6 s²``, so ``s = √(mean((Δ²y)²)/6)``. Unlike the
+    residuals of a straight line, a smooth but curved path (a descent slowing down) is not counted
+    as noise (0 for fewer than four values or a non-finite one).
+
+    Parameters
+    ----------
+    values : sequence of float
+        ``y_u`` over a window.
+
+    Returns
+    -------
+    float
+        ``s``.
+
+    Examples
+    --------
+    >>> from linattn_theory.recommenders.signals import second_difference_noise
+    >>> second_difference_noise([1.0, 4.0, 9.0, 16.0, 25.0])    # a parabola: Δ²y = 2 everywhere
+    0.816496580927726
+    >>> second_difference_noise([8.0, 4.0, 2.0, 1.0, 0.5])      # halving steps (a line's residual σ: 1.26)
+    0.5400617248673217
+    """
+    y = np.asarray(values, dtype=float)
+    if len(y) < 4 or not np.all(np.isfinite(y)):
+        return 0.0
+    d2 = np.diff(y, 2)
+    return float(np.sqrt(np.mean(d2 * d2) / 6.0))
 
 
 def recall_margin(offer_values, scale: float, fraction: float, window: int, confidence: float) -> float:
