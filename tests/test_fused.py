@@ -30,6 +30,10 @@ BASE = {"seed": 3,
                       "learning_rate": 0.05, "ridge": 0.01, "participation": 0.5}}
 
 
+#: softmax attention at a temperature other than 1 (the kernels divide the scores by τ)
+SOFTMAX = {"model.attention": "softmax", "model.temperature": 0.7}
+
+
 def config(**updates):
     return config_from_dict(BASE).with_updates(updates)
 
@@ -49,11 +53,13 @@ def compare(run, reference):
 
 
 @needs_numba
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
 @pytest.mark.parametrize("strategy", ["fedfrozen", "fedavg", "value_frozen", "fedavgm"])
-def test_fused_engine_equals_the_array_api_engine_in_float64(strategy):
+def test_fused_engine_equals_the_array_api_engine_in_float64(strategy, attention):
     # the same closed forms summed in another order: rounding only (float64 eps 2.2e-16, a few
-    # hundred operations per number over 6 rounds of 3 steps)
-    cfg = config(**{"federated.strategy": strategy})
+    # hundred operations per number over 6 rounds of 3 steps); softmax (the closed forms of
+    # loss_and_grad_from_contexts, τ ≠ 1) on d = n = 5: a column left over by the blocks of four
+    cfg = config(**{"federated.strategy": strategy}, **(SOFTMAX if attention == "softmax" else {}))
     fused = simulate(cfg.with_updates({"model.engine": "fused"}))
     reference = simulate(cfg.with_updates({"model.engine": "array_api"}))
     assert (fused.metadata["engine"], reference.metadata["engine"]) == ("fused", "array_api")
@@ -74,10 +80,11 @@ def test_fused_engine_in_float32_stays_float32_and_agrees_to_its_precision():
 
 
 @needs_numba
-@pytest.mark.parametrize("dim", [5, pytest.param(13, marks=pytest.mark.slow)])     # 13: the tiled kernels
-def test_fused_engine_is_bit_identical_whatever_the_number_of_threads(dim):
-    cfg = config(**{"model.engine": "fused", "task.num_clients": 7, "federated.participation": 1.0,
-                    "task.dim": dim})
+@pytest.mark.parametrize("updates", [{"task.dim": 5}, pytest.param({"task.dim": 13}, marks=pytest.mark.slow),
+                                     {"model.attention": "softmax", "model.temperature": 0.7}],
+                         ids=["d=5", "d=13 (tiles)", "softmax"])
+def test_fused_engine_is_bit_identical_whatever_the_number_of_threads(updates):
+    cfg = config(**{"model.engine": "fused", "task.num_clients": 7, "federated.participation": 1.0, **updates})
     runs = []
     try:
         for threads in (1, 2, 3):
@@ -494,3 +501,81 @@ def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
     assert set(package.rglob("*.nb[ic]")) == before, "numba wrote its cache into the package"
     assert list((tmp_path / "linattn-theory" / "numba").rglob("*.nbi")), "no kernel was cached in the cache folder"
+
+
+# --------------------------------------------------------------------------------------------
+# softmax attention (docs/theory.md §9): the tiled softmax kernels
+# --------------------------------------------------------------------------------------------
+@needs_numba
+def test_softmax_kernels_take_the_closed_form_steps_and_losses():
+    """One instance's clients, ``N`` not a multiple of the tile, ``n = d = 5`` (a row left over by the blocks of four): the
+    kernels' ``E = 2`` local steps equal two steps ``θ ← θ − η (∇F_c + λ W_V)`` of
+    ``loss_and_grad_from_contexts`` (NumPy), blocks trained alone or together, and their losses
+    equal its losses, also where the scores overflow ``exp``; a padded sample (the tail of the last
+    tile) contributes nothing."""
+    from linattn_theory.core import _fused_kernels as kernels
+    from linattn_theory.core.model import Params, loss_and_grad_from_contexts
+
+    rng = np.random.default_rng(5)
+    m, N, n, d, p, H, r, tau = 3, 21, 5, 5, 3, 2, 2, 0.6
+    assert N % kernels.TILE != 0
+    X, q, y = rng.normal(size=(1, m, N, n, d)), rng.normal(size=(1, m, N, d)), rng.normal(size=(1, m, N, p))
+    w = np.full((1, m, N), 1.0 / N)
+    WQ, WK, WV = rng.normal(size=(1, H, d, r)), rng.normal(size=(1, H, d, r)), rng.normal(size=(1, H, d, p))
+    data = kernels.softmax_tiles(X, q, y, w)
+    inst, part = np.zeros(m, np.int64), np.arange(m)
+    eta, lam, steps = np.array([0.05]), np.array([0.01]), 2
+    trailing = (tau, (0,) * d, (0,) * n)
+    for blocks in (("WQ", "WK", "WV"), ("WV",), ("WQ",)):
+        outs = [np.empty((m,) + a.shape[1:]) for a in (WQ, WK, WV)]
+        kernels.softmax_local_steps(*data, inst, part, 0, m, WQ, WK, WV, "WQ" in blocks, "WK" in blocks,
+                                    "WV" in blocks, steps, eta, lam, *outs, *trailing)
+        for c in range(m):
+            theta = Params(WQ[0], WK[0], WV[0])
+            for _ in range(steps):
+                _, g = loss_and_grad_from_contexts(theta, X[0, c], q[0, c], y[0, c], w[0, c], blocks,
+                                                   attention="softmax", temperature=tau)
+                theta = theta.replace(**{b: getattr(theta, b) - eta[0] * (getattr(g, b) + (lam[0] * theta.WV if b == "WV" else 0))
+                                         for b in blocks})
+            for b, out in zip(("WQ", "WK", "WV"), outs):
+                assert relative(out[c], getattr(theta, b)) <= 1e-13, (blocks, b)
+    losses = np.empty(m)
+    kernels.softmax_client_losses(*data, inst, np.arange(m), 0, m, WQ, WK, WV, losses, *trailing)
+    expected = [float(loss_and_grad_from_contexts(Params(WQ[0], WK[0], WV[0]), X[0, c], q[0, c], y[0, c], w[0, c],
+                                                  (), attention="softmax", temperature=tau)[0]) for c in range(m)]
+    assert relative(losses, expected) <= 1e-13
+    # scores of order 10⁴ (exp overflows): the largest score subtracted, the weights stay finite
+    big = 300.0 * X
+    kernels.softmax_client_losses(*kernels.softmax_tiles(big, q, y, w), inst, np.arange(m), 0, m, WQ, WK, WV, losses,
+                                  *trailing)
+    expected = [float(loss_and_grad_from_contexts(Params(WQ[0], WK[0], WV[0]), big[0, c], q[0, c], y[0, c], w[0, c],
+                                                  (), attention="softmax", temperature=tau)[0]) for c in range(m)]
+    assert np.all(np.isfinite(expected)) and relative(losses, expected) <= 1e-13
+
+
+@needs_numba
+def test_fused_softmax_engine_detects_divergence_in_the_same_round():
+    # a step far beyond the stable one: the weights overflow to inf/NaN; both engines stop at one round
+    cfg = config(**SOFTMAX, **{"federated.strategy": "fedavg", "federated.learning_rate": 40.0,
+                               "federated.participation": 1.0})
+    fused = simulate(cfg.with_updates({"model.engine": "fused"}))
+    reference = simulate(cfg.with_updates({"model.engine": "array_api"}))
+    assert reference.diverged and fused.diverged
+    assert fused.metadata.get("diverged_at") == reference.metadata.get("diverged_at")
+    assert len(fused.table) == len(reference.table)
+
+
+@needs_numba
+@pytest.mark.parametrize("tokens, expected", [(8, "fused"), (17, "array_api")])     # n·d = 128, 272 at d = 16
+def test_auto_runs_softmax_on_the_fused_engine_up_to_its_context_size(tokens, expected):
+    """``engine="auto"`` takes the softmax kernels where a tile of contexts fits the L1 cache
+    (``n·d ≤ MAX_SOFTMAX_CONTEXT``); beyond, where they were slower, the Array-API engine."""
+    cfg = config_from_dict({"task": {"num_clients": 4, "samples_per_client": 64, "dim": 16, "tokens": tokens},
+                            "model": {"attention": "softmax"}, "federated": {"rounds": 1, "warmup_rounds": 1}})
+    assert 4 * 64 * 16 ** 2 >= fused_module.MIN_STEP_WORK
+    assert (tokens * 16 <= fused_module.MAX_SOFTMAX_CONTEXT) == (expected == "fused")
+    assert simulate(cfg).metadata["engine"] == expected
+    from linattn_theory.sim.engine import select_engine
+    from linattn_theory.sim.strategies import make_strategy
+    data, _ = prepare_run(cfg)                                  # forcing it still takes the fused engine
+    assert select_engine("fused", np, data, cfg.federated, make_strategy(cfg.federated, 1)) is not None

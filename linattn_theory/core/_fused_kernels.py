@@ -393,6 +393,16 @@ def tiled(d: int) -> bool:
     return MAX_UNROLLED_DIM < int(d) <= MAX_TILED_DIM
 
 
+def _tiled_rows(a, rows: int, T: int):
+    """``a`` ``(..., N, rows)`` → ``(..., T * rows * TILE)``: ``T`` tiles of :data:`TILE` samples, the
+    last padded with zeros, each tile's rows one after another (:func:`tiles`)."""
+    lead, N = a.shape[:-2], a.shape[-2]
+    padded = np.zeros(lead + (T * TILE, rows), a.dtype)
+    padded[..., :N, :] = a
+    blocks = padded.reshape(lead + (T, TILE, rows))
+    return np.ascontiguousarray(np.moveaxis(blocks, -2, -1)).reshape(lead + (T * rows * TILE,))
+
+
 def tiles(S, q, y, w):
     """``(St, qt, yt, wt)``: the tiled kernels' layout of stacked data ``S`` ``(..., N, d, d)``,
     ``q`` ``(..., N, d)``, ``y`` ``(..., N, p)``, ``w`` ``(..., N)``.
@@ -405,17 +415,9 @@ def tiles(S, q, y, w):
     """
     S, q, y, w = (np.asarray(a) for a in (S, q, y, w))
     lead, N, d = S.shape[:-3], S.shape[-3], S.shape[-1]
-    p = y.shape[-1]
     T = -(-N // TILE)
-
-    def tiled_rows(a, rows):                   # (..., N, rows) -> (..., T * rows * TILE)
-        padded = np.zeros(lead + (T * TILE, rows), a.dtype)
-        padded[..., :N, :] = a
-        blocks = padded.reshape(lead + (T, TILE, rows))
-        return np.ascontiguousarray(np.moveaxis(blocks, -2, -1)).reshape(lead + (T * rows * TILE,))
-
-    return (tiled_rows(S.reshape(lead + (N, d * d)), d * d), tiled_rows(q, d), tiled_rows(y, p),
-            tiled_rows(w[..., None], 1))
+    return (_tiled_rows(S.reshape(lead + (N, d * d)), d * d, T), _tiled_rows(q, d, T),
+            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T))
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -448,33 +450,41 @@ def _tile_queries(KT, qb, qo, out, zero, dim):
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
-def _tile_context(Sb, so, vec, out, oo, zero, dim):
-    """``out[oo + b TILE + i] = Σ_a Ŝ_i[b, a] vec[a TILE + i]`` (``Ŝ v`` of one tile, ``Ŝ`` at
-    ``Sb[so:]``): four rows ``b`` at a time, each multiply-add loading one element of ``Ŝ``, the
-    loads of ``v`` shared by the four rows, each sum in registers, in order."""
-    d = len(dim)
-    for b in range(0, d - 3, 4):
+def _tile_rows(Mb, mo, vec, out, oo, zero, rows, cols):
+    """``out[oo + b TILE + i] = Σ_a M_i[b, a] vec[a TILE + i]`` (``M v`` of one tile, ``M`` ``(R, C)``
+    at ``Mb[mo:]``, ``R = len(rows)``, ``C = len(cols)``): four rows ``b`` at a time, each
+    multiply-add loading one element of ``M``, the loads of ``v`` shared by the four rows, each
+    sum in registers, in order."""
+    R, C = len(rows), len(cols)
+    for b in range(0, R - 3, 4):
         for i in range(TILE):
             s0 = zero
             s1 = zero
             s2 = zero
             s3 = zero
-            for a in range(d):
+            for a in range(C):
                 v = vec[_U(a * TILE + i)]
-                s0 += Sb[_U(so + (b * d + a) * TILE + i)] * v
-                s1 += Sb[_U(so + ((b + 1) * d + a) * TILE + i)] * v
-                s2 += Sb[_U(so + ((b + 2) * d + a) * TILE + i)] * v
-                s3 += Sb[_U(so + ((b + 3) * d + a) * TILE + i)] * v
+                s0 += Mb[_U(mo + (b * C + a) * TILE + i)] * v
+                s1 += Mb[_U(mo + ((b + 1) * C + a) * TILE + i)] * v
+                s2 += Mb[_U(mo + ((b + 2) * C + a) * TILE + i)] * v
+                s3 += Mb[_U(mo + ((b + 3) * C + a) * TILE + i)] * v
             out[_U(oo + b * TILE + i)] = s0
             out[_U(oo + (b + 1) * TILE + i)] = s1
             out[_U(oo + (b + 2) * TILE + i)] = s2
             out[_U(oo + (b + 3) * TILE + i)] = s3
-    for b in range(d - d % 4, d):
+    for b in range(R - R % 4, R):
         for i in range(TILE):
             s = zero
-            for a in range(d):
-                s += Sb[_U(so + (b * d + a) * TILE + i)] * vec[_U(a * TILE + i)]
+            for a in range(C):
+                s += Mb[_U(mo + (b * C + a) * TILE + i)] * vec[_U(a * TILE + i)]
             out[_U(oo + b * TILE + i)] = s
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED)
+def _tile_context(Sb, so, vec, out, oo, zero, dim):
+    """``out[oo + b TILE + i] = Σ_a Ŝ_i[b, a] vec[a TILE + i]`` (``Ŝ v`` of one tile, ``Ŝ`` at
+    ``Sb[so:]``): :func:`_tile_rows` with ``M = Ŝ``."""
+    _tile_rows(Sb, so, vec, out, oo, zero, dim, dim)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -619,6 +629,57 @@ def _tile_features(Sb, qb, t, KT, VT, yb, wb, kq, phib, eb, zero, dim):
     _tile_residuals(VT, phib, t * H * d * TILE, yb, wb, t * TILE, eb, t * p * TILE, zero, dim)
 
 
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _tile_buffers(T, H, d, r, p, dt):
+    """A tiled local step's buffers: features ``φ`` and ``g`` of every tile and head, residuals ``e_w``,
+    and the gradients ``∇K``, ``∇W_Q``, ``∇W_K``, ``∇W_V``."""
+    return (np.empty(T * H * d * TILE, dt), np.empty(T * p * TILE, dt), np.empty(T * H * d * TILE, dt),
+            np.empty((d, d), dt), np.empty((d, r), dt), np.empty((d, r), dt), np.empty((H, d, p), dt))
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _value_transpose(V, VT):
+    """``VT[k, h d + a] = V[h, a, k]``: the heads' ``W_V^T`` stacked, ``(p, H d)``."""
+    H, d, p = V.shape
+    for h in range(H):
+        for a in range(d):
+            for k in range(p):
+                VT[k, h * d + a] = V[h, a, k]
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _tile_sums_and_descent(phib, eb, qb, gb, T, Q, Kf, V, gV, gK, gQ, gKf, step, ridge, zero, train_q, train_k,
+                           train_v):
+    """The end of a tiled local step, every tile's ``φ_h``, ``e_w`` and ``g_h`` at hand: ``∇W_V^h = Σ_i φ_h e_w^T``,
+    ``∇K_h = Σ_i q g_h^T``, ``∇W_Q^h = ∇K_h W_K^h``, ``∇W_K^h = ∇K_h^T W_Q^h`` (this step's factors), and the
+    descent of the blocks that train (``W_V`` with its ridge)."""
+    H, d, p = V.shape
+    for h in range(H):
+        if train_v:
+            _tile_sums(phib, H * d * TILE, h * d * TILE, eb, p * TILE, 0, T, gV[h], zero)
+        if not (train_q or train_k):
+            continue
+        _tile_sums(qb, d * TILE, 0, gb, H * d * TILE, h * d * TILE, T, gK, zero)
+        _rows_product(gK, Kf[h], gQ, zero)
+        _rows_product(gK, Q[h], gKf, zero, True)
+        _descend_kernel(Q[h], Kf[h], gQ, gKf, step, zero, train_q, train_k)
+    if train_v:
+        for h in range(H):
+            _descend(V[h], gV[h], step, ridge)
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _tile_loss(e, wb, T, p, zero):
+    """``½ Σ_i w_i ‖e_i‖²`` over the ``T`` tiles' residuals ``e[(t p + k) TILE + i]``."""
+    s = zero
+    for t in range(T):
+        for k in range(p):
+            for i in range(TILE):
+                x = e[(t * p + k) * TILE + i]
+                s += wb[t * TILE + i] * x * x
+    return 0.5 * s
+
+
 @njit(cache=True, nogil=True, fastmath=FAST)
 def tiled_local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps,
                       eta, lam, outQ, outK, outV, dim):
@@ -634,13 +695,7 @@ def tiled_local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, tr
     QT = np.empty((r, d), dt)
     kq = np.empty(d * TILE, dt)
     u = np.empty(d * TILE, dt)
-    phib = np.empty(T * H * d * TILE, dt)
-    eb = np.empty(T * p * TILE, dt)
-    gb = np.empty(T * H * d * TILE, dt)
-    gK = np.empty((d, d), dt)
-    gQ = np.empty((d, r), dt)
-    gKf = np.empty((d, r), dt)
-    gV = np.empty((H, d, p), dt)
+    phib, eb, gb, gK, gQ, gKf, gV = _tile_buffers(T, H, d, r, p, dt)
     zero = np.zeros(1, dt)[0]
     train_kernel = train_q or train_k
     for j in range(lo, hi):
@@ -650,27 +705,15 @@ def tiled_local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, tr
             for h in range(H):                           # K_h^T = W_K^h (W_Q^h)^T, and W_V^T
                 QT[...] = Q[h].T
                 _rows_product(Kf[h], QT, KT[h], zero)
-                for a in range(d):
-                    for k in range(p):
-                        VT[k, h * d + a] = V[h, a, k]
+            _value_transpose(V, VT)
             for t in range(T):
                 _tile_features(Sb, qb, t, KT, VT, yb, wb, kq, phib, eb, zero, dim)
                 if train_kernel:
                     for h in range(H):                   # g_h = Ŝ u, u = W_V^h e_w
                         _tile_mix(V[h], eb, t * p * TILE, u)
                         _tile_context(Sb, t * d * d * TILE, u, gb, (t * H + h) * d * TILE, zero, dim)
-            for h in range(H):
-                if train_v:                              # ∇W_V = Σ_i φ_i e_w^T
-                    _tile_sums(phib, H * d * TILE, h * d * TILE, eb, p * TILE, 0, T, gV[h], zero)
-                if not train_kernel:
-                    continue
-                _tile_sums(qb, d * TILE, 0, gb, H * d * TILE, h * d * TILE, T, gK, zero)   # ∇K = Σ_i q g^T
-                _rows_product(gK, Kf[h], gQ, zero)
-                _rows_product(gK, Q[h], gKf, zero, True)
-                _descend_kernel(Q[h], Kf[h], gQ, gKf, step, zero, train_q, train_k)
-            if train_v:
-                for h in range(H):
-                    _descend(V[h], gV[h], step, ridge)
+            _tile_sums_and_descent(phib, eb, qb, gb, T, Q, Kf, V, gV, gK, gQ, gKf, step, ridge, zero, train_q,
+                                   train_k, train_v)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -691,16 +734,182 @@ def tiled_client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, d
         s_, c = inst[j], clients[j]
         Sb, qb, yb, wb = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
-        for h in range(H):
-            for a in range(d):
-                for k in range(p):
-                    VT[k, h * d + a] = WV[s_, h, a, k]
+        _value_transpose(WV[s_], VT)
         for t in range(T):
             _tile_features(Sb, qb, t, KT, VT, yb, ones, kq, phib, e, zero, dim)
-        s = zero
+        out[j] = _tile_loss(e, wb, T, p, zero)
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax attention (docs/theory.md §9): the contexts X in tiles, every product register-blocked
+# ----------------------------------------------------------------------------------------------
+def softmax_tiles(X, q, y, w):
+    """``(Xt, qt, yt, wt)``: the softmax kernels' layout of contexts ``X`` ``(..., N, n, d)`` (and
+    ``q``, ``y``, ``w`` as in :func:`tiles`): ``Xt[..., ((t n + j) d + b) TILE + i] = X_{t TILE + i}[j, b]``."""
+    X, q, y, w = (np.asarray(a) for a in (X, q, y, w))
+    lead, N, n, d = X.shape[:-3], X.shape[-3], X.shape[-2], X.shape[-1]
+    T = -(-N // TILE)
+    return (_tiled_rows(X.reshape(lead + (N, n * d)), n * d, T), _tiled_rows(q, d, T),
+            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T))
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED)
+def _tile_tokens(Xb, xo, coef, co, out, oo, zero, dim, tokens):
+    """``out[oo + b TILE + i] = Σ_j coef[co + j TILE + i] X_i[j, b]`` (``X^T c`` of one tile, ``X`` at
+    ``Xb[xo:]``): four columns ``b`` at a time sharing the loads of ``c``, each sum in registers."""
+    d, n = len(dim), len(tokens)
+    for b in range(0, d - 3, 4):
+        for i in range(TILE):
+            s0 = zero
+            s1 = zero
+            s2 = zero
+            s3 = zero
+            for j in range(n):
+                c = coef[_U(co + j * TILE + i)]
+                base = xo + (j * d + b) * TILE + i
+                s0 += Xb[_U(base)] * c
+                s1 += Xb[_U(base + TILE)] * c
+                s2 += Xb[_U(base + 2 * TILE)] * c
+                s3 += Xb[_U(base + 3 * TILE)] * c
+            out[_U(oo + b * TILE + i)] = s0
+            out[_U(oo + (b + 1) * TILE + i)] = s1
+            out[_U(oo + (b + 2) * TILE + i)] = s2
+            out[_U(oo + (b + 3) * TILE + i)] = s3
+    for b in range(d - d % 4, d):
+        for i in range(TILE):
+            s = zero
+            for j in range(n):
+                s += Xb[_U(xo + (j * d + b) * TILE + i)] * coef[_U(co + j * TILE + i)]
+            out[_U(oo + b * TILE + i)] = s
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _tile_softmax(Ab, ao, temperature, top, total, tokens):
+    """The scores ``Ab[ao + j TILE + i]`` of one tile → ``softmax_j(score / τ)`` in place. The largest
+    score is subtracted before ``exp``; a NaN or infinite score makes the sample's weights NaN
+    (divergence is detected)."""
+    n = len(tokens)
+    for j in range(n):
+        for i in range(TILE):
+            Ab[_U(ao + j * TILE + i)] = Ab[_U(ao + j * TILE + i)] / temperature
+    for i in range(TILE):
+        top[i] = Ab[_U(ao + i)]
+    for j in range(1, n):
+        for i in range(TILE):
+            x = Ab[_U(ao + j * TILE + i)]
+            if x > top[i]:
+                top[i] = x
+    for i in range(TILE):
+        total[i] = 0
+    for j in range(n):
+        for i in range(TILE):
+            z = np.exp(Ab[_U(ao + j * TILE + i)] - top[i])
+            Ab[_U(ao + j * TILE + i)] = z
+            total[i] += z
+    for j in range(n):
+        for i in range(TILE):
+            Ab[_U(ao + j * TILE + i)] = Ab[_U(ao + j * TILE + i)] / total[i]
+
+
+@njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+def _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens):
+    """Tile ``t``'s weights ``a_h = softmax(X K_h^T q / τ)`` into ``Ab`` and features ``φ_h = X^T a_h``
+    into ``phib``, every head (:func:`~linattn_theory.core.model.softmax_weights`)."""
+    d, n = len(dim), len(tokens)
+    H = KT.shape[0]
+    xo = t * n * d * TILE
+    for h in range(H):
+        ao = (t * H + h) * n * TILE
+        _tile_queries(KT[h], qb, t * d * TILE, kq, zero, dim)           # k_h = K_h^T q
+        _tile_rows(Xb, xo, kq, Ab, ao, zero, tokens, dim)               # scores X k_h
+        _tile_softmax(Ab, ao, temperature, top, total, tokens)
+        _tile_tokens(Xb, xo, Ab, ao, phib, (t * H + h) * d * TILE, zero, dim, tokens)
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def softmax_local_steps(Xt, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps, eta,
+                        lam, outQ, outK, outV, temperature, dim, tokens):
+    """:func:`local_steps` of softmax attention (docs/theory.md §9) on the tiled contexts
+    (:func:`softmax_tiles`), ``dim = (0,) * d``, ``tokens = (0,) * n`` (compiled per ``(d, n)``):
+    with the weights ``a_h`` and features ``φ_h`` of :func:`_tile_softmax_features` and
+    ``e_w = w (Σ_h (W_V^h)^T φ_h − y)``, ``∇W_V^h = Σ_i φ_h e_w^T``; ``v_h = W_V^h e_w``,
+    ``u = X v_h``, ``δ = a_h ⊙ (u − a_h^T u)``, ``g_h = X^T δ / τ``, ``∇K_h = Σ_i q g_h^T``,
+    ``∇W_Q^h = ∇K_h W_K^h``, ``∇W_K^h = ∇K_h^T W_Q^h``
+    (:func:`~linattn_theory.core.model.loss_and_grad_from_contexts`). Padding (weight 0, ``X = 0``,
+    ``q = y = 0``) contributes exact zeros."""
+    H, d, r = WQ.shape[1], WQ.shape[2], WQ.shape[3]
+    p = WV.shape[3]
+    n = len(tokens)
+    T = w.shape[2] // TILE
+    dt = Xt.dtype
+    KT = np.empty((H, d, d), dt)
+    VT = np.empty((p, H * d), dt)
+    kq = np.empty(d * TILE, dt)
+    v = np.empty(d * TILE, dt)
+    u = np.empty(n * TILE, dt)
+    top = np.empty(TILE, dt)
+    total = np.empty(TILE, dt)
+    Ab = np.empty(T * H * n * TILE, dt)
+    phib, eb, gb, gK, gQ, gKf, gV = _tile_buffers(T, H, d, r, p, dt)
+    zero = np.zeros(1, dt)[0]
+    train_kernel = train_q or train_k
+    for j in range(lo, hi):
+        s_, c, Q, Kf, V, step, ridge = _work_item(j, inst, part, WQ, WK, WV, outQ, outK, outV, eta, lam)
+        Xb, qb, yb, wb = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
+        for _ in range(steps):
+            _kernel_transposes(Q, Kf, KT, zero)
+            _value_transpose(V, VT)
+            for t in range(T):
+                _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens)
+                _tile_residuals(VT, phib, t * H * d * TILE, yb, wb, t * TILE, eb, t * p * TILE, zero, dim)
+                if not train_kernel:
+                    continue
+                xo = t * n * d * TILE
+                for h in range(H):
+                    ao = (t * H + h) * n * TILE
+                    _tile_mix(V[h], eb, t * p * TILE, v)              # v = W_V^h e_w
+                    _tile_rows(Xb, xo, v, u, 0, zero, tokens, dim)    # u = X v
+                    for i in range(TILE):                             # δ = a ⊙ (u − a^T u)
+                        total[i] = 0
+                    for jj in range(n):
+                        for i in range(TILE):
+                            total[i] += Ab[_U(ao + jj * TILE + i)] * u[_U(jj * TILE + i)]
+                    for jj in range(n):
+                        for i in range(TILE):
+                            u[_U(jj * TILE + i)] = Ab[_U(ao + jj * TILE + i)] * (u[_U(jj * TILE + i)] - total[i])
+                    go = (t * H + h) * d * TILE
+                    _tile_tokens(Xb, xo, u, 0, gb, go, zero, dim, tokens)   # g = X^T δ / τ
+                    for i in range(d * TILE):
+                        gb[_U(go + i)] = gb[_U(go + i)] / temperature
+            _tile_sums_and_descent(phib, eb, qb, gb, T, Q, Kf, V, gV, gK, gQ, gKf, step, ridge, zero, train_q,
+                                   train_k, train_v)
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def softmax_client_losses(Xt, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, temperature, dim, tokens):
+    """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of softmax attention (:func:`client_losses`' contract, the
+    data as in :func:`softmax_local_steps`)."""
+    H, d = WQ.shape[1], WQ.shape[2]
+    p = WV.shape[3]
+    n = len(tokens)
+    T = w.shape[2] // TILE
+    dt = Xt.dtype
+    KT = np.empty((H, d, d), dt)
+    VT = np.empty((p, H * d), dt)
+    kq = np.empty(d * TILE, dt)
+    top = np.empty(TILE, dt)
+    total = np.empty(TILE, dt)
+    Ab = np.empty(T * H * n * TILE, dt)
+    phib = np.empty(T * H * d * TILE, dt)
+    e = np.empty(T * p * TILE, dt)
+    ones = np.ones(T * TILE, dt)
+    zero = np.zeros(1, dt)[0]
+    for j in range(lo, hi):
+        s_, c = inst[j], clients[j]
+        Xb, qb, yb, wb = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
+        _kernel_transposes(WQ[s_], WK[s_], KT, zero)
+        _value_transpose(WV[s_], VT)
         for t in range(T):
-            for k in range(p):
-                for i in range(TILE):
-                    v = e[(t * p + k) * TILE + i]
-                    s += wb[t * TILE + i] * v * v
-        out[j] = 0.5 * s
+            _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens)
+            _tile_residuals(VT, phib, t * H * d * TILE, yb, ones, t * TILE, e, t * p * TILE, zero, dim)
+        out[j] = _tile_loss(e, wb, T, p, zero)

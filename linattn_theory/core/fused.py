@@ -14,7 +14,10 @@ whatever the number of threads and whatever else shares the ensemble (each work 
 thread's work, on its own data).
 
 It applies to NumPy arrays of float32 or float64, full batches, and client rules without a
-gradient correction (FedAvg, FedFrozen, FedAvgM, FedAdam, value-frozen, random kernel).
+gradient correction (FedAvg, FedFrozen, FedAvgM, FedAdam, value-frozen, random kernel), for linear
+attention (on ``Ŝ``) and softmax attention (on the contexts ``X``, in tiles of samples:
+:func:`~linattn_theory.core._fused_kernels.softmax_local_steps`, docs/theory.md §9; with
+``engine="auto"`` up to ``n·d =`` :data:`MAX_SOFTMAX_CONTEXT`, ``benchmarks/bench_softmax.py``).
 The round engine chooses it (:func:`linattn_theory.sim.rounds.select_engine`): ``engine="auto"``
 uses it where it applies, numba is installed and a local step is large enough
 (``m·N·d² ≥`` :data:`MIN_STEP_WORK`, one rule for a run alone and an instance of an ensemble);
@@ -31,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["ENGINES", "MIN_STEP_WORK", "FusedEngine", "numba_available",
+__all__ = ["ENGINES", "MIN_STEP_WORK", "MAX_SOFTMAX_CONTEXT", "FusedEngine", "numba_available",
            "default_threads", "set_threads"]
 
 #: Engine names accepted by ``model.engine``, ``--engine`` and ``run_schedule(engine=...)``.
@@ -47,6 +50,14 @@ ENGINES = ("auto", "fused", "array_api")
 #: cached kernels costs 0.36–0.48 s once per process: from ``2¹⁴`` a few dozen runs repay it (a
 #: figure or a sweep makes hundreds); below, a process would need hundreds of runs.
 MIN_STEP_WORK = 2**14
+
+#: ``engine="auto"`` runs softmax attention on the fused engine only up to this many numbers per
+#: context, ``n·d``: a tile of :data:`~linattn_theory.core._fused_kernels.TILE` samples' contexts
+#: (``16·n·d`` float64) then fits a 32 KiB L1 cache, which each local step reads four times per head.
+#: Measured (``benchmarks/bench_softmax.py``, one thread, 8 clients of 128 samples, 10 rounds of
+#: ``E = 10``; Array-API ÷ fused time, AMD EPYC with 32 KiB of L1 data cache per core): ``n·d = 128``
+#: 1.76, ``256`` 1.08–1.28, ``384`` 0.71, ``512`` 0.65 (the reference size, ``n = 32``, ``d = 16``).
+MAX_SOFTMAX_CONTEXT = 256
 
 _threads: int | None = None
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -148,7 +159,7 @@ def _run_chunks(kernel, count: int, head: tuple, tail: tuple) -> None:
     A few chunks per thread balance the load on a shared machine.
     """
     start = 0
-    key = (kernel.__name__, head[0].dtype.str, len(tail[-1]) if isinstance(tail[-1], tuple) else None)
+    key = (kernel.__name__, head[0].dtype.str, tuple(len(a) for a in tail if isinstance(a, tuple)))
     if key not in _compiled and count > 0:
         # the first call of a signature compiles it (or loads it from the disk cache) and binds
         # BLAS: make it on one client, on this thread, before other threads call the kernel
@@ -197,16 +208,25 @@ class FusedEngine:
         # the kernels' layout, a copy made once per engine (_fused_kernels): samples last, or
         # for MAX_UNROLLED_DIM < d <= MAX_TILED_DIM tiles of TILE samples
         self.w = np.ascontiguousarray(arrays[3])
-        if _fused_kernels.tiled(d):
+        if getattr(data, "attention", "linear") == "softmax":
+            # softmax attention reads the contexts X (I, m, N, n, d), in tiles; its kernels' last
+            # arguments are τ, (0,) * d and (0,) * n (compiled per d and n)
+            X = np.asarray(data.X if instances else data.X[None])
+            self.layout = _fused_kernels.softmax_tiles(X, q, y, self.w)
+            self.y = np.ascontiguousarray(np.swapaxes(y, -1, -2))      # the frozen stage's, samples last
+            self.steps_kernel = _fused_kernels.softmax_local_steps
+            self.loss_kernel = _fused_kernels.softmax_client_losses
+            self.trailing = (float(data.temperature), (0,) * d, (0,) * X.shape[-2])
+        elif _fused_kernels.tiled(d):
             self.layout = _fused_kernels.tiles(S, q, y, self.w)
             self.y = np.ascontiguousarray(np.swapaxes(y, -1, -2))      # the frozen stage's, samples last
             self.steps_kernel, self.loss_kernel = _fused_kernels.tiled_local_steps, _fused_kernels.tiled_client_losses
-            self.dim = (0,) * d                                        # the kernels are compiled for d
+            self.trailing = ((0,) * d,)                                # the kernels are compiled for d
         else:
             St, qt, self.y = _fused_kernels.samples_last(S, q, y)
             self.layout = (St, qt, self.y, self.w)
             self.steps_kernel, self.loss_kernel = _fused_kernels.local_steps, _fused_kernels.client_losses
-            self.dim = _fused_kernels.dimension(d)
+            self.trailing = (_fused_kernels.dimension(d),)
         self._features = (None, None)
 
     def _cast(self, a):
@@ -248,7 +268,7 @@ class FusedEngine:
         outs = {b: np.empty((I * k,) + a.shape[1:], self.dtype) for b, a in (("WQ", WQ), ("WK", WK), ("WV", WV))}
         _run_chunks(self.steps_kernel, I * k, data + (inst, part),
                     (WQ, WK, WV, "WQ" in blocks, "WK" in blocks, "WV" in blocks, steps, eta, lam,
-                     outs["WQ"], outs["WK"], outs["WV"], self.dim))
+                     outs["WQ"], outs["WK"], outs["WV"], *self.trailing))
         return {b: outs[b].reshape((I, k) + outs[b].shape[1:]) for b in blocks}
 
     def losses(self, server, first: int = 0) -> np.ndarray:
@@ -260,5 +280,5 @@ class FusedEngine:
         clients = np.tile(np.arange(m, dtype=np.int64), I)
         out = np.empty(I * m, self.dtype)
         data = tuple(a[first:first + I] for a in self.layout)
-        _run_chunks(self.loss_kernel, I * m, data + (inst, clients), (WQ, WK, WV, out, self.dim))
+        _run_chunks(self.loss_kernel, I * m, data + (inst, clients), (WQ, WK, WV, out, *self.trailing))
         return out.reshape(I, m)

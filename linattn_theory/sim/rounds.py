@@ -342,8 +342,6 @@ def _why_not(xp, data, fed, strategy) -> str | None:
 
     if not is_numpy_namespace(xp):
         return "it runs on NumPy arrays only (use the Array-API engine on other backends)"
-    if getattr(data, "attention", "linear") != "linear":
-        return "it runs linear attention only (softmax needs the contexts X, docs/theory.md §9)"
     if np.dtype(data.S.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         return f"dtype {data.S.dtype} is not float32 or float64"
     if fed.batch_size is not None:
@@ -368,7 +366,9 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     ``2¹²``), and importing numba and loading its cached kernels, 0.36–0.48 s once per process, is
     repaid within a few dozen such runs (a figure or a sweep makes hundreds). One rule for every instance, alone or in an ensemble: a rule of the instance
     alone, so that its engine depends neither on the others in its ensemble nor on whether it has
-    any (``simulate(config)`` and ``simulate_many([config, …])`` run the same engine).
+    any (``simulate(config)`` and ``simulate_many([config, …])`` run the same engine). Softmax
+    attention runs it only up to :data:`~linattn_theory.core.fused.MAX_SOFTMAX_CONTEXT` numbers per
+    context (``n·d ≤ 256``: a tile of contexts fits the L1 cache; beyond, its kernels were slower).
 
     Parameters
     ----------
@@ -415,7 +415,8 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     if engine == "fused" and reason is not None:
         raise ConfigError(f"engine = 'fused' does not apply: {reason}; use engine = 'auto' or 'array_api'")
     m, N, d = data.S.shape[-4], data.S.shape[-3], data.S.shape[-1]
-    if engine == "auto" and (reason is not None or m * N * d * d < _fused.MIN_STEP_WORK):
+    wide = getattr(data, "attention", "linear") == "softmax" and data.X.shape[-2] * d > _fused.MAX_SOFTMAX_CONTEXT
+    if engine == "auto" and (reason is not None or m * N * d * d < _fused.MIN_STEP_WORK or wide):
         return None
     return _fused.FusedEngine(data, instances)
 
