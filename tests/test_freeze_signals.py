@@ -993,6 +993,65 @@ def test_round7_design_quoted_in_the_docs_follows_from_the_committed_tables():
             f"{full['instances'].sum()} instances)") in docs
 
 
+def test_round7_score_quoted_in_the_docs_follows_from_the_committed_tables():
+    """docs/theory.md §8, round 7's evaluation, and the README, recomputed from the committed tables with
+    plain pandas: the report is the scores'; the scored and diverged counts; each rule's goals per set;
+    the candidate's failures and the instance the docs describe; round 6's choice again on every set."""
+    import json
+    from pathlib import Path
+
+    from tests.test_recommenders import _benchmark
+
+    bench, root = _benchmark()
+    figures = Path(root) / "figures"
+    docs = " ".join((Path(root) / "docs" / "theory.md").read_text().split()).replace("-", "−")
+    readme = " ".join((Path(root) / "README.md").read_text().split())
+    chosen = json.loads((figures / "predictive_regret_r7_choice.json").read_text())
+    scores = pd.read_csv(figures / "predictive_regret_r7_scores.csv")
+    goals = bench.goals_r4(scores)
+    assert (figures / "predictive_regret_r7.md").read_text() == bench.report_r4(goals, chosen, 7)
+    declared = bench.instances(False, sets=bench.SETS_R7)
+    declared = declared[declared["role"] == "evaluation"]
+    scored = scores[scores["rule"] == "fedavg"]
+    assert len(scored) == 675 and scored["set"].nunique() == 9 and "675 evaluation instances in 9 sets" in docs
+    assert f"the {len(declared) - len(scored)} of the {len(declared)} declared instances" in docs
+
+    per = _goals_by_hand(scores, bench.HARM_MARGIN)
+    candidate = per.xs(chosen["value_moments"]["rule"])
+    met = sorted(candidate.index[candidate["met"].astype(bool)])
+    assert met == ["r7_heldout_levels", "r7_heldout_shape", "r7_heldout_tokens"]
+    assert "meets every goal on **3 of the 9 sets** (`r7_heldout_tokens`, `r7_heldout_shape`, `r7_heldout_levels`)" in docs
+    full = ["r7_evaluation", "r7_evaluation_softmax", "r7_heldout_heads"]
+    worst = ", ".join(f"{100 * candidate.loc[name, 'worst']:.1f} %" for name in full[:2])
+    assert f"(worst instance {worst} and {100 * candidate.loc[full[2], 'worst']:.1f} %)" in docs
+    assert all(candidate.loc[name, "worst"] > 0.15 for name in full)
+    noisy = ["r7_evaluation_minibatch", "r7_heldout_participation", "r7_heldout_minibatch"]
+    assert all(candidate.loc[name, "harmed"] > 0.01 * candidate.loc[name, "n"] for name in noisy)
+    assert f"it harms {candidate['harmed'].sum()} of the 675 instances" in docs
+    round4 = per.xs(next(r for r in bench.CARRIED_R7 if r.startswith("value_moments_recall")))
+    assert (int(round4["met"].sum()), round4["harmed"].sum()) == (2, 8)
+    assert "meets every goal on 2 of the 9 and harms 8" in docs
+    rows = scores[scores["rule"] == chosen["value_moments"]["rule"]]
+    worst_row = rows.loc[rows["regret"].idxmax()]
+    assert (worst_row["set"], worst_row["stop_round"], worst_row["T0"], worst_row["fedavg_regret"]) == (
+        "r7_heldout_heads", 11, 2, 0.0)
+    assert f"the {100 * worst_row['regret']:.1f} % instance froze at round 11 the kernel of round 2" in docs
+
+    solve = per.xs("value_solve(after_budget=True)")
+    assert solve["met"].all() and len(solve) == 9 and "**meets every goal on all 9 sets** again" in docs
+    span = lambda v: f"{100 * v.min():.1f} to {100 * v.max():.1f} %".replace("-", "−")  # noqa: E731
+    assert f"median regret {span(solve['median'].astype(float))}, worst {span(solve['worst'].astype(float))}" in docs
+    assert f"{100 * solve['captured'].min():.0f}–{100 * solve['captured'].max():.0f} %" in docs
+    r6 = pd.read_csv(figures / "predictive_regret_r6_scores.csv")
+    total = len(r6[r6["rule"] == "fedavg"]) + len(scored)
+    assert f"18 evaluation sets of new seeds and settings, {total:,} instances" in docs
+    assert (int(per.xs("value_solve(profile_trend=1.0)")["met"].sum()), int(per.xs("value_solve")["met"].sum())) == (8, 7)
+    server = per.xs(next(r for r in bench.CARRIED_R7 if r.startswith("server_observable")))
+    assert int(server["met"].sum()) == 0 and f"it harms {server['harmed'].sum()} of the 675 instances" in docs
+    assert "again on all 9 sets of round 7 (675 instances)" in readme
+    assert "met every goal on 3 of those 9 sets at best" in readme
+
+
 def test_last_round_redraws_by_construction(small):
     """With full batches and full participation every redraw of FedAvg's last round is the run's own
     F_λ(θ_T); with participation the run's own seed reproduces it and other seeds spread around it."""
