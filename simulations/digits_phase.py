@@ -62,11 +62,13 @@ def make(out_dir="figures", quick=False, executor="processes", workers=None, pro
         return []
     from linattn_theory.report.digits_phase import (digits_cells, linear_optima, load_digits_settings, run_digits,
                                                     tuned_choices)
+    from linattn_theory.report.figures import analysis_workers
 
     settings = load_digits_settings(CONFIG, quick=quick)
-    rows = run_digits(settings, progress=progress)
+    processes = analysis_workers(executor, workers)
+    rows = run_digits(settings, progress=progress, workers=processes)
     choices = tuned_choices(rows, settings)
-    optima = linear_optima(rows, settings)
+    optima = linear_optima(rows, settings, workers=processes)
     cells = digits_cells(rows, choices, settings, optima)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

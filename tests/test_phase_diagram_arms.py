@@ -1,6 +1,8 @@
 """Every arm tuned (issue 30, item 2) and digits searched (item 7): grids of settings, the choice on
 design seeds, the statistics over held-out seeds (linattn_theory.report.tuning, .arms, .digits_phase)."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -186,3 +188,26 @@ def test_the_digits_cells_count_chaotic_instances_and_give_the_statistics_withou
     assert tuned["gain_low_without_chaotic"] == pytest.approx(0.01) and tuned["gain_high_without_chaotic"] == pytest.approx(0.1)
     assert oracle["accuracy_change_median_without_chaotic"] == 0.0
     assert (cells["design_chaotic_runs"] == 1).all()
+
+
+@pytest.mark.slow       # the quick digits grid twice and its optima twice: about 30 s
+def test_the_digits_runs_and_optima_are_the_same_whatever_the_number_of_processes():
+    """run_digits and linear_optima share their work among processes (report.digits_phase.in_processes,
+    round-robin chunks): the rows and the optima on 2 processes equal those of one process, bit for bit
+    (an instance's run does not depend on what else is in its ensemble, an optimum on what else is
+    optimised with it)."""
+    pytest.importorskip("sklearn")
+    from linattn_theory.report.digits_phase import in_processes, linear_optima, load_digits_settings, run_digits
+
+    assert in_processes(_squares, list(range(7)), workers=2) == [x * x for x in range(7)]
+    settings = load_digits_settings(Path(__file__).resolve().parents[1] / "simulations" / "configs" / "digits_phase.toml",
+                                    quick=True)
+    one, two = run_digits(settings, workers=1), run_digits(settings, workers=2)
+    pd.testing.assert_frame_equal(one, two, check_exact=True)
+    assert len(one) > 20 and one["final_loss"].notna().any()
+    pd.testing.assert_frame_equal(linear_optima(one, settings, workers=1), linear_optima(one, settings, workers=2),
+                                  check_exact=True)
+
+
+def _squares(chunk):
+    return [x * x for x in chunk]

@@ -24,7 +24,7 @@ from .phase_diagram import bootstrap_median, load_settings, stable_steps
 from .tuning import choose_steps
 
 __all__ = ["load_digits_settings", "run_digits", "sweep_chaos", "tuned_choices", "digits_cells", "linear_optima",
-           "chaos_statistics"]
+           "chaos_statistics", "in_processes"]
 
 #: the keys of ``digits_phase.toml`` besides ``base`` and ``quick``
 SETTINGS = ("step_scales", "fedavg_steps", "label_alpha", "local_steps", "attention", "warmups", "design_seeds",
@@ -115,9 +115,67 @@ def sweep_chaos(configs: list, clients: list, sweeps: list, warmups) -> list[dic
             for c, cl, sweep, repeat in zip(configs, clients, sweeps, repeats)]
 
 
-def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
+def in_processes(task, items: list, workers: int = 1, progress: bool = False, desc: str = "") -> list:
+    """``task(chunk)`` over round-robin chunks of ``items``, one result per item in ``items``' order:
+    ``4·workers`` chunks on ``workers`` processes (joblib; one process: one chunk, here). ``task``
+    returns one result per item of its chunk; a result must not depend on what else is in the chunk
+    (an instance's run is bit-identical whatever shares its ensemble), so any split gives the same.
+
+    Parameters
+    ----------
+    task : callable
+        ``list -> list``, module level (it is pickled).
+    items : list
+        The work.
+    workers : int, default 1
+        Processes.
+    progress : bool, default False
+        A progress bar over the chunks.
+    desc : str, default ""
+        Its label.
+
+    Returns
+    -------
+    list
+        ``task``'s results, in ``items``' order.
+
+    Examples
+    --------
+    >>> from linattn_theory.report.digits_phase import in_processes
+    >>> in_processes(lambda chunk: [x * x for x in chunk], [1, 2, 3])
+    [1, 4, 9]
+    """
+    from tqdm.auto import tqdm
+
+    count = 4 * workers if workers > 1 else 1
+    chunks = [list(range(len(items)))[k::count] for k in range(count)]
+    chunks = [c for c in chunks if c]
+    if len(chunks) > 1:
+        from joblib import Parallel, delayed
+        parts = Parallel(n_jobs=workers, return_as="generator")(delayed(task)([items[i] for i in c]) for c in chunks)
+    else:
+        parts = (task([items[i] for i in c]) for c in chunks)
+    out = [None] * len(items)
+    for chunk, part in zip(chunks, tqdm(parts, total=len(chunks), desc=desc, disable=not progress or len(chunks) < 2)):
+        for i, result in zip(chunk, part):
+            out[i] = result
+    return out
+
+
+def _sweep_task(chunk: list) -> list:
+    """Worker: ``(sweep, chaos)`` of each ``(config, clients, warmups, progress)`` of ``chunk``, one ensemble."""
+    from ..sim.warmup_grid import warmup_sweeps_and_paths
+
+    configs, clients, (_, _, warmups, progress) = [c[0] for c in chunk], [c[1] for c in chunk], chunk[0]
+    sweeps = warmup_sweeps_and_paths(configs, warmups, clients, progress=progress)[0]
+    return list(zip(sweeps, sweep_chaos(configs, clients, sweeps, warmups)))
+
+
+def run_digits(settings: dict, progress: bool = False, workers: int = 1) -> pd.DataFrame:
     """Every instance at every ``E``, step scale and warm-up: one row (:data:`ROW_COLUMNS`) per run, its
     final ``F_λ`` and test accuracy (NaN when it diverged) and whether it is chaotic (:func:`sweep_chaos`).
+    The runs are shared among ``workers`` processes (:func:`in_processes`; the same rows whatever their
+    number).
 
     Parameters
     ----------
@@ -125,14 +183,14 @@ def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
         :func:`load_digits_settings`' result.
     progress : bool, default False
         Show a progress bar.
+    workers : int, default 1
+        Processes.
 
     Returns
     -------
     pandas.DataFrame
         One row per run (:data:`ROW_COLUMNS`).
     """
-    from ..sim.warmup_grid import warmup_sweeps_and_paths
-
     base = settings["base"]
     scales = sorted(set(settings["step_scales"]) | set(settings["fedavg_steps"]))
     roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
@@ -149,8 +207,10 @@ def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
                 configs.append(config.with_updates({"federated.local_steps": E,
                                                     "federated.learning_rate": c * eta_stable}))
                 clients.append(inst_clients)
-    sweeps = warmup_sweeps_and_paths(configs, settings["warmups"], clients, progress=progress)[0]
-    chaos = sweep_chaos(configs, clients, sweeps, settings["warmups"])
+    alone = progress and workers <= 1                  # one process: the runs' own progress bar
+    done = in_processes(_sweep_task, [(c, cl, settings["warmups"], alone) for c, cl in zip(configs, clients)],
+                        workers, progress, "digits runs")
+    sweeps, chaos = [sweep for sweep, _ in done], [flags for _, flags in done]
     rows = []
     for point, config, inst_clients, sweep, chaotic in zip(points, configs, clients, sweeps, chaos):
         truth = inst_clients.truth
@@ -168,7 +228,23 @@ def run_digits(settings: dict, progress: bool = False) -> pd.DataFrame:
 OPTIMUM_STARTS, OPTIMUM_RESTARTS = 3, 2
 
 
-def linear_optima(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
+def _optima_task(chunk: list) -> list:
+    """Worker: ``Φ*_λ`` of each ``(config, runs)`` of ``chunk`` (:func:`linear_optima`)."""
+    from ..core.model import kernel
+    from ..sim.ensemble import simulate_many
+    from ..theory.profile import centralized_optima
+
+    problems = []
+    for config, runs in chunk:
+        clients = clients_from_config(config)
+        kernels = [np.asarray(kernel(run.params)) for run in simulate_many(runs, [clients] * len(runs))]
+        problems.append(dict(clients=clients, lam=config.federated.ridge, rank=config.model.rank,
+                             heads=config.model.heads, restarts=OPTIMUM_RESTARTS, seed=int(config.seed),
+                             initial_kernels=kernels))
+    return [o.objective for o in centralized_optima(problems)]
+
+
+def linear_optima(rows: pd.DataFrame, settings: dict, workers: int = 1) -> pd.DataFrame:
     """``Φ*_λ`` of every held-out linear-attention instance (docs/theory.md §4): the centralised optimum
     (:func:`~linattn_theory.theory.profile.centralized_optima`) started from the final kernels of its
     :data:`OPTIMUM_STARTS` runs of least ``F_λ`` (run again from ``rows``: their ``E``, ``η`` and ``T0``)
@@ -181,30 +257,25 @@ def linear_optima(rows: pd.DataFrame, settings: dict) -> pd.DataFrame:
         The runs (:func:`run_digits`).
     settings : dict
         :func:`load_digits_settings`' result.
+    workers : int, default 1
+        Processes (:func:`in_processes`: each optimum equals the one computed alone, bit for bit).
 
     Returns
     -------
     pandas.DataFrame
         ``attention``, ``label_alpha``, ``seed``, ``optimum``.
     """
-    from ..core.model import kernel
-    from ..sim.ensemble import simulate_many
-    from ..theory.profile import centralized_optima
-
     base = settings["base"]
     held = rows[(rows["role"] == "heldout") & (rows["attention"] == "linear") & ~rows["diverged"]]
-    keys, problems = [], []
+    keys, work = [], []
     for (alpha, seed), group in held.groupby(["label_alpha", "seed"], sort=True):
         config = base.with_updates({"model.attention": "linear", "task.label_alpha": alpha, "seed": int(seed)})
         best = group.nsmallest(OPTIMUM_STARTS, "final_loss")
         runs = [config.with_updates({"federated.local_steps": int(r.local_steps), "federated.learning_rate": r.learning_rate,
                                      "federated.warmup_rounds": int(r.T0)}) for r in best.itertuples()]
-        clients = clients_from_config(config)
-        kernels = [np.asarray(kernel(run.params)) for run in simulate_many(runs, [clients] * len(runs))]
         keys.append(("linear", alpha, seed))
-        problems.append(dict(clients=clients, lam=config.federated.ridge, rank=config.model.rank, heads=config.model.heads,
-                             restarts=OPTIMUM_RESTARTS, seed=int(seed), initial_kernels=kernels))
-    optima = [o.objective for o in centralized_optima(problems)]
+        work.append((config, runs))
+    optima = in_processes(_optima_task, work, workers)
     return pd.DataFrame([(*k, o) for k, o in zip(keys, optima)], columns=["attention", "label_alpha", "seed", "optimum"])
 
 
