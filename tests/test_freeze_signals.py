@@ -977,6 +977,7 @@ def test_round7_design_quoted_in_the_docs_follows_from_the_committed_tables():
     assert pick["admissible"] == 0 and pick["candidates"] == 1
     mine = design[design["rule"] == pick["rule"]].set_index("variant")
     assert mine["instances"].sum() == 1160 and "1160 design instances" in docs
+    assert "(1,160 scored instances, design data only)" in docs          # the study's data: the same instances
     share = mine["harm"] / mine["instances"]
     assert share.max() > bench.DESIGN_HARM_LIMIT_R4 and f"(at most {100 * share.max():.1f} %)" in docs
     goal = bench.GOAL_R4
