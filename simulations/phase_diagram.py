@@ -41,7 +41,7 @@ from matplotlib.ticker import PercentFormatter
 
 from linattn_theory.core.io import atomic_write_text
 from linattn_theory.report import plotting
-from linattn_theory.report.figures import config_path, script_main
+from linattn_theory.report.figures import analysis_workers, config_path, script_main
 from linattn_theory.report.phase_diagram import (attribution, cell_summary, instance_rows, load_settings,
                                                  predictor_score, run_instances)
 
@@ -91,7 +91,7 @@ def _panel(ax, cells, rows, arm, E, threshold, first_column):
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Run the declared instances, write the CSVs and draw the diagram; returns the written paths."""
     settings = load_settings(CONFIG, quick=quick)
-    records = run_instances(settings, progress=progress)
+    records = run_instances(settings, progress=progress, workers=analysis_workers(executor, workers))
     rows, _ = instance_rows(records, settings)
     cells = cell_summary(rows, settings)
     threshold = settings["threshold"]

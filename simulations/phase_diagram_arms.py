@@ -35,7 +35,7 @@ from matplotlib.ticker import PercentFormatter
 from linattn_theory.core.io import atomic_write_text
 from linattn_theory.report import plotting
 from linattn_theory.report.arms import arm_summary, load_arms_settings, run_arms
-from linattn_theory.report.figures import config_path, script_main
+from linattn_theory.report.figures import analysis_workers, config_path, script_main
 
 NAME = "phase_diagram_arms"
 CONFIG = config_path(__file__, "phase_diagram_arms")
@@ -58,7 +58,7 @@ def _short(setting: str) -> str:
 def make(out_dir="figures", quick=False, executor="processes", workers=None, progress=False):
     """Tune every arm on the design seeds, run the held-out seeds, write the CSVs and the figure."""
     settings = load_arms_settings(CONFIG, BASE_CONFIG, quick=quick)
-    rows, design, choices = run_arms(settings)
+    rows, design, choices = run_arms(settings, workers=analysis_workers(executor, workers))
     cells = arm_summary(rows, choices, settings)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import pytest
 
 from linattn_theory import Params, config_from_dict, predict, simulate
 from linattn_theory.core.errors import ConfigError
-from linattn_theory.data.digits import (DIGITS_CLASS_COUNTS, digit_contexts, digits_clients, evaluate,
+from linattn_theory.data.digits import (DIGITS_CLASS_COUNTS, digit_contexts, digits_clients, evaluate, evaluate_history,
                                         max_clients, split_clients)
 
 
@@ -199,3 +199,28 @@ def test_the_most_digits_clients_a_config_allows_is_what_the_split_can_deal(test
         config_from_dict({"task": {**task, "num_clients": most + 1}})
     with pytest.raises(ValueError, match="samples cannot give"):
         digits_clients(most + 1, test_fraction=test_fraction)
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_a_runs_test_scores_in_chunks_are_its_rounds_scored_one_by_one(attention):
+    """``evaluate_history`` (every round's test loss and accuracy, rounds stacked in chunks, the test
+    contexts' ``Ŝ`` once per chunk) equals each round's scores from ``predict`` (one round at a time,
+    ``Ŝ`` recomputed), also across a chunk boundary and for a non-finite round (NaN loss)."""
+    rng = np.random.default_rng(4)
+    N, n, d, p = 40, 6, 5, 3
+    X, q = rng.normal(size=(N, n, d)), rng.normal(size=(N, d))
+    y = np.eye(p)[rng.integers(0, p, size=N)]
+    history = [Params.init(d=d, r=2, p=p, heads=2, seed=s) for s in range(5)]
+    history[3] = history[3].replace(WV=np.full_like(history[3].WV, np.inf))
+    with np.errstate(all="ignore"):
+        scores = evaluate_history(history, X, q, y, attention, 0.8, chunk=2)
+        assert len(scores) == len(history)
+        for theta, score in zip(history, scores):
+            if not np.all(np.isfinite(theta.WV)):       # predict refuses it; its loss is NaN
+                assert np.isnan(score["loss"])
+                continue
+            yhat = predict(theta, X, q, attention, 0.8)
+            loss = np.mean(0.5 * np.sum((yhat - y) ** 2, axis=-1))
+            assert score["loss"] == pytest.approx(loss, rel=1e-12)
+            assert score["accuracy"] == np.mean(np.argmax(yhat, axis=-1) == np.argmax(y, axis=-1))
+    assert len({s["accuracy"] for s in scores}) > 1

@@ -422,6 +422,88 @@ def _tiled_problem(d, heads, N=37, p=3, I=2, m=3, r=2, seed=0):
 
 
 @needs_numba
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_tiled_kernels_skip_a_clients_padding_bit_for_bit(attention):
+    """Clients of 37, 9 and 20 samples stacked to ``N = 37`` (the rest weight 0 and zero data, as
+    ``stack_clients`` pads them): each client's kernels visit ``⌈N_c / TILE⌉`` tiles (``tiles_used``),
+    with results bit for bit those of visiting every tile and those of the client stacked alone
+    without padding; a count one tile short changes them (its last samples matter)."""
+    from linattn_theory.core import _fused_kernels as kernels
+
+    d, heads, p, n, tau = (12, 2, 5, 5, 1.0) if attention == "linear" else (5, 2, 3, 5, 0.7)
+    S, q, y, w, WQ, WK, WV = _tiled_problem(d, heads, p=p, I=1)
+    X = np.random.default_rng(3).normal(size=S.shape[:3] + (n, d))
+    sizes = [37, 9, 20]
+    for c, size in enumerate(sizes):
+        for a in (S, q, y, w, X):
+            a[0, c, size:] = 0.0
+    m = len(sizes)
+    if attention == "linear":
+        layout, steps_kernel, loss_kernel, trailing = (kernels.tiles, kernels.tiled_local_steps,
+                                                       kernels.tiled_client_losses, ((0,) * d,))
+        inputs = S
+    else:
+        layout, steps_kernel, loss_kernel, trailing = (kernels.softmax_tiles, kernels.softmax_local_steps,
+                                                       kernels.softmax_client_losses, (tau, (0,) * d, (0,) * n))
+        inputs = X
+    eta, lam = np.array([0.2]), np.array([1e-3])
+
+    def run(data, clients):
+        count = len(clients)
+        inst = np.zeros(count, np.int64)
+        outs = [np.empty((count,) + a.shape[1:]) for a in (WQ, WK, WV)]
+        steps_kernel(*data, inst, clients, 0, count, WQ, WK, WV, True, True, True, 3, eta, lam, *outs, *trailing)
+        losses = np.empty(count)
+        loss_kernel(*data, inst, clients, 0, count, WQ, WK, WV, losses, *trailing)
+        return outs + [losses]
+
+    data = layout(inputs, q, y, w)
+    assert data[-1].tolist() == [[3, 1, 2]]
+    every = data[:-1] + (np.full_like(data[-1], 3),)
+    clients = np.arange(m, dtype=np.int64)
+    ours, full = run(data, clients), run(every, clients)
+    for a, b in zip(ours, full):
+        assert np.array_equal(a, b)
+    for c, size in enumerate(sizes):
+        alone = layout(*(a[:, c:c + 1, :size] for a in (inputs, q, y, w)))
+        for a, b in zip(run(alone, np.zeros(1, np.int64)), ours):
+            assert np.array_equal(a[0], b[c]), c
+    short = data[:-1] + (data[-1] - np.array([[1, 0, 0]]),)
+    assert not np.array_equal(run(short, clients)[2][0], ours[2][0])
+
+
+@needs_numba
+def test_moment_steps_are_the_explicit_frozen_steps():
+    """A frozen stage's ``E`` local steps in moment space (``value_moment_sums``, ``moment_steps``) equal
+    ``E`` explicit steps ``V ← V − η (Σ_i w_i φ_i (V^T φ_i − y_i) + λ V)`` on the samples (NumPy), per
+    instance (its own ``η``, ``λ`` and server ``V``) and participant, to 1e-13 relative."""
+    from linattn_theory.core import _fused_kernels as kernels
+
+    rng = np.random.default_rng(7)
+    I, m, N, Hd, p, E = 2, 3, 29, 6, 4, 5
+    phi, y = rng.normal(size=(I, m, N, Hd)), rng.normal(size=(I, m, N, p))
+    w = rng.uniform(size=(I, m, N)) / N
+    V0 = rng.normal(size=(I, Hd, p))
+    eta, lam = np.array([0.3, 0.1]), np.array([0.05, 0.0])
+    phit, yt = (np.ascontiguousarray(np.swapaxes(a, -1, -2)) for a in (phi, y))
+    inst, clients = np.repeat(np.arange(I), m), np.tile(np.arange(m), I)
+    A, B = np.empty((I * m, Hd, Hd)), np.empty((I * m, Hd, p))
+    kernels.value_moment_sums(phit, yt, w, inst, clients, 0, I * m, A, B)
+    A, B = A.reshape(I, m, Hd, Hd), B.reshape(I, m, Hd, p)
+    part = np.array([[2, 0], [1, 2]]).reshape(-1)
+    inst = np.repeat(np.arange(I), 2)
+    out = np.empty((len(part), Hd, p))
+    kernels.moment_steps(A, B, inst, part, 0, len(part), V0, E, eta, lam, out)
+    for j, (s, c) in enumerate(zip(inst, part)):
+        V = V0[s].copy()
+        for _ in range(E):
+            grad = phi[s, c].T @ (w[s, c][:, None] * (phi[s, c] @ V - y[s, c]))
+            V = V - eta[s] * (grad + lam[s] * V)
+        assert relative(out[j], V) <= 1e-13, j
+        assert relative(out[j], V0[s]) > 1e-2          # the steps moved V
+
+
+@needs_numba
 @pytest.mark.slow          # compiles the tiled kernels for d = 12 and 16 (10-20 s each the first time)
 @pytest.mark.parametrize("d, heads, p", [(12, 2, 5), (16, 1, 3)])
 def test_tiled_kernels_equal_the_row_loops_and_numpy(d, heads, p):

@@ -192,12 +192,13 @@ def test_the_digits_cells_count_chaotic_instances_and_give_the_statistics_withou
 
 @pytest.mark.slow       # the quick digits grid twice and its optima twice: about 30 s
 def test_the_digits_runs_and_optima_are_the_same_whatever_the_number_of_processes():
-    """run_digits and linear_optima share their work among processes (report.digits_phase.in_processes,
+    """run_digits and linear_optima share their work among processes (sim.sweep.executors.in_processes,
     round-robin chunks): the rows and the optima on 2 processes equal those of one process, bit for bit
     (an instance's run does not depend on what else is in its ensemble, an optimum on what else is
     optimised with it)."""
     pytest.importorskip("sklearn")
-    from linattn_theory.report.digits_phase import in_processes, linear_optima, load_digits_settings, run_digits
+    from linattn_theory.report.digits_phase import linear_optima, load_digits_settings, run_digits
+    from linattn_theory.sim.sweep.executors import in_processes
 
     assert in_processes(_squares, list(range(7)), workers=2) == [x * x for x in range(7)]
     settings = load_digits_settings(Path(__file__).resolve().parents[1] / "simulations" / "configs" / "digits_phase.toml",
@@ -211,3 +212,20 @@ def test_the_digits_runs_and_optima_are_the_same_whatever_the_number_of_processe
 
 def _squares(chunk):
     return [x * x for x in chunk]
+
+
+@pytest.mark.slow       # the quick phase diagram and arms grids twice each: about 10 s
+def test_the_phase_diagram_and_arms_tables_are_the_same_whatever_the_number_of_processes():
+    """run_instances and run_arms share their instances among processes (sim.sweep.executors.in_processes):
+    the per-instance rows on 2 processes equal those of one process, bit for bit."""
+    from linattn_theory.report.arms import load_arms_settings, run_arms
+    from linattn_theory.report.phase_diagram import instance_rows, load_settings, run_instances
+
+    configs = Path(__file__).resolve().parents[1] / "simulations" / "configs"
+    settings = load_settings(configs / "phase_diagram.toml", quick=True)
+    one, two = (instance_rows(run_instances(settings, workers=w), settings)[0] for w in (1, 2))
+    pd.testing.assert_frame_equal(one, two, check_exact=True)
+    assert len(one) > 100 and one["excess_risk"].notna().any()
+    arms = load_arms_settings(configs / "phase_diagram_arms.toml", configs / "phase_diagram.toml", quick=True)
+    for a, b in zip(run_arms(arms, workers=1), run_arms(arms, workers=2)):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)

@@ -322,27 +322,52 @@ def local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k,
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def frozen_steps(phit, yt, w, inst, part, lo, hi, V0, steps, eta, lam, outV):
-    """``E`` local steps of the value block at a frozen kernel, ``ŷ = V^T φ`` (docs/theory.md §5).
-
-    ``phit`` ``(I, m, Hd, N)`` are the frozen features (samples last), ``V0`` ``(I, Hd, p)`` the
-    server's value matrices; writes item ``j``'s ``V`` to ``outV[j]`` ``(Hd, p)``.
-    """
+def value_moment_sums(phit, yt, w, inst, clients, lo, hi, A, B):
+    """The value moments of the work items ``lo..hi-1`` at their frozen kernels (docs/theory.md §4–5):
+    ``A[j] = Σ_i w_i φ_i φ_i^T`` ``(Hd, Hd)`` and ``B[j] = Σ_i w_i φ_i y_i^T`` ``(Hd, p)`` of client
+    ``clients[j]`` of instance ``inst[j]``; ``phit`` ``(I, m, Hd, N)`` are the features samples last."""
     n, N = phit.shape[2], phit.shape[3]
-    p = V0.shape[2]
+    p = yt.shape[2]
     dt = phit.dtype
-    ew = np.empty((p, N), dt)
+    wphi = np.empty((n, N), dt)
+    wy = np.empty((p, N), dt)
+    zero = np.zeros(1, dt)[0]
+    for j in range(lo, hi):
+        s_, c = inst[j], clients[j]
+        pc, yc, wc = phit[s_, c], yt[s_, c], w[s_, c]
+        for a in range(n):
+            for i in range(N):
+                wphi[a, i] = wc[i] * pc[a, i]
+        for k in range(p):
+            for i in range(N):
+                wy[k, i] = wc[i] * yc[k, i]
+        _sample_sums(pc, wphi, A[j], zero)
+        _sample_sums(pc, wy, B[j], zero)
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def moment_steps(A, B, inst, part, lo, hi, V0, steps, eta, lam, outV):
+    """``E`` local steps of the value block at a frozen kernel, in moment space (docs/theory.md §5):
+    ``V ← V − η ((A_c V − B_c) + λ V)``, the gradient of ``F_c = Σ_i w_i ½‖V^T φ_i − y_i‖²`` from the
+    client's value moments (:func:`value_moment_sums`, ``(I, m, Hd, Hd)`` and ``(I, m, Hd, p)``), a
+    step in ``O((Hd)² p)`` whatever the number of samples. ``V0`` ``(I, Hd, p)`` are the server's
+    value matrices; writes item ``j``'s ``V`` to ``outV[j]`` ``(Hd, p)``.
+    """
+    n, p = V0.shape[1], V0.shape[2]
+    dt = V0.dtype
     gV = np.empty((n, p), dt)
     zero = np.zeros(1, dt)[0]
     for j in range(lo, hi):
         s_, c = inst[j], part[j]
         V = outV[j]
         V[...] = V0[s_]
-        pc, yc, wc = phit[s_, c], yt[s_, c], w[s_, c]
+        Ac, Bc = A[s_, c], B[s_, c]
         step, ridge = eta[s_], lam[s_]
         for _ in range(steps):
-            _residuals(pc, V, yc, wc, ew)
-            _sample_sums(pc, ew, gV, zero)
+            _rows_product(Ac, V, gV, zero)
+            for a in range(n):
+                for k in range(p):
+                    gV[a, k] -= Bc[a, k]
             _descend(V, gV, step, ridge)
 
 
@@ -403,9 +428,33 @@ def _tiled_rows(a, rows: int, T: int):
     return np.ascontiguousarray(np.moveaxis(blocks, -2, -1)).reshape(lead + (T * rows * TILE,))
 
 
+def tiles_used(w):
+    """Tiles of :data:`TILE` samples each client's kernels visit, ``⌈(i_c + 1) / TILE⌉`` with ``i_c``
+    its last sample of nonzero weight (``0`` for a client without any), shape ``w.shape[:-1]``.
+
+    The samples past ``i_c`` are the padding of a client smaller than the largest of its stack
+    (:class:`~linattn_theory.core.clients.StackedClients`; or weight-0 samples): their terms in every
+    sum are exact zeros, so skipping them leaves the results bit for bit as they are and spares their
+    work (a label-skewed split pads its clients to the largest one's size: ``digits`` at
+    ``α = 0.1``, twice the samples there are).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core._fused_kernels import tiles_used
+    >>> tiles_used(np.array([[1.0] * 40, [1.0] * 16 + [0.0] * 24, [0.0] * 40])).tolist()
+    [3, 1, 0]
+    """
+    w = np.asarray(w)
+    nonzero = w != 0
+    last = w.shape[-1] - np.argmax(nonzero[..., ::-1], axis=-1)
+    return np.ascontiguousarray(np.where(nonzero.any(axis=-1), -(-last // TILE), 0), dtype=np.int64)
+
+
 def tiles(S, q, y, w):
-    """``(St, qt, yt, wt)``: the tiled kernels' layout of stacked data ``S`` ``(..., N, d, d)``,
-    ``q`` ``(..., N, d)``, ``y`` ``(..., N, p)``, ``w`` ``(..., N)``.
+    """``(St, qt, yt, wt, used)``: the tiled kernels' layout of stacked data ``S`` ``(..., N, d, d)``,
+    ``q`` ``(..., N, d)``, ``y`` ``(..., N, p)``, ``w`` ``(..., N)``, and each client's tiles
+    (:func:`tiles_used`).
 
     The ``N`` samples are cut into ``T = ⌈N / TILE⌉`` tiles of :data:`TILE` samples, the last one
     padded with samples of weight 0 and zero data (which contribute exact zeros); each client's
@@ -417,7 +466,7 @@ def tiles(S, q, y, w):
     lead, N, d = S.shape[:-3], S.shape[-3], S.shape[-1]
     T = -(-N // TILE)
     return (_tiled_rows(S.reshape(lead + (N, d * d)), d * d, T), _tiled_rows(q, d, T),
-            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T))
+            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T), tiles_used(w))
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -681,7 +730,7 @@ def _tile_loss(e, wb, T, p, zero):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def tiled_local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps,
+def tiled_local_steps(St, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps,
                       eta, lam, outQ, outK, outV, dim):
     """:func:`local_steps` on the tiled layout (:func:`tiles`), ``dim = (0,) * d``: the same
     closed forms, tile by tile: each tile's features, residuals and ``g_h = Ŝ W_V^h e_w`` while
@@ -700,24 +749,24 @@ def tiled_local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, tr
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         s_, c, Q, Kf, V, step, ridge = _work_item(j, inst, part, WQ, WK, WV, outQ, outK, outV, eta, lam)
-        Sb, qb, yb, wb = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
+        Sb, qb, yb, wb, Tc = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c]
         for _ in range(steps):
             for h in range(H):                           # K_h^T = W_K^h (W_Q^h)^T, and W_V^T
                 QT[...] = Q[h].T
                 _rows_product(Kf[h], QT, KT[h], zero)
             _value_transpose(V, VT)
-            for t in range(T):
+            for t in range(Tc):
                 _tile_features(Sb, qb, t, KT, VT, yb, wb, kq, phib, eb, zero, dim)
                 if train_kernel:
                     for h in range(H):                   # g_h = Ŝ u, u = W_V^h e_w
                         _tile_mix(V[h], eb, t * p * TILE, u)
                         _tile_context(Sb, t * d * d * TILE, u, gb, (t * H + h) * d * TILE, zero, dim)
-            _tile_sums_and_descent(phib, eb, qb, gb, T, Q, Kf, V, gV, gK, gQ, gKf, step, ridge, zero, train_q,
+            _tile_sums_and_descent(phib, eb, qb, gb, Tc, Q, Kf, V, gV, gK, gQ, gKf, step, ridge, zero, train_q,
                                    train_k, train_v)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def tiled_client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, dim):
+def tiled_client_losses(St, qt, yt, w, used, inst, clients, lo, hi, WQ, WK, WV, out, dim):
     """:func:`client_losses` on the tiled layout (:func:`tiles`), ``dim = (0,) * d``."""
     H, d = WQ.shape[1], WQ.shape[2]
     p = WV.shape[3]
@@ -732,25 +781,25 @@ def tiled_client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, d
     zero = np.zeros(1, dt)[0]
     for j in range(lo, hi):
         s_, c = inst[j], clients[j]
-        Sb, qb, yb, wb = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
+        Sb, qb, yb, wb, Tc = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         _value_transpose(WV[s_], VT)
-        for t in range(T):
+        for t in range(Tc):
             _tile_features(Sb, qb, t, KT, VT, yb, ones, kq, phib, e, zero, dim)
-        out[j] = _tile_loss(e, wb, T, p, zero)
+        out[j] = _tile_loss(e, wb, Tc, p, zero)
 
 
 # ----------------------------------------------------------------------------------------------
 # softmax attention (docs/theory.md §9): the contexts X in tiles, every product register-blocked
 # ----------------------------------------------------------------------------------------------
 def softmax_tiles(X, q, y, w):
-    """``(Xt, qt, yt, wt)``: the softmax kernels' layout of contexts ``X`` ``(..., N, n, d)`` (and
-    ``q``, ``y``, ``w`` as in :func:`tiles`): ``Xt[..., ((t n + j) d + b) TILE + i] = X_{t TILE + i}[j, b]``."""
+    """``(Xt, qt, yt, wt, used)``: the softmax kernels' layout of contexts ``X`` ``(..., N, n, d)`` (and
+    ``q``, ``y``, ``w``, ``used`` as in :func:`tiles`): ``Xt[..., ((t n + j) d + b) TILE + i] = X_{t TILE + i}[j, b]``."""
     X, q, y, w = (np.asarray(a) for a in (X, q, y, w))
     lead, N, n, d = X.shape[:-3], X.shape[-3], X.shape[-2], X.shape[-1]
     T = -(-N // TILE)
     return (_tiled_rows(X.reshape(lead + (N, n * d)), n * d, T), _tiled_rows(q, d, T),
-            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T))
+            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T), tiles_used(w))
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -827,7 +876,7 @@ def _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total,
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def softmax_local_steps(Xt, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps, eta,
+def softmax_local_steps(Xt, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps, eta,
                         lam, outQ, outK, outV, temperature, dim, tokens):
     """:func:`local_steps` of softmax attention (docs/theory.md §9) on the tiled contexts
     (:func:`softmax_tiles`), ``dim = (0,) * d``, ``tokens = (0,) * n`` (compiled per ``(d, n)``):
@@ -855,11 +904,11 @@ def softmax_local_steps(Xt, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, 
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         s_, c, Q, Kf, V, step, ridge = _work_item(j, inst, part, WQ, WK, WV, outQ, outK, outV, eta, lam)
-        Xb, qb, yb, wb = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
+        Xb, qb, yb, wb, Tc = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c]
         for _ in range(steps):
             _kernel_transposes(Q, Kf, KT, zero)
             _value_transpose(V, VT)
-            for t in range(T):
+            for t in range(Tc):
                 _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens)
                 _tile_residuals(VT, phib, t * H * d * TILE, yb, wb, t * TILE, eb, t * p * TILE, zero, dim)
                 if not train_kernel:
@@ -881,12 +930,12 @@ def softmax_local_steps(Xt, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, 
                     _tile_tokens(Xb, xo, u, 0, gb, go, zero, dim, tokens)   # g = X^T δ / τ
                     for i in range(d * TILE):
                         gb[_U(go + i)] = gb[_U(go + i)] / temperature
-            _tile_sums_and_descent(phib, eb, qb, gb, T, Q, Kf, V, gV, gK, gQ, gKf, step, ridge, zero, train_q,
+            _tile_sums_and_descent(phib, eb, qb, gb, Tc, Q, Kf, V, gV, gK, gQ, gKf, step, ridge, zero, train_q,
                                    train_k, train_v)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def softmax_client_losses(Xt, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, temperature, dim, tokens):
+def softmax_client_losses(Xt, qt, yt, w, used, inst, clients, lo, hi, WQ, WK, WV, out, temperature, dim, tokens):
     """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of softmax attention (:func:`client_losses`' contract, the
     data as in :func:`softmax_local_steps`)."""
     H, d = WQ.shape[1], WQ.shape[2]
@@ -906,10 +955,10 @@ def softmax_client_losses(Xt, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out,
     zero = np.zeros(1, dt)[0]
     for j in range(lo, hi):
         s_, c = inst[j], clients[j]
-        Xb, qb, yb, wb = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
+        Xb, qb, yb, wb, Tc = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         _value_transpose(WV[s_], VT)
-        for t in range(T):
+        for t in range(Tc):
             _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens)
             _tile_residuals(VT, phib, t * H * d * TILE, yb, ones, t * TILE, e, t * p * TILE, zero, dim)
-        out[j] = _tile_loss(e, wb, T, p, zero)
+        out[j] = _tile_loss(e, wb, Tc, p, zero)

@@ -18,6 +18,13 @@ gradient correction (FedAvg, FedFrozen, FedAvgM, FedAdam, value-frozen, random k
 attention (on ``Ŝ``) and softmax attention (on the contexts ``X``, in tiles of samples:
 :func:`~linattn_theory.core._fused_kernels.softmax_local_steps`, docs/theory.md §9; with
 ``engine="auto"`` up to ``n·d =`` :data:`MAX_SOFTMAX_CONTEXT`, ``benchmarks/bench_softmax.py``).
+A frozen stage (``W_V`` alone, docs/theory.md §5) runs in moment space: the clients' value moments
+``A_c = Σ_i w_i φ_i φ_i^T``, ``B_c = Σ_i w_i φ_i y_i^T`` are computed once per frozen kernel
+(:meth:`FusedEngine.value_moments`) and each local step is ``V ← V − η (A_c V − B_c + λ V)``
+(:func:`~linattn_theory.core._fused_kernels.moment_steps`), ``O((Hd)² p)`` whatever the number of
+samples (equal to the explicit steps to rounding: tests 1e-13). The tiled and softmax kernels visit
+each client's own tiles only (:func:`~linattn_theory.core._fused_kernels.tiles_used`: a client
+padded to the largest of its stack skips its padding, bit for bit the same numbers).
 The round engine chooses it (:func:`linattn_theory.sim.rounds.select_engine`): ``engine="auto"``
 uses it where it applies, numba is installed and a local step is large enough
 (``m·N·d² ≥`` :data:`MIN_STEP_WORK`, one rule for a run alone and an instance of an ensemble);
@@ -227,28 +234,36 @@ class FusedEngine:
             self.layout = (St, qt, self.y, self.w)
             self.steps_kernel, self.loss_kernel = _fused_kernels.local_steps, _fused_kernels.client_losses
             self.trailing = (_fused_kernels.dimension(d),)
-        self._features = (None, None)
 
     def _cast(self, a):
         return np.ascontiguousarray(a, dtype=self.dtype)
 
-    def _samples_last(self, phi):
-        """Frozen features ``(I, m, N, Hd)`` in the kernels' layout ``(I, m, Hd, N)`` (kept for
-        the next call with the same array: a frozen stage passes the same features every round)."""
-        if self._features[0] is not phi:
-            self._features = (phi, self._cast(np.swapaxes(np.asarray(phi), -1, -2)))
-        return self._features[1]
+    def value_moments(self, phi, first: int = 0):
+        """The value moments ``(A, B)`` ``(I, m, Hd, Hd)``, ``(I, m, Hd, p)`` of every client of the
+        instances ``first..first+I-1`` at their frozen features ``phi`` ``(I, m, N, Hd)``:
+        ``A_c = Σ_i w_i φ_i φ_i^T``, ``B_c = Σ_i w_i φ_i y_i^T`` (:func:`train`'s ``moments``; docs/theory.md §4–5)."""
+        phit = self._cast(np.swapaxes(np.asarray(phi), -1, -2))
+        I, m, n = phit.shape[:3]
+        p = self.y.shape[2]
+        inst = np.repeat(np.arange(I, dtype=np.int64), m)
+        clients = np.tile(np.arange(m, dtype=np.int64), I)
+        A, B = np.empty((I * m, n, n), self.dtype), np.empty((I * m, n, p), self.dtype)
+        _run_chunks(self.kernels.value_moment_sums, I * m, (phit, self.y[first:first + I], self.w[first:first + I],
+                                                          inst, clients), (A, B))
+        return A.reshape(I, m, n, n), B.reshape(I, m, n, p)
 
     def _per_instance(self, value, count: int):
         return self._cast(np.broadcast_to(np.asarray(value, dtype=self.dtype).reshape(-1), (count,)))
 
-    def train(self, server, blocks, participants, steps: int, learning_rate, ridge, phi=None,
+    def train(self, server, blocks, participants, steps: int, learning_rate, ridge, moments=None,
               first: int = 0) -> dict:
         """``{b: θ_{i,c,b}}`` ``(I, k, ...)`` after ``E`` local steps of the participants ``(I, k)``
         of the instances ``first..first+I-1`` from their server parameters ``server`` (blocks
         ``(I, H, d, r)``), step sizes ``learning_rate`` and ridges ``ridge`` (numbers or ``(I,)``).
 
-        With the kernel frozen (``blocks == ("WV",)``) ``phi`` ``(I, m, N, H·d)`` are the features.
+        With the kernel frozen (``blocks == ("WV",)``) ``moments`` are the clients' value moments
+        :meth:`value_moments` ``(A, B)`` at the frozen features, and the ``E`` steps run in moment space
+        (:func:`~linattn_theory.core._fused_kernels.moment_steps`, ``O((Hd)² p)`` per step).
         Each (instance, client) is one thread's work, so results do not depend on the threads.
         """
         part = np.asarray(participants, dtype=np.int64)
@@ -257,11 +272,11 @@ class FusedEngine:
         part = np.ascontiguousarray(part.reshape(-1))
         eta, lam = self._per_instance(learning_rate, I), self._per_instance(ridge, I)
         WQ, WK, WV = (self._cast(getattr(server, b)) for b in ("WQ", "WK", "WV"))
-        if phi is not None:
+        if moments is not None:
             _, H, d, p = WV.shape
             out = np.empty((I * k, H * d, p), self.dtype)
-            _run_chunks(self.kernels.frozen_steps, I * k, (self._samples_last(phi), self.y[first:first + I],
-                                                           self.w[first:first + I], inst, part),
+            A, B = (self._cast(a) for a in moments)
+            _run_chunks(self.kernels.moment_steps, I * k, (A, B, inst, part),
                         (WV.reshape(I, H * d, p), steps, eta, lam, out))
             return {"WV": out.reshape((I, k) + WV.shape[1:])}
         data = tuple(a[first:first + I] for a in self.layout)

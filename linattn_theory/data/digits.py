@@ -27,12 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.arrays import array_namespace, to_numpy
-from ..core.model import Params, predict_from_contexts
+from ..core.model import (Params, attention_features, context_second_moment, flat, kernel,
+                          value_matrix)
 from ..core.clients import ClientDataset, FederatedDataset
 from ..core.errors import ConfigError
 from ..core.seeds import seed_sequence
 
-__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "max_clients", "check_task", "SEED_SPLIT",
+__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "evaluate_history", "max_clients", "check_task", "SEED_SPLIT",
            "DIGITS_CLASS_COUNTS"]
 
 #: SeedSequence purpose of the test split and the client split (apart from the task purposes 0–5)
@@ -326,9 +327,56 @@ def evaluate(params: Params, X, q, y, attention: str = "linear", temperature: fl
     >>> sorted(scores), 0 <= scores["accuracy"] <= 1
     (['accuracy', 'loss'], True)
     """
-    xp = array_namespace(params.WV)
-    X, q, y = (xp.asarray(a, dtype=params.WV.dtype) for a in (X, q, y))
-    yhat = to_numpy(predict_from_contexts(params, X, q, attention, temperature))
+    return evaluate_history([params], X, q, y, attention, temperature)[0]
+
+
+def evaluate_history(history, X, q, y, attention: str = "linear", temperature: float = 1.0,
+                     chunk: int = 64) -> list[dict]:
+    """:func:`evaluate` of every parameter set of ``history`` (a run's ``θ^0, θ^1, …``), ``chunk`` of
+    them stacked into one prediction (broadcast over the leading axis: the test contexts' ``Ŝ`` is
+    computed once per chunk, not once per round).
+
+    Parameters
+    ----------
+    history : sequence of Params
+        The parameter sets (equal shapes).
+    X, q, y, attention, temperature
+        As in :func:`evaluate`.
+    chunk : int, default 64
+        Parameter sets per prediction (bounds the memory to ``chunk · N · H d`` numbers).
+
+    Returns
+    -------
+    list of dict
+        ``{"loss": float, "accuracy": float}`` per parameter set.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linattn_theory as lt
+    >>> from linattn_theory.data.digits import evaluate, evaluate_history
+    >>> test = lt.digits_clients(num_clients=4).truth
+    >>> thetas = [lt.Params.init(d=16, r=4, p=10, seed=s) for s in range(3)]
+    >>> scores = evaluate_history(thetas, test["test_X"], test["test_q"], test["test_y"])
+    >>> one = evaluate(thetas[2], test["test_X"], test["test_q"], test["test_y"])
+    >>> len(scores), bool(np.isclose(scores[2]["loss"], one["loss"], rtol=1e-12))
+    (3, True)
+    """
+    history = list(history)
+    if not history:
+        return []
+    xp = array_namespace(history[0].WV)
+    X, q, y = (xp.asarray(a, dtype=history[0].WV.dtype) for a in (X, q, y))
     y = to_numpy(y)
-    return {"loss": float(np.mean(0.5 * np.sum((yhat - y) ** 2, axis=-1))),
-            "accuracy": float(np.mean(np.argmax(yhat, axis=-1) == np.argmax(y, axis=-1)))}
+    labels = np.argmax(y, axis=-1)
+    inputs = X if attention == "softmax" else context_second_moment(X)
+    scores = []
+    for start in range(0, len(history), chunk):
+        part = history[start:start + chunk]
+        stacked = Params(*(xp.stack([getattr(theta, b) for theta in part]) for b in ("WQ", "WK", "WV")))
+        phi = flat(xp, attention_features(kernel(stacked), inputs[None], q[None], attention, temperature), 2)
+        yhat = to_numpy(xp.matmul(phi, value_matrix(xp, stacked.WV)))       # (chunk, N, p)
+        loss = np.mean(0.5 * np.sum((yhat - y) ** 2, axis=-1), axis=-1)
+        accuracy = np.mean(np.argmax(yhat, axis=-1) == labels, axis=-1)
+        scores += [{"loss": float(a), "accuracy": float(b)} for a, b in zip(loss, accuracy)]
+    return scores

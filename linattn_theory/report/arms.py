@@ -100,7 +100,7 @@ def load_arms_settings(path, base_path, quick: bool = False) -> dict:
     return settings
 
 
-def run_arms(settings: dict):
+def run_arms(settings: dict, workers: int = 1):
     """:func:`~linattn_theory.report.tuning.tune_and_hold_out` of the declared arms at the cells
     ``(ζ_V, E)`` with the chaos flag on the held-out runs; ``(heldout rows, design rows, choices)``
     with the columns ``zeta_value`` and ``local_steps`` of the cell.
@@ -109,6 +109,8 @@ def run_arms(settings: dict):
     ----------
     settings : dict
         :func:`load_arms_settings`' result.
+    workers : int, default 1
+        Processes sharing the instances (:func:`~linattn_theory.report.tuning.tune_and_hold_out`).
 
     Returns
     -------
@@ -122,7 +124,8 @@ def run_arms(settings: dict):
     cells = {_cell(z, E): {"task.zeta_value": z, "federated.local_steps": E}
              for z in settings["zeta_value"] for E in settings["local_steps"]}
     tuned = tune_and_hold_out(settings["base"], settings["arms"], settings["grids"], settings["design_seeds"],
-                              settings["heldout_seeds"], cells=cells, sensitivity=True)
+                              settings["heldout_seeds"], cells=cells, sensitivity=True,
+                              workers=workers)
 
     def split(table):
         parts = table["cell"].str.split("|", expand=True)

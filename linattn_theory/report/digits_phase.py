@@ -20,11 +20,12 @@ import pandas as pd
 
 from ..data.digits import evaluate
 from ..sim.engine import clients_from_config
+from ..sim.sweep.executors import in_processes
 from .phase_diagram import bootstrap_median, load_settings, stable_steps
 from .tuning import choose_steps
 
 __all__ = ["load_digits_settings", "run_digits", "sweep_chaos", "tuned_choices", "digits_cells", "linear_optima",
-           "chaos_statistics", "in_processes"]
+           "chaos_statistics"]
 
 #: the keys of ``digits_phase.toml`` besides ``base`` and ``quick``
 SETTINGS = ("step_scales", "fedavg_steps", "label_alpha", "local_steps", "attention", "warmups", "design_seeds",
@@ -113,53 +114,6 @@ def sweep_chaos(configs: list, clients: list, sweeps: list, warmups) -> list[dic
     repeats = warmup_sweeps_and_paths(configs, warmups, clients, params=starts)[0]
     return [{T0: bool(run_sensitivity(c, cl, reference=sweep[T0], runs=[repeat[T0]]).chaotic) for T0 in warmups}
             for c, cl, sweep, repeat in zip(configs, clients, sweeps, repeats)]
-
-
-def in_processes(task, items: list, workers: int = 1, progress: bool = False, desc: str = "") -> list:
-    """``task(chunk)`` over round-robin chunks of ``items``, one result per item in ``items``' order:
-    ``4·workers`` chunks on ``workers`` processes (joblib; one process: one chunk, here). ``task``
-    returns one result per item of its chunk; a result must not depend on what else is in the chunk
-    (an instance's run is bit-identical whatever shares its ensemble), so any split gives the same.
-
-    Parameters
-    ----------
-    task : callable
-        ``list -> list``, module level (it is pickled).
-    items : list
-        The work.
-    workers : int, default 1
-        Processes.
-    progress : bool, default False
-        A progress bar over the chunks.
-    desc : str, default ""
-        Its label.
-
-    Returns
-    -------
-    list
-        ``task``'s results, in ``items``' order.
-
-    Examples
-    --------
-    >>> from linattn_theory.report.digits_phase import in_processes
-    >>> in_processes(lambda chunk: [x * x for x in chunk], [1, 2, 3])
-    [1, 4, 9]
-    """
-    from tqdm.auto import tqdm
-
-    count = 4 * workers if workers > 1 else 1
-    chunks = [list(range(len(items)))[k::count] for k in range(count)]
-    chunks = [c for c in chunks if c]
-    if len(chunks) > 1:
-        from joblib import Parallel, delayed
-        parts = Parallel(n_jobs=workers, return_as="generator")(delayed(task)([items[i] for i in c]) for c in chunks)
-    else:
-        parts = (task([items[i] for i in c]) for c in chunks)
-    out = [None] * len(items)
-    for chunk, part in zip(chunks, tqdm(parts, total=len(chunks), desc=desc, disable=not progress or len(chunks) < 2)):
-        for i, result in zip(chunk, part):
-            out[i] = result
-    return out
 
 
 def _sweep_task(chunk: list) -> list:

@@ -16,6 +16,7 @@ from ..core.model import kernel
 from ..recommenders.scoring import best_warmup
 from ..sim.config import RunConfig
 from ..sim.engine import clients_from_config, hessian_curvature, prepare_run
+from ..sim.sweep.executors import in_processes
 from ..core.curvature import MODEL_ITERATIONS
 from ..theory.bound import drift_floor_leading_order
 from ..theory.decomposition import decompose_excess_risk
@@ -205,20 +206,31 @@ def _excess(result, phi_star: float) -> float:
     return np.inf if result.diverged else float(result.table["loss_regularized"].iloc[-1]) - phi_star
 
 
-def run_instances(settings: dict, progress: bool = False) -> list[dict]:
+def run_instances(settings: dict, progress: bool = False, workers: int = 1) -> list[dict]:
     """Every instance ``(ζ_V, seed)`` of the design and held-out seeds at every ``E`` and step scale:
-    one record per (instance, E, c) with the warm-up sweep ``R(T0)``, ``T0 = 0..T``, FedAvg's path,
-    the value solve after it, the chaos of FedAvg's path, the predictor's inputs and the online rule's
-    realised run (:func:`online_runs`)."""
+    one record per (instance, E, c) with the warm-up sweep's ``R(T0)``, ``T0 = 0..T`` (``sweep`` keeps
+    the runs of ``T0 = T`` and of the best ``T0``), FedAvg's path, the value solve after it, the chaos
+    of FedAvg's path, the predictor's inputs and the online rule's realised run (:func:`online_runs`).
+    The instances are shared among ``workers`` processes
+    (:func:`~linattn_theory.sim.sweep.executors.in_processes`; an instance's records do not depend on
+    the others, so the records are the same for any count)."""
+    roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
+    entries = [(settings, zeta, role, seed) for zeta in settings["zeta_value"] for role, seed in roles]
+    parts = in_processes(_records_task, entries, workers, progress=progress, desc="phase diagram instances")
+    return [record for part in parts for record in part]
+
+
+def _records_task(chunk: list) -> list[list[dict]]:
+    """Worker of :func:`run_instances`: the records of each instance ``(settings, ζ_V, role, seed)`` of ``chunk``."""
     from ..sim.sensitivity import ensemble_sensitivities
     from ..sim.warmup_grid import warmup_sweeps_and_paths
     from ..theory.profile import centralized_optima
 
+    settings = chunk[0][0]
     base = settings["base"]
     T = base.federated.rounds
     scales = sorted(set(settings["step_scales"]) | set(settings["fedavg_steps"]))
-    roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
-    found = [(zeta, role, seed, _instance(base, zeta, seed)) for zeta in settings["zeta_value"] for role, seed in roles]
+    found = [(zeta, role, seed, _instance(base, zeta, seed)) for _, zeta, role, seed in chunk]
     found = [(*entry, clients_from_config(entry[-1])) for entry in found]
     steps = stable_steps([entry[3] for entry in found], [entry[4] for entry in found])
     instances = [(*entry, eta_stable, curvature) for entry, (eta_stable, curvature) in zip(found, steps)]
@@ -230,10 +242,10 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
                 configs.append(config.with_updates({"federated.local_steps": E, "federated.learning_rate": c * eta_stable,
                                                     "federated.strategy": "fedfrozen"}))
                 clients.append(inst_clients)
-    sweeps, paths = warmup_sweeps_and_paths(configs, None, clients, progress=progress)
+    sweeps, paths = warmup_sweeps_and_paths(configs, None, clients)
     # chaos of each FedAvg path: the same run from θ⁰ ⊙ (1 + 1e-12 ξ) (sim.sensitivity)
     fedavg = [c.with_updates({"federated.warmup_rounds": T}) for c in configs]
-    path_chaos = ensemble_sensitivities(fedavg, clients, [sweep[T] for sweep in sweeps], progress=progress)
+    path_chaos = ensemble_sensitivities(fedavg, clients, [sweep[T] for sweep in sweeps])
     # Φ*_λ per instance, started from every final kernel its FedAvg paths reached (and the teacher)
     finals: dict = {}
     for (k, _, _), sweep in zip(points, sweeps):
@@ -242,7 +254,7 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
     problems = [dict(clients=inst[4], lam=inst[3].federated.ridge, rank=inst[3].model.rank, heads=inst[3].model.heads,
                      seed=inst[3].seed, initial_kernels=finals.get(k, [])) for k, inst in enumerate(instances)]
     optima = [o.objective for o in centralized_optima(problems)]
-    online = online_runs(configs, clients, progress=progress)
+    online = online_runs(configs, clients)
     records = []
     for (k, E, c), config, sweep, path, chaos, (run, chaos_online) in zip(points, configs, sweeps, paths, path_chaos,
                                                                           online):
@@ -258,15 +270,17 @@ def run_instances(settings: dict, progress: bool = False) -> list[dict]:
             K_last = np.asarray(kernel(last.params), dtype=np.float64)
             if np.all(np.isfinite(K_last)):
                 solve = float(profile_objective(K_last, inst_clients, config.federated.ridge)[0]) - phi_star
+        kept = {T0: sweep[T0] for T0 in sorted({T, best_warmup(R)})}    # the runs instance_rows decomposes
         records.append({"zeta_value": zeta, "role": role, "seed": seed, "local_steps": E, "step_scale": c,
-                        "learning_rate": eta, "config": config, "clients": inst_clients, "sweep": sweep,
+                        "learning_rate": eta, "config": config, "clients": inst_clients, "sweep": kept,
                         "R": R, "optimum": phi_star, "oracle": float(np.nanmin(F)) - phi_star,
                         "value_solve_final": solve, "chaotic": bool(chaos.chaotic),
                         "amplification": chaos.amplification, "online": _excess(run, phi_star),
                         "online_T0": int(run.metadata["kernel_round"]), "online_stop": int(run.metadata["stop_round"]),
                         "online_chaotic": bool(chaos_online.chaotic),
                         **predictor_inputs(config, eta, curvature, inst_clients, warmups=range(T + 1))})
-    return records
+    per = len(records) // len(chunk)                       # each instance's records, (E, c) in order
+    return [records[k * per:(k + 1) * per] for k in range(len(chunk))]
 
 
 def online_runs(configs, clients, progress: bool = False) -> list[tuple]:

@@ -40,6 +40,7 @@ from ..core.model import kernel
 from ..sim.config import RunConfig
 from ..sim.engine import clients_from_config
 from ..sim.ensemble import simulate_many
+from ..sim.sweep.executors import in_processes
 
 __all__ = ["TunedComparison", "tune_and_hold_out", "choose_steps", "grid_settings", "setting_label"]
 
@@ -151,27 +152,45 @@ def _chaotic(configs: list[RunConfig], results) -> list[bool]:
     return [bool(found.chaotic) for found in ensemble_sensitivities(configs, clients, results)]
 
 
-def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable, sensitivity: bool = False) -> pd.DataFrame:
+def _run(points: list[tuple], configs: list[RunConfig], optimum: Callable, sensitivity: bool = False,
+         workers: int = 1) -> pd.DataFrame:
     """Rows :data:`COLUMNS` of the runs ``configs`` at ``points`` ``(seed, cell, arm, step, setting)``;
     one ``Φ*_λ`` per instance (cell, seed), from every final kernel its runs reached; with
-    ``sensitivity`` a column ``chaotic``."""
-    results = simulate_many(configs)
+    ``sensitivity`` a column ``chaotic``. The instances are shared among ``workers`` processes
+    (:func:`~linattn_theory.sim.sweep.executors.in_processes`: the same rows for any count)."""
     instances: dict = {}
     for i, (seed, cell, *_) in enumerate(points):
         instances.setdefault((cell, seed), []).append(i)
-    rows = [None] * len(points)
-    for indices in instances.values():
-        config = configs[indices[0]]
-        kernels = [np.asarray(kernel(results[i].params)) for i in indices if not results[i].diverged]
-        phi_star = optimum(config, clients_from_config(config), kernels)
-        for i in indices:
-            result = results[i]
-            F = result.table["loss_regularized"].to_numpy()
-            rows[i] = (*points[i], float(result.metadata["config"]["federated"]["learning_rate"]),
-                       np.nan if result.diverged else float(F[-1]) - phi_star, bool(result.diverged),
-                       float(np.nanmin(F)) - phi_star)
+    items = [([points[i] for i in indices], [configs[i] for i in indices], optimum, sensitivity)
+             for indices in instances.values()]
+    rows, chaotic = [None] * len(points), [None] * len(points)
+    for indices, part in zip(instances.values(), in_processes(_instance_rows, items, workers)):
+        for i, (row, flag) in zip(indices, part):
+            rows[i], chaotic[i] = row, flag
     table = pd.DataFrame(rows, columns=COLUMNS)
-    return table.assign(chaotic=_chaotic(configs, results)) if sensitivity else table
+    return table.assign(chaotic=chaotic) if sensitivity else table
+
+
+def _instance_rows(chunk: list) -> list[list[tuple]]:
+    """Worker of :func:`_run`: per instance ``(points, configs, optimum, sensitivity)`` of ``chunk``, its
+    runs' ``(row, chaotic)`` (the runs of the whole chunk as one :func:`simulate_many`)."""
+    configs = [config for _, group, _, _ in chunk for config in group]
+    results = simulate_many(configs)
+    flags = _chaotic(configs, results) if chunk[0][3] else [None] * len(configs)
+    out, start = [], 0
+    for points, group, optimum, _ in chunk:
+        runs, found = results[start:start + len(group)], flags[start:start + len(group)]
+        start += len(group)
+        kernels = [np.asarray(kernel(result.params)) for result in runs if not result.diverged]
+        phi_star = optimum(group[0], clients_from_config(group[0]), kernels)
+        part = []
+        for point, result, flag in zip(points, runs, found):
+            F = result.table["loss_regularized"].to_numpy()
+            part.append(((*point, float(result.metadata["config"]["federated"]["learning_rate"]),
+                          np.nan if result.diverged else float(F[-1]) - phi_star, bool(result.diverged),
+                          float(np.nanmin(F)) - phi_star), flag))
+        out.append(part)
+    return out
 
 
 def choose_steps(design: pd.DataFrame, grids: Mapping, step_key: str = "federated.step_scale") -> pd.DataFrame:
@@ -235,7 +254,8 @@ def choose_steps(design: pd.DataFrame, grids: Mapping, step_key: str = "federate
 def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping,
                       design_seeds: Sequence[int], heldout_seeds: Sequence[int], *,
                       cells: Mapping[str, dict] | None = None, step_key: str = "federated.step_scale",
-                      optimum: Callable | None = None, sensitivity: bool = False) -> TunedComparison:
+                      optimum: Callable | None = None, sensitivity: bool = False,
+                      workers: int = 1) -> TunedComparison:
     """Choose each arm's step on ``design_seeds`` and score it on ``heldout_seeds`` (module docstring).
 
     ``arms`` maps a name to its config updates (``{"federated.strategy": "fedavg"}``), ``grids`` a name
@@ -265,6 +285,9 @@ def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping,
         ``optimum(config, clients, kernels) -> Φ*_λ``; default the centralised optimum.
     sensitivity : bool, default False
         Flag the chaotic held-out runs (:func:`~linattn_theory.sim.sensitivity.run_sensitivity`).
+    workers : int, default 1
+        Processes sharing the instances (``optimum`` is then pickled: a module-level function);
+        the same tables for any count.
 
     Returns
     -------
@@ -303,9 +326,10 @@ def tune_and_hold_out(base: RunConfig, arms: Mapping[str, dict], grids: Mapping,
 
     points = [point(seed, cell, arm, label) for cell in cells for arm in arms for label in settings[arm]
               for seed in design_seeds]
-    design = _run(points, [config(c, a, label, seed) for seed, c, a, _, label in points], optimum)
+    design = _run(points, [config(c, a, label, seed) for seed, c, a, _, label in points], optimum, workers=workers)
     choices = choose_steps(design, grids, step_key)
     chosen = {(r.cell, r.arm): r.setting for r in choices.itertuples()}
     points = [point(seed, cell, arm, chosen[cell, arm]) for cell in cells for arm in arms for seed in heldout_seeds]
-    heldout = _run(points, [config(c, a, label, seed) for seed, c, a, _, label in points], optimum, sensitivity)
+    heldout = _run(points, [config(c, a, label, seed) for seed, c, a, _, label in points], optimum, sensitivity,
+                   workers)
     return TunedComparison(heldout, design, choices)

@@ -676,11 +676,11 @@ def _add_test_metrics(result: RunResult, clients, config: RunConfig, history) ->
     from the run's parameters ``history`` ``θ^0, θ^1, …``."""
     if history is None or not _has_test_split(clients):
         return
-    from ..data.digits import evaluate
+    from ..data.digits import evaluate_history
     truth, model = clients.truth, config.model
     with np.errstate(all="ignore"):
-        test = [evaluate(theta, truth["test_X"], truth["test_q"], truth["test_y"], model.attention, model.temperature)
-                for theta in history]
+        test = evaluate_history(history, truth["test_X"], truth["test_q"], truth["test_y"], model.attention,
+                                model.temperature)
     for key in ("loss", "accuracy"):
         result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
     result.metadata["test"] = test[int(result.table["round"].iloc[-1])]

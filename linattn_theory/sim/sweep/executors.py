@@ -26,6 +26,7 @@ from ...core.io import timed_run
 from ..config import RunConfig, config_from_dict, warmup_family_key
 
 __all__ = ["EXECUTORS", "TASK_INSTANCES", "PARENT_CHECK_SECONDS", "check_executor", "plan_tasks", "compute_task",
+           "in_processes",
            "run_tasks"]
 
 
@@ -365,3 +366,50 @@ def run_tasks(executor: str, tasks: list, workers: int | None, scheduler: str | 
         yield from _process_results(tasks, workers)
         return
     yield from _dask_results(tasks, workers, scheduler)
+
+
+def in_processes(task, items: list, workers: int = 1, progress: bool = False, desc: str = "") -> list:
+    """``task(chunk)`` over round-robin chunks of ``items``, one result per item in ``items``' order:
+    ``4·workers`` chunks on ``workers`` processes (joblib; one process: one chunk, here). ``task``
+    returns one result per item of its chunk; a result must not depend on what else is in the chunk
+    (an instance's run is bit-identical whatever shares its ensemble), so any split gives the same.
+
+    Parameters
+    ----------
+    task : callable
+        ``list -> list``, module level (it is pickled).
+    items : list
+        The work.
+    workers : int, default 1
+        Processes.
+    progress : bool, default False
+        A progress bar over the chunks.
+    desc : str, default ""
+        Its label.
+
+    Returns
+    -------
+    list
+        ``task``'s results, in ``items``' order.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.executors import in_processes
+    >>> in_processes(lambda chunk: [x * x for x in chunk], [1, 2, 3])
+    [1, 4, 9]
+    """
+    from tqdm.auto import tqdm
+
+    count = 4 * workers if workers > 1 else 1
+    chunks = [list(range(len(items)))[k::count] for k in range(count)]
+    chunks = [c for c in chunks if c]
+    if len(chunks) > 1:
+        from joblib import Parallel, delayed
+        parts = Parallel(n_jobs=workers, return_as="generator")(delayed(task)([items[i] for i in c]) for c in chunks)
+    else:
+        parts = (task([items[i] for i in c]) for c in chunks)
+    out = [None] * len(items)
+    for chunk, part in zip(chunks, tqdm(parts, total=len(chunks), desc=desc, disable=not progress or len(chunks) < 2)):
+        for i, result in zip(chunk, part):
+            out[i] = result
+    return out
