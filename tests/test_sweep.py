@@ -209,6 +209,23 @@ def test_diverged_runs_are_recorded(tmp_path):
     assert run.diverged and "learning_rate" in run.divergence.message
 
 
+def test_the_summary_reads_each_runs_last_round_as_the_whole_table_gives_it(tmp_path):
+    """summary_table parses only a run's header and last row (final_round): the same summary, bit for
+    bit, as summary_row of every run's whole table, for a finished and a diverged run."""
+    from linattn_theory.sim.sweep.store import finished_runs, read_table, summary_row, summary_table
+
+    data = {"task": {"num_clients": 3, "samples_per_client": 16, "tokens": 4, "dim": 3},
+            "federated": {"rounds": 8, "warmup_rounds": 8, "learning_rate": 5.0, "ridge": 0.05},
+            "grid": {"federated.learning_rate": [0.01, 5.0]}}
+    run_sweep(sweep_from_dict(data), tmp_path / "out")
+    whole = pd.DataFrame([summary_row(metadata, read_table(files["rounds.csv"]), metadata.get("run_id", path.name))
+                          for path, metadata, files in finished_runs(tmp_path / "out")])
+    ours = summary_table(tmp_path / "out")
+    pd.testing.assert_frame_equal(ours, whole, check_exact=True)
+    assert ours["diverged"].tolist() == [False, True] and 0 < ours["final_loss"].iloc[0] < ours["final_loss_regularized"].iloc[0]
+    assert ours["rounds_completed"].iloc[0] == 8 > ours["rounds_completed"].iloc[1]
+
+
 @pytest.mark.slow
 def test_sigkill_mid_sweep_then_rerun_equals_uninterrupted(tmp_path):
     text = BASE.format(rounds=150) + """

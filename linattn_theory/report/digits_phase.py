@@ -116,20 +116,11 @@ def sweep_chaos(configs: list, clients: list, sweeps: list, warmups) -> list[dic
             for c, cl, sweep, repeat in zip(configs, clients, sweeps, repeats)]
 
 
-def _sweep_task(chunk: list) -> list:
-    """Worker: ``(sweep, chaos)`` of each ``(config, clients, warmups, progress)`` of ``chunk``, one ensemble."""
-    from ..sim.warmup_grid import warmup_sweeps_and_paths
-
-    configs, clients, (_, _, warmups, progress) = [c[0] for c in chunk], [c[1] for c in chunk], chunk[0]
-    sweeps = warmup_sweeps_and_paths(configs, warmups, clients, progress=progress)[0]
-    return list(zip(sweeps, sweep_chaos(configs, clients, sweeps, warmups)))
-
-
 def run_digits(settings: dict, progress: bool = False, workers: int = 1) -> pd.DataFrame:
     """Every instance at every ``E``, step scale and warm-up: one row (:data:`ROW_COLUMNS`) per run, its
     final ``F_λ`` and test accuracy (NaN when it diverged) and whether it is chaotic (:func:`sweep_chaos`).
-    The runs are shared among ``workers`` processes (:func:`in_processes`; the same rows whatever their
-    number).
+    The instances — their stable steps, runs, chaos flags and test scores — are shared among ``workers``
+    processes (:func:`in_processes`; the same rows whatever their number).
 
     Parameters
     ----------
@@ -145,12 +136,27 @@ def run_digits(settings: dict, progress: bool = False, workers: int = 1) -> pd.D
     pandas.DataFrame
         One row per run (:data:`ROW_COLUMNS`).
     """
+    roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
+    alone = progress and workers <= 1                  # one process: the runs' own progress bar
+    items = [(settings, role, seed, attention, alpha, alone) for attention in settings["attention"]
+             for alpha in settings["label_alpha"] for role, seed in roles]
+    parts = in_processes(_instances_task, items, workers, progress, "digits instances")
+    return pd.DataFrame([row for part in parts for row in part], columns=ROW_COLUMNS)
+
+
+def _instances_task(chunk: list) -> list[list[tuple]]:
+    """Worker of :func:`run_digits`: the rows of each instance ``(settings, role, seed, attention, α,
+    progress)`` of ``chunk`` — its stable step (:func:`~linattn_theory.report.phase_diagram.stable_steps`),
+    its runs at every ``E``, step scale and warm-up (one ensemble for the chunk), their chaos flags and
+    test accuracies."""
+    from ..sim.warmup_grid import warmup_sweeps_and_paths
+
+    settings, progress = chunk[0][0], chunk[0][-1]
     base = settings["base"]
     scales = sorted(set(settings["step_scales"]) | set(settings["fedavg_steps"]))
-    roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
     found = [(role, seed, attention, alpha,
               base.with_updates({"model.attention": attention, "task.label_alpha": alpha, "seed": seed}))
-             for attention in settings["attention"] for alpha in settings["label_alpha"] for role, seed in roles]
+             for _, role, seed, attention, alpha, _ in chunk]
     data = [clients_from_config(entry[-1]) for entry in found]
     steps = stable_steps([entry[-1] for entry in found], data)
     points, configs, clients = [], [], []
@@ -161,21 +167,21 @@ def run_digits(settings: dict, progress: bool = False, workers: int = 1) -> pd.D
                 configs.append(config.with_updates({"federated.local_steps": E,
                                                     "federated.learning_rate": c * eta_stable}))
                 clients.append(inst_clients)
-    alone = progress and workers <= 1                  # one process: the runs' own progress bar
-    done = in_processes(_sweep_task, [(c, cl, settings["warmups"], alone) for c, cl in zip(configs, clients)],
-                        workers, progress, "digits runs")
-    sweeps, chaos = [sweep for sweep, _ in done], [flags for _, flags in done]
+    warmups = settings["warmups"]
+    sweeps = warmup_sweeps_and_paths(configs, warmups, clients, progress=progress)[0]
+    chaos = sweep_chaos(configs, clients, sweeps, warmups)
     rows = []
     for point, config, inst_clients, sweep, chaotic in zip(points, configs, clients, sweeps, chaos):
         truth = inst_clients.truth
-        for T0 in settings["warmups"]:
+        for T0 in warmups:
             run = sweep[T0]
             scores = ({"accuracy": np.nan} if run.diverged else
                       evaluate(run.params, truth["test_X"], truth["test_q"], truth["test_y"],
                                config.model.attention, config.model.temperature))
             loss = np.nan if run.diverged else float(run.table["loss_regularized"].iloc[-1])
             rows.append((*point, T0, loss, float(scores["accuracy"]), bool(run.diverged), chaotic[T0]))
-    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+    per = len(rows) // len(chunk)                       # each instance's rows, (E, c, T0) in order
+    return [rows[k * per:(k + 1) * per] for k in range(len(chunk))]
 
 
 #: Φ*_λ of a held-out linear instance: L-BFGS from the kernels of its runs of least F_λ and random starts

@@ -20,7 +20,7 @@ from ..config import config_hash
 from .grid import Sweep, flatten
 
 __all__ = ["MANIFEST", "SUMMARY", "LOCK", "EXISTING", "SUMMARY_COLUMNS", "run_dir", "is_complete", "store_run",
-           "sweep_manifest", "sweep_lock", "read_table", "finished_runs", "summary_row", "summary_table",
+           "sweep_manifest", "sweep_lock", "read_table", "FINAL_COLUMNS", "final_round", "finished_runs", "summary_row", "summary_table",
            "write_summary", "DivergedRun", "worst_divergence", "divergence_report", "stored_divergences"]
 
 
@@ -429,6 +429,45 @@ def read_table(data: bytes):
     return table.astype(cast) if cast else table      # astype of every column costs more than the read
 
 
+#: the columns of a run's last round that :func:`summary_row` reads
+FINAL_COLUMNS = ("round", "loss", "loss_regularized", "cumulative_kernel_drift")
+
+
+def final_round(data: bytes) -> dict | None:
+    """The last round of a run's ``rounds.csv`` (its bytes), the :data:`FINAL_COLUMNS` that
+    :func:`summary_row` reads, from the header and the last line alone (``round`` an int, the others
+    floats, an empty field NaN: the numbers :func:`read_table` gives, bit for bit, since both parse the
+    same ``%.17g`` text exactly); ``None`` where the last line is not plain (a quoted field).
+
+    Parameters
+    ----------
+    data : bytes
+        A ``rounds.csv`` as written by :func:`~linattn_theory.core.io.write_run`.
+
+    Returns
+    -------
+    dict or None
+        ``{column: value}``.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.store import final_round
+    >>> final_round(b"round,stage,loss,loss_regularized,cumulative_kernel_drift\\n0,init,1.5,1.5,0\\n1,warmup,1.25,,0.5\\n")
+    {'round': 1, 'loss': 1.25, 'loss_regularized': nan, 'cumulative_kernel_drift': 0.5}
+    """
+    lines = data.splitlines()
+    header, last = lines[0].decode().split(","), lines[-1].decode()
+    values = last.split(",")
+    if '"' in last or len(values) != len(header) or not set(FINAL_COLUMNS) <= set(header):
+        return None
+    row = dict(zip(header, values))
+    try:
+        return {column: (int(row[column]) if column == "round" else float(row[column]) if row[column] else float("nan"))
+                for column in FINAL_COLUMNS}
+    except ValueError:
+        return None
+
+
 def _run_dirs(out: Path) -> list[Path]:
     """Run folders of a sweep folder, in the sweep's grid order (or a single run folder)."""
     sweep = (out / MANIFEST).is_file() or (out / "runs").is_dir()
@@ -496,8 +535,8 @@ def summary_row(metadata: dict, table, run_id: str) -> dict:
     ----------
     metadata : dict
         The run's ``metadata.json``.
-    table : pandas.DataFrame
-        Its ``rounds.csv`` (:func:`read_table`).
+    table : pandas.DataFrame or dict
+        Its ``rounds.csv`` (:func:`read_table`), or its last round (:func:`final_round`).
     run_id : str
         Its id.
 
@@ -519,7 +558,7 @@ def summary_row(metadata: dict, table, run_id: str) -> dict:
 
     :func:`summary_table` has one such row per run.
     """
-    last = table.iloc[-1]
+    last = table.iloc[-1] if hasattr(table, "iloc") else table
     div = metadata.get("divergence") or {}
     row = {"run_id": run_id,
            "T0": int(metadata["warmup_rounds"]),
@@ -569,7 +608,8 @@ def summary_table(out, *, rounds: bool = False):
 
     summaries, tables = [], []
     for path, metadata, files in finished_runs(out):
-        table = read_table(files["rounds.csv"])
+        table = None if rounds else final_round(files["rounds.csv"])
+        table = read_table(files["rounds.csv"]) if table is None else table
         run_id = metadata.get("run_id", path.name)
         summaries.append(summary_row(metadata, table, run_id))
         if rounds:
