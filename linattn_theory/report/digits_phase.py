@@ -146,42 +146,41 @@ def run_digits(settings: dict, progress: bool = False, workers: int = 1) -> pd.D
 
 def _instances_task(chunk: list) -> list[list[tuple]]:
     """Worker of :func:`run_digits`: the rows of each instance ``(settings, role, seed, attention, α,
-    progress)`` of ``chunk`` — its stable step (:func:`~linattn_theory.report.phase_diagram.stable_steps`),
-    its runs at every ``E``, step scale and warm-up (one ensemble for the chunk), their chaos flags and
-    test accuracies."""
+    progress)`` of ``chunk``, one instance after another (:func:`_instance_rows`; a worker's memory then
+    holds one instance's runs at a time)."""
+    return [_instance_rows(*item) for item in chunk]
+
+
+def _instance_rows(settings: dict, role: str, seed: int, attention: str, alpha: float, progress: bool) -> list[tuple]:
+    """One instance's rows (:data:`ROW_COLUMNS`): its stable step
+    (:func:`~linattn_theory.report.phase_diagram.stable_steps`), its runs at every ``E``, step scale and
+    warm-up (one ensemble), their chaos flags (:func:`sweep_chaos`) and test accuracies."""
     from ..sim.warmup_grid import warmup_sweeps_and_paths
 
-    settings, progress = chunk[0][0], chunk[0][-1]
-    base = settings["base"]
+    config = settings["base"].with_updates({"model.attention": attention, "task.label_alpha": alpha, "seed": seed})
+    inst_clients = clients_from_config(config)
+    [(eta_stable, _)] = stable_steps([config], [inst_clients])
     scales = sorted(set(settings["step_scales"]) | set(settings["fedavg_steps"]))
-    found = [(role, seed, attention, alpha,
-              base.with_updates({"model.attention": attention, "task.label_alpha": alpha, "seed": seed}))
-             for _, role, seed, attention, alpha, _ in chunk]
-    data = [clients_from_config(entry[-1]) for entry in found]
-    steps = stable_steps([entry[-1] for entry in found], data)
-    points, configs, clients = [], [], []
-    for (role, seed, attention, alpha, config), inst_clients, (eta_stable, _) in zip(found, data, steps):
-        for E in settings["local_steps"]:
-            for c in scales:
-                points.append((role, seed, attention, alpha, E, c, c * eta_stable))
-                configs.append(config.with_updates({"federated.local_steps": E,
-                                                    "federated.learning_rate": c * eta_stable}))
-                clients.append(inst_clients)
+    points, configs = [], []
+    for E in settings["local_steps"]:
+        for c in scales:
+            points.append((role, seed, attention, alpha, E, c, c * eta_stable))
+            configs.append(config.with_updates({"federated.local_steps": E, "federated.learning_rate": c * eta_stable}))
+    clients = [inst_clients] * len(configs)
     warmups = settings["warmups"]
     sweeps = warmup_sweeps_and_paths(configs, warmups, clients, progress=progress)[0]
     chaos = sweep_chaos(configs, clients, sweeps, warmups)
+    truth = inst_clients.truth
     rows = []
-    for point, config, inst_clients, sweep, chaotic in zip(points, configs, clients, sweeps, chaos):
-        truth = inst_clients.truth
+    for point, run_config, sweep, chaotic in zip(points, configs, sweeps, chaos):
         for T0 in warmups:
             run = sweep[T0]
             scores = ({"accuracy": np.nan} if run.diverged else
                       evaluate(run.params, truth["test_X"], truth["test_q"], truth["test_y"],
-                               config.model.attention, config.model.temperature))
+                               run_config.model.attention, run_config.model.temperature))
             loss = np.nan if run.diverged else float(run.table["loss_regularized"].iloc[-1])
             rows.append((*point, T0, loss, float(scores["accuracy"]), bool(run.diverged), chaotic[T0]))
-    per = len(rows) // len(chunk)                       # each instance's rows, (E, c, T0) in order
-    return [rows[k * per:(k + 1) * per] for k in range(len(chunk))]
+    return rows
 
 
 #: Φ*_λ of a held-out linear instance: L-BFGS from the kernels of its runs of least F_λ and random starts
