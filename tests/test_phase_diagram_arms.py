@@ -215,15 +215,18 @@ def _squares(chunk):
 
 
 @pytest.mark.slow       # the quick phase diagram and arms grids twice each: about 10 s
-def test_the_phase_diagram_and_arms_tables_are_the_same_whatever_the_number_of_processes():
+def test_the_phase_diagram_and_arms_tables_are_the_same_whatever_the_number_of_processes(capsys):
     """run_instances and run_arms share their instances among processes (sim.sweep.executors.in_processes):
-    the per-instance rows on 2 processes equal those of one process, bit for bit."""
+    the per-instance rows on 2 processes equal those of one process, bit for bit; on one process the
+    runs show their own progress bars."""
     from linattn_theory.report.arms import load_arms_settings, run_arms
     from linattn_theory.report.phase_diagram import instance_rows, load_settings, run_instances
 
     configs = Path(__file__).resolve().parents[1] / "simulations" / "configs"
     settings = load_settings(configs / "phase_diagram.toml", quick=True)
-    one, two = (instance_rows(run_instances(settings, workers=w), settings)[0] for w in (1, 2))
+    one = instance_rows(run_instances(settings, progress=True, workers=1), settings)[0]
+    assert "rounds of" in capsys.readouterr().err
+    two = instance_rows(run_instances(settings, workers=2), settings)[0]
     pd.testing.assert_frame_equal(one, two, check_exact=True)
     assert len(one) > 100 and one["excess_risk"].notna().any()
     arms = load_arms_settings(configs / "phase_diagram_arms.toml", configs / "phase_diagram.toml", quick=True)

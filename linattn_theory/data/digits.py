@@ -33,8 +33,8 @@ from ..core.clients import ClientDataset, FederatedDataset
 from ..core.errors import ConfigError
 from ..core.seeds import seed_sequence
 
-__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "evaluate_history", "max_clients", "check_task", "SEED_SPLIT",
-           "DIGITS_CLASS_COUNTS"]
+__all__ = ["split_clients", "digits_clients", "digit_contexts", "evaluate", "evaluate_history", "max_clients",
+           "check_task", "SEED_SPLIT", "DIGITS_CLASS_COUNTS"]
 
 #: SeedSequence purpose of the test split and the client split (apart from the task purposes 0–5)
 SEED_SPLIT = 201

@@ -215,22 +215,24 @@ def run_instances(settings: dict, progress: bool = False, workers: int = 1) -> l
     (:func:`~linattn_theory.sim.sweep.executors.in_processes`; an instance's records do not depend on
     the others, so the records are the same for any count)."""
     roles = [("design", s) for s in settings["design_seeds"]] + [("heldout", s) for s in settings["heldout_seeds"]]
-    entries = [(settings, zeta, role, seed) for zeta in settings["zeta_value"] for role, seed in roles]
+    alone = progress and workers <= 1                  # one process: the runs' own progress bars
+    entries = [(settings, zeta, role, seed, alone) for zeta in settings["zeta_value"] for role, seed in roles]
     parts = in_processes(_records_task, entries, workers, progress=progress, desc="phase diagram instances")
     return [record for part in parts for record in part]
 
 
 def _records_task(chunk: list) -> list[list[dict]]:
-    """Worker of :func:`run_instances`: the records of each instance ``(settings, ζ_V, role, seed)`` of ``chunk``."""
+    """Worker of :func:`run_instances`: the records of each instance ``(settings, ζ_V, role, seed, progress)`` of
+    ``chunk``."""
     from ..sim.sensitivity import ensemble_sensitivities
     from ..sim.warmup_grid import warmup_sweeps_and_paths
     from ..theory.profile import centralized_optima
 
-    settings = chunk[0][0]
+    settings, progress = chunk[0][0], chunk[0][-1]
     base = settings["base"]
     T = base.federated.rounds
     scales = sorted(set(settings["step_scales"]) | set(settings["fedavg_steps"]))
-    found = [(zeta, role, seed, _instance(base, zeta, seed)) for _, zeta, role, seed in chunk]
+    found = [(zeta, role, seed, _instance(base, zeta, seed)) for _, zeta, role, seed, _ in chunk]
     found = [(*entry, clients_from_config(entry[-1])) for entry in found]
     steps = stable_steps([entry[3] for entry in found], [entry[4] for entry in found])
     instances = [(*entry, eta_stable, curvature) for entry, (eta_stable, curvature) in zip(found, steps)]
@@ -242,10 +244,10 @@ def _records_task(chunk: list) -> list[list[dict]]:
                 configs.append(config.with_updates({"federated.local_steps": E, "federated.learning_rate": c * eta_stable,
                                                     "federated.strategy": "fedfrozen"}))
                 clients.append(inst_clients)
-    sweeps, paths = warmup_sweeps_and_paths(configs, None, clients)
+    sweeps, paths = warmup_sweeps_and_paths(configs, None, clients, progress=progress)
     # chaos of each FedAvg path: the same run from θ⁰ ⊙ (1 + 1e-12 ξ) (sim.sensitivity)
     fedavg = [c.with_updates({"federated.warmup_rounds": T}) for c in configs]
-    path_chaos = ensemble_sensitivities(fedavg, clients, [sweep[T] for sweep in sweeps])
+    path_chaos = ensemble_sensitivities(fedavg, clients, [sweep[T] for sweep in sweeps], progress=progress)
     # Φ*_λ per instance, started from every final kernel its FedAvg paths reached (and the teacher)
     finals: dict = {}
     for (k, _, _), sweep in zip(points, sweeps):
@@ -254,7 +256,7 @@ def _records_task(chunk: list) -> list[list[dict]]:
     problems = [dict(clients=inst[4], lam=inst[3].federated.ridge, rank=inst[3].model.rank, heads=inst[3].model.heads,
                      seed=inst[3].seed, initial_kernels=finals.get(k, [])) for k, inst in enumerate(instances)]
     optima = [o.objective for o in centralized_optima(problems)]
-    online = online_runs(configs, clients)
+    online = online_runs(configs, clients, progress=progress)
     records = []
     for (k, E, c), config, sweep, path, chaos, (run, chaos_online) in zip(points, configs, sweeps, paths, path_chaos,
                                                                           online):

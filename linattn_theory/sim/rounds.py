@@ -737,9 +737,9 @@ class _ArrayAPI:
 
     name = "array_api"
 
-    def __init__(self, ens: "_Ensemble"):
+    def __init__(self, ens: "_Ensemble", moments=None):
         self.ens = ens
-        self.features = _Features(ens.xp, ens.data, [mb.frozen_features for mb in ens.members])
+        self.features = _Features(ens.xp, ens.data, [mb.frozen_features for mb in ens.members], moments)
 
     def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
         ens, fed, m = self.ens, self.ens.fed, self.ens.m
@@ -767,9 +767,8 @@ class _Fused(_ArrayAPI):
     name = "fused"
 
     def __init__(self, ens: "_Ensemble", engine: "_fused.FusedEngine"):
-        super().__init__(ens)
+        super().__init__(ens, engine.value_moments)
         self.engine = engine
-        self.features = _Features(ens.xp, ens.data, [mb.frozen_features for mb in ens.members], engine.value_moments)
 
     def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
         ens = self.ens

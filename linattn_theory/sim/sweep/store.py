@@ -20,8 +20,8 @@ from ..config import config_hash
 from .grid import Sweep, flatten
 
 __all__ = ["MANIFEST", "SUMMARY", "LOCK", "EXISTING", "SUMMARY_COLUMNS", "run_dir", "is_complete", "store_run",
-           "sweep_manifest", "sweep_lock", "read_table", "FINAL_COLUMNS", "final_round", "finished_runs", "summary_row", "summary_table",
-           "write_summary", "DivergedRun", "worst_divergence", "divergence_report", "stored_divergences"]
+           "sweep_manifest", "sweep_lock", "read_table", "FINAL_COLUMNS", "final_round", "finished_runs", "summary_row",
+           "summary_table", "write_summary", "DivergedRun", "worst_divergence", "divergence_report", "stored_divergences"]
 
 
 MANIFEST = "sweep.json"
@@ -454,11 +454,13 @@ def final_round(data: bytes) -> dict | None:
     >>> from linattn_theory.sim.sweep.store import final_round
     >>> final_round(b"round,stage,loss,loss_regularized,cumulative_kernel_drift\\n0,init,1.5,1.5,0\\n1,warmup,1.25,,0.5\\n")
     {'round': 1, 'loss': 1.25, 'loss_regularized': nan, 'cumulative_kernel_drift': 0.5}
+    >>> final_round(b'round,stage,loss,loss_regularized,cumulative_kernel_drift\\n1,"a,b",1.25,1.25,0.5\\n') is None
+    True
     """
     lines = data.splitlines()
     header, last = lines[0].decode().split(","), lines[-1].decode()
     values = last.split(",")
-    if '"' in last or len(values) != len(header) or not set(FINAL_COLUMNS) <= set(header):
+    if b'"' in lines[0] or '"' in last or len(values) != len(header) or not set(FINAL_COLUMNS) <= set(header):
         return None
     row = dict(zip(header, values))
     try:
