@@ -428,6 +428,140 @@ def test_read_table_reads_back_every_written_float_bit_for_bit():
     table = pd.DataFrame(values, columns=list("abcd")).assign(round=np.arange(50))
     back = read_table(table.to_csv(index=False, float_format="%.17g").encode())
     np.testing.assert_array_equal(back[list("abcd")].to_numpy(), values)
+
+
+def _pandas_csv(table) -> bytes:
+    return table.to_csv(index=False, float_format="%.17g").encode()
+
+
+def _own_data_run(config):
+    from linattn_theory import split_clients
+
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 3, size=60)
+    X = rng.normal(size=(60, 4, 3)) + labels[:, None, None] * np.array([1.0, -1.0, 0.5])
+    q = np.full((60, 3), 1 / np.sqrt(3))
+    clients = split_clients(X, q, np.eye(3)[labels], labels, num_clients=3, test_fraction=0.25, seed=0)
+    return simulate(config.with_updates({"model.heads": 1, "model.rank": 2}), clients)
+
+
+_SMALL_TASK = {"num_clients": 3, "samples_per_client": 16, "tokens": 4, "dim": 3}
+_ADAPTIVE_RULE = {"adaptive_confidence": 0.0, "adaptive_gain_confidence": 0.0, "adaptive_window": 2,
+                  "adaptive_descent_confidence": float("inf")}
+
+
+@pytest.mark.parametrize("data, run, diverged", [
+    ({"federated": {"rounds": 8, "warmup_rounds": 3}}, simulate, False),
+    ({"task": _SMALL_TASK, "federated": {"rounds": 8, "warmup_rounds": 8, "learning_rate": 5.0}}, simulate, True),
+    ({"task": _SMALL_TASK, "federated": {"rounds": 10, "warmup_rounds": 10, "learning_rate": 0.02, "local_steps": 2,
+                                         "strategy": "fedfrozen_adaptive", **_ADAPTIVE_RULE}}, simulate, False),
+    ({"federated": {"strategy": "fedavg", "rounds": 4, "learning_rate": 0.2}}, _own_data_run, False),
+], ids=["fedfrozen", "diverged", "fedfrozen_adaptive", "own_data_test_split"])
+def test_a_runs_rounds_csv_is_the_bytes_pandas_writes(tmp_path, data, run, diverged):
+    """write_run's rounds.csv (core.io.table_csv_bytes) is, byte for byte, pandas' ``to_csv(index=False,
+    float_format="%.17g")`` of real run tables: 8 clients, a diverged run (NaN losses), the online rule
+    and clients with a held-out split (test_loss, test_accuracy columns); and the fast path wrote it."""
+    from linattn_theory import config_from_dict
+    from linattn_theory.core.io import table_csv_bytes, write_run
+
+    result = run(config_from_dict(data))
+    expected = _pandas_csv(result.table)
+    assert table_csv_bytes(result.table) == expected
+    assert result.diverged == diverged == result.table.isna().any().any()
+    assert ({"test_loss", "test_accuracy"} <= set(result.table.columns)) == (run is _own_data_run)
+    write_run(result, tmp_path)
+    assert (tmp_path / "rounds.csv").read_bytes() == expected
+    with pytest.MonkeyPatch.context() as patch:               # the fast path, not pandas, wrote it
+        patch.setattr(pd.DataFrame, "to_csv", lambda *args, **kwargs: pytest.fail("fell back to pandas"))
+        assert table_csv_bytes(result.table) == expected
+
+
+def _awkward_table():
+    """Every kind of value a run table's dtypes can hold that a CSV writer may get wrong."""
+    floats = [np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-300, 5e-324, 1.7976931348623157e308, 0.1, -1 / 3, 1e16]
+    rows = len(floats)
+    strings = ["plain", "a,comma", 'a "quote"', "a\nnewline", "a\rreturn", "", " space ", "ζ_V", None, "nan",
+               '"', ","]
+    return pd.DataFrame({"round": np.arange(rows) - 3, "stage": strings, "loss": floats,
+                         "loss_regularized": floats[::-1], "participants": np.arange(rows, dtype=np.uint8),
+                         "diverged": np.arange(rows) % 3 == 0, "objects": pd.Series(strings, dtype=object),
+                         'a "label", quoted': np.linspace(-1, 1, rows)},
+                        index=np.arange(rows)[::-1] * 7)       # an index other than 0, 1, …: not written
+
+
+def test_table_csv_bytes_writes_awkward_values_as_pandas_does():
+    """table_csv_bytes equals pandas on NaN (both signs), ±inf, -0.0, subnormals, the largest double,
+    strings with a comma, a quote, a newline or a return, empty and missing strings (str and object
+    dtype), a quoted column label, int, uint8 and bool columns, a shuffled index; a table of no rows
+    and a one-column table of empty strings (csv.writer quotes a row that is one empty field) too;
+    and all of them on the fast path."""
+    from linattn_theory.core.io import table_csv_bytes
+
+    table = _awkward_table()
+    tables = [table, table.iloc[:0], table.iloc[:, :1], pd.DataFrame({"stage": ["", "a"]}),
+              pd.DataFrame({"loss": [np.nan, 1.0]})]
+    expected = [_pandas_csv(t) for t in tables]
+    assert b'"a,comma"' in expected[0] and b'"a ""quote"""' in expected[0] and b',-0,' in expected[0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pd.DataFrame, "to_csv", lambda *args, **kwargs: pytest.fail("fell back to pandas"))
+        for t, want in zip(tables, expected):
+            assert table_csv_bytes(t) == want
+
+
+def test_table_csv_bytes_leaves_other_dtypes_to_pandas():
+    """A column of a dtype table_csv_bytes does not write itself (categorical, datetime, float32,
+    nullable Int64 and Float64, objects that are not strings: NaT, which pandas writes as a missing
+    value, and a float), column labels that are not strings
+    or a MultiIndex, a table of no columns, and pandas 2 counting ±inf as missing: the bytes are
+    still pandas'."""
+    from linattn_theory.core.io import table_csv_bytes
+
+    base = pd.DataFrame({"round": [0, 1, 2], "loss": [0.1, np.nan, -0.0]})
+    tables = [base.assign(stage=pd.Categorical(["warmup", "frozen", "warmup"])),
+              base.assign(when=pd.to_datetime(["2024-01-01", None, "2024-01-03"])),
+              base.assign(loss=base["loss"].astype(np.float32)),
+              base.assign(round=pd.array([0, None, 2], dtype="Int64")),
+              base.assign(loss=pd.array([0.1, None, 1 / 3], dtype="Float64")),
+              base.assign(mixed=pd.Series([pd.NaT, "a,b", 2.5], dtype=object)),
+              base.set_axis([0, 1], axis=1),
+              base.set_axis(pd.MultiIndex.from_tuples([("a", "round"), ("a", "loss")]), axis=1),
+              pd.DataFrame(index=range(3))]
+    for table in tables:
+        assert table_csv_bytes(table) == _pandas_csv(table)
+    if int(pd.__version__.split(".")[0]) < 3:                 # pandas 2's option: ±inf written as missing
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)              # the option is deprecated
+            with pd.option_context("mode.use_inf_as_na", True):
+                table = base.assign(loss=[np.inf, -np.inf, 1.0])
+                assert table_csv_bytes(table) == _pandas_csv(table) == b"round,loss\n0,\n1,\n2,1\n"
+
+
+def test_table_csv_bytes_writes_any_floats_strings_and_integers_as_pandas_does():
+    """Property: for any float64 values (NaN, ±inf, subnormals), any strings or missing strings, any
+    int64 and bool values, table_csv_bytes gives pandas' bytes."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from linattn_theory.core.io import table_csv_bytes
+
+    row = st.tuples(st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=True, allow_infinity=True),
+                    st.floats(allow_nan=True, allow_infinity=True, width=64, allow_subnormal=True),
+                    st.none() | st.text(alphabet=st.sampled_from('ab ,"\n\r\tζ'), max_size=6), st.booleans())
+
+    @settings(max_examples=60, deadline=None)
+    @given(rows=st.lists(row, max_size=8))
+    def check(rows):
+        table = pd.DataFrame(rows, columns=["round", "loss", "kernel_drift", "stage", "diverged"])
+        if rows:
+            table = table.astype({"round": np.int64, "loss": np.float64, "kernel_drift": np.float64,
+                                  "diverged": bool})
+        assert table_csv_bytes(table) == _pandas_csv(table)
+
+    check()
+
+
 def test_the_lock_file_is_removed_when_a_sweep_ends_however_it_ends(tmp_path, monkeypatch):
     from linattn_theory.sim import sweep as sweep_module
 

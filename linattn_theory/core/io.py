@@ -10,6 +10,7 @@ naming it, so that it is recomputed (a sweep) or reported (``load_results``), ne
 
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
 import io
@@ -30,7 +31,7 @@ import numpy as np
 from .errors import RunIntegrityError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "write_json", "write_run", "read_run", "read_csv_exact",
-           "run_status", "provenance", "timed_run", "RUN_FILES"]
+           "table_csv_bytes", "run_status", "provenance", "timed_run", "RUN_FILES"]
 
 #: the files of a run whose SHA-256 ``metadata.json`` records (``metadata["files"]``)
 RUN_FILES = ("rounds.csv", "params.npz")
@@ -181,6 +182,91 @@ def read_csv_exact(source, **options):
     return pd.read_csv(io.BytesIO(source) if isinstance(source, bytes) else source, **exact, **options)
 
 
+#: what a float64 value is written as (:func:`table_csv_bytes`): 17 significant digits, read back exactly
+FLOAT_FORMAT = "%.17g"
+
+
+def _inf_is_missing(pd) -> bool:
+    """Whether pandas counts ±inf as missing (the option ``mode.use_inf_as_na`` of pandas 2, which
+    warns when it is read; pandas 3 has no such option)."""
+    return bool(pd.isna(np.inf))
+
+
+def _field_kind(dtype, pd) -> str | None:
+    """How ``DataFrame.to_csv`` writes a column of ``dtype``: ``"float"`` (float64: ``"%.17g" %
+    value``, NaN an empty field), ``"integer"`` (integers and bools: the Python int or bool, which
+    ``csv.writer`` writes with ``str``), ``"string"`` (strings as they are, a missing one an empty
+    field); ``None`` for any other dtype (:func:`table_csv_bytes` leaves it to pandas)."""
+    if isinstance(dtype, np.dtype):
+        if dtype == np.float64:
+            return "float"
+        if dtype.kind in "iub":
+            return "integer"
+        return "string" if dtype == object else None
+    return "string" if isinstance(dtype, pd.StringDtype) else None
+
+
+def table_csv_bytes(table) -> bytes:
+    """``table.to_csv(index=False, float_format="%.17g").encode()``, the same bytes in about half the time.
+
+    A float64 column is written value by value as ``"%.17g" % value`` (NaN as an empty field), an
+    integer or bool column with ``str``, a column of strings as it is (a missing string as an empty
+    field), and Python's ``csv.writer`` with pandas' settings quotes them (a comma, a quote, a line
+    break) and ends each line with ``os.linesep``, the header too. Any other table (a column of
+    another dtype: categorical, datetime, float32, a nullable extension dtype, objects that are not
+    strings; a column label that is not a string, as in a MultiIndex; no column) is left to pandas.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        The table (its index is not written).
+
+    Returns
+    -------
+    bytes
+        The CSV text, UTF-8.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pandas as pd
+    >>> from linattn_theory.core.io import table_csv_bytes
+    >>> table = pd.DataFrame({"round": [0, 1], "stage": ["warm, up", 'say "hi" twice'], "loss": [0.1, np.nan],
+    ...                       "kernel_drift": [-0.0, np.inf]})
+    >>> table_csv_bytes(table)
+    b'round,stage,loss,kernel_drift\\n0,"warm, up",0.10000000000000001,-0\\n1,"say ""hi"" twice",,inf\\n'
+    >>> table_csv_bytes(table) == table.to_csv(index=False, float_format="%.17g").encode()
+    True
+    """
+    import pandas as pd
+
+    labels = table.columns
+    kinds = [_field_kind(dtype, pd) for dtype in table.dtypes.tolist()]
+    if (len(labels) == 0 or None in kinds or _inf_is_missing(pd)
+            or not all(type(label) is str for label in labels)):      # (a MultiIndex's are tuples)
+        return table.to_csv(index=False, float_format=FLOAT_FORMAT).encode()
+    # every value as a Python object: a float64 as a float (the same double), an int64 as an int, a
+    # bool as a bool, a string as a str, a missing string as None, NaN or pd.NA
+    columns = table.to_numpy(dtype=object).T.tolist()
+    for position, kind in enumerate(kinds):
+        values = columns[position]
+        if kind == "float":
+            columns[position] = [FLOAT_FORMAT % value if value == value else "" for value in values]
+        elif kind == "string":
+            for row, value in enumerate(values):
+                if type(value) is not str:
+                    if value is None or value is pd.NA or (type(value) is float and value != value):
+                        values[row] = ""
+                    else:                          # an object that is not a string
+                        return table.to_csv(index=False, float_format=FLOAT_FORMAT).encode()
+    text = io.StringIO()                           # the writer pandas' to_csv makes, with its defaults
+    writer = csv.writer(text, lineterminator=os.linesep, delimiter=",", quoting=csv.QUOTE_MINIMAL,
+                        doublequote=True, escapechar=None, quotechar='"')
+    writer.writerow(list(labels))
+    writer.writerows(zip(*columns))
+    return text.getvalue().encode()
+
+
 def _file_record(data: bytes) -> dict:
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
@@ -217,7 +303,7 @@ def write_run(result, out_dir) -> dict[str, Path]:
     out = Path(out_dir)
     paths = {"table": out / "rounds.csv", "params": out / "params.npz", "metadata": out / "metadata.json"}
     paths["metadata"].unlink(missing_ok=True)
-    table = result.table.to_csv(index=False, float_format="%.17g").encode()
+    table = table_csv_bytes(result.table)
     buf = io.BytesIO()
     np.savez(buf, **{f"final_{b}": getattr(result.params, b) for b in ("WQ", "WK", "WV")},
              **{f"warmup_{b}": getattr(result.warmup_params, b) for b in ("WQ", "WK", "WV")})
