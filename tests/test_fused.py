@@ -473,34 +473,40 @@ def test_tiled_kernels_skip_a_clients_padding_bit_for_bit(attention):
 
 
 @needs_numba
-def test_moment_steps_are_the_explicit_frozen_steps():
-    """A frozen stage's ``E`` local steps in moment space (``value_moment_sums``, ``moment_steps``) equal
-    ``E`` explicit steps ``V ← V − η (Σ_i w_i φ_i (V^T φ_i − y_i) + λ V)`` on the samples (NumPy), per
-    instance (its own ``η``, ``λ`` and server ``V``) and participant, to 1e-13 relative."""
+def test_frozen_maps_are_the_explicit_frozen_steps():
+    """A frozen stage's ``E`` local steps in moment space (``value_moment_sums``, then
+    ``FusedEngine.frozen_maps`` and ``train(..., maps)``: ``V ↦ M_c V + b_c``) equal ``E`` explicit steps
+    ``V ← V − η (Σ_i w_i φ_i (V^T φ_i − y_i) + λ V)`` on the samples (NumPy), per instance (its own ``η``,
+    ``λ`` and server ``V``) and participant, to 1e-13 relative."""
     from linattn_theory.core import _fused_kernels as kernels
+    from linattn_theory.core.model import Params
 
     rng = np.random.default_rng(7)
-    I, m, N, Hd, p, E = 2, 3, 29, 6, 4, 5
+    I, m, N, H, d, p, E = 2, 3, 29, 2, 3, 4, 5
+    Hd = H * d
     phi, y = rng.normal(size=(I, m, N, Hd)), rng.normal(size=(I, m, N, p))
     w = rng.uniform(size=(I, m, N)) / N
-    V0 = rng.normal(size=(I, Hd, p))
+    WV = rng.normal(size=(I, H, d, p))
+    V0 = WV.reshape(I, Hd, p)
     eta, lam = np.array([0.3, 0.1]), np.array([0.05, 0.0])
     phit, yt = (np.ascontiguousarray(np.swapaxes(a, -1, -2)) for a in (phi, y))
     inst, clients = np.repeat(np.arange(I), m), np.tile(np.arange(m), I)
     A, B = np.empty((I * m, Hd, Hd)), np.empty((I * m, Hd, p))
     kernels.value_moment_sums(phit, yt, w, inst, clients, 0, I * m, A, B)
-    A, B = A.reshape(I, m, Hd, Hd), B.reshape(I, m, Hd, p)
-    part = np.array([[2, 0], [1, 2]]).reshape(-1)
-    inst = np.repeat(np.arange(I), 2)
-    out = np.empty((len(part), Hd, p))
-    kernels.moment_steps(A, B, inst, part, 0, len(part), V0, E, eta, lam, out)
-    for j, (s, c) in enumerate(zip(inst, part)):
-        V = V0[s].copy()
-        for _ in range(E):
-            grad = phi[s, c].T @ (w[s, c][:, None] * (phi[s, c] @ V - y[s, c]))
-            V = V - eta[s] * (grad + lam[s] * V)
-        assert relative(out[j], V) <= 1e-13, j
-        assert relative(out[j], V0[s]) > 1e-2          # the steps moved V
+    engine = fused_module.FusedEngine(prepare_run(config_from_dict({}))[0])
+    maps = engine.frozen_maps((A.reshape(I, m, Hd, Hd), B.reshape(I, m, Hd, p)), E, eta, lam)
+    part = np.array([[2, 0], [1, 2]])
+    zeros = np.zeros((I, H, d, 1))
+    out = engine.train(Params(zeros, zeros, WV), ("WV",), part, E, eta, lam, maps)["WV"]
+    assert out.shape == (I, 2, H, d, p)
+    for s in range(I):
+        for j, c in enumerate(part[s]):
+            V = V0[s].copy()
+            for _ in range(E):
+                grad = phi[s, c].T @ (w[s, c][:, None] * (phi[s, c] @ V - y[s, c]))
+                V = V - eta[s] * (grad + lam[s] * V)
+            assert relative(out[s, j].reshape(Hd, p), V) <= 1e-13, (s, j)
+            assert relative(out[s, j].reshape(Hd, p), V0[s]) > 1e-2          # the steps moved V
 
 
 @needs_numba

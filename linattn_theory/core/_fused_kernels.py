@@ -346,32 +346,6 @@ def value_moment_sums(phit, yt, w, inst, clients, lo, hi, A, B):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def moment_steps(A, B, inst, part, lo, hi, V0, steps, eta, lam, outV):
-    """``E`` local steps of the value block at a frozen kernel, in moment space (docs/theory.md §5):
-    ``V ← V − η ((A_c V − B_c) + λ V)``, the gradient of ``F_c = Σ_i w_i ½‖V^T φ_i − y_i‖²`` from the
-    client's value moments (:func:`value_moment_sums`, ``(I, m, Hd, Hd)`` and ``(I, m, Hd, p)``), a
-    step in ``O((Hd)² p)`` whatever the number of samples. ``V0`` ``(I, Hd, p)`` are the server's
-    value matrices; writes item ``j``'s ``V`` to ``outV[j]`` ``(Hd, p)``.
-    """
-    n, p = V0.shape[1], V0.shape[2]
-    dt = V0.dtype
-    gV = np.empty((n, p), dt)
-    zero = np.zeros(1, dt)[0]
-    for j in range(lo, hi):
-        s_, c = inst[j], part[j]
-        V = outV[j]
-        V[...] = V0[s_]
-        Ac, Bc = A[s_, c], B[s_, c]
-        step, ridge = eta[s_], lam[s_]
-        for _ in range(steps):
-            _rows_product(Ac, V, gV, zero)
-            for a in range(n):
-                for k in range(p):
-                    gV[a, k] -= Bc[a, k]
-            _descend(V, gV, step, ridge)
-
-
-@njit(cache=True, nogil=True, fastmath=FAST)
 def client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, dim):
     """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of client ``clients[j]`` of instance ``inst[j]`` at that
     instance's parameters (``(I, H, d, r)``), for ``j`` in ``lo..hi-1``, into ``out[j]``

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .arrays import array_namespace
 from .moments import ValueMoments
 
-__all__ = ["frozen_client_map"]
+__all__ = ["frozen_client_map", "frozen_map"]
 
 
 def frozen_client_map(moments: ValueMoments, eta: float, E: int, lam: float = 0.0):
@@ -53,7 +53,43 @@ def frozen_client_map(moments: ValueMoments, eta: float, E: int, lam: float = 0.
     >>> bool(np.allclose(M[0] @ V0 + b[0], V))
     True
     """
-    A, B = moments.A, moments.B
+    return frozen_map(moments.A, moments.B, eta, E, lam)
+
+
+def frozen_map(A, B, eta, E: int, lam=0.0):
+    """:func:`frozen_client_map` of the moments ``A`` ``(..., Hd, Hd)`` and ``B`` ``(..., Hd, p)``:
+    ``M = (I − η(A + λI))^E``, ``b = Σ_{j<E} (I − η(A + λI))^j η B`` (docs/theory.md §5), with ``η`` and
+    ``λ`` numbers or arrays that broadcast against ``A`` (one per instance: shape ``(I, 1, 1, 1)``).
+
+    Parameters
+    ----------
+    A : array, shape (..., H·d, H·d)
+        Value moments ``A_c``.
+    B : array, shape (..., H·d, p)
+        Value moments ``B_c``.
+    eta : float or array
+        Client step size ``η``.
+    E : int
+        Local steps.
+    lam : float or array, default 0.0
+        Ridge ``λ``.
+
+    Returns
+    -------
+    M : array, shape (..., H·d, H·d)
+        The linear parts.
+    b : array, shape (..., H·d, p)
+        The constant parts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core.frozen_map import frozen_map
+    >>> A, B = np.array([[[2.0]], [[4.0]]]), np.array([[[1.0]], [[1.0]]])     # two instances, one client each
+    >>> M, b = frozen_map(A, B, np.array([0.25, 0.125])[:, None, None], E=2)
+    >>> M.ravel().tolist(), b.ravel().tolist()                                # (1 − ηA)², (1 + (1 − ηA)) η B
+    ([0.25, 0.25], [0.375, 0.1875])
+    """
     xp = array_namespace(A, B)
     identity = xp.eye(A.shape[-1], dtype=A.dtype)
     step = identity - eta * (A + lam * identity)                 # (m, Hd, Hd)

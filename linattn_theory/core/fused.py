@@ -20,9 +20,10 @@ attention (on ``Ŝ``) and softmax attention (on the contexts ``X``, in tiles of 
 ``engine="auto"`` up to ``n·d =`` :data:`MAX_SOFTMAX_CONTEXT`, ``benchmarks/bench_softmax.py``).
 A frozen stage (``W_V`` alone, docs/theory.md §5) runs in moment space: the clients' value moments
 ``A_c = Σ_i w_i φ_i φ_i^T``, ``B_c = Σ_i w_i φ_i y_i^T`` are computed once per frozen kernel
-(:meth:`FusedEngine.value_moments`) and each local step is ``V ← V − η (A_c V − B_c + λ V)``
-(:func:`~linattn_theory.core._fused_kernels.moment_steps`), ``O((Hd)² p)`` whatever the number of
-samples (equal to the explicit steps to rounding: tests 1e-13). The tiled and softmax kernels visit
+(:meth:`FusedEngine.value_moments`), and with them each client's ``E`` local steps
+``V ← V − η (A_c V − B_c + λ V)`` as one affine map ``V ↦ M_c V + b_c`` (:meth:`FusedEngine.frozen_maps`,
+:func:`~linattn_theory.core.frozen_map.frozen_map`): a round then costs ``O((Hd)² p)`` per client,
+whatever the number of samples and of local steps (equal to the explicit steps to rounding: tests 1e-13). The tiled and softmax kernels visit
 each client's own tiles only (:func:`~linattn_theory.core._fused_kernels.tiles_used`: a client
 padded to the largest of its stack skips its padding, bit for bit the same numbers).
 The round engine chooses it (:func:`linattn_theory.sim.rounds.select_engine`): ``engine="auto"``
@@ -252,33 +253,43 @@ class FusedEngine:
                                                           inst, clients), (A, B))
         return A.reshape(I, m, n, n), B.reshape(I, m, n, p)
 
+    def frozen_maps(self, moments, steps: int, learning_rate, ridge):
+        """Each client's ``E = steps`` local steps at a frozen kernel as the affine map ``V ↦ M_c V + b_c``
+        (:func:`~linattn_theory.core.frozen_map.frozen_map`, docs/theory.md §5) of its value moments
+        ``(A, B)`` (:meth:`value_moments`, ``(I, m, Hd, Hd)``, ``(I, m, Hd, p)``), with the step sizes
+        ``learning_rate`` and ridges ``ridge`` of the ``I`` instances (numbers or ``(I,)``): :meth:`train`'s ``maps``."""
+        from .frozen_map import frozen_map
+
+        A, B = (self._cast(a) for a in moments)
+        I = A.shape[0]
+        eta, lam = (self._per_instance(v, I).reshape(I, 1, 1, 1) for v in (learning_rate, ridge))
+        return frozen_map(A, B, eta, int(steps), lam)
+
     def _per_instance(self, value, count: int):
         return self._cast(np.broadcast_to(np.asarray(value, dtype=self.dtype).reshape(-1), (count,)))
 
-    def train(self, server, blocks, participants, steps: int, learning_rate, ridge, moments=None,
+    def train(self, server, blocks, participants, steps: int, learning_rate, ridge, maps=None,
               first: int = 0) -> dict:
         """``{b: θ_{i,c,b}}`` ``(I, k, ...)`` after ``E`` local steps of the participants ``(I, k)``
         of the instances ``first..first+I-1`` from their server parameters ``server`` (blocks
         ``(I, H, d, r)``), step sizes ``learning_rate`` and ridges ``ridge`` (numbers or ``(I,)``).
 
-        With the kernel frozen (``blocks == ("WV",)``) ``moments`` are the clients' value moments
-        :meth:`value_moments` ``(A, B)`` at the frozen features, and the ``E`` steps run in moment space
-        (:func:`~linattn_theory.core._fused_kernels.moment_steps`, ``O((Hd)² p)`` per step).
-        Each (instance, client) is one thread's work, so results do not depend on the threads.
+        With the kernel frozen (``blocks == ("WV",)``) ``maps`` are the clients' affine maps ``(M, b)``
+        (:meth:`frozen_maps`, of these ``E``, ``η`` and ``λ``) and each participant's value block is
+        ``M_c V + b_c``. Each (instance, client) is one thread's work, so results do not depend on the threads.
         """
         part = np.asarray(participants, dtype=np.int64)
         I, k = part.shape
         inst = np.repeat(np.arange(I, dtype=np.int64), k)
         part = np.ascontiguousarray(part.reshape(-1))
-        eta, lam = self._per_instance(learning_rate, I), self._per_instance(ridge, I)
         WQ, WK, WV = (self._cast(getattr(server, b)) for b in ("WQ", "WK", "WV"))
-        if moments is not None:
+        if maps is not None:
             _, H, d, p = WV.shape
-            out = np.empty((I * k, H * d, p), self.dtype)
-            A, B = (self._cast(a) for a in moments)
-            _run_chunks(self.kernels.moment_steps, I * k, (A, B, inst, part),
-                        (WV.reshape(I, H * d, p), steps, eta, lam, out))
+            M, b = maps
+            V = WV.reshape(I, H * d, p)
+            out = np.matmul(M[inst, part], V[inst]) + b[inst, part]                  # (I·k, Hd, p)
             return {"WV": out.reshape((I, k) + WV.shape[1:])}
+        eta, lam = self._per_instance(learning_rate, I), self._per_instance(ridge, I)
         data = tuple(a[first:first + I] for a in self.layout)
         outs = {b: np.empty((I * k,) + a.shape[1:], self.dtype) for b, a in (("WQ", WQ), ("WK", WK), ("WV", WV))}
         _run_chunks(self.steps_kernel, I * k, data + (inst, part),

@@ -10,7 +10,6 @@ forecasts; the federated loop that feeds them is :func:`run_online`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,8 +111,9 @@ class FreezeForecast:
         """``F_λ(K_s, V_T)`` of every ``k`` of the array ``k`` at once (a float when ``k`` is 0-d)."""
         with np.errstate(over="ignore", invalid="ignore"):
             power = np.power(self.eigenvalues[None, :], k.reshape(-1)[:, None])      # (K, Hd)
-            delta = self.offset[None] + np.einsum("ij,kj,jp->kip", self.basis, power, self.start)
-            value = self.profile + 0.5 * np.einsum("kip,ij,kjp->k", delta, self.curvature, delta)
+            # Q diag(μ^k) Qᵀ(V_s − V_FA) and ½ tr(Δᵀ Ã Δ) as one matrix product per k (BLAS)
+            delta = self.offset[None] + self.basis @ (power[:, :, None] * self.start[None])   # (K, Hd, p)
+            value = self.profile + 0.5 * np.sum(delta * (self.curvature @ delta), axis=(1, 2))
         value = np.where(np.isfinite(value), value, np.inf)
         return float(value[0]) if k.ndim == 0 else value.reshape(k.shape)
 
@@ -798,7 +798,7 @@ class OnlineControl:
         self.params[t] = state.params
         self.forecasts.append(freeze_forecast(state.params, data, self.fed, t))
         self.decision = self.rule.decide(self.forecasts, self.fed.rounds)
-        self.decisions.append(dataclasses.asdict(self.decision))
+        self.decisions.append(dict(vars(self.decision)))      # asdict without its deep copies: every field is flat
         if not self.decision.stop:
             return None
         if self.decision.outcome != "freeze":

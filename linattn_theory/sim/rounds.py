@@ -64,7 +64,7 @@ from ..core.moments import ValueMoments, value_moments, value_objective
 from ..core.model import (BLOCKS, Params, flat as _flat, kernel, loss_and_grad_from_inputs,
                           value_matrix as _value_matrix)
 from ..core.seeds import SEED_MINIBATCH, SEED_PARTICIPATION, seed_sequence
-from .config import RunConfig
+from .config import RunConfig, section_settings
 from .strategies import Round, Strategy, make_strategy
 from .strategies.base import freeze_after, local_sgd, take_rows, weighted_sum
 
@@ -265,7 +265,7 @@ def _rule_key(member: "Member") -> str:
     each instance its own group for :data:`RULES_PER_RUN`)."""
     if member.config.federated.strategy in RULES_PER_RUN:
         return json.dumps(["per run", id(member)])
-    fed = {k: v for k, v in dataclasses.asdict(member.config.federated).items() if k not in ENGINE_SETTINGS}
+    fed = {k: v for k, v in section_settings(member.config.federated).items() if k not in ENGINE_SETTINGS}
     return json.dumps([fed, None if member.strategy is None else id(member.strategy)], sort_keys=True, default=str)
 
 
@@ -657,16 +657,17 @@ class _Features:
     """The frozen-stage features ``φ`` ``(I, m, N, Hd)`` of instances whose kernel is frozen,
     computed once per instance at its frozen kernel (docs/theory.md §5), kept while it stays frozen,
     in one buffer filled in place (in the run's dtype). An instance with a ``frozen_features`` hook
-    (:class:`Member`) gets the hook's features at its parameters instead. With ``moments``
-    (``moments(φ, first) -> (A, B)``, :meth:`~linattn_theory.core.fused.FusedEngine.value_moments`)
-    the clients' value moments are computed with the features, once per frozen kernel, and kept beside them.
+    (:class:`Member`) gets the hook's features at its parameters instead. With ``maps``
+    (``maps(φ, first) -> (M, b)``, the fused backend's affine maps of a client's local steps, from its value
+    moments: :meth:`~linattn_theory.core.fused.FusedEngine.frozen_maps`) the clients' maps are computed with
+    the features, once per frozen kernel, and kept beside them.
     """
 
-    def __init__(self, xp, data: StackedClients, hooks, moments=None):
+    def __init__(self, xp, data: StackedClients, hooks, maps=None):
         self.xp, self.data, self.hooks = xp, data, hooks
         self.buffer = None
         self.filled = np.zeros(data.S.shape[0], dtype=bool)
-        self.moment_fn, self.moments = moments, None
+        self.map_fn, self.maps = maps, None
 
     def _compute(self, P: Params, lo: int, hi: int):
         xp = self.xp
@@ -688,12 +689,12 @@ class _Features:
             self.buffer = self.xp.zeros(tuple(self.data.q.shape[:3]) + (H * d,), dtype=self.data.S.dtype)
         for a, b, _ in _groups([None if f else True for f in self.filled[lo:hi]]):     # not computed yet
             self.buffer[lo + a:lo + b, ...] = self._compute(P, lo + a, lo + b)
-            if self.moment_fn is not None:
-                A, B = self.moment_fn(self.buffer[lo + a:lo + b, ...], lo + a)
-                if self.moments is None:
+            if self.map_fn is not None:
+                M, c = self.map_fn(self.buffer[lo + a:lo + b, ...], lo + a)
+                if self.maps is None:
                     count = self.filled.shape[0]
-                    self.moments = tuple(np.zeros((count,) + x.shape[1:], x.dtype) for x in (A, B))
-                self.moments[0][lo + a:lo + b], self.moments[1][lo + a:lo + b] = A, B
+                    self.maps = tuple(np.zeros((count,) + x.shape[1:], x.dtype) for x in (M, c))
+                self.maps[0][lo + a:lo + b], self.maps[1][lo + a:lo + b] = M, c
         self.filled[lo:hi] = True
         return self.buffer[lo:hi, ...]
 
@@ -737,9 +738,9 @@ class _ArrayAPI:
 
     name = "array_api"
 
-    def __init__(self, ens: "_Ensemble", moments=None):
+    def __init__(self, ens: "_Ensemble", maps=None):
         self.ens = ens
-        self.features = _Features(ens.xp, ens.data, [mb.frozen_features for mb in ens.members], moments)
+        self.features = _Features(ens.xp, ens.data, [mb.frozen_features for mb in ens.members], maps)
 
     def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
         ens, fed, m = self.ens, self.ens.fed, self.ens.m
@@ -761,20 +762,28 @@ class _ArrayAPI:
 class _Fused(_ArrayAPI):
     """The fused backend: local steps and (kernel training) client losses with the fused CPU kernels
     (:class:`~linattn_theory.core.fused.FusedEngine`, one thread per (instance, client)). A frozen
-    stage's local steps run in moment space, on the clients' value moments computed once with the
-    frozen features (``O((Hd)² p)`` a step instead of ``O(N Hd p)``); its losses stay explicit."""
+    stage's ``E`` local steps are each client's affine map ``V ↦ M_c V + b_c`` of its value moments,
+    both computed once per frozen kernel (``O((Hd)² p)`` a round instead of ``O(E N Hd p)``); its
+    losses stay explicit."""
 
     name = "fused"
 
     def __init__(self, ens: "_Ensemble", engine: "_fused.FusedEngine"):
-        super().__init__(ens, engine.value_moments)
+        super().__init__(ens, self._frozen_maps)
         self.engine = engine
+
+    def _frozen_maps(self, phi, first: int):
+        """The affine maps ``(M_c, b_c)`` of the ``E`` local steps of the instances ``first..`` at their
+        frozen features ``phi`` (:meth:`~linattn_theory.core.fused.FusedEngine.frozen_maps`)."""
+        ens, count = self.ens, phi.shape[0]
+        return self.engine.frozen_maps(self.engine.value_moments(phi, first), ens.fed.local_steps,
+                                       ens.eta[first:first + count], ens.lam[first:first + count])
 
     def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
         ens = self.ens
-        moments = None if phi is None else tuple(a[lo:hi] for a in self.features.moments)
+        maps = None if phi is None else tuple(a[lo:hi] for a in self.features.maps)
         return self.engine.train(_host_server(Pg), rnd.blocks, rnd.participants, rnd.local_steps, ens.eta[lo:hi],
-                                 ens.lam[lo:hi], moments, lo)
+                                 ens.lam[lo:hi], maps, lo)
 
     def losses(self, P: Params, lo: int, hi: int, phi=None):
         return super().losses(P, lo, hi, phi) if phi is not None else self.engine.losses(_host_server(P), lo)
