@@ -24,6 +24,8 @@ one-hot label (``p = 10``, squared loss). :func:`evaluate` gives the test loss a
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..core.arrays import array_namespace, to_numpy
@@ -225,6 +227,18 @@ def digit_contexts(images):
     return np.concatenate([images, position], axis=-1)
 
 
+@functools.cache
+def _digit_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The contexts (:func:`digit_contexts`) and labels of scikit-learn's digits, read once per process
+    (a sweep builds its clients many times; read-only arrays)."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    X, labels = digit_contexts(data.images), np.array(data.target)
+    X.flags.writeable = labels.flags.writeable = False
+    return X, labels
+
+
 def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
                    dirichlet_alpha: float | None = None, test_fraction: float = 0.25, seed: int = 0,
                    fresh_samples: bool = False) -> FederatedDataset:
@@ -253,12 +267,10 @@ def digits_clients(num_clients: int = 8, label_alpha: float | None = None,
     ((8, 16), 10)
     """
     try:
-        from sklearn.datasets import load_digits
+        import sklearn.datasets  # noqa: F401
     except ImportError:
         raise ImportError(f"task family 'digits' needs scikit-learn, an optional extra: {DIGITS_EXTRA}") from None
-    data = load_digits()
-    X = digit_contexts(data.images)
-    labels = np.asarray(data.target)
+    X, labels = _digit_arrays()
     q = np.full((X.shape[0], X.shape[2]), 1.0 / np.sqrt(X.shape[2]))
     y = np.eye(10)[labels]
     return split_clients(X, q, y, labels, num_clients, label_alpha, dirichlet_alpha, test_fraction,
