@@ -1,6 +1,7 @@
 """Every arm tuned (issue 30, item 2) and digits searched (item 7): grids of settings, the choice on
 design seeds, the statistics over held-out seeds (linattn_theory.report.tuning, .arms, .digits_phase)."""
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +213,28 @@ def test_the_digits_runs_and_optima_are_the_same_whatever_the_number_of_processe
 
 def _squares(chunk):
     return [x * x for x in chunk]
+
+
+def _worker_pid_or_error(x):
+    if x == 3:
+        raise ValueError("three")
+    return x, os.getpid()
+
+
+def test_process_map_runs_the_calls_in_worker_processes_in_order_and_raises_their_errors():
+    """process_map (the worker pool of in_processes, fedavg_chaos and the per-instance analyses): the
+    results come back in the calls' order, from processes other than this one (two of them for enough
+    calls); one process runs them here; a call's error is raised here, with its type."""
+    from linattn_theory.sim.sweep.executors import process_map
+
+    calls = [(x,) for x in (0, 1, 2, 4, 5, 6)]
+    results = process_map(_worker_pid_or_error, calls, workers=2)
+    assert [x for x, _ in results] == [0, 1, 2, 4, 5, 6]
+    assert os.getpid() not in {pid for _, pid in results}
+    assert {pid for _, pid in process_map(_worker_pid_or_error, calls[:1], workers=2)} == {os.getpid()}
+    assert {pid for _, pid in process_map(_worker_pid_or_error, calls, workers=1)} == {os.getpid()}
+    with pytest.raises(ValueError, match="three"):
+        process_map(_worker_pid_or_error, [(1,), (3,), (5,)], workers=2)
 
 
 @pytest.mark.slow       # the quick phase diagram and arms grids twice each: about 10 s

@@ -170,12 +170,10 @@ def _with_dropped(table: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
 def _per_instance(function, folder, results: pd.DataFrame, workers: int | None, *args) -> list:
     """``function(clients, runs, *args)`` for every instance, in ``workers`` processes; rows concatenated
     in instance order (so the result does not depend on ``workers``)."""
+    from ..sim.sweep.executors import process_map
+
     groups = _instance_groups(folder, results)
-    if workers is None or workers <= 1 or len(groups) <= 1:
-        chunks = [_instance_task(function, folder, g, args) for g in groups]
-    else:
-        from joblib import Parallel, delayed
-        chunks = Parallel(n_jobs=workers)(delayed(_instance_task)(function, folder, g, args) for g in groups)
+    chunks = process_map(_instance_task, [(function, folder, g, args) for g in groups], workers)
     return [row for chunk in chunks for row in chunk]
 
 
@@ -646,12 +644,10 @@ def fedavg_chaos(folder, table: pd.DataFrame, by, workers: int | None = None) ->
             found[rid] = json.loads(path.read_text())
         else:
             todo.append(rid)
+    from ..sim.sweep.executors import process_map
+
     chunks = chaos_chunks(todo, [_run_config(folder, rid) for rid in todo], workers)
-    if len(chunks) > 1:
-        from joblib import Parallel, delayed
-        measured = Parallel(n_jobs=len(chunks))(delayed(_chaos_task)(folder, chunk) for chunk in chunks)
-    else:
-        measured = [_chaos_task(folder, chunk) for chunk in chunks]
+    measured = process_map(_chaos_task, [(folder, chunk) for chunk in chunks], len(chunks))
     for chunk, records in zip(chunks, measured):
         for rid, record in zip(chunk, records):
             found[rid] = record

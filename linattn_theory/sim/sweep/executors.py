@@ -26,7 +26,7 @@ from ...core.io import timed_run
 from ..config import RunConfig, config_from_dict, warmup_family_key
 
 __all__ = ["EXECUTORS", "TASK_INSTANCES", "PARENT_CHECK_SECONDS", "check_executor", "plan_tasks", "compute_task",
-           "in_processes",
+           "in_processes", "process_map",
            "run_tasks"]
 
 
@@ -251,16 +251,23 @@ def _stop_pool(pool, processes: list) -> None:
         process.join(timeout=5)
 
 
-def _process_results(tasks: list, workers: int):
-    """``executor="processes"``: a pool of forked workers that die with the sweep."""
+def _worker_pool(workers: int):
+    """A pool of ``workers`` worker processes, forked where the platform can (spawned elsewhere), each
+    started by :func:`_worker_init` with its share of the cores; they die with the process that made them."""
     import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import ProcessPoolExecutor
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    workers = min(workers, len(tasks))
     threads = max(1, (os.cpu_count() or 1) // workers)
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                initializer=_worker_init, initargs=(os.getpid(), threads))
+
+
+def _process_results(tasks: list, workers: int):
+    """``executor="processes"``: a pool of forked workers that die with the sweep."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    pool = _worker_pool(min(workers, len(tasks)))
     try:
         pending = {pool.submit(compute_task, task) for task in tasks}
         processes = list(pool._processes.values())
@@ -370,7 +377,7 @@ def run_tasks(executor: str, tasks: list, workers: int | None, scheduler: str | 
 
 def in_processes(task, items: list, workers: int = 1, progress: bool = False, desc: str = "") -> list:
     """``task(chunk)`` over round-robin chunks of ``items``, one result per item in ``items``' order:
-    ``4·workers`` chunks on ``workers`` processes (joblib; one process: one chunk, here). ``task``
+    ``4·workers`` chunks on ``workers`` processes (:func:`process_map`; one process: one chunk, here). ``task``
     returns one result per item of its chunk; a result must not depend on what else is in the chunk
     (an instance's run is bit-identical whatever shares its ensemble), so any split gives the same.
 
@@ -398,18 +405,69 @@ def in_processes(task, items: list, workers: int = 1, progress: bool = False, de
     >>> in_processes(lambda chunk: [x * x for x in chunk], [1, 2, 3])
     [1, 4, 9]
     """
-    from tqdm.auto import tqdm
-
     count = 4 * workers if workers > 1 else 1
     chunks = [list(range(len(items)))[k::count] for k in range(count)]
     chunks = [c for c in chunks if c]
-    if len(chunks) > 1:
-        from joblib import Parallel, delayed
-        parts = Parallel(n_jobs=workers, return_as="generator")(delayed(task)([items[i] for i in c]) for c in chunks)
-    else:
-        parts = (task([items[i] for i in c]) for c in chunks)
+    parts = process_map(task, [([items[i] for i in c],) for c in chunks], workers, progress=progress, desc=desc)
     out = [None] * len(items)
-    for chunk, part in zip(chunks, tqdm(parts, total=len(chunks), desc=desc, disable=not progress or len(chunks) < 2)):
+    for chunk, part in zip(chunks, parts):
         for i, result in zip(chunk, part):
             out[i] = result
+    return out
+
+
+def process_map(function, calls: list, workers: int | None = 1, progress: bool = False, desc: str = "") -> list:
+    """``[function(*args) for args in calls]``, the calls shared among ``workers`` worker processes
+    (:func:`_worker_pool`: forked, so they start at once with what this process has imported and compiled;
+    each with its share of the cores); in this process when ``workers`` is ``None`` or 1, or for one call.
+    A worker's error stops the others and is raised here.
+
+    Parameters
+    ----------
+    function : callable
+        Module level (it is pickled).
+    calls : list of tuple
+        The arguments of each call.
+    workers : int, optional
+        Processes (default: this one).
+    progress : bool, default False
+        A progress bar over the calls (shown with two or more).
+    desc : str, default ""
+        Its label.
+
+    Returns
+    -------
+    list
+        The results, in ``calls``' order.
+
+    Examples
+    --------
+    >>> from linattn_theory.sim.sweep.executors import process_map
+    >>> process_map(pow, [(2, 3), (3, 2)])
+    [8, 9]
+    """
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(calls), desc=desc, disable=not progress or len(calls) < 2)
+    if workers is None or workers <= 1 or len(calls) <= 1:
+        out = []
+        for args in calls:
+            out.append(function(*args))
+            bar.update(1)
+        bar.close()
+        return out
+    pool = _worker_pool(min(int(workers), len(calls)))
+    try:
+        futures = [pool.submit(function, *args) for args in calls]
+        processes = list(pool._processes.values())
+        out = []
+        for future in futures:
+            out.append(future.result())
+            bar.update(1)
+    except BaseException:                       # an error, Ctrl-C or SIGTERM: stop the workers now
+        _stop_pool(pool, list(pool._processes.values() if pool._processes else processes))
+        raise
+    finally:
+        bar.close()
+    pool.shutdown(wait=True)
     return out
