@@ -268,6 +268,7 @@ def _process_results(tasks: list, workers: int):
     from concurrent.futures import FIRST_COMPLETED, wait
 
     pool = _worker_pool(min(workers, len(tasks)))
+    processes = []                              # the workers, once started (a Ctrl-C may come before)
     try:
         pending = {pool.submit(compute_task, task) for task in tasks}
         processes = list(pool._processes.values())
@@ -457,6 +458,7 @@ def process_map(function, calls: list, workers: int | None = 1, progress: bool =
         bar.close()
         return out
     pool = _worker_pool(min(int(workers), len(calls)))
+    processes = []                              # the workers, once started (a Ctrl-C may come before)
     try:
         futures = [pool.submit(function, *args) for args in calls]
         processes = list(pool._processes.values())
