@@ -458,8 +458,8 @@ def test_tiled_kernels_skip_a_clients_padding_bit_for_bit(attention):
         return outs + [losses]
 
     data = layout(inputs, q, y, w)
-    assert data[-1].tolist() == [[3, 1, 2]]
-    every = data[:-1] + (np.full_like(data[-1], 3),)
+    assert data[4].tolist() == [[3, 1, 2]]
+    every = data[:4] + (np.full_like(data[4], 3),) + data[5:]
     clients = np.arange(m, dtype=np.int64)
     ours, full = run(data, clients), run(every, clients)
     for a, b in zip(ours, full):
@@ -507,6 +507,53 @@ def test_frozen_maps_are_the_explicit_frozen_steps():
                 V = V - eta[s] * (grad + lam[s] * V)
             assert relative(out[s, j].reshape(Hd, p), V) <= 1e-13, (s, j)
             assert relative(out[s, j].reshape(Hd, p), V0[s]) > 1e-2          # the steps moved V
+
+
+@needs_numba
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_a_shared_query_is_computed_once_with_the_same_numbers(attention):
+    """Where a client's samples of nonzero weight ask one query (``digits``' fixed ``1/√d``),
+    ``shared_queries`` says so and the kernels compute ``k_h = K_h^T q`` once per step: bit for bit the
+    per-sample path (the same layout with every flag off), for a client whose padding asks 0 and whose
+    sample of weight 0 asks another query; a client with two queries keeps the per-sample path, and a
+    flag set where the queries differ changes the results (the path is taken, and only where it holds)."""
+    from linattn_theory.core import _fused_kernels as kernels
+
+    d, heads, p, n, tau = (12, 2, 5, 5, 1.0) if attention == "linear" else (5, 2, 3, 5, 0.7)
+    S, q, y, w, WQ, WK, WV = _tiled_problem(d, heads, p=p, I=1)
+    X = np.random.default_rng(4).normal(size=S.shape[:3] + (n, d))
+    q[0, :2] = np.random.default_rng(5).normal(size=d)          # clients 0 and 1 share a query, 2 does not
+    for a in (S, X, q, y, w):                                    # client 0 padded after 30 samples
+        a[0, 0, 30:] = 0.0
+    w[0, 1, 7] = 0.0
+    q[0, 1, 7] = 9.0                                             # a sample of weight 0 asks another query
+    if attention == "linear":
+        layout, steps_kernel, loss_kernel, trailing = (kernels.tiles(S, q, y, w), kernels.tiled_local_steps,
+                                                       kernels.tiled_client_losses, ((0,) * d,))
+    else:
+        layout, steps_kernel, loss_kernel, trailing = (kernels.softmax_tiles(X, q, y, w), kernels.softmax_local_steps,
+                                                       kernels.softmax_client_losses, (tau, (0,) * d, (0,) * n))
+    q0, shared = layout[5:]
+    assert shared.tolist() == [[True, True, False]]
+    assert np.array_equal(q0[0, :2], q[0, :2, 0])
+    m = 3
+    clients, inst = np.arange(m, dtype=np.int64), np.zeros(m, np.int64)
+    eta, lam = np.array([0.2]), np.array([1e-3])
+
+    def run(flags):
+        data = layout[:6] + (flags,)
+        outs = [np.empty((m,) + a.shape[1:]) for a in (WQ, WK, WV)]
+        steps_kernel(*data, inst, clients, 0, m, WQ, WK, WV, True, True, True, 3, eta, lam, *outs, *trailing)
+        losses = np.empty(m)
+        loss_kernel(*data, inst, clients, 0, m, WQ, WK, WV, losses, *trailing)
+        return outs + [losses]
+
+    once, per_sample = run(shared), run(np.zeros_like(shared))
+    for a, b in zip(once, per_sample):
+        assert np.array_equal(a, b)
+    assert not np.array_equal(once[0], np.repeat(WQ, m, axis=0))                  # the steps moved W_Q
+    wrong = run(np.ones_like(shared))                                              # client 2 as if it shared q0
+    assert np.array_equal(wrong[0][:2], once[0][:2]) and not np.array_equal(wrong[0][2], once[0][2])
 
 
 @needs_numba

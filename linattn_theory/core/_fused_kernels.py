@@ -35,7 +35,9 @@ samples, one load of ``Ŝ`` per multiply-add, the loads of the vector shared by 
 a tile's ``Ŝ`` is read from the L2 cache once per local step (``φ_h = Ŝ k_h`` loads it into L1,
 ``g_h = Ŝ u`` reads it there), and the sums over the samples run in 4 × 4 blocks. The same closed
 forms in another order of summation: equal to the row loops to rounding (tests: 1e-13). Larger
-``d`` keep the row loops.
+``d`` keep the row loops. Where a client's samples share one query (:func:`shared_queries`; ``digits``'
+fixed ``1/√d``), the tiled and softmax kernels compute ``K_h^T q`` once per local step instead of once
+per sample, the same sum (tests: bit for bit).
 """
 
 from __future__ import annotations
@@ -425,10 +427,39 @@ def tiles_used(w):
     return np.ascontiguousarray(np.where(nonzero.any(axis=-1), -(-last // TILE), 0), dtype=np.int64)
 
 
+def shared_queries(q, w):
+    """``(q0, shared)``: each client's query ``q0`` ``(..., d)`` and whether all its samples of nonzero
+    weight ask it, ``shared`` ``(...)`` (``q`` ``(..., N, d)``, ``w`` ``(..., N)``).
+
+    Where they do (``digits``: the fixed query ``1/√d``), ``k_h = K_h^T q`` is one vector per client and
+    step, computed once instead of once per sample (:func:`_shared_query_tiles`: the same sum, so the same
+    numbers). A sample of weight 0 adds nothing to the gradients whatever its query (its residual
+    ``e_w`` is 0, and so is its ``g_h``), nor to the loss. A client without samples of nonzero weight
+    shares the zero query. (``∇K_h = Σ_i q g_h^T`` keeps its sum over the samples: ``q (Σ_i g_h)^T``
+    would be 4 % faster at ``digits``' size, but not the same numbers.)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core._fused_kernels import shared_queries
+    >>> q = np.array([[[0.5, 0.5], [0.5, 0.5], [0.0, 0.0]], [[0.5, 0.5], [1.0, 0.5], [0.5, 0.5]]])
+    >>> q0, shared = shared_queries(q, np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]))
+    >>> q0.tolist(), shared.tolist()
+    ([[0.5, 0.5], [0.5, 0.5]], [True, False])
+    """
+    q, w = np.asarray(q), np.asarray(w)
+    nonzero = w != 0
+    first = np.argmax(nonzero, axis=-1)
+    q0 = np.take_along_axis(q, first[..., None, None], axis=-2)[..., 0, :]
+    q0 = np.where(nonzero.any(axis=-1)[..., None], q0, 0).astype(q.dtype)
+    shared = np.all((q == q0[..., None, :]).all(axis=-1) | ~nonzero, axis=-1)
+    return np.ascontiguousarray(q0), np.ascontiguousarray(shared)
+
+
 def tiles(S, q, y, w):
-    """``(St, qt, yt, wt, used)``: the tiled kernels' layout of stacked data ``S`` ``(..., N, d, d)``,
-    ``q`` ``(..., N, d)``, ``y`` ``(..., N, p)``, ``w`` ``(..., N)``, and each client's tiles
-    (:func:`tiles_used`).
+    """``(St, qt, yt, wt, used, q0, shared)``: the tiled kernels' layout of stacked data ``S`` ``(..., N, d, d)``,
+    ``q`` ``(..., N, d)``, ``y`` ``(..., N, p)``, ``w`` ``(..., N)``, each client's tiles
+    (:func:`tiles_used`) and its shared query, if any (:func:`shared_queries`).
 
     The ``N`` samples are cut into ``T = ⌈N / TILE⌉`` tiles of :data:`TILE` samples, the last one
     padded with samples of weight 0 and zero data (which contribute exact zeros); each client's
@@ -440,7 +471,7 @@ def tiles(S, q, y, w):
     lead, N, d = S.shape[:-3], S.shape[-3], S.shape[-1]
     T = -(-N // TILE)
     return (_tiled_rows(S.reshape(lead + (N, d * d)), d * d, T), _tiled_rows(q, d, T),
-            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T), tiles_used(w))
+            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T), tiles_used(w)) + shared_queries(q, w)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -470,6 +501,33 @@ def _tile_queries(KT, qb, qo, out, zero, dim):
             for t in range(d):
                 s += KT[a, t] * qb[_U(qo + t * TILE + i)]
             out[_U(a * TILE + i)] = s
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED)
+def _queries_of_tiles(KT, qb, q0, shared, t, kq, zero, dim):
+    """``kq[h] = K_h^T q`` of tile ``t``'s samples for every head (``kq`` ``(H, d TILE)``): per sample
+    (:func:`_tile_queries`), or, where the client's samples share the query ``q0`` (:func:`shared_queries`),
+    nothing: :func:`_shared_query_tiles` filled ``kq`` for the whole step."""
+    if shared:
+        return
+    for h in range(KT.shape[0]):
+        _tile_queries(KT[h], qb, t * len(dim) * TILE, kq[h], zero, dim)
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED)
+def _shared_query_tiles(KT, q0, shared, kq, zero):
+    """Where a client's samples share the query ``q0``: ``kq[h, a TILE + i] = Σ_t KT[h, a, t] q0[t]`` for
+    every sample ``i`` of a tile, the sum of :func:`_tile_queries` in its order (the same numbers), once per step."""
+    if not shared:
+        return
+    H, d = KT.shape[0], KT.shape[1]
+    for h in range(H):
+        for a in range(d):
+            s = zero
+            for t in range(d):
+                s += KT[h, a, t] * q0[t]
+            for i in range(TILE):
+                kq[h, a * TILE + i] = s
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -641,14 +699,14 @@ def _rows_product(left, right, out, zero, transpose_left=False):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST, inline="always")
-def _tile_features(Sb, qb, t, KT, VT, yb, wb, kq, phib, eb, zero, dim):
+def _tile_features(Sb, qb, q0, shared, t, KT, VT, yb, wb, kq, phib, eb, zero, dim):
     """Tile ``t``'s features ``φ_h = Ŝ K_h^T q`` of every head into ``phib`` and its weighted
     residuals ``w (Σ_h (W_V^h)^T φ_h − y)`` into ``eb`` (the first half of a local step)."""
     d = len(dim)
     H, p = KT.shape[0], VT.shape[0]
+    _queries_of_tiles(KT, qb, q0, shared, t, kq, zero, dim)
     for h in range(H):
-        _tile_queries(KT[h], qb, t * d * TILE, kq, zero, dim)
-        _tile_context(Sb, t * d * d * TILE, kq, phib, (t * H + h) * d * TILE, zero, dim)
+        _tile_context(Sb, t * d * d * TILE, kq[h], phib, (t * H + h) * d * TILE, zero, dim)
     _tile_residuals(VT, phib, t * H * d * TILE, yb, wb, t * TILE, eb, t * p * TILE, zero, dim)
 
 
@@ -704,8 +762,8 @@ def _tile_loss(e, wb, T, p, zero):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def tiled_local_steps(St, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps,
-                      eta, lam, outQ, outK, outV, dim):
+def tiled_local_steps(St, qt, yt, w, used, q0, shared, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
+                      steps, eta, lam, outQ, outK, outV, dim):
     """:func:`local_steps` on the tiled layout (:func:`tiles`), ``dim = (0,) * d``: the same
     closed forms, tile by tile: each tile's features, residuals and ``g_h = Ŝ W_V^h e_w`` while
     its ``Ŝ`` sits in the L1 cache, then the sums over the samples, ``∇W_V`` and ``∇K_h``."""
@@ -716,21 +774,22 @@ def tiled_local_steps(St, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, train
     KT = np.empty((H, d, d), dt)
     VT = np.empty((p, H * d), dt)
     QT = np.empty((r, d), dt)
-    kq = np.empty(d * TILE, dt)
+    kq = np.empty((H, d * TILE), dt)
     u = np.empty(d * TILE, dt)
     phib, eb, gb, gK, gQ, gKf, gV = _tile_buffers(T, H, d, r, p, dt)
     zero = np.zeros(1, dt)[0]
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         s_, c, Q, Kf, V, step, ridge = _work_item(j, inst, part, WQ, WK, WV, outQ, outK, outV, eta, lam)
-        Sb, qb, yb, wb, Tc = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c]
+        Sb, qb, yb, wb, Tc, qc, sh = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c], q0[s_, c], shared[s_, c]
         for _ in range(steps):
             for h in range(H):                           # K_h^T = W_K^h (W_Q^h)^T, and W_V^T
                 QT[...] = Q[h].T
                 _rows_product(Kf[h], QT, KT[h], zero)
             _value_transpose(V, VT)
+            _shared_query_tiles(KT, qc, sh, kq, zero)
             for t in range(Tc):
-                _tile_features(Sb, qb, t, KT, VT, yb, wb, kq, phib, eb, zero, dim)
+                _tile_features(Sb, qb, qc, sh, t, KT, VT, yb, wb, kq, phib, eb, zero, dim)
                 if train_kernel:
                     for h in range(H):                   # g_h = Ŝ u, u = W_V^h e_w
                         _tile_mix(V[h], eb, t * p * TILE, u)
@@ -740,7 +799,7 @@ def tiled_local_steps(St, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, train
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def tiled_client_losses(St, qt, yt, w, used, inst, clients, lo, hi, WQ, WK, WV, out, dim):
+def tiled_client_losses(St, qt, yt, w, used, q0, shared, inst, clients, lo, hi, WQ, WK, WV, out, dim):
     """:func:`client_losses` on the tiled layout (:func:`tiles`), ``dim = (0,) * d``."""
     H, d = WQ.shape[1], WQ.shape[2]
     p = WV.shape[3]
@@ -748,18 +807,19 @@ def tiled_client_losses(St, qt, yt, w, used, inst, clients, lo, hi, WQ, WK, WV, 
     dt = St.dtype
     KT = np.empty((H, d, d), dt)
     VT = np.empty((p, H * d), dt)
-    kq = np.empty(d * TILE, dt)
+    kq = np.empty((H, d * TILE), dt)
     phib = np.empty(T * H * d * TILE, dt)
     e = np.empty(T * p * TILE, dt)
     ones = np.ones(T * TILE, dt)
     zero = np.zeros(1, dt)[0]
     for j in range(lo, hi):
         s_, c = inst[j], clients[j]
-        Sb, qb, yb, wb, Tc = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c]
+        Sb, qb, yb, wb, Tc, qc, sh = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c], q0[s_, c], shared[s_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         _value_transpose(WV[s_], VT)
+        _shared_query_tiles(KT, qc, sh, kq, zero)
         for t in range(Tc):
-            _tile_features(Sb, qb, t, KT, VT, yb, ones, kq, phib, e, zero, dim)
+            _tile_features(Sb, qb, qc, sh, t, KT, VT, yb, ones, kq, phib, e, zero, dim)
         out[j] = _tile_loss(e, wb, Tc, p, zero)
 
 
@@ -767,13 +827,13 @@ def tiled_client_losses(St, qt, yt, w, used, inst, clients, lo, hi, WQ, WK, WV, 
 # softmax attention (docs/theory.md §9): the contexts X in tiles, every product register-blocked
 # ----------------------------------------------------------------------------------------------
 def softmax_tiles(X, q, y, w):
-    """``(Xt, qt, yt, wt, used)``: the softmax kernels' layout of contexts ``X`` ``(..., N, n, d)`` (and
-    ``q``, ``y``, ``w``, ``used`` as in :func:`tiles`): ``Xt[..., ((t n + j) d + b) TILE + i] = X_{t TILE + i}[j, b]``."""
+    """``(Xt, qt, yt, wt, used, q0, shared)``: the softmax kernels' layout of contexts ``X`` ``(..., N, n, d)`` (and
+    ``q``, ``y``, ``w``, ``used``, ``q0``, ``shared`` as in :func:`tiles`): ``Xt[..., ((t n + j) d + b) TILE + i] = X_{t TILE + i}[j, b]``."""
     X, q, y, w = (np.asarray(a) for a in (X, q, y, w))
     lead, N, n, d = X.shape[:-3], X.shape[-3], X.shape[-2], X.shape[-1]
     T = -(-N // TILE)
     return (_tiled_rows(X.reshape(lead + (N, n * d)), n * d, T), _tiled_rows(q, d, T),
-            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T), tiles_used(w))
+            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T), tiles_used(w)) + shared_queries(q, w)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -835,23 +895,23 @@ def _tile_softmax(Ab, ao, temperature, top, total, tokens):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST, inline="always")
-def _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens):
+def _tile_softmax_features(Xb, qb, q0, shared, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens):
     """Tile ``t``'s weights ``a_h = softmax(X K_h^T q / τ)`` into ``Ab`` and features ``φ_h = X^T a_h``
     into ``phib``, every head (:func:`~linattn_theory.core.model.softmax_weights`)."""
     d, n = len(dim), len(tokens)
     H = KT.shape[0]
     xo = t * n * d * TILE
+    _queries_of_tiles(KT, qb, q0, shared, t, kq, zero, dim)            # k_h = K_h^T q
     for h in range(H):
         ao = (t * H + h) * n * TILE
-        _tile_queries(KT[h], qb, t * d * TILE, kq, zero, dim)           # k_h = K_h^T q
-        _tile_rows(Xb, xo, kq, Ab, ao, zero, tokens, dim)               # scores X k_h
+        _tile_rows(Xb, xo, kq[h], Ab, ao, zero, tokens, dim)            # scores X k_h
         _tile_softmax(Ab, ao, temperature, top, total, tokens)
         _tile_tokens(Xb, xo, Ab, ao, phib, (t * H + h) * d * TILE, zero, dim, tokens)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def softmax_local_steps(Xt, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps, eta,
-                        lam, outQ, outK, outV, temperature, dim, tokens):
+def softmax_local_steps(Xt, qt, yt, w, used, q0, shared, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
+                        steps, eta, lam, outQ, outK, outV, temperature, dim, tokens):
     """:func:`local_steps` of softmax attention (docs/theory.md §9) on the tiled contexts
     (:func:`softmax_tiles`), ``dim = (0,) * d``, ``tokens = (0,) * n`` (compiled per ``(d, n)``):
     with the weights ``a_h`` and features ``φ_h`` of :func:`_tile_softmax_features` and
@@ -867,7 +927,7 @@ def softmax_local_steps(Xt, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, tra
     dt = Xt.dtype
     KT = np.empty((H, d, d), dt)
     VT = np.empty((p, H * d), dt)
-    kq = np.empty(d * TILE, dt)
+    kq = np.empty((H, d * TILE), dt)
     v = np.empty(d * TILE, dt)
     u = np.empty(n * TILE, dt)
     top = np.empty(TILE, dt)
@@ -878,12 +938,14 @@ def softmax_local_steps(Xt, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, tra
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         s_, c, Q, Kf, V, step, ridge = _work_item(j, inst, part, WQ, WK, WV, outQ, outK, outV, eta, lam)
-        Xb, qb, yb, wb, Tc = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c]
+        Xb, qb, yb, wb, Tc, qc, sh = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c], q0[s_, c], shared[s_, c]
         for _ in range(steps):
             _kernel_transposes(Q, Kf, KT, zero)
             _value_transpose(V, VT)
+            _shared_query_tiles(KT, qc, sh, kq, zero)
             for t in range(Tc):
-                _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens)
+                _tile_softmax_features(Xb, qb, qc, sh, t, KT, temperature, kq, Ab, phib, top, total, zero, dim,
+                                       tokens)
                 _tile_residuals(VT, phib, t * H * d * TILE, yb, wb, t * TILE, eb, t * p * TILE, zero, dim)
                 if not train_kernel:
                     continue
@@ -909,7 +971,8 @@ def softmax_local_steps(Xt, qt, yt, w, used, inst, part, lo, hi, WQ, WK, WV, tra
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def softmax_client_losses(Xt, qt, yt, w, used, inst, clients, lo, hi, WQ, WK, WV, out, temperature, dim, tokens):
+def softmax_client_losses(Xt, qt, yt, w, used, q0, shared, inst, clients, lo, hi, WQ, WK, WV, out, temperature, dim,
+                          tokens):
     """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of softmax attention (:func:`client_losses`' contract, the
     data as in :func:`softmax_local_steps`)."""
     H, d = WQ.shape[1], WQ.shape[2]
@@ -919,7 +982,7 @@ def softmax_client_losses(Xt, qt, yt, w, used, inst, clients, lo, hi, WQ, WK, WV
     dt = Xt.dtype
     KT = np.empty((H, d, d), dt)
     VT = np.empty((p, H * d), dt)
-    kq = np.empty(d * TILE, dt)
+    kq = np.empty((H, d * TILE), dt)
     top = np.empty(TILE, dt)
     total = np.empty(TILE, dt)
     Ab = np.empty(T * H * n * TILE, dt)
@@ -929,10 +992,11 @@ def softmax_client_losses(Xt, qt, yt, w, used, inst, clients, lo, hi, WQ, WK, WV
     zero = np.zeros(1, dt)[0]
     for j in range(lo, hi):
         s_, c = inst[j], clients[j]
-        Xb, qb, yb, wb, Tc = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c]
+        Xb, qb, yb, wb, Tc, qc, sh = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c], q0[s_, c], shared[s_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         _value_transpose(WV[s_], VT)
+        _shared_query_tiles(KT, qc, sh, kq, zero)
         for t in range(Tc):
-            _tile_softmax_features(Xb, qb, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens)
+            _tile_softmax_features(Xb, qb, qc, sh, t, KT, temperature, kq, Ab, phib, top, total, zero, dim, tokens)
             _tile_residuals(VT, phib, t * H * d * TILE, yb, ones, t * TILE, e, t * p * TILE, zero, dim)
         out[j] = _tile_loss(e, wb, Tc, p, zero)

@@ -25,7 +25,9 @@ A frozen stage (``W_V`` alone, docs/theory.md §5) runs in moment space: the cli
 :func:`~linattn_theory.core.frozen_map.frozen_map`): a round then costs ``O((Hd)² p)`` per client,
 whatever the number of samples and of local steps (equal to the explicit steps to rounding: tests 1e-13). The tiled and softmax kernels visit
 each client's own tiles only (:func:`~linattn_theory.core._fused_kernels.tiles_used`: a client
-padded to the largest of its stack skips its padding, bit for bit the same numbers).
+padded to the largest of its stack skips its padding, bit for bit the same numbers), and compute a
+query that all of a client's samples share once per local step
+(:func:`~linattn_theory.core._fused_kernels.shared_queries`, the same numbers).
 The round engine chooses it (:func:`linattn_theory.sim.rounds.select_engine`): ``engine="auto"``
 uses it where it applies, numba is installed and a local step is large enough
 (``m·N·d² ≥`` :data:`MIN_STEP_WORK`, one rule for a run alone and an instance of an ensemble);
