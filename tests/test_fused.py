@@ -510,6 +510,39 @@ def test_frozen_maps_are_the_explicit_frozen_steps():
 
 
 @needs_numba
+@pytest.mark.parametrize("rows, terms", [(16, 10), (6, 7), (3, 2), (4, 4)])
+def test_tile_mix_is_the_one_term_at_a_time_sum_bit_for_bit(rows, terms):
+    """``_tile_mix`` (``u = W_V^h e_w`` of a tile: four rows and four terms at a time, the partial sums in
+    registers) adds the terms in their order, so it equals the row loops that add one term at a time
+    (multiply-adds fused, as the kernels compile them) bit for bit — with rows and terms left over by the
+    blocks of four — and NumPy's product to rounding."""
+    from numba import njit
+
+    from linattn_theory.core import _fused_kernels as kernels
+
+    L = kernels.TILE
+
+    @njit(fastmath={"contract"})
+    def one_term_at_a_time(coef, src, so, out):
+        for a in range(coef.shape[0]):
+            for i in range(L):
+                out[a * L + i] = 0.0
+            for t in range(coef.shape[1]):
+                for i in range(L):
+                    out[a * L + i] += coef[a, t] * src[so + t * L + i]
+
+    rng = np.random.default_rng(rows * terms)
+    coef, src = rng.normal(size=(rows, terms)), rng.normal(size=(3 * terms * L))
+    so = terms * L                                                 # the second of three tiles
+    ours, reference = np.empty(rows * L), np.empty(rows * L)
+    kernels._tile_mix(coef, src, so, ours, 0.0)
+    one_term_at_a_time(coef, src, so, reference)
+    assert np.array_equal(ours, reference)
+    expected = (coef @ src[so:so + terms * L].reshape(terms, L)).reshape(-1)
+    assert relative(ours, expected) <= 1e-14
+
+
+@needs_numba
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
 def test_a_shared_query_is_computed_once_with_the_same_numbers(attention):
     """Where a client's samples of nonzero weight ask one query (``digits``' fixed ``1/√d``),
