@@ -543,6 +543,51 @@ def test_tile_mix_is_the_one_term_at_a_time_sum_bit_for_bit(rows, terms):
 
 
 @needs_numba
+@pytest.mark.parametrize("rows, columns, tiles", [(16, 10, 18), (6, 7, 2), (5, 3, 7), (1, 1, 3), (16, 16, 4)])
+def test_tile_sums_outside_the_blocks_are_each_the_sum_alone_bit_for_bit(rows, columns, tiles):
+    """``_tile_sums``' sums over the samples outside its 4 × 4 blocks (``Σ_i φ_h e_w^T`` with ``p = 10``: two
+    columns) run four at a time as independent chains in one loop: each equals the sum of the loop they
+    replaced, one sum after another (compiled with the kernels' flags), bit for bit; all equal NumPy's
+    to rounding."""
+    from numba import njit
+
+    from linattn_theory.core import _fused_kernels as kernels
+
+    L = kernels.TILE
+
+    U = kernels._U
+
+    @njit(fastmath=kernels.FAST)
+    def one_at_a_time(left, ls, lo, right, rs, ro, T, out):      # the loop the chains replaced
+        A, B = out.shape
+        for a in range(A):
+            for b in range(B):
+                if a < A - A % 4 and b < B - B % 4:
+                    continue
+                s = 0.0
+                for t in range(T):
+                    lb = t * ls + lo + a * L
+                    rb = t * rs + ro + b * L
+                    for i in range(L):
+                        s += left[U(lb + i)] * right[U(rb + i)]
+                out[a, b] = s
+
+    rng = np.random.default_rng(rows * columns + tiles)
+    left, right = rng.normal(size=tiles * rows * L * 2), rng.normal(size=tiles * columns * L * 3)
+    ls, lo, rs, ro = 2 * rows * L, rows * L, 3 * columns * L, columns * L      # each tile's second and third blocks
+    out = np.empty((rows, columns))
+    kernels._tile_sums(left, ls, lo, right, rs, ro, tiles, out, 0.0)
+    reference = np.full((rows, columns), np.nan)
+    one_at_a_time(left, ls, lo, right, rs, ro, tiles, reference)
+    outside = ~np.isnan(reference)
+    assert outside.sum() == rows * columns - (rows - rows % 4) * (columns - columns % 4)
+    assert np.array_equal(out[outside], reference[outside])
+    lt = left.reshape(tiles, 2, rows, L)[:, 1]
+    rt = right.reshape(tiles, 3, columns, L)[:, 1]
+    assert relative(out, np.einsum("tai,tbi->ab", lt, rt)) <= 1e-13
+
+
+@needs_numba
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
 def test_a_shared_query_is_computed_once_with_the_same_numbers(attention):
     """Where a client's samples of nonzero weight ask one query (``digits``' fixed ``1/√d``),

@@ -688,8 +688,10 @@ def _tile_mix(coef, src, so, out, zero):
 def _tile_sums(left, ls, lo, right, rs, ro, T, out, zero):
     """``out[a, b] = Σ_t Σ_i left[t ls + lo + a TILE + i] right[t rs + ro + b TILE + i]``, a sum
     over the samples of ``T`` tiles (rows of tile ``t`` at ``t ls + lo`` and ``t rs + ro``): blocks
-    of 4 × 4 sums in registers, eight loads for sixteen multiply-adds; the rows and columns left
-    over one sum at a time."""
+    of 4 × 4 sums in registers, eight loads for sixteen multiply-adds; the sums outside the blocks
+    (rows and columns left over) four at a time, as four independent chains in one loop over the
+    tiles, each the same sum as computed alone (tests: bit for bit), but not waiting on the last one's
+    (one at a time, ``Σ_i φ_h e_w^T`` at ``p = 10`` took 2.4× as long)."""
     A, B = out.shape
     A4, B4 = A - A % 4, B - B % 4
     for a in range(0, A4, 4):
@@ -728,17 +730,38 @@ def _tile_sums(left, ls, lo, right, rs, ro, T, out, zero):
             out[a + 1, b], out[a + 1, b + 1], out[a + 1, b + 2], out[a + 1, b + 3] = s10, s11, s12, s13
             out[a + 2, b], out[a + 2, b + 1], out[a + 2, b + 2], out[a + 2, b + 3] = s20, s21, s22, s23
             out[a + 3, b], out[a + 3, b + 1], out[a + 3, b + 2], out[a + 3, b + 3] = s30, s31, s32, s33
+    rest = A * B - A4 * B4                  # the sums outside the blocks, four at a time (independent
+    k = 0                                   # chains in one loop: each the same sum as alone)
+    pairs = np.empty((rest + 3, 2), np.int64)
     for a in range(A):
         for b in range(B):
             if a < A4 and b < B4:
                 continue
-            s = zero
-            for t in range(T):
-                lb = t * ls + lo + a * TILE
-                rb = t * rs + ro + b * TILE
-                for i in range(TILE):
-                    s += left[_U(lb + i)] * right[_U(rb + i)]
-            out[a, b] = s
+            pairs[k, 0], pairs[k, 1] = a, b
+            k += 1
+    for k in range(rest, rest + 3):         # padding: repeats of the last sum, not stored
+        pairs[k, 0], pairs[k, 1] = pairs[rest - 1, 0], pairs[rest - 1, 1]
+    for k in range(0, rest, 4):
+        a0, b0, a1, b1 = pairs[k, 0], pairs[k, 1], pairs[k + 1, 0], pairs[k + 1, 1]
+        a2, b2, a3, b3 = pairs[k + 2, 0], pairs[k + 2, 1], pairs[k + 3, 0], pairs[k + 3, 1]
+        s0 = s1 = s2 = s3 = zero
+        for t in range(T):
+            lt, rt = t * ls + lo, t * rs + ro
+            for i in range(TILE):
+                s0 += left[_U(lt + a0 * TILE + i)] * right[_U(rt + b0 * TILE + i)]
+            for i in range(TILE):
+                s1 += left[_U(lt + a1 * TILE + i)] * right[_U(rt + b1 * TILE + i)]
+            for i in range(TILE):
+                s2 += left[_U(lt + a2 * TILE + i)] * right[_U(rt + b2 * TILE + i)]
+            for i in range(TILE):
+                s3 += left[_U(lt + a3 * TILE + i)] * right[_U(rt + b3 * TILE + i)]
+        out[a0, b0] = s0
+        if k + 1 < rest:
+            out[a1, b1] = s1
+        if k + 2 < rest:
+            out[a2, b2] = s2
+        if k + 3 < rest:
+            out[a3, b3] = s3
 
 
 @njit(cache=True, nogil=True, fastmath=FAST, inline="always")
