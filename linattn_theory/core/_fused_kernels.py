@@ -684,6 +684,19 @@ def _tile_mix(coef, src, so, out, zero):
                 out[_U((a0 + 3) * TILE + i)] += c3 * v
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _outside_blocks(k, rest, A, B, A4, B4):
+    """``(a, b)`` of the ``k``-th of the ``rest`` sums of an ``A × B`` :func:`_tile_sums` outside its
+    4 × 4 blocks (the first ``A4`` rows' columns from ``B4``, then the rows from ``A4``); ``k ≥ rest``
+    repeats the last (a chain that pads a group of four, not stored)."""
+    k = min(k, rest - 1)
+    C = B - B4
+    if k < A4 * C:
+        return k // C, B4 + k % C
+    k -= A4 * C
+    return A4 + k // B, k % B
+
+
 @njit(cache=True, nogil=True, fastmath=FAST)
 def _tile_sums(left, ls, lo, right, rs, ro, T, out, zero):
     """``out[a, b] = Σ_t Σ_i left[t ls + lo + a TILE + i] right[t rs + ro + b TILE + i]``, a sum
@@ -731,19 +744,11 @@ def _tile_sums(left, ls, lo, right, rs, ro, T, out, zero):
             out[a + 2, b], out[a + 2, b + 1], out[a + 2, b + 2], out[a + 2, b + 3] = s20, s21, s22, s23
             out[a + 3, b], out[a + 3, b + 1], out[a + 3, b + 2], out[a + 3, b + 3] = s30, s31, s32, s33
     rest = A * B - A4 * B4                  # the sums outside the blocks, four at a time (independent
-    k = 0                                   # chains in one loop: each the same sum as alone)
-    pairs = np.empty((rest + 3, 2), np.int64)
-    for a in range(A):
-        for b in range(B):
-            if a < A4 and b < B4:
-                continue
-            pairs[k, 0], pairs[k, 1] = a, b
-            k += 1
-    for k in range(rest, rest + 3):         # padding: repeats of the last sum, not stored
-        pairs[k, 0], pairs[k, 1] = pairs[rest - 1, 0], pairs[rest - 1, 1]
-    for k in range(0, rest, 4):
-        a0, b0, a1, b1 = pairs[k, 0], pairs[k, 1], pairs[k + 1, 0], pairs[k + 1, 1]
-        a2, b2, a3, b3 = pairs[k + 2, 0], pairs[k + 2, 1], pairs[k + 3, 0], pairs[k + 3, 1]
+    for k in range(0, rest, 4):             # chains in one loop: each the same sum as alone)
+        a0, b0 = _outside_blocks(k, rest, A, B, A4, B4)
+        a1, b1 = _outside_blocks(k + 1, rest, A, B, A4, B4)
+        a2, b2 = _outside_blocks(k + 2, rest, A, B, A4, B4)
+        a3, b3 = _outside_blocks(k + 3, rest, A, B, A4, B4)
         s0 = s1 = s2 = s3 = zero
         for t in range(T):
             lt, rt = t * ls + lo, t * rs + ro
