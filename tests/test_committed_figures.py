@@ -165,7 +165,8 @@ def test_softmax_static_heads_rows_of_seed_0_are_regenerated(tmp_path):
     rows up to 3 % apart. Its rows are held to their measured spread instead: an absolute tolerance of
     four times the largest change of each column between the run and its two perturbed repeats, in
     units of the column's largest value (twice for the gap between two perturbed runs, twice again
-    for the two repeats that estimate it; measured: 3–17 % of the largest value, docs/theory.md §6)."""
+    for the two repeats that estimate it; measured: 3–17 % of the largest value with AVX2 code paths and on
+    an AMD EPYC, up to 28 % on an Intel Xeon with AVX-512, docs/theory.md §6)."""
     from linattn_theory.sim.sensitivity import perturbed_runs, run_sensitivity
     from linattn_theory.theory.static_heads import head_pattern_statistics
 
@@ -192,7 +193,7 @@ def test_softmax_static_heads_rows_of_seed_0_are_regenerated(tmp_path):
             scale = np.abs(ours[column].to_numpy()).max()
             spread = max(np.abs(head_pattern_statistics(run.params, clients, config.model.temperature)[column]
                                 .to_numpy() - ours[column].to_numpy()).max() / scale for run in repeats)
-            assert 0.01 < spread < 0.25, f"{column}: docs/theory.md §6 quotes 1–25 % (measured {spread:.3f})"
+            assert 0.01 < spread < 0.30, f"{column}: docs/theory.md §6 quotes 1–30 % (measured {spread:.3f})"
             _agree(ours, committed, keys, [column], atol_scale=max(1e-12, 4 * spread))
     assert chaotic == [3.0], "seed 0's chaotic instance is the one at ζ_V = 3 (the test must check one of each)"
 
