@@ -224,3 +224,38 @@ def test_a_runs_test_scores_in_chunks_are_its_rounds_scored_one_by_one(attention
             assert score["loss"] == pytest.approx(loss, rel=1e-12)
             assert score["accuracy"] == np.mean(np.argmax(yhat, axis=-1) == np.argmax(y, axis=-1))
     assert len({s["accuracy"] for s in scores}) > 1
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_a_history_s_shared_kernels_are_featurised_once_with_each_round_s_own_numbers(attention):
+    """``evaluate_history`` computes the test features once per distinct kernel ``(W_Q, W_K)`` (a frozen
+    stage's rounds share theirs; runs scored together share their warm-up's): every parameter set's scores
+    are bit for bit those of scoring it alone, whatever the chunks, and a set that shares its kernel but
+    not its ``W_V`` gets its own (features computed for every set, counted: once per kernel)."""
+    from linattn_theory.data import digits as digits_module
+
+    rng = np.random.default_rng(5)
+    N, n, d, p = 30, 6, 5, 3
+    X, q = rng.normal(size=(N, n, d)), rng.normal(size=(N, d))
+    y = np.eye(p)[rng.integers(0, p, size=N)]
+    warm = [Params.init(d=d, r=2, p=p, heads=2, seed=s) for s in range(4)]
+    frozen = [warm[2].replace(WV=warm[2].WV * (1 + 0.1 * k)) for k in range(1, 6)]    # K of round 2, own W_V
+    history = warm + frozen + warm[:3] + [warm[1].replace(WQ=warm[1].WQ.copy())]      # equal bytes, new arrays
+    alone = [evaluate_history([theta], X, q, y, attention, 0.8)[0] for theta in history]
+    calls = []
+    features = digits_module.attention_features
+
+    def counted(K, *args, **kwargs):
+        calls.append(K.shape[0])
+        return features(K, *args, **kwargs)
+
+    for chunk in (1, 2, 3, 64):
+        calls.clear()
+        digits_module.attention_features = counted
+        try:
+            scores = evaluate_history(history, X, q, y, attention, 0.8, chunk=chunk)
+        finally:
+            digits_module.attention_features = features
+        assert scores == alone                       # bit for bit, every round its own
+        assert sum(calls) == len(warm)               # the 4 distinct kernels, once each
+    assert len({s["loss"] for s in alone[4:9]}) == 5   # the frozen rounds' own W_V

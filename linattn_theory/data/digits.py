@@ -344,9 +344,11 @@ def evaluate(params: Params, X, q, y, attention: str = "linear", temperature: fl
 
 def evaluate_history(history, X, q, y, attention: str = "linear", temperature: float = 1.0,
                      chunk: int = 64) -> list[dict]:
-    """:func:`evaluate` of every parameter set of ``history`` (a run's ``θ^0, θ^1, …``), ``chunk`` of
-    them stacked into one prediction (broadcast over the leading axis: the test contexts' ``Ŝ`` is
-    computed once per chunk, not once per round).
+    """:func:`evaluate` of every parameter set of ``history`` (a run's ``θ^0, θ^1, …``, or several runs'):
+    the test features ``φ(K)`` once per distinct kernel ``(W_Q, W_K)``, ``chunk`` kernels at a time
+    (a frozen stage's rounds share one, and runs that share a warm-up share its rounds'), the test
+    contexts' ``Ŝ`` once per call, then ``chunk`` predictions ``ŷ = φ(K) W_V`` at a time: each
+    parameter set's numbers are those of computing its features alone (each product is its own; test).
 
     Parameters
     ----------
@@ -355,7 +357,8 @@ def evaluate_history(history, X, q, y, attention: str = "linear", temperature: f
     X, q, y, attention, temperature
         As in :func:`evaluate`.
     chunk : int, default 64
-        Parameter sets per prediction (bounds the memory to ``chunk · N · H d`` numbers).
+        Kernels per feature computation and parameter sets per prediction (bounds the memory to
+        ``2 · chunk · N · H d`` numbers).
 
     Returns
     -------
@@ -382,13 +385,39 @@ def evaluate_history(history, X, q, y, attention: str = "linear", temperature: f
     y = to_numpy(y)
     labels = np.argmax(y, axis=-1)
     inputs = X if attention == "softmax" else context_second_moment(X)
-    scores = []
-    for start in range(0, len(history), chunk):
-        part = history[start:start + chunk]
-        stacked = Params(*(xp.stack([getattr(theta, b) for theta in part]) for b in ("WQ", "WK", "WV")))
+    firsts, which = _distinct_kernels(history)
+    scores: list = [None] * len(history)
+    for start in range(0, len(firsts), chunk):
+        count = len(firsts[start:start + chunk])
+        stacked = _stacked(xp, [history[i] for i in firsts[start:start + chunk]])
         phi = flat(xp, attention_features(kernel(stacked), inputs[None], q[None], attention, temperature), 2)
-        yhat = to_numpy(xp.matmul(phi, value_matrix(xp, stacked.WV)))       # (chunk, N, p)
-        loss = np.mean(0.5 * np.sum((yhat - y) ** 2, axis=-1), axis=-1)
-        accuracy = np.mean(np.argmax(yhat, axis=-1) == labels, axis=-1)
-        scores += [{"loss": float(a), "accuracy": float(b)} for a, b in zip(loss, accuracy)]
+        members = np.flatnonzero((which >= start) & (which < start + count))
+        for lo in range(0, len(members), chunk):
+            part = members[lo:lo + chunk]
+            own = xp.take(phi, xp.asarray(which[part] - start), axis=0)                 # (chunk, N, Hd)
+            V = value_matrix(xp, _stacked(xp, [history[i] for i in part]).WV)
+            yhat = to_numpy(xp.matmul(own, V))                                          # (chunk, N, p)
+            loss = np.mean(0.5 * np.sum((yhat - y) ** 2, axis=-1), axis=-1)
+            accuracy = np.mean(np.argmax(yhat, axis=-1) == labels, axis=-1)
+            for i, a, b in zip(part, loss, accuracy):
+                scores[i] = {"loss": float(a), "accuracy": float(b)}
     return scores
+
+
+def _distinct_kernels(history) -> tuple[list[int], np.ndarray]:
+    """``(firsts, which)``: the first parameter set of each distinct ``(W_Q, W_K)`` of ``history``, in
+    order, and the index into ``firsts`` of every parameter set's (equal bytes: the same kernel)."""
+    slots: dict = {}
+    firsts, which = [], np.empty(len(history), dtype=np.int64)
+    for i, theta in enumerate(history):
+        key = (to_numpy(theta.WQ).tobytes(), to_numpy(theta.WK).tobytes())
+        if key not in slots:
+            slots[key] = len(firsts)
+            firsts.append(i)
+        which[i] = slots[key]
+    return firsts, which
+
+
+def _stacked(xp, thetas) -> Params:
+    """Parameter sets stacked on a new leading axis."""
+    return Params(*(xp.stack([getattr(theta, b) for theta in thetas]) for b in ("WQ", "WK", "WV")))

@@ -614,6 +614,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone
                 else:
                     family.history[T0] = family.history[lead][:T0] + history
         for family in families:
+            tests = _test_scores(family) if keep else {}
             for i in family.online + family.indices:     # each result its own (copies of a config share one)
                 config = family.configs[i]
                 key = ("online", i) if i in family.online else config.warmup_rounds
@@ -623,7 +624,7 @@ def _run_wave(buckets: list[list[_Family]], results: list, progress: bool, alone
                 elif any(results[j] is result for j in family.indices if results[j] is not None):
                     result = _copy(result)
                 result.metadata.update(run_metadata(config))
-                _add_test_metrics(result, family.clients, config, family.history.get(key))
+                _add_test_metrics(result, tests.get(key))
                 results[i] = result
 
 
@@ -670,17 +671,30 @@ class _OnlineReplay:
         return result
 
 
-def _add_test_metrics(result: RunResult, clients, config: RunConfig, history) -> None:
-    """Test loss and accuracy per round (columns ``test_loss``, ``test_accuracy``; metadata ``test``,
-    the last round's) of clients with a test split (``truth["test_X"]``, :mod:`linattn_theory.data.digits`),
-    from the run's parameters ``history`` ``θ^0, θ^1, …``."""
-    if history is None or not _has_test_split(clients):
-        return
+def _test_scores(family: "_Family") -> dict:
+    """The test loss and accuracy of every round of each run of ``family`` whose clients have a test split
+    (``truth["test_X"]``, :mod:`linattn_theory.data.digits`), from the runs' parameters ``θ^0, θ^1, …``:
+    ``{run key: [{"loss", "accuracy"} per round]}``, every run scored in one call
+    (:func:`~linattn_theory.data.digits.evaluate_history`: the test features once per distinct kernel, which the
+    runs' shared warm-up and each frozen stage share; each run's numbers those of scoring it alone)."""
+    if not _has_test_split(family.clients):
+        return {}
     from ..data.digits import evaluate_history
-    truth, model = clients.truth, config.model
+    truth, model = family.clients.truth, family.lead().model      # one instance: one model
+    keys = [key for key, history in family.history.items() if history is not None]
+    every = [theta for key in keys for theta in family.history[key]]
     with np.errstate(all="ignore"):
-        test = evaluate_history(history, truth["test_X"], truth["test_q"], truth["test_y"], model.attention,
-                                model.temperature)
+        scores = evaluate_history(every, truth["test_X"], truth["test_q"], truth["test_y"], model.attention,
+                                  model.temperature)
+    ends = np.cumsum([len(family.history[key]) for key in keys])
+    return {key: scores[end - len(family.history[key]):end] for key, end in zip(keys, ends)}
+
+
+def _add_test_metrics(result: RunResult, test) -> None:
+    """Test loss and accuracy per round (columns ``test_loss``, ``test_accuracy``; metadata ``test``,
+    the last round's) from ``test``, the run's scores per round (:func:`_test_scores`; ``None``: none)."""
+    if test is None:
+        return
     for key in ("loss", "accuracy"):
         result.table[f"test_{key}"] = [test[t][key] for t in result.table["round"]]
     result.metadata["test"] = test[int(result.table["round"].iloc[-1])]
