@@ -393,13 +393,13 @@ def test_unrolled_context_products_are_the_row_loops_bit_for_bit(d, heads):
 
     def train(dim):
         outs = [np.empty((I * m,) + a.shape[1:]) for a in (WQ, WK, WV)]
-        kernels.local_steps(St, qt, yt, w, inst, part, 0, I * m, WQ, WK, WV, True, True, True, 4, eta, lam,
+        kernels.local_steps(St, qt, yt, w, inst, np.arange(I), part, 0, I * m, WQ, WK, WV, True, True, True, 4, eta, lam,
                             *outs, dim)
         return outs
 
     def losses(dim):
         out = np.empty(I * m)
-        kernels.client_losses(St, qt, yt, w, inst, part, 0, I * m, WQ, WK, WV, out, dim)
+        kernels.client_losses(St, qt, yt, w, inst, np.arange(I), part, 0, I * m, WQ, WK, WV, out, dim)
         return out
 
     unrolled, rows = train(kernels.dimension(d)), train(())
@@ -452,9 +452,9 @@ def test_tiled_kernels_skip_a_clients_padding_bit_for_bit(attention):
         count = len(clients)
         inst = np.zeros(count, np.int64)
         outs = [np.empty((count,) + a.shape[1:]) for a in (WQ, WK, WV)]
-        steps_kernel(*data, inst, clients, 0, count, WQ, WK, WV, True, True, True, 3, eta, lam, *outs, *trailing)
+        steps_kernel(*data, inst, np.arange(1), clients, 0, count, WQ, WK, WV, True, True, True, 3, eta, lam, *outs, *trailing)
         losses = np.empty(count)
-        loss_kernel(*data, inst, clients, 0, count, WQ, WK, WV, losses, *trailing)
+        loss_kernel(*data, inst, np.arange(1), clients, 0, count, WQ, WK, WV, losses, *trailing)
         return outs + [losses]
 
     data = layout(inputs, q, y, w)
@@ -621,9 +621,9 @@ def test_a_shared_query_is_computed_once_with_the_same_numbers(attention):
     def run(flags):
         data = layout[:6] + (flags,)
         outs = [np.empty((m,) + a.shape[1:]) for a in (WQ, WK, WV)]
-        steps_kernel(*data, inst, clients, 0, m, WQ, WK, WV, True, True, True, 3, eta, lam, *outs, *trailing)
+        steps_kernel(*data, inst, np.arange(1), clients, 0, m, WQ, WK, WV, True, True, True, 3, eta, lam, *outs, *trailing)
         losses = np.empty(m)
-        loss_kernel(*data, inst, clients, 0, m, WQ, WK, WV, losses, *trailing)
+        loss_kernel(*data, inst, np.arange(1), clients, 0, m, WQ, WK, WV, losses, *trailing)
         return outs + [losses]
 
     once, per_sample = run(shared), run(np.zeros_like(shared))
@@ -657,12 +657,12 @@ def test_tiled_kernels_equal_the_row_loops_and_numpy(d, heads, p):
 
     def train(kernel, data, dim):
         outs = [np.empty((I * m,) + a.shape[1:]) for a in (WQ, WK, WV)]
-        kernel(*data, inst, part, 0, I * m, WQ, WK, WV, True, True, True, 4, eta, lam, *outs, dim)
+        kernel(*data, inst, np.arange(I), part, 0, I * m, WQ, WK, WV, True, True, True, 4, eta, lam, *outs, dim)
         return outs
 
     def losses(kernel, data, dim):
         out = np.empty(I * m)
-        kernel(*data, inst, part, 0, I * m, WQ, WK, WV, out, dim)
+        kernel(*data, inst, np.arange(I), part, 0, I * m, WQ, WK, WV, out, dim)
         return out
 
     tiled_params = train(kernels.tiled_local_steps, tiles, (0,) * d)
@@ -743,7 +743,7 @@ def test_softmax_kernels_take_the_closed_form_steps_and_losses():
     trailing = (tau, (0,) * d, (0,) * n)
     for blocks in (("WQ", "WK", "WV"), ("WV",), ("WQ",)):
         outs = [np.empty((m,) + a.shape[1:]) for a in (WQ, WK, WV)]
-        kernels.softmax_local_steps(*data, inst, part, 0, m, WQ, WK, WV, "WQ" in blocks, "WK" in blocks,
+        kernels.softmax_local_steps(*data, inst, np.arange(1), part, 0, m, WQ, WK, WV, "WQ" in blocks, "WK" in blocks,
                                     "WV" in blocks, steps, eta, lam, *outs, *trailing)
         for c in range(m):
             theta = Params(WQ[0], WK[0], WV[0])
@@ -755,13 +755,13 @@ def test_softmax_kernels_take_the_closed_form_steps_and_losses():
             for b, out in zip(("WQ", "WK", "WV"), outs):
                 assert relative(out[c], getattr(theta, b)) <= 1e-13, (blocks, b)
     losses = np.empty(m)
-    kernels.softmax_client_losses(*data, inst, np.arange(m), 0, m, WQ, WK, WV, losses, *trailing)
+    kernels.softmax_client_losses(*data, inst, np.arange(1), np.arange(m), 0, m, WQ, WK, WV, losses, *trailing)
     expected = [float(loss_and_grad_from_contexts(Params(WQ[0], WK[0], WV[0]), X[0, c], q[0, c], y[0, c], w[0, c],
                                                   (), attention="softmax", temperature=tau)[0]) for c in range(m)]
     assert relative(losses, expected) <= 1e-13
     # scores of order 10⁴ (exp overflows): the largest score subtracted, the weights stay finite
     big = 300.0 * X
-    kernels.softmax_client_losses(*kernels.softmax_tiles(big, q, y, w), inst, np.arange(m), 0, m, WQ, WK, WV, losses,
+    kernels.softmax_client_losses(*kernels.softmax_tiles(big, q, y, w), inst, np.arange(1), np.arange(m), 0, m, WQ, WK, WV, losses,
                                   *trailing)
     expected = [float(loss_and_grad_from_contexts(Params(WQ[0], WK[0], WV[0]), big[0, c], q[0, c], y[0, c], w[0, c],
                                                   (), attention="softmax", temperature=tau)[0]) for c in range(m)]
@@ -790,7 +790,7 @@ def test_fused_softmax_engine_detects_divergence_in_the_same_round():
         WQ = np.array(theta.WQ)[None].copy()
         WQ[0, 0, 0, 0] = bad
         out = np.empty(m)
-        kernels.softmax_client_losses(*layout, np.zeros(m, np.int64), np.arange(m), 0, m, WQ, np.array(theta.WK)[None],
+        kernels.softmax_client_losses(*layout, np.zeros(m, np.int64), np.arange(1), np.arange(m), 0, m, WQ, np.array(theta.WK)[None],
                                       np.array(theta.WV)[None], out, 0.7, (0,) * d, (0,) * n)
         assert np.isnan(out).all(), bad
 
@@ -809,3 +809,39 @@ def test_auto_runs_softmax_on_the_fused_engine_up_to_its_context_size(tokens, ex
     from linattn_theory.sim.strategies import make_strategy
     data, _ = prepare_run(cfg)                                  # forcing it still takes the fused engine
     assert select_engine("fused", np, data, cfg.federated, make_strategy(cfg.federated, 1)) is not None
+
+
+@needs_numba
+@pytest.mark.parametrize("engine", ["fused", "array_api"])
+@pytest.mark.parametrize("case", [{}, {"task.dim": 12}, SOFTMAX], ids=["rows", "tiled", "softmax"])
+def test_members_that_share_their_clients_are_laid_out_once_with_the_same_numbers(case, engine, monkeypatch):
+    """An ensemble's members that share their clients (one data object: a figure's warm-ups of one seed)
+    share one row of the fused engine's layout (``FusedEngine(sources=…)``: each instance's row), and a
+    frozen stage's features and losses take their clients alone: every table and parameter is bit for bit
+    that of each member run alone on its own copy of the clients (frozen from round 0, from round 2, and
+    never), and the fused layout holds the two seeds' clients, not six copies."""
+    import copy
+
+    from linattn_theory.sim.ensemble import Member, run_ensemble
+
+    seeds, warmups, equal = (3, 4), (0, 2, 6), {"task.dirichlet_alpha": None}     # one ensemble: equal sizes
+    prepared = {s: prepare_run(config(**case, **equal, seed=s)) for s in seeds}
+    configs = [(s, config(**case, **equal, seed=s, **{"federated.warmup_rounds": T0})) for s in seeds for T0 in warmups]
+    alone = [run_ensemble([Member(c, copy.deepcopy(prepared[s][0]), prepared[s][1])], engine=engine)[0]
+             for s, c in configs]
+    rows = []
+    init = fused_module.FusedEngine.__init__
+
+    def counted(self, data, *args, **kwargs):
+        rows.append(data.S.shape[0])
+        init(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(fused_module.FusedEngine, "__init__", counted)
+    shared = run_ensemble([Member(c, prepared[s][0], prepared[s][1]) for s, c in configs], engine=engine)
+    assert rows == ([len(seeds)] if engine == "fused" else [])
+    for (a, _, _), (b, _, _) in zip(shared, alone):
+        pd.testing.assert_frame_equal(a.table, b.table, check_exact=True)
+        for block in ("WQ", "WK", "WV"):
+            np.testing.assert_array_equal(getattr(a.params, block), getattr(b.params, block))
+            np.testing.assert_array_equal(getattr(a.warmup_params, block), getattr(b.warmup_params, block))
+    assert shared[0][0].table["loss"].iloc[-1] != shared[3][0].table["loss"].iloc[-1]     # two seeds' own clients

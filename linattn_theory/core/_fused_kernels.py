@@ -1,8 +1,9 @@
 """numba kernels of the fused engine (:mod:`linattn_theory.core.fused`); imported only when it runs.
 
 Each kernel trains (or evaluates) the work items ``lo..hi-1`` one after another — item ``j`` is
-client ``part[j]`` of instance ``inst[j]`` of an ensemble (leading instance axis of the data, the
-server parameters and the step sizes; one run is an ensemble of one) — all ``E`` local steps of a
+client ``part[j]`` of instance ``inst[j]`` of an ensemble (leading instance axis of the server
+parameters and the step sizes; one run is an ensemble of one), whose data are row ``src[inst[j]]`` of
+the data's leading axis (instances that share their clients share one row) — all ``E`` local steps of a
 client while its data sit in cache. The data are laid out samples-last ("structure of arrays"):
 ``St`` ``(I, m, d, d, N)`` holds ``Ŝ_i[b, a]`` of the client's ``N`` samples contiguously,
 ``qt`` ``(I, m, d, N)``, ``yt`` ``(I, m, p, N)``, ``w`` ``(I, m, N)``; so every inner loop runs over
@@ -277,10 +278,11 @@ def _residuals(phi, V, yt, w, ew):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps, eta,
+def local_steps(St, qt, yt, w, inst, src, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v, steps, eta,
                 lam, outQ, outK, outV, dim):
     """``E`` full-batch local steps of the work items ``lo..hi-1`` from their instance's server
-    parameters ``(WQ, WK, WV)[inst[j]]`` (``(I, H, d, r)``), step ``eta[inst[j]]``, ridge ``lam[inst[j]]``.
+    parameters ``(WQ, WK, WV)[inst[j]]`` (``(I, H, d, r)``), step ``eta[inst[j]]``, ridge ``lam[inst[j]]``,
+    on client ``part[j]`` of data row ``src[inst[j]]``.
 
     Writes item ``j``'s blocks to ``outQ[j]``, ``outK[j]``, ``outV[j]`` (untrained blocks stay
     at the server's values). ``dim``: :func:`dimension` of ``d``.
@@ -303,7 +305,8 @@ def local_steps(St, qt, yt, w, inst, part, lo, hi, WQ, WK, WV, train_q, train_k,
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         s_, c, Q, Kf, V, step, ridge = _work_item(j, inst, part, WQ, WK, WV, outQ, outK, outV, eta, lam)
-        Sc, qc, yc, wc = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
+        r_ = src[s_]                             # the instance's data
+        Sc, qc, yc, wc = St[r_, c], qt[r_, c], yt[r_, c], w[r_, c]
         for _ in range(steps):
             _kernel_transposes(Q, Kf, KT, zero)
             for h in range(H):
@@ -351,9 +354,9 @@ def value_moment_sums(phit, yt, w, inst, clients, lo, hi, A, B):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, dim):
-    """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of client ``clients[j]`` of instance ``inst[j]`` at that
-    instance's parameters (``(I, H, d, r)``), for ``j`` in ``lo..hi-1``, into ``out[j]``
+def client_losses(St, qt, yt, w, inst, src, clients, lo, hi, WQ, WK, WV, out, dim):
+    """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of client ``clients[j]`` of instance ``inst[j]`` (data row
+    ``src[inst[j]]``) at that instance's parameters (``(I, H, d, r)``), for ``j`` in ``lo..hi-1``, into ``out[j]``
     (``dim``: :func:`dimension` of ``d``)."""
     H, d = WQ.shape[1], WQ.shape[2]
     p = WV.shape[3]
@@ -367,7 +370,8 @@ def client_losses(St, qt, yt, w, inst, clients, lo, hi, WQ, WK, WV, out, dim):
     zero = np.zeros(1, dt)[0]
     for j in range(lo, hi):
         s_, c = inst[j], clients[j]
-        Sc, qc, yc, wc = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c]
+        r_ = src[s_]                             # the instance's data
+        Sc, qc, yc, wc = St[r_, c], qt[r_, c], yt[r_, c], w[r_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         for h in range(H):
             _queries(KT[h], qc, kq, zero, dim)
@@ -847,7 +851,7 @@ def _tile_loss(e, wb, T, p, zero):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def tiled_local_steps(St, qt, yt, w, used, q0, shared, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
+def tiled_local_steps(St, qt, yt, w, used, q0, shared, inst, src, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
                       steps, eta, lam, outQ, outK, outV, dim):
     """:func:`local_steps` on the tiled layout (:func:`tiles`), ``dim = (0,) * d``: the same
     closed forms, tile by tile: each tile's features, residuals and ``g_h = Ŝ W_V^h e_w`` while
@@ -866,7 +870,8 @@ def tiled_local_steps(St, qt, yt, w, used, q0, shared, inst, part, lo, hi, WQ, W
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         s_, c, Q, Kf, V, step, ridge = _work_item(j, inst, part, WQ, WK, WV, outQ, outK, outV, eta, lam)
-        Sb, qb, yb, wb, Tc, qc, sh = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c], q0[s_, c], shared[s_, c]
+        r_ = src[s_]                             # the instance's data
+        Sb, qb, yb, wb, Tc, qc, sh = St[r_, c], qt[r_, c], yt[r_, c], w[r_, c], used[r_, c], q0[r_, c], shared[r_, c]
         for _ in range(steps):
             for h in range(H):                           # K_h^T = W_K^h (W_Q^h)^T, and W_V^T
                 QT[...] = Q[h].T
@@ -884,7 +889,7 @@ def tiled_local_steps(St, qt, yt, w, used, q0, shared, inst, part, lo, hi, WQ, W
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def tiled_client_losses(St, qt, yt, w, used, q0, shared, inst, clients, lo, hi, WQ, WK, WV, out, dim):
+def tiled_client_losses(St, qt, yt, w, used, q0, shared, inst, src, clients, lo, hi, WQ, WK, WV, out, dim):
     """:func:`client_losses` on the tiled layout (:func:`tiles`), ``dim = (0,) * d``."""
     H, d = WQ.shape[1], WQ.shape[2]
     p = WV.shape[3]
@@ -899,7 +904,8 @@ def tiled_client_losses(St, qt, yt, w, used, q0, shared, inst, clients, lo, hi, 
     zero = np.zeros(1, dt)[0]
     for j in range(lo, hi):
         s_, c = inst[j], clients[j]
-        Sb, qb, yb, wb, Tc, qc, sh = St[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c], q0[s_, c], shared[s_, c]
+        r_ = src[s_]                             # the instance's data
+        Sb, qb, yb, wb, Tc, qc, sh = St[r_, c], qt[r_, c], yt[r_, c], w[r_, c], used[r_, c], q0[r_, c], shared[r_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         _value_transpose(WV[s_], VT)
         _shared_query_tiles(KT, qc, sh, kq, zero)
@@ -995,7 +1001,7 @@ def _tile_softmax_features(Xb, qb, q0, shared, t, KT, temperature, kq, Ab, phib,
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def softmax_local_steps(Xt, qt, yt, w, used, q0, shared, inst, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
+def softmax_local_steps(Xt, qt, yt, w, used, q0, shared, inst, src, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
                         steps, eta, lam, outQ, outK, outV, temperature, dim, tokens):
     """:func:`local_steps` of softmax attention (docs/theory.md §9) on the tiled contexts
     (:func:`softmax_tiles`), ``dim = (0,) * d``, ``tokens = (0,) * n`` (compiled per ``(d, n)``):
@@ -1023,7 +1029,8 @@ def softmax_local_steps(Xt, qt, yt, w, used, q0, shared, inst, part, lo, hi, WQ,
     train_kernel = train_q or train_k
     for j in range(lo, hi):
         s_, c, Q, Kf, V, step, ridge = _work_item(j, inst, part, WQ, WK, WV, outQ, outK, outV, eta, lam)
-        Xb, qb, yb, wb, Tc, qc, sh = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c], q0[s_, c], shared[s_, c]
+        r_ = src[s_]                             # the instance's data
+        Xb, qb, yb, wb, Tc, qc, sh = Xt[r_, c], qt[r_, c], yt[r_, c], w[r_, c], used[r_, c], q0[r_, c], shared[r_, c]
         for _ in range(steps):
             _kernel_transposes(Q, Kf, KT, zero)
             _value_transpose(V, VT)
@@ -1056,7 +1063,7 @@ def softmax_local_steps(Xt, qt, yt, w, used, q0, shared, inst, part, lo, hi, WQ,
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def softmax_client_losses(Xt, qt, yt, w, used, q0, shared, inst, clients, lo, hi, WQ, WK, WV, out, temperature, dim,
+def softmax_client_losses(Xt, qt, yt, w, used, q0, shared, inst, src, clients, lo, hi, WQ, WK, WV, out, temperature, dim,
                           tokens):
     """``F_c = Σ_i w_i ½‖ŷ_i − y_i‖²`` of softmax attention (:func:`client_losses`' contract, the
     data as in :func:`softmax_local_steps`)."""
@@ -1077,7 +1084,8 @@ def softmax_client_losses(Xt, qt, yt, w, used, q0, shared, inst, clients, lo, hi
     zero = np.zeros(1, dt)[0]
     for j in range(lo, hi):
         s_, c = inst[j], clients[j]
-        Xb, qb, yb, wb, Tc, qc, sh = Xt[s_, c], qt[s_, c], yt[s_, c], w[s_, c], used[s_, c], q0[s_, c], shared[s_, c]
+        r_ = src[s_]                             # the instance's data
+        Xb, qb, yb, wb, Tc, qc, sh = Xt[r_, c], qt[r_, c], yt[r_, c], w[r_, c], used[r_, c], q0[r_, c], shared[r_, c]
         _kernel_transposes(WQ[s_], WK[s_], KT, zero)
         _value_transpose(WV[s_], VT)
         _shared_query_tiles(KT, qc, sh, kq, zero)

@@ -195,7 +195,9 @@ class FusedEngine:
     ``data`` is one run's :class:`~linattn_theory.core.clients.StackedClients` or, with
     ``instances=True``, an ensemble's (every array with a leading instance axis,
     :mod:`linattn_theory.sim.rounds`); one run is handled as an ensemble of one (:meth:`train`
-    and :meth:`losses` take the instance axis).
+    and :meth:`losses` take the instance axis). With ``sources`` the leading axis holds the distinct
+    clients of an ensemble whose instances share them, and instance ``i`` trains on row ``sources[i]``:
+    the kernels' layout is made once per distinct data, not once per instance.
 
     Parameters
     ----------
@@ -203,9 +205,11 @@ class FusedEngine:
         The clients (NumPy, float64 or float32).
     instances : bool, default False
         ``data`` holds an ensemble (a leading instance axis).
+    sources : array of int, shape (I,), optional
+        Each instance's row of ``data`` (default: instance ``i``, row ``i``).
     """
 
-    def __init__(self, data, instances: bool = False):
+    def __init__(self, data, instances: bool = False, sources=None):
         from . import _fused_kernels
         self.kernels = _fused_kernels
         self.data = data
@@ -215,6 +219,7 @@ class FusedEngine:
             arrays = tuple(a[None] for a in arrays)
         S, q, y = (np.asarray(a) for a in arrays[:3])
         self.m, d = S.shape[1], S.shape[-1]
+        self.sources = np.ascontiguousarray(np.arange(S.shape[0]) if sources is None else sources, dtype=np.int64)
         # the kernels' layout, a copy made once per engine (_fused_kernels): samples last, or
         # for MAX_UNROLLED_DIM < d <= MAX_TILED_DIM tiles of TILE samples
         self.w = np.ascontiguousarray(arrays[3])
@@ -250,9 +255,9 @@ class FusedEngine:
         p = self.y.shape[2]
         inst = np.repeat(np.arange(I, dtype=np.int64), m)
         clients = np.tile(np.arange(m, dtype=np.int64), I)
+        rows = self.sources[first:first + I]
         A, B = np.empty((I * m, n, n), self.dtype), np.empty((I * m, n, p), self.dtype)
-        _run_chunks(self.kernels.value_moment_sums, I * m, (phit, self.y[first:first + I], self.w[first:first + I],
-                                                          inst, clients), (A, B))
+        _run_chunks(self.kernels.value_moment_sums, I * m, (phit, self.y[rows], self.w[rows], inst, clients), (A, B))
         return A.reshape(I, m, n, n), B.reshape(I, m, n, p)
 
     def frozen_maps(self, moments, steps: int, learning_rate, ridge):
@@ -292,9 +297,8 @@ class FusedEngine:
             out = np.matmul(M[inst, part], V[inst]) + b[inst, part]                  # (I·k, Hd, p)
             return {"WV": out.reshape((I, k) + WV.shape[1:])}
         eta, lam = self._per_instance(learning_rate, I), self._per_instance(ridge, I)
-        data = tuple(a[first:first + I] for a in self.layout)
         outs = {b: np.empty((I * k,) + a.shape[1:], self.dtype) for b, a in (("WQ", WQ), ("WK", WK), ("WV", WV))}
-        _run_chunks(self.steps_kernel, I * k, data + (inst, part),
+        _run_chunks(self.steps_kernel, I * k, self.layout + (inst, self.sources[first:first + I], part),
                     (WQ, WK, WV, "WQ" in blocks, "WK" in blocks, "WV" in blocks, steps, eta, lam,
                      outs["WQ"], outs["WK"], outs["WV"], *self.trailing))
         return {b: outs[b].reshape((I, k) + outs[b].shape[1:]) for b in blocks}
@@ -307,6 +311,6 @@ class FusedEngine:
         inst = np.repeat(np.arange(I, dtype=np.int64), m)
         clients = np.tile(np.arange(m, dtype=np.int64), I)
         out = np.empty(I * m, self.dtype)
-        data = tuple(a[first:first + I] for a in self.layout)
-        _run_chunks(self.loss_kernel, I * m, data + (inst, clients), (WQ, WK, WV, out, *self.trailing))
+        _run_chunks(self.loss_kernel, I * m, self.layout + (inst, self.sources[first:first + I], clients),
+                    (WQ, WK, WV, out, *self.trailing))
         return out.reshape(I, m)

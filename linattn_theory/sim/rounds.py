@@ -354,7 +354,8 @@ def _why_not(xp, data, fed, strategy) -> str | None:
     return None
 
 
-def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False) -> "_fused.FusedEngine | None":
+def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = False,
+                  sources=None) -> "_fused.FusedEngine | None":
     """The :class:`FusedEngine` of a run, or ``None`` for the Array-API engine (see the module doc).
 
     ``engine="auto"`` takes the fused engine where it applies and one instance's local step is
@@ -384,6 +385,9 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
         The strategy.
     instances : bool, default False
         ``data`` is an ensemble's (a leading instance axis, :mod:`linattn_theory.sim.ensemble`).
+    sources : array of int, optional
+        Each instance's row of ``data`` when ``data`` holds an ensemble's distinct clients
+        (:class:`~linattn_theory.core.fused.FusedEngine`).
 
     Returns
     -------
@@ -418,7 +422,7 @@ def select_engine(engine: str, xp, data, fed, strategy, *, instances: bool = Fal
     wide = getattr(data, "attention", "linear") == "softmax" and data.X.shape[-2] * d > _fused.MAX_SOFTMAX_CONTEXT
     if engine == "auto" and (reason is not None or m * N * d * d < _fused.MIN_STEP_WORK or wide):
         return None
-    return _fused.FusedEngine(data, instances)
+    return _fused.FusedEngine(data, instances, sources)
 
 
 def objective(xp, weights, losses, WV, ridge):
@@ -488,6 +492,13 @@ def _slice_data(data: StackedClients, lo: int, hi: int) -> StackedClients:
         return data
     return dataclasses.replace(data, sizes=data.sizes[lo:hi], **{
         f: None if getattr(data, f) is None else getattr(data, f)[lo:hi, ...] for f in _DATA_ARRAYS})
+
+
+def _take_data(xp, data: StackedClients, rows: np.ndarray) -> StackedClients:
+    """The rows ``rows`` of stacked clients, a copy (what stacking those instances' clients gives)."""
+    index = xp.asarray(rows)
+    return dataclasses.replace(data, sizes=data.sizes[rows], **{
+        f: None if getattr(data, f) is None else xp.take(getattr(data, f), index, axis=0) for f in _DATA_ARRAYS})
 
 
 def _where(xp, mask, new, old):
@@ -646,8 +657,13 @@ def _client_losses(xp, params: Params, data: StackedClients, phi=None):
         loss, _ = loss_and_grad_from_inputs(params, data.inputs, data.q, data.y, data.sample_weight, blocks=(),
                                             attention=data.attention, temperature=data.temperature)
         return loss
-    e = xp.matmul(phi, _value_matrix(xp, params.WV)) - data.y
-    return 0.5 * xp.sum(e * e * data.sample_weight[..., None], axis=(-2, -1))
+    return _frozen_losses(xp, params, phi, data.y, data.sample_weight)
+
+
+def _frozen_losses(xp, params: Params, phi, y, sample_weight):
+    """:func:`_client_losses` at the frozen features ``φ``: ``½ Σ_i w_i ‖φ_i V − y_i‖²`` per client."""
+    e = xp.matmul(phi, _value_matrix(xp, params.WV)) - y
+    return 0.5 * xp.sum(e * e * sample_weight[..., None], axis=(-2, -1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -663,10 +679,10 @@ class _Features:
     the features, once per frozen kernel, and kept beside them.
     """
 
-    def __init__(self, xp, data: StackedClients, hooks, maps=None):
-        self.xp, self.data, self.hooks = xp, data, hooks
+    def __init__(self, ens: "_Ensemble", hooks, maps=None):
+        self.xp, self.ens, self.hooks = ens.xp, ens, hooks
         self.buffer = None
-        self.filled = np.zeros(data.S.shape[0], dtype=bool)
+        self.filled = np.zeros(ens.count, dtype=bool)
         self.map_fn, self.maps = maps, None
 
     def _compute(self, P: Params, lo: int, hi: int):
@@ -676,7 +692,7 @@ class _Features:
                      if self.hooks[i] is not None else self._compute(P, i, i + 1) for i in range(lo, hi)]
             return parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
         K = kernel(P.map(lambda a: a[lo:hi, ...]))                           # (hi-lo, 1, H, d, d)
-        return _flat(xp, _slice_data(self.data, lo, hi).features(K), 2)
+        return _flat(xp, self.ens.data_of(lo, hi).features(K), 2)
 
     def keep_only(self, frozen: np.ndarray) -> None:
         """Forget the features of instances whose kernel is not frozen (it moves, or they idle)."""
@@ -686,7 +702,7 @@ class _Features:
         """``φ`` of the instances ``lo..hi-1`` (all frozen now), at their kernels in ``P``."""
         if self.buffer is None:
             H, d = P.WV.shape[-3], P.WV.shape[-2]
-            self.buffer = self.xp.zeros(tuple(self.data.q.shape[:3]) + (H * d,), dtype=self.data.S.dtype)
+            self.buffer = self.xp.zeros((self.ens.count, self.ens.m, self.ens.Nmax, H * d), dtype=self.ens.dtype)
         for a, b, _ in _groups([None if f else True for f in self.filled[lo:hi]]):     # not computed yet
             self.buffer[lo + a:lo + b, ...] = self._compute(P, lo + a, lo + b)
             if self.map_fn is not None:
@@ -740,7 +756,7 @@ class _ArrayAPI:
 
     def __init__(self, ens: "_Ensemble", maps=None):
         self.ens = ens
-        self.features = _Features(ens.xp, ens.data, [mb.frozen_features for mb in ens.members], maps)
+        self.features = _Features(ens, [mb.frozen_features for mb in ens.members], maps)
 
     def train(self, t, lo, hi, Pg, rnd: Round, client_rule, cs, phi, lam) -> dict:
         ens, fed, m = self.ens, self.ens.fed, self.ens.m
@@ -756,7 +772,9 @@ class _ArrayAPI:
             b: ens.xp.concat([piece[b] for piece in pieces], axis=1) for b in rnd.blocks}
 
     def losses(self, P: Params, lo: int, hi: int, phi=None):
-        return _client_losses(self.ens.xp, P, _slice_data(self.ens.data, lo, hi), phi)
+        if phi is None:
+            return _client_losses(self.ens.xp, P, _slice_data(self.ens.data, lo, hi))
+        return _frozen_losses(self.ens.xp, P, phi, *self.ens.targets_of(lo, hi))
 
 
 class _Fused(_ArrayAPI):
@@ -892,6 +910,8 @@ class _Ensemble:
         self.count = len(members)
         self.m, self.Nmax = first.S.shape[0], first.S.shape[1]
         self.weights = _stack(xp, [mb.data.weights for mb in members])                  # (I, m)
+        distinct: dict[int, int] = {}                   # members that share their clients share one row
+        self.sources = np.array([distinct.setdefault(id(mb.data), len(distinct)) for mb in members], dtype=np.int64)
         self.T0 = np.array([mb.warmup_rounds for mb in members])
         self.start = np.array([mb.start for mb in members])
         self.seeds = [mb.config.seed for mb in members]
@@ -914,13 +934,39 @@ class _Ensemble:
         if choice == "moments":
             self.backend = _Moments(self)
         else:
-            fused = select_engine(choice, xp, self.data, self.fed, self.rules[self.rule_keys[0]], instances=True)
+            fused = select_engine(choice, xp, self.distinct_data, self.fed, self.rules[self.rule_keys[0]],
+                                  instances=True, sources=self.sources)
             self.backend = _ArrayAPI(self) if fused is None else _Fused(self, fused)
 
     @functools.cached_property
+    def distinct_data(self) -> StackedClients:
+        """The members' distinct clients stacked, in order of first use: instance ``i``'s are row
+        ``sources[i]`` (the fused engine lays out each once, however many instances share them)."""
+        firsts = np.unique(self.sources, return_index=True)[1]
+        return _stack_data(self.xp, [self.members[j] for j in firsts])
+
+    @functools.cached_property
     def data(self) -> StackedClients:
-        """The members' clients stacked on the instance axis (the moment space never stacks them)."""
-        return _stack_data(self.xp, self.members)
+        """The members' clients stacked on the instance axis (the moment space never stacks them; the
+        fused engine reads :attr:`distinct_data`)."""
+        if len(self.distinct_data.sizes) == self.count:
+            return self.distinct_data
+        return _take_data(self.xp, self.distinct_data, self.sources)
+
+    def data_of(self, lo: int, hi: int) -> StackedClients:
+        """The clients of the instances ``lo..hi-1`` stacked: a slice of :attr:`data` where it is at hand,
+        else theirs alone taken from :attr:`distinct_data` (the same arrays)."""
+        if "data" in self.__dict__ or len(self.distinct_data.sizes) == self.count:
+            return _slice_data(self.data, lo, hi)
+        return _take_data(self.xp, self.distinct_data, self.sources[lo:hi])
+
+    def targets_of(self, lo: int, hi: int) -> tuple:
+        """``(y, sample_weight)`` of the instances ``lo..hi-1`` (a frozen stage's losses need no more)."""
+        if "data" in self.__dict__ or len(self.distinct_data.sizes) == self.count:
+            data = _slice_data(self.data, lo, hi)
+            return data.y, data.sample_weight
+        index = self.xp.asarray(self.sources[lo:hi])
+        return tuple(self.xp.take(a, index, axis=0) for a in (self.distinct_data.y, self.distinct_data.sample_weight))
 
     # -- the loop's state: init and one round -----------------------------------------------------
     def init(self) -> tuple["LoopState", Any]:
