@@ -949,24 +949,32 @@ class _Ensemble:
     def data(self) -> StackedClients:
         """The members' clients stacked on the instance axis (the moment space never stacks them; the
         fused engine reads :attr:`distinct_data`)."""
-        if len(self.distinct_data.sizes) == self.count:
+        if self._stacked():
             return self.distinct_data
         return _take_data(self.xp, self.distinct_data, self.sources)
+
+    def _stacked(self) -> bool:
+        """Whether :attr:`data` is at hand (computed, or :attr:`distinct_data` itself: no client shared)."""
+        return "data" in self.__dict__ or len(self.distinct_data.sizes) == self.count
 
     def data_of(self, lo: int, hi: int) -> StackedClients:
         """The clients of the instances ``lo..hi-1`` stacked: a slice of :attr:`data` where it is at hand,
         else theirs alone taken from :attr:`distinct_data` (the same arrays)."""
-        if "data" in self.__dict__ or len(self.distinct_data.sizes) == self.count:
+        if self._stacked():
             return _slice_data(self.data, lo, hi)
         return _take_data(self.xp, self.distinct_data, self.sources[lo:hi])
 
+    @functools.cached_property
+    def _targets(self) -> tuple:
+        """``(y, sample_weight)`` of every instance, stacked once (a frozen stage's losses read them every round)."""
+        if self._stacked():
+            return self.data.y, self.data.sample_weight
+        index = self.xp.asarray(self.sources)
+        return tuple(self.xp.take(a, index, axis=0) for a in (self.distinct_data.y, self.distinct_data.sample_weight))
+
     def targets_of(self, lo: int, hi: int) -> tuple:
         """``(y, sample_weight)`` of the instances ``lo..hi-1`` (a frozen stage's losses need no more)."""
-        if "data" in self.__dict__ or len(self.distinct_data.sizes) == self.count:
-            data = _slice_data(self.data, lo, hi)
-            return data.y, data.sample_weight
-        index = self.xp.asarray(self.sources[lo:hi])
-        return tuple(self.xp.take(a, index, axis=0) for a in (self.distinct_data.y, self.distinct_data.sample_weight))
+        return tuple(a[lo:hi, ...] for a in self._targets)
 
     # -- the loop's state: init and one round -----------------------------------------------------
     def init(self) -> tuple["LoopState", Any]:
