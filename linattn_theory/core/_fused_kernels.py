@@ -51,10 +51,11 @@ from pathlib import Path
 
 import numpy as np
 try:
+    import numba as _numba
     from numba import njit as _numba_njit
     from numba.core import config as _numba_config
 except ImportError:     # importable without numba (docs, introspection); the engine then never runs
-    _numba_njit = None
+    _numba = _numba_njit = None
 
 
 #: Index type of the tiled kernels: an unsigned index spares numba's wraparound of negative ones,
@@ -63,10 +64,13 @@ _U = np.uint64
 
 
 def cache_folder() -> Path:
-    """Where the compiled kernels are cached: ``$XDG_CACHE_HOME/linattn-theory/numba`` (``~/.cache``
-    without it), outside the package, so that neither a source checkout nor a wheel built from it
-    holds compiled code; ``NUMBA_CACHE_DIR``, when the user sets it, wins."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "linattn-theory" / "numba"
+    """Where the compiled kernels are cached: ``$XDG_CACHE_HOME/linattn-theory/numba/<numba version>``
+    (``~/.cache`` without it), outside the package, so that neither a source checkout nor a wheel built
+    from it holds compiled code; ``NUMBA_CACHE_DIR``, when the user sets it, wins. One folder per numba
+    release: numba discards an index another release wrote, so two environments that shared one folder
+    recompiled each other's kernels (38 s more of the full set's script time after a run under numba 0.62)."""
+    version = getattr(_numba, "__version__", "none")
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "linattn-theory" / "numba" / version
 
 
 def njit(**options):
