@@ -375,13 +375,13 @@ def kernels(args) -> None:
         tiles = kernels_module.tiles(S, q, y, w)
         WQ, WK = rng.normal(size=(2, 1, H, d, size.rank)) * 0.3
         WV = rng.normal(size=(1, H, d, size.outputs)) * 0.3
-        inst, part = np.zeros(m, np.int64), np.arange(m)
+        inst, src, part = np.zeros(m, np.int64), np.zeros(1, np.int64), np.arange(m)   # one instance, one data row
         outs = [np.empty((m,) + a.shape[1:]) for a in (WQ, WK, WV)]
 
         def step(dim):
             kernel, data = ((kernels_module.tiled_local_steps, tiles) if dim and kernels_module.tiled(d)
                             else (kernels_module.local_steps, (St, qt, yt, w)))
-            kernel(*data, inst, part, 0, m, WQ, WK, WV, True, True, True, size.local_steps, np.array([0.05]),
+            kernel(*data, inst, src, part, 0, m, WQ, WK, WV, True, True, True, size.local_steps, np.array([0.05]),
                    np.array([1e-3]), *outs, dim)
 
         compiled = (0,) * d if kernels_module.tiled(d) else kernels_module.dimension(d)
@@ -451,7 +451,7 @@ def scoring(args) -> None:
     configs = [config_from_dict(d) for d in chosen["config"]]
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        score_instances(configs[:1])                              # compile / load the kernels
+        score_instances(configs)              # compile / load every kernel the 8 instances use
         cpu: dict = {}
         times = interleaved({"score_instances (8 together)": lambda: score_instances(configs),
                              "8 × score_instance": lambda: [score_instance(c) for c in configs]},

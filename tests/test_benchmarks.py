@@ -74,6 +74,21 @@ def test_bench_ensemble_quick_runs_every_engine():
             assert re.search(rf"\|\s+{instances} \|\s+{re.escape(engine)} \|", output), (instances, engine)
 
 
+def test_bench_ensemble_cpu_sections_run_and_print_their_tables():
+    """bench_ensemble.py's CPU sections, asked for by name (``kernels``, ``compute``, ``scoring``): each
+    prints its table. The ``kernels`` section calls the compiled kernels directly, so a change of their
+    arguments breaks it and nothing else: session 19's ``src`` argument did, unnoticed until session 20.
+    The shares of the DGEMM rate are measurements; only that they are shares (in (0, 1]) is asserted."""
+    output = _run("benchmarks/bench_ensemble.py", "--sections", "kernels", "compute", "scoring", "--no-peers",
+                  "--repeat", "1")
+    for size in ("figures", "figures, two heads", "d = 4 (regret benchmark)", "reference (d = 16: tiles)"):
+        assert re.search(rf"\|\s+{re.escape(size)} \|.*\|\s+[0-9.]+ \|$", output, re.M), size
+    shares = [float(v) for v in re.findall(r"^\|\s+[12] \|(?:[^|]*\|){4}\s+([0-9.]+) \|", output, re.M)]
+    assert len(shares) == 2 and all(0 < s <= 1 for s in shares), shares
+    assert re.search(r"together / one at a time: [0-9.]+× \(wall\)", output)
+    assert re.search(r"\|\s+· · _factor_objectives \|\s+[0-9.]+ \|", output)
+
+
 def test_check_optima_finds_todays_optima_equal_to_the_reference_solvers():
     """check_optima.py on one regret-benchmark task (8 instances): today's lock-step optima equal the
     reference path's (one ``scipy.optimize.minimize`` after another) bit for bit; the script exits 1 when
