@@ -579,7 +579,7 @@ def _tile_rows_pair(Mb, mo, vec, vo, out, oo, zero, rows, cols):
     both vectors' multiply-adds, the four sums in registers, each in the order of :func:`_tile_rows` (its
     numbers, bit for bit). The heads' strides are constants of the compiled code (``len(rows)``,
     ``len(cols)``): with strides known only at run time, or four rows at a time (eight sums), LLVM leaves
-    the loop scalar, 6.2–6.9 G multiply-adds/s against 10.0–11.6 for two :func:`_tile_rows` and 16.1–17.6
+    the loop scalar, 5.7–6.9 G multiply-adds/s against 10.0–11.6 for two :func:`_tile_rows` and 15.2–17.6
     for this (``d = 16``, 20 tiles, one thread)."""
     R, C = len(rows), len(cols)
     vo1, oo1 = vo + C * TILE, oo + R * TILE
