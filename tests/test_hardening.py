@@ -358,19 +358,27 @@ def test_second_sweep_with_another_grid_is_refused_or_added(tmp_path, capsys):
 
 
 def _pool_workers(psutil, parent):
-    """The live forked workers of ``parent``: children running the parent's own command line.
+    """The live forked workers of ``parent``: children running the parent's own command line in two looks
+    0.2 s apart.
 
     A sweep also runs short-lived children of its own (``git rev-parse`` for the manifest) while
     its pool starts; counting every child made the check flaky (CI, 2026-12-02: a third, already
-    terminated child), so only the forked copies of the parent count."""
-    workers = []
-    for child in parent.children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and child.cmdline() == parent.cmdline():
-                workers.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return workers
+    terminated child), so only the forked copies of the parent count. A child forked to run a command
+    shows the parent's command line too until it runs it (CI, 2026-12-05: again a third child, terminated
+    by the time it was printed); a pool worker keeps it, so a child counts only when both looks see it."""
+    def forked_copies():
+        copies = {}
+        for child in parent.children(recursive=True):
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and child.cmdline() == parent.cmdline():
+                    copies[child.pid] = child
+            except psutil.NoSuchProcess:
+                pass
+        return copies
+
+    first = forked_copies()
+    time.sleep(0.2)
+    return [child for pid, child in sorted(forked_copies().items()) if pid in first]
 
 
 def _sweep_children(tmp_path, sig):
