@@ -468,7 +468,7 @@ def test_tiled_kernels_skip_a_clients_padding_bit_for_bit(attention):
         alone = layout(*(a[:, c:c + 1, :size] for a in (inputs, q, y, w)))
         for a, b in zip(run(alone, np.zeros(1, np.int64)), ours):
             assert np.array_equal(a[0], b[c]), c
-    short = data[:-1] + (data[-1] - np.array([[1, 0, 0]]),)
+    short = data[:4] + (data[4] - np.array([[1, 0, 0]]),) + data[5:]              # client 0 one tile short
     assert not np.array_equal(run(short, clients)[2][0], ours[2][0])
 
 
@@ -570,6 +570,83 @@ def test_context_products_of_two_heads_at_once_are_each_head_s_alone_bit_for_bit
 
 
 @needs_numba
+@pytest.mark.slow          # compiles the product unrolled for four d (3-6 s each)
+@pytest.mark.parametrize("d", [9, 12, 13, 16])
+def test_context_product_from_the_upper_triangle_is_the_whole_context_s_bit_for_bit(d):
+    """Where every ``Ŝ`` is symmetric (``X^T X / n``), ``tiles`` keeps its upper triangle (``d (d + 1) / 2``
+    elements per sample) and ``_tile_symmetric`` (each element loaded once for two multiply-adds, the code
+    unrolled per ``d``) gives the numbers of ``_tile_context`` on the whole ``Ŝ``, bit for bit, writing
+    nothing outside its output; its pure-Python reference and NumPy agree to rounding. An ``Ŝ`` that
+    is not symmetric to the last bit keeps the whole matrix."""
+    from numba import njit
+
+    from linattn_theory.core import _fused_kernels as kernels
+
+    L, dim, D = kernels.TILE, (0,) * d, d * (d + 1) // 2
+    rng = np.random.default_rng(d)
+    X = rng.normal(size=(1, 1, 3 * L, 5, d))
+    S = np.swapaxes(X, -1, -2) @ X / 5                                # three tiles of symmetric contexts
+    q, y, w = X[..., 0, :], X[..., 0, :2], np.ones((1, 1, 3 * L))
+    packed, whole = kernels.tiles(S, q, y, w), kernels.tiles(S + np.triu(np.full((d, d), 1e-9), 1), q, y, w)
+    assert packed[-1] and not whole[-1]
+    assert packed[0].shape == (1, 1, 3 * D * L) and whole[0].shape == (1, 1, 3 * d * d * L)
+    Sb = np.ascontiguousarray(np.moveaxis(S[0, 0].reshape(3, L, d, d), 1, -1)).reshape(-1)   # the whole Ŝ, tiled
+
+    @njit(fastmath=kernels.ORDERED)
+    def compiled(Pb, po, vec, out, oo, dim):
+        kernels._tile_symmetric(Pb, po, vec, out, oo, 0.0, dim)
+
+    vec = rng.normal(size=d * L)
+    oo = 7                                                              # the second tile, into an offset output
+    ours, alone, reference = (np.full(oo + d * L + 5, np.nan) for _ in range(3))
+    compiled(packed[0][0, 0], D * L, vec, ours, oo, dim)
+    kernels._tile_context(Sb, d * d * L, vec, alone, oo, 0.0, dim)
+    assert np.array_equal(ours, alone, equal_nan=True)
+    assert np.isnan(ours[:oo]).all() and np.isnan(ours[oo + d * L:]).all()
+    kernels._tile_symmetric(packed[0][0, 0], D * L, vec, reference, oo, 0.0, dim)     # pure Python
+    expected = np.einsum("iba,ai->bi", S[0, 0, L:2 * L], vec.reshape(d, L)).reshape(-1)
+    assert relative(reference[oo:oo + d * L], expected) <= 1e-14
+    assert relative(ours[oo:oo + d * L], expected) <= 1e-14
+
+
+@needs_numba
+@pytest.mark.slow          # runs the tiled kernels for d = 12 and 16 (compiled by the test above them)
+@pytest.mark.parametrize("d, heads, p", [(12, 2, 5), (16, 1, 3)])
+def test_tiled_kernels_on_the_upper_triangle_are_those_on_the_whole_context_bit_for_bit(d, heads, p):
+    """The tiled local steps and client losses read the upper triangle of a symmetric ``Ŝ`` (the layout
+    ``tiles`` makes of ``X^T X / n``): the parameters and losses of the layout that holds the whole ``Ŝ``,
+    bit for bit. An ``Ŝ`` off symmetry by one part in 10⁹ keeps the whole matrix and the row loops'
+    numbers to rounding (the triangle alone would be another problem's)."""
+    from linattn_theory.core import _fused_kernels as kernels
+
+    S, q, y, w, WQ, WK, WV = _tiled_problem(d, heads, p=p)
+    I, m, N = w.shape
+    T = -(-N // kernels.TILE)
+    packed = kernels.tiles(S, q, y, w)
+    assert packed[-1]
+    whole = (kernels._tiled_rows(S.reshape(I, m, N, d * d), d * d, T),) + packed[1:-1] + (False,)
+    inst, part = np.repeat(np.arange(I), m), np.tile(np.arange(m), I)
+    eta, lam = np.array([0.3, 0.2]), np.array([1e-3, 0.0])
+
+    def run(steps, losses, data, dim):
+        outs = [np.empty((I * m,) + a.shape[1:]) for a in (WQ, WK, WV)]
+        steps(*data, inst, np.arange(I), part, 0, I * m, WQ, WK, WV, True, True, True, 3, eta, lam, *outs, dim)
+        out = np.empty(I * m)
+        losses(*data, inst, np.arange(I), part, 0, I * m, WQ, WK, WV, out, dim)
+        return outs + [out]
+
+    tiled = (kernels.tiled_local_steps, kernels.tiled_client_losses)
+    for a, b in zip(run(*tiled, packed, (0,) * d), run(*tiled, whole, (0,) * d)):
+        assert np.array_equal(a, b)
+    off = S + np.triu(np.full((d, d), 1e-9), 1)
+    layout = kernels.tiles(off, q, y, w)
+    assert not layout[-1]
+    rows = kernels.samples_last(off, q, y) + (w,)
+    for a, b in zip(run(*tiled, layout, (0,) * d), run(kernels.local_steps, kernels.client_losses, rows, ())):
+        assert relative(a, b) <= 1e-13
+
+
+@needs_numba
 @pytest.mark.parametrize("rows, columns, tiles", [(16, 10, 18), (6, 7, 2), (5, 3, 7), (1, 1, 3), (16, 16, 4)])
 def test_tile_sums_outside_the_blocks_are_each_the_sum_alone_bit_for_bit(rows, columns, tiles):
     """``_tile_sums``' sums over the samples outside its 4 × 4 blocks (``Σ_i φ_h e_w^T`` with ``p = 10``: two
@@ -638,7 +715,7 @@ def test_a_shared_query_is_computed_once_with_the_same_numbers(attention):
     else:
         layout, steps_kernel, loss_kernel, trailing = (kernels.softmax_tiles(X, q, y, w), kernels.softmax_local_steps,
                                                        kernels.softmax_client_losses, (tau, (0,) * d, (0,) * n))
-    q0, shared = layout[5:]
+    q0, shared = layout[5:7]
     assert shared.tolist() == [[True, True, False]]
     assert np.array_equal(q0[0, :2], q[0, :2, 0])
     m = 3
@@ -646,7 +723,7 @@ def test_a_shared_query_is_computed_once_with_the_same_numbers(attention):
     eta, lam = np.array([0.2]), np.array([1e-3])
 
     def run(flags):
-        data = layout[:6] + (flags,)
+        data = layout[:6] + (flags,) + layout[7:]
         outs = [np.empty((m,) + a.shape[1:]) for a in (WQ, WK, WV)]
         steps_kernel(*data, inst, np.arange(1), clients, 0, m, WQ, WK, WV, True, True, True, 3, eta, lam, *outs, *trailing)
         losses = np.empty(m)
@@ -706,8 +783,9 @@ def test_tiled_kernels_equal_the_row_loops_and_numpy(d, heads, p):
     rng = np.random.default_rng(1)
     v = rng.normal(size=(T, d, L))
     out = np.empty(T * d * L)
+    assert tiles[-1]                                                   # the upper triangles (Ŝ symmetric)
     for t in range(T):
-        kernels._tile_context(St, t * d * d * L, v[t].reshape(-1), out, t * d * L, 0.0, (0,) * d)
+        kernels._tile_contexts(St, True, t, v[t].reshape(1, -1), out, 0.0, (0,) * d)
     padded = np.zeros((T * L, d, d))
     padded[:N] = S[0, 1]
     expected = np.einsum("tiba,tai->tbi", padded.reshape(T, L, d, d), v)

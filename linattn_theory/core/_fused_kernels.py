@@ -31,8 +31,10 @@ each partial sum once per term (tests: bit for bit).
 From ``d = MAX_UNROLLED_DIM + 1`` to :data:`MAX_TILED_DIM` (the reference size, ``d = 16``) the
 engine lays the data out in tiles of :data:`TILE` samples (:func:`tiles`) and runs
 :func:`tiled_local_steps` and :func:`tiled_client_losses`, compiled per ``d``: each product of a
-tile is register-blocked (four output rows' partial sums held in registers over the tile's
-samples, one load of ``Ŝ`` per multiply-add, the loads of the vector shared by the four rows),
+tile is register-blocked (output rows' partial sums held in registers over the tile's samples);
+``Ŝ``, symmetric, is kept as its upper triangle, and ``Ŝ v`` is unrolled per ``d`` with all ``d`` sums
+of a sample in registers, each element of ``Ŝ`` loaded once for two multiply-adds and every sum in
+its written order (:func:`_tile_symmetric`: the numbers of the whole matrix's product, bit for bit);
 a tile's ``Ŝ`` is read from the L2 cache once per local step (``φ_h = Ŝ k_h`` loads it into L1,
 ``g_h = Ŝ u`` reads it there), and the sums over the samples run in 4 × 4 blocks. The same closed
 forms in another order of summation: equal to the row loops to rounding (tests: 1e-13). Larger
@@ -467,22 +469,51 @@ def shared_queries(q, w):
     return np.ascontiguousarray(q0), np.ascontiguousarray(shared)
 
 
+def symmetric_rows(S):
+    """Whether every ``Ŝ`` of ``S`` ``(..., d, d)`` equals its transpose bit for bit (``X^T X / n`` does:
+    the products of ``Ŝ[a, b]`` and ``Ŝ[b, a]`` are the same, added in the same order)."""
+    return bool(np.array_equal(S, np.swapaxes(S, -1, -2)))
+
+
 def tiles(S, q, y, w):
-    """``(St, qt, yt, wt, used, q0, shared)``: the tiled kernels' layout of stacked data ``S`` ``(..., N, d, d)``,
-    ``q`` ``(..., N, d)``, ``y`` ``(..., N, p)``, ``w`` ``(..., N)``, each client's tiles
-    (:func:`tiles_used`) and its shared query, if any (:func:`shared_queries`).
+    """``(St, qt, yt, wt, used, q0, shared, symmetric)``: the tiled kernels' layout of stacked data ``S``
+    ``(..., N, d, d)``, ``q`` ``(..., N, d)``, ``y`` ``(..., N, p)``, ``w`` ``(..., N)``, each client's tiles
+    (:func:`tiles_used`), its shared query, if any (:func:`shared_queries`), and whether ``St`` holds only
+    the upper triangles (:func:`symmetric_rows`).
 
     The ``N`` samples are cut into ``T = ⌈N / TILE⌉`` tiles of :data:`TILE` samples, the last one
     padded with samples of weight 0 and zero data (which contribute exact zeros); each client's
-    data are one flat row: ``St[..., ((t d + b) d + a) TILE + i] = Ŝ_{t TILE + i}[b, a]``,
-    ``qt[..., (t d + a) TILE + i]``, ``yt[..., (t p + k) TILE + i]``, ``wt[..., t TILE + i]``, so
-    that the kernels index each tile with offsets known when they are compiled.
+    data are one flat row: ``qt[..., (t d + a) TILE + i]``, ``yt[..., (t p + k) TILE + i]``,
+    ``wt[..., t TILE + i]``, so that the kernels index each tile with offsets known when they are
+    compiled. Where every ``Ŝ`` is symmetric (``X^T X / n`` is, bit for bit), ``St`` holds its upper
+    triangle row by row, ``St[..., (t D + k(b, a)) TILE + i] = Ŝ_{t TILE + i}[b, a]`` for ``a ≥ b``
+    (``D = d (d + 1) / 2``, ``k`` counting the pairs ``(b, a)`` in that order; :func:`_tile_symmetric`):
+    about half the data, each element loaded once for two multiply-adds. Otherwise the whole of
+    each ``Ŝ``, ``St[..., ((t d + b) d + a) TILE + i]`` (:func:`_tile_context`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from linattn_theory.core._fused_kernels import TILE, tiles
+    >>> X = np.random.default_rng(0).normal(size=(1, 2, 20, 5, 9))        # 2 clients of 20 samples, d = 9
+    >>> S = np.swapaxes(X, -1, -2) @ X / 5
+    >>> layout = tiles(S, X[..., 0, :], X[..., 0, :2], np.ones((1, 2, 20)))
+    >>> layout[0].shape == (1, 2, 2 * 45 * TILE), layout[-1]              # two tiles of 45 = 9 · 10 / 2
+    (True, True)
+    >>> tiles(S + np.triu(np.full((9, 9), 1e-9), 1), X[..., 0, :], X[..., 0, :2], np.ones((1, 2, 20)))[-1]
+    False
     """
     S, q, y, w = (np.asarray(a) for a in (S, q, y, w))
     lead, N, d = S.shape[:-3], S.shape[-3], S.shape[-1]
     T = -(-N // TILE)
-    return (_tiled_rows(S.reshape(lead + (N, d * d)), d * d, T), _tiled_rows(q, d, T),
-            _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T), tiles_used(w)) + shared_queries(q, w)
+    symmetric = symmetric_rows(S)
+    if symmetric:
+        upper = np.triu_indices(d)
+        St = _tiled_rows(S[..., upper[0], upper[1]], len(upper[0]), T)
+    else:
+        St = _tiled_rows(S.reshape(lead + (N, d * d)), d * d, T)
+    return ((St, _tiled_rows(q, d, T), _tiled_rows(y, y.shape[-1], T), _tiled_rows(w[..., None], 1, T),
+             tiles_used(w)) + shared_queries(q, w) + (symmetric,))
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -633,6 +664,85 @@ def _tile_context(Sb, so, vec, out, oo, zero, dim):
     """``out[oo + b TILE + i] = Σ_a Ŝ_i[b, a] vec[a TILE + i]`` (``Ŝ v`` of one tile, ``Ŝ`` at
     ``Sb[so:]``): :func:`_tile_rows` with ``M = Ŝ``."""
     _tile_rows(Sb, so, vec, out, oo, zero, dim, dim)
+
+
+def _tile_symmetric(Pb, po, vec, out, oo, zero, dim):
+    """``out[oo + b TILE + i] = Σ_a Ŝ_i[b, a] vec[a TILE + i]`` (``Ŝ v`` of one tile) from its upper
+    triangle ``Pb[po + k TILE + i]``, ``k`` counting the pairs ``(b, a ≥ b)`` row by row (:func:`tiles`).
+
+    Each element serves ``Ŝ[b, a] v_a`` and ``Ŝ[a, b] v_b``: half the loads of :func:`_tile_context`.
+    The triangle taken row by row, every output's terms still arrive in the order ``a = 0, …, d − 1``
+    (row ``b`` gives output ``a > b`` its term ``b``, then output ``b`` its terms ``b, …, d − 1``): for a
+    symmetric ``Ŝ``, the numbers of :func:`_tile_context`, bit for bit (tests). This body is the
+    reference; numba compiles, per ``d``, the same loops unrolled (:func:`_symmetric_tile_product`), each
+    sample's ``d`` partial sums and ``d`` vector elements in registers, the samples in vector lanes."""
+    d = len(dim)
+    for i in range(TILE):
+        sums = [zero] * d
+        k = po + i
+        for b in range(d):
+            for a in range(b, d):
+                m = Pb[k]
+                sums[b] += m * vec[a * TILE + i]
+                if a != b:
+                    sums[a] += m * vec[b * TILE + i]
+                k += TILE
+        for b in range(d):
+            out[oo + b * TILE + i] = sums[b]
+
+
+def _symmetric_tile_source(d: int) -> str:
+    """The source of :func:`_tile_symmetric` for dimension ``d`` with its loops over ``b`` and ``a``
+    unrolled: the partial sums ``s0 … s{d-1}`` and vector elements ``v0 … v{d-1}`` named, every index
+    a constant plus the sample's (unsigned: :data:`_U`)."""
+    lines = ["def product(Pb, po, vec, out, oo, zero, dim):",
+             "    for i in range(TILE):",
+             "        ip, iv, io = _U(po + i), _U(i), _U(oo + i)"]
+    lines += [f"        v{a} = vec[iv + _U({a * TILE})]" for a in range(d)]
+    lines += [f"        s{a} = zero" for a in range(d)]
+    k = 0
+    for b in range(d):
+        for a in range(b, d):
+            lines.append(f"        m = Pb[ip + _U({k * TILE})]")
+            lines.append(f"        s{b} += m * v{a}")
+            if a != b:
+                lines.append(f"        s{a} += m * v{b}")
+            k += 1
+    lines += [f"        out[io + _U({b * TILE})] = s{b}" for b in range(d)]
+    return "\n".join(lines) + "\n"
+
+
+def _symmetric_tile_product(d: int):
+    """:func:`_tile_symmetric` for dimension ``d``, compiled from :func:`_symmetric_tile_source`."""
+    namespace = {"TILE": TILE, "_U": _U}
+    exec(compile(_symmetric_tile_source(d), f"<_tile_symmetric, d = {d}>", "exec"), namespace)
+    return namespace["product"]
+
+
+if _numba is not None:
+    from numba.extending import overload as _overload
+
+    @_overload(_tile_symmetric, jit_options={"fastmath": ORDERED, "nogil": True})
+    def _tile_symmetric_for_d(Pb, po, vec, out, oo, zero, dim):
+        """numba's :func:`_tile_symmetric`: the unrolled code of ``d = len(dim)``."""
+        return _symmetric_tile_product(dim.count)
+
+
+@njit(cache=True, nogil=True, fastmath=ORDERED, inline="always")
+def _tile_contexts(Sb, symmetric, t, vecs, out, zero, dim):
+    """``Ŝ v_h`` of tile ``t`` for every head ``h`` (``vecs`` ``(H, d TILE)``) into ``out[(t H + h) d TILE:]``:
+    from the upper triangle where the layout holds it (:func:`tiles`; :func:`_tile_symmetric`, head by
+    head), else from the whole ``Ŝ`` (one head: :func:`_tile_context`; more: :func:`_tile_context_heads`)."""
+    d = len(dim)
+    H = vecs.shape[0]
+    if symmetric:
+        D = d * (d + 1) // 2
+        for h in range(H):
+            _tile_symmetric(Sb, t * D * TILE, vecs[h], out, (t * H + h) * d * TILE, zero, dim)
+    elif H == 1:                                 # one head: one vector (the pair's code: 4–6 % slower here)
+        _tile_context(Sb, t * d * d * TILE, vecs[0], out, t * d * TILE, zero, dim)
+    else:
+        _tile_context_heads(Sb, t * d * d * TILE, vecs, out, t * H * d * TILE, zero, dim)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
@@ -848,17 +958,13 @@ def _rows_product(left, right, out, zero, transpose_left=False):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST, inline="always")
-def _tile_features(Sb, qb, q0, shared, t, KT, VT, yb, wb, kq, phib, eb, zero, dim):
+def _tile_features(Sb, symmetric, qb, q0, shared, t, KT, VT, yb, wb, kq, phib, eb, zero, dim):
     """Tile ``t``'s features ``φ_h = Ŝ K_h^T q`` of every head into ``phib`` and its weighted
     residuals ``w (Σ_h (W_V^h)^T φ_h − y)`` into ``eb`` (the first half of a local step)."""
-    d = len(dim)
     H, p = KT.shape[0], VT.shape[0]
     _queries_of_tiles(KT, qb, q0, shared, t, kq, zero, dim)
-    if H == 1:                                   # one head: one vector (the pair's code: 4–6 % slower here)
-        _tile_context(Sb, t * d * d * TILE, kq[0], phib, t * d * TILE, zero, dim)
-    else:
-        _tile_context_heads(Sb, t * d * d * TILE, kq, phib, t * H * d * TILE, zero, dim)
-    _tile_residuals(VT, phib, t * H * d * TILE, yb, wb, t * TILE, eb, t * p * TILE, zero, dim)
+    _tile_contexts(Sb, symmetric, t, kq, phib, zero, dim)
+    _tile_residuals(VT, phib, t * H * len(dim) * TILE, yb, wb, t * TILE, eb, t * p * TILE, zero, dim)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST, inline="always")
@@ -913,8 +1019,8 @@ def _tile_loss(e, wb, T, p, zero):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def tiled_local_steps(St, qt, yt, w, used, q0, shared, inst, src, part, lo, hi, WQ, WK, WV, train_q, train_k, train_v,
-                      steps, eta, lam, outQ, outK, outV, dim):
+def tiled_local_steps(St, qt, yt, w, used, q0, shared, symmetric, inst, src, part, lo, hi, WQ, WK, WV, train_q,
+                      train_k, train_v, steps, eta, lam, outQ, outK, outV, dim):
     """:func:`local_steps` on the tiled layout (:func:`tiles`), ``dim = (0,) * d``: the same
     closed forms, tile by tile: each tile's features, residuals and ``g_h = Ŝ W_V^h e_w`` while
     its ``Ŝ`` sits in the L1 cache, then the sums over the samples, ``∇W_V`` and ``∇K_h``."""
@@ -927,7 +1033,6 @@ def tiled_local_steps(St, qt, yt, w, used, q0, shared, inst, src, part, lo, hi, 
     QT = np.empty((r, d), dt)
     kq = np.empty((H, d * TILE), dt)
     u = np.empty((H, d * TILE), dt)
-    u1 = np.empty(d * TILE, dt)
     phib, eb, gb, gK, gQ, gKf, gV = _tile_buffers(T, H, d, r, p, dt)
     zero = np.zeros(1, dt)[0]
     train_kernel = train_q or train_k
@@ -942,20 +1047,17 @@ def tiled_local_steps(St, qt, yt, w, used, q0, shared, inst, src, part, lo, hi, 
             _value_transpose(V, VT)
             _shared_query_tiles(KT, qc, sh, kq, zero)
             for t in range(Tc):
-                _tile_features(Sb, qb, qc, sh, t, KT, VT, yb, wb, kq, phib, eb, zero, dim)
-                if train_kernel and H == 1:              # g = Ŝ u, u = W_V e_w
-                    _tile_mix(V[0], eb, t * p * TILE, u1, zero)
-                    _tile_context(Sb, t * d * d * TILE, u1, gb, t * d * TILE, zero, dim)
-                elif train_kernel:
-                    for h in range(H):                   # u_h = W_V^h e_w, then g_h = Ŝ u_h, two heads at a time
+                _tile_features(Sb, symmetric, qb, qc, sh, t, KT, VT, yb, wb, kq, phib, eb, zero, dim)
+                if train_kernel:                         # u_h = W_V^h e_w, then g_h = Ŝ u_h
+                    for h in range(H):
                         _tile_mix(V[h], eb, t * p * TILE, u[h], zero)
-                    _tile_context_heads(Sb, t * d * d * TILE, u, gb, t * H * d * TILE, zero, dim)
+                    _tile_contexts(Sb, symmetric, t, u, gb, zero, dim)
             _tile_sums_and_descent(phib, eb, qb, gb, Tc, Q, Kf, V, gV, gK, gQ, gKf, step, ridge, zero, train_q,
                                    train_k, train_v)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def tiled_client_losses(St, qt, yt, w, used, q0, shared, inst, src, clients, lo, hi, WQ, WK, WV, out, dim):
+def tiled_client_losses(St, qt, yt, w, used, q0, shared, symmetric, inst, src, clients, lo, hi, WQ, WK, WV, out, dim):
     """:func:`client_losses` on the tiled layout (:func:`tiles`), ``dim = (0,) * d``."""
     H, d = WQ.shape[1], WQ.shape[2]
     p = WV.shape[3]
@@ -976,7 +1078,7 @@ def tiled_client_losses(St, qt, yt, w, used, q0, shared, inst, src, clients, lo,
         _value_transpose(WV[s_], VT)
         _shared_query_tiles(KT, qc, sh, kq, zero)
         for t in range(Tc):
-            _tile_features(Sb, qb, qc, sh, t, KT, VT, yb, ones, kq, phib, e, zero, dim)
+            _tile_features(Sb, symmetric, qb, qc, sh, t, KT, VT, yb, ones, kq, phib, e, zero, dim)
         out[j] = _tile_loss(e, wb, Tc, p, zero)
 
 

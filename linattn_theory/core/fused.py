@@ -221,7 +221,7 @@ class FusedEngine:
         self.m, d = S.shape[1], S.shape[-1]
         self.sources = np.ascontiguousarray(np.arange(S.shape[0]) if sources is None else sources, dtype=np.int64)
         # the kernels' layout, a copy made once per engine (_fused_kernels): samples last, or
-        # for MAX_UNROLLED_DIM < d <= MAX_TILED_DIM tiles of TILE samples
+        # for MAX_UNROLLED_DIM < d <= MAX_TILED_DIM tiles of TILE samples (Ŝ as its upper triangle where symmetric)
         self.w = np.ascontiguousarray(arrays[3])
         if getattr(data, "attention", "linear") == "softmax":
             # softmax attention reads the contexts X (I, m, N, n, d), in tiles; its kernels' last
