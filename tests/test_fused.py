@@ -543,33 +543,6 @@ def test_tile_mix_is_the_one_term_at_a_time_sum_bit_for_bit(rows, terms):
 
 
 @needs_numba
-@pytest.mark.parametrize("d, heads", [(16, 2), (16, 3), (9, 2), (11, 4), (12, 1)])
-def test_context_products_of_two_heads_at_once_are_each_head_s_alone_bit_for_bit(d, heads):
-    """``_tile_context_heads`` (``Ŝ v_h`` of a tile for every head, two heads per load of ``Ŝ``, two rows at a
-    time: the linear tiled kernels' ``φ_h`` and ``g_h``) gives each head the numbers of ``_tile_context`` on
-    that head alone, bit for bit — odd ``d`` (a row left over) and odd ``H`` (a head left over) included —
-    and leaves the rest of the output untouched; NumPy's product to rounding."""
-    from linattn_theory.core import _fused_kernels as kernels
-
-    L, dim = kernels.TILE, (0,) * d
-    rng = np.random.default_rng(d * heads)
-    X = rng.normal(size=(3, L, 5, d))
-    S = np.einsum("tina,tinb->tiab", X, X) / 5                      # three tiles of L symmetric contexts
-    Sb = np.ascontiguousarray(np.moveaxis(S, 1, -1)).reshape(-1)    # the tiles' layout: [tile, b, a, sample]
-    vecs = rng.normal(size=(heads, d * L))
-    so, oo = d * d * L, 7                                          # the second tile, into an offset output
-    ours = np.full(oo + heads * d * L + 5, np.nan)
-    kernels._tile_context_heads(Sb, so, vecs, ours, oo, 0.0, dim)
-    alone = np.full_like(ours, np.nan)
-    for h in range(heads):
-        kernels._tile_context(Sb, so, vecs[h], alone, oo + h * d * L, 0.0, dim)
-    assert np.array_equal(ours, alone, equal_nan=True)
-    assert np.isnan(ours[:oo]).all() and np.isnan(ours[oo + heads * d * L:]).all()
-    expected = np.einsum("iba,hai->hbi", S[1], vecs.reshape(heads, d, L))
-    assert relative(ours[oo:oo + heads * d * L], expected.reshape(-1)) <= 1e-14
-
-
-@needs_numba
 @pytest.mark.slow          # compiles the product unrolled for four d (3-6 s each)
 @pytest.mark.parametrize("d", [9, 12, 13, 16])
 def test_context_product_from_the_upper_triangle_is_the_whole_context_s_bit_for_bit(d):

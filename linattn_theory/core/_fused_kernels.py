@@ -603,62 +603,6 @@ def _tile_rows(Mb, mo, vec, out, oo, zero, rows, cols):
             out[_U(oo + b * TILE + i)] = s
 
 
-@njit(cache=True, nogil=True, fastmath=ORDERED, inline="always")
-def _tile_rows_pair(Mb, mo, vec, vo, out, oo, zero, rows, cols):
-    """:func:`_tile_rows` of two vectors at once, two heads' (``vec[vo:]`` and ``vec[vo + C TILE:]`` into
-    ``out[oo:]`` and ``out[oo + R TILE:]``): two rows ``b`` at a time, each element of ``M`` loaded once for
-    both vectors' multiply-adds, the four sums in registers, each in the order of :func:`_tile_rows` (its
-    numbers, bit for bit). The heads' strides are constants of the compiled code (``len(rows)``,
-    ``len(cols)``): with strides known only at run time, or four rows at a time (eight sums), LLVM leaves
-    the loop scalar, 5.7–6.9 G multiply-adds/s against 10.0–11.6 for two :func:`_tile_rows` and 15.2–17.6
-    for this (``d = 16``, 20 tiles, one thread)."""
-    R, C = len(rows), len(cols)
-    vo1, oo1 = vo + C * TILE, oo + R * TILE
-    for b in range(0, R - 1, 2):
-        for i in range(TILE):
-            s0 = zero
-            s1 = zero
-            t0 = zero
-            t1 = zero
-            for a in range(C):
-                v = vec[_U(vo + a * TILE + i)]
-                x = vec[_U(vo1 + a * TILE + i)]
-                m0 = Mb[_U(mo + (b * C + a) * TILE + i)]
-                m1 = Mb[_U(mo + ((b + 1) * C + a) * TILE + i)]
-                s0 += m0 * v
-                s1 += m1 * v
-                t0 += m0 * x
-                t1 += m1 * x
-            out[_U(oo + b * TILE + i)] = s0
-            out[_U(oo + (b + 1) * TILE + i)] = s1
-            out[_U(oo1 + b * TILE + i)] = t0
-            out[_U(oo1 + (b + 1) * TILE + i)] = t1
-    for b in range(R - R % 2, R):
-        for i in range(TILE):
-            s = zero
-            t = zero
-            for a in range(C):
-                m = Mb[_U(mo + (b * C + a) * TILE + i)]
-                s += m * vec[_U(vo + a * TILE + i)]
-                t += m * vec[_U(vo1 + a * TILE + i)]
-            out[_U(oo + b * TILE + i)] = s
-            out[_U(oo1 + b * TILE + i)] = t
-
-
-@njit(cache=True, nogil=True, fastmath=ORDERED, inline="always")
-def _tile_context_heads(Sb, so, vecs, out, oo, zero, dim):
-    """``out[oo + (h d + b) TILE + i] = Σ_a Ŝ_i[b, a] vecs[h, a TILE + i]`` for every head ``h`` (``Ŝ v_h`` of
-    one tile): two heads at a time (:func:`_tile_rows_pair`, one load of ``Ŝ`` for both), a last odd head
-    alone (:func:`_tile_context`); each head's numbers those of :func:`_tile_context` alone, bit for bit."""
-    H = vecs.shape[0]
-    n = len(dim) * TILE                                  # a constant of the compiled code (its speed)
-    flat = vecs.reshape(H * n)
-    for h in range(0, H - 1, 2):
-        _tile_rows_pair(Sb, so, flat, h * n, out, oo + h * n, zero, dim, dim)
-    if H % 2:
-        _tile_context(Sb, so, vecs[H - 1], out, oo + (H - 1) * n, zero, dim)
-
-
 @njit(cache=True, nogil=True, fastmath=ORDERED)
 def _tile_context(Sb, so, vec, out, oo, zero, dim):
     """``out[oo + b TILE + i] = Σ_a Ŝ_i[b, a] vec[a TILE + i]`` (``Ŝ v`` of one tile, ``Ŝ`` at
@@ -732,17 +676,16 @@ if _numba is not None:
 def _tile_contexts(Sb, symmetric, t, vecs, out, zero, dim):
     """``Ŝ v_h`` of tile ``t`` for every head ``h`` (``vecs`` ``(H, d TILE)``) into ``out[(t H + h) d TILE:]``:
     from the upper triangle where the layout holds it (:func:`tiles`; :func:`_tile_symmetric`, head by
-    head), else from the whole ``Ŝ`` (one head: :func:`_tile_context`; more: :func:`_tile_context_heads`)."""
+    head), else from the whole ``Ŝ`` (:func:`_tile_context`, head by head)."""
     d = len(dim)
     H = vecs.shape[0]
     if symmetric:
         D = d * (d + 1) // 2
         for h in range(H):
             _tile_symmetric(Sb, t * D * TILE, vecs[h], out, (t * H + h) * d * TILE, zero, dim)
-    elif H == 1:                                 # one head: one vector (the pair's code: 4–6 % slower here)
-        _tile_context(Sb, t * d * d * TILE, vecs[0], out, t * d * TILE, zero, dim)
     else:
-        _tile_context_heads(Sb, t * d * d * TILE, vecs, out, t * H * d * TILE, zero, dim)
+        for h in range(H):
+            _tile_context(Sb, t * d * d * TILE, vecs[h], out, (t * H + h) * d * TILE, zero, dim)
 
 
 @njit(cache=True, nogil=True, fastmath=ORDERED)
