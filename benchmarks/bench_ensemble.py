@@ -34,6 +34,9 @@ One script, measured side by side (interleaved passes, medians and ranges):
    1024³ float64 matrix product (``np.dot``) timed in the same process, interleaved with it, at
    the same thread count (``threadpoolctl``); best of ``max(--repeat, 7)`` passes each (with one
    thread also the same ratio in the process's CPU time, which moves less on a shared machine).
+   Then where the round goes: its local steps, its client losses and the rest, each timed in place,
+   and the share the round would reach if its local steps were all of it (a ceiling for work on
+   anything but the kernels of the local step).
 6. **The regret benchmark's unit** (``--sections scoring``): 8 declared evaluation instances of
    ``benchmarks/predictive_regret.py`` scored together, as its workers do
    (:func:`~linattn_theory.recommenders.scoring.score_instances`), against 8 calls of
@@ -99,7 +102,8 @@ def floor_seconds(size: Size, bandwidth: float) -> float:
 # optional peers: the same closed form in JAX (jit + vmap) and PyTorch (batched)
 # ----------------------------------------------------------------------------------------------
 def jax_peer(batch, rounds: int, eta: float, steps: int):
-    """``(run, device)``: FedAvg rounds of every instance with JAX ``jit`` + ``vmap``, or ``None``."""
+    """``(run, device)``: FedAvg rounds of every instance with JAX ``jit`` + ``vmap``, or ``None``;
+    ``run()`` returns the server blocks ``(W_Q, W_K, W_V)`` after the rounds."""
     try:
         import jax
         import jax.numpy as jnp
@@ -133,11 +137,12 @@ def jax_peer(batch, rounds: int, eta: float, steps: int):
     run = jax.jit(jax.vmap(instance))
     params = tuple(jnp.asarray(a) for a in (WQ, WK, WV))
     run(params, S, q, y, w, pw)[0].block_until_ready()
-    return (lambda: run(params, S, q, y, w, pw)[0].block_until_ready()), jax.devices()[0].platform
+    return (lambda: jax.block_until_ready(run(params, S, q, y, w, pw))), jax.devices()[0].platform
 
 
 def torch_peer(batch, rounds: int, eta: float, steps: int):
-    """``(run, device)``: FedAvg rounds of every instance with PyTorch batched autograd, or ``None``."""
+    """``(run, device)``: FedAvg rounds of every instance with PyTorch batched autograd, or ``None``;
+    ``run()`` returns the server blocks ``(W_Q, W_K, W_V)`` after the rounds."""
     try:
         import torch
     except ImportError:
@@ -154,7 +159,7 @@ def torch_peer(batch, rounds: int, eta: float, steps: int):
             for _ in range(steps):
                 WQ, WK, WV = local
                 K = torch.einsum("ichdr,icher->ichde", WQ, WK)
-                phi = torch.einsum("icnab,ichca,icnc->icnhb", S, K, q)
+                phi = torch.einsum("icnab,ichga,icng->icnhb", S, K, q)
                 e = torch.einsum("icnhb,ichbp->icnp", phi, WV) - y
                 loss = 0.5 * (w[..., None] * e * e).sum()
                 grads = torch.autograd.grad(loss, local)
@@ -168,6 +173,18 @@ def torch_peer(batch, rounds: int, eta: float, steps: int):
 
     run()
     return run, device
+
+
+def peer_difference(blocks, results) -> float:
+    """The largest difference between a peer's server blocks ``(W_Q, W_K, W_V)`` (instance axis first)
+    and the project's results (:func:`~linattn_theory.sim.ensemble.run_ensemble`), relative to each
+    block's largest entry: the peers must compute what the project computes for their times to compare."""
+    worst = 0.0
+    for name, peer in zip(("WQ", "WK", "WV"), blocks):
+        ours = np.stack([np.asarray(getattr(result.params, name)) for result, _, _ in results])
+        peer = np.asarray(peer.detach().cpu() if hasattr(peer, "detach") else peer)
+        worst = max(worst, float(np.max(np.abs(peer - ours)) / np.max(np.abs(ours))))
+    return worst
 
 
 def peer_batch(batch_members):
@@ -186,6 +203,7 @@ def throughput(args, bandwidth: dict) -> None:
         engines.append(("CuPy (Array-API)", "cupy", "array_api"))
     else:
         print("CuPy with a CUDA GPU is not available here: the CuPy rows are skipped.")
+    agreement = []
     for size in (REFERENCE, FIGURES):
         rows = []
         for count in args.instances:
@@ -217,6 +235,11 @@ def throughput(args, bandwidth: dict) -> None:
                         peers[f"{name} ({peer[1]})"] = peer[1]
             cpu: dict = {}
             times = interleaved(fns, args.repeat, cpu)
+            if peers:
+                ours = run_ensemble(built["numpy"], engine="fused")
+                for label in peers:
+                    agreement.append(f"{size.name}, {count} instances, {label}: "
+                                     f"{peer_difference(fns[label](), ours):.1e}")
             for label, seconds in times.items():
                 device = "gpu" if ("CuPy" in label or peers.get(label) in ("gpu", "cuda")) else "cpu"
                 per = [s / (count * args.rounds) for s in seconds]
@@ -231,6 +254,10 @@ def throughput(args, bandwidth: dict) -> None:
                      "wall ms per instance-round", "share of the memory floor"], rows)
     if args.no_peers:
         return
+    if agreement:
+        print("\nThe peers' server parameters after the rounds against the fused engine's (largest difference, "
+              "relative to each block's largest entry; float64, the same data, step and rounds):\n  "
+              + "\n  ".join(agreement))
     missing = [name for name, module in (("JAX", "jax"), ("PyTorch", "torch"))
                if __import__("importlib").util.find_spec(module) is None]
     if missing:
@@ -327,7 +354,7 @@ def compute(args) -> None:
     madds = round_multiply_adds(size)
     repeat = max(args.repeat, 7)
     load = os.getloadavg()[0]
-    rows = []
+    rows, parts, dgemm_rates = [], {}, {}
     for threads in (1, 2):
         fused.set_threads(threads)
         try:
@@ -339,12 +366,14 @@ def compute(args) -> None:
                 cpu: dict = {}
                 ensemble.round_step(state, 0)                 # compile / load, warm the caches
                 times = interleaved({"round": lambda: ensemble.round_step(state, 0)}, repeat, cpu)
+                parts[threads] = round_parts(lambda: ensemble.round_step(state, 0), repeat)
                 np.dot(a, b, out=out)
                 times.update(interleaved({"dgemm": lambda: np.dot(a, b, out=out)}, repeat, cpu))
         finally:
             fused.set_threads(None)
         round_s, dgemm_s = min(times["round"]), min(times["dgemm"])
         rate, dgemm_rate = madds / round_s, 1024 ** 3 / dgemm_s
+        dgemm_rates[threads] = dgemm_rate
         row = [threads, f"{round_s * 1e3:.2f}", f"{round_s / size.local_steps * 1e3:.3f}",
                f"{rate / 1e9:.2f}", f"{dgemm_rate / 1e9:.1f}", f"{rate / dgemm_rate:.3f}"]
         if threads == 1:      # on a busy machine: both in the process's CPU time (one thread each)
@@ -357,6 +386,37 @@ def compute(args) -> None:
           f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after:")
     print_table(["threads", "ms per round", "ms per local step", "G multiply-adds/s",
                  "DGEMM 1024³ G multiply-adds/s", "share of DGEMM", "share in CPU time"], rows)
+    print(f"\nWhere the round goes (the same rounds once more, each part timed in place; the parts of the "
+          f"fastest of {repeat}): the local steps (FusedEngine.train, the kernels of all E steps), the "
+          f"client losses at the new server parameters (FusedEngine.losses, one more pass over every Ŝ, "
+          f"not counted in the multiply-adds) and the rest (aggregation, the round's Python); the last "
+          f"column is the share of DGEMM the round would reach if the local steps were all of it:")
+    print_table(["threads", "ms per round", "local steps ms", "client losses ms", "rest ms",
+                 "share, local steps alone"],
+                [[threads, f"{1e3 * total:.2f}", f"{1e3 * steps:.2f}", f"{1e3 * losses:.2f}",
+                  f"{1e3 * (total - steps - losses):.2f}", f"{madds / steps / dgemm_rates[threads]:.3f}"]
+                 for threads, (total, steps, losses) in parts.items()])
+
+
+#: the parts of a fused round timed in place by the compute section
+ROUND_PARTS = (("linattn_theory.core.fused", "FusedEngine.train", 0),
+               ("linattn_theory.core.fused", "FusedEngine.losses", 0))
+
+
+def round_parts(run_round, repeat: int) -> tuple[float, float, float]:
+    """``(round, local steps, client losses)`` seconds of the fastest of ``repeat`` calls of
+    ``run_round``, its :data:`ROUND_PARTS` timed in place (:func:`timed_parts`)."""
+    best = None
+    for _ in range(repeat):
+        seconds: dict = {}
+        with timed_parts(ROUND_PARTS, seconds):
+            start = time.perf_counter()
+            run_round()
+            total = time.perf_counter() - start
+        measured = (total, seconds.get("FusedEngine.train", 0.0), seconds.get("FusedEngine.losses", 0.0))
+        if best is None or measured[0] < best[0]:
+            best = measured
+    return best
 
 
 def kernels(args) -> None:
@@ -413,13 +473,15 @@ SCORING_PARTS = (("linattn_theory.recommenders.scoring", "_truths_and_paths", 0)
 
 @contextlib.contextmanager
 def timed_parts(parts, seconds: dict):
-    """Within the block, every call of ``module.function`` in ``parts`` adds its wall time to
-    ``seconds[function]`` (the functions are looked up by their module at call time, so patching
-    the module attribute reaches every caller; restored on exit)."""
+    """Within the block, every call of ``module.function`` (or ``module.Class.method``) in ``parts``
+    adds its wall time to ``seconds[function]`` (the functions are looked up by their module or class
+    at call time, so patching the attribute reaches every caller; restored on exit)."""
     saved = []
     for module_name, name, _ in parts:
         module = importlib.import_module(module_name)
-        original = getattr(module, name)
+        for attribute in name.split(".")[:-1]:        # "Class.method": the method on its class
+            module = getattr(module, attribute)
+        original = getattr(module, name.rsplit(".", 1)[-1])
 
         @functools.wraps(original)
         def wrapper(*args, _original=original, _name=name, **kwargs):
@@ -428,8 +490,8 @@ def timed_parts(parts, seconds: dict):
                 return _original(*args, **kwargs)
             finally:
                 seconds[_name] = seconds.get(_name, 0.0) + time.perf_counter() - start
-        setattr(module, name, wrapper)
-        saved.append((module, name, original))
+        setattr(module, name.rsplit(".", 1)[-1], wrapper)
+        saved.append((module, name.rsplit(".", 1)[-1], original))
     try:
         yield seconds
     finally:

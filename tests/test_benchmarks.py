@@ -8,6 +8,7 @@ nothing noticed (stop 37's note). Timings are not asserted; speed goals live in 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -78,15 +79,39 @@ def test_bench_ensemble_cpu_sections_run_and_print_their_tables():
     """bench_ensemble.py's CPU sections, asked for by name (``kernels``, ``compute``, ``scoring``): each
     prints its table. The ``kernels`` section calls the compiled kernels directly, so a change of their
     arguments breaks it and nothing else: session 19's ``src`` argument did, unnoticed until session 20.
-    The shares of the DGEMM rate are measurements; only that they are shares (in (0, 1]) is asserted."""
+    The shares of the DGEMM rate are measurements; only that they are shares (in (0, 1]) is asserted, and
+    that the round's parts, timed in place, are positive and inside the round."""
     output = _run("benchmarks/bench_ensemble.py", "--sections", "kernels", "compute", "scoring", "--no-peers",
                   "--repeat", "1")
     for size in ("figures", "figures, two heads", "d = 4 (regret benchmark)", "reference (d = 16: tiles)"):
         assert re.search(rf"\|\s+{re.escape(size)} \|.*\|\s+[0-9.]+ \|$", output, re.M), size
-    shares = [float(v) for v in re.findall(r"^\|\s+[12] \|(?:[^|]*\|){4}\s+([0-9.]+) \|", output, re.M)]
+    shares = [float(v) for v in re.findall(r"^\|\s+[12] \|(?:[^|]*\|){4}\s+([0-9.]+) \|\s+(?:[0-9.]+|–) \|$",
+                                           output, re.M)]
     assert len(shares) == 2 and all(0 < s <= 1 for s in shares), shares
+    # where the round goes: round, local steps, client losses, rest (ms) and the local steps' share alone
+    parts = [[float(v) for v in row] for row in re.findall(
+        r"^\|\s+[12] \|\s+([0-9.]+) \|\s+([0-9.]+) \|\s+([0-9.]+) \|\s+(-?[0-9.]+) \|\s+([0-9.]+) \|$", output, re.M)]
+    assert len(parts) == 2, output[-3000:]
+    for total, steps, losses, rest, alone in parts:
+        assert steps > 0 and losses > 0 and rest >= 0 and steps + losses <= total + 0.01, (total, steps, losses, rest)
+        assert 0 < alone <= 1, alone
     assert re.search(r"together / one at a time: [0-9.]+× \(wall\)", output)
     assert re.search(r"\|\s+· · _factor_objectives \|\s+[0-9.]+ \|", output)
+
+
+@pytest.mark.skipif(all(importlib.util.find_spec(m) is None for m in ("jax", "torch")),
+                    reason="neither JAX nor PyTorch is installed (the peers are optional, never dependencies)")
+def test_bench_ensemble_peers_compute_what_the_engine_computes():
+    """The JAX and PyTorch peers of bench_ensemble.py's throughput table (run where installed) end with
+    the fused engine's server parameters to 1e-12: their times compare the same work. The PyTorch peer
+    had named two axes alike in an einsum and had never run (found 2026-12-06, the first run with it)."""
+    output = _run("benchmarks/bench_ensemble.py", "--sections", "throughput", "--instances", "1",
+                  "--repeat", "1", "--rounds", "2", timeout=900)
+    installed = [name for name, module in (("JAX jit+vmap", "jax"), ("PyTorch batched", "torch"))
+                 if importlib.util.find_spec(module) is not None]
+    for name in installed:
+        found = re.findall(rf"^  \w+, 1 instances, {re.escape(name)} \(\w+\): ([0-9.eE+-]+)$", output, re.M)
+        assert len(found) == 2 and max(float(v) for v in found) < 1e-12, (name, found, output[-3000:])
 
 
 def test_check_optima_finds_todays_optima_equal_to_the_reference_solvers():

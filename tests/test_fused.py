@@ -85,7 +85,8 @@ def test_fused_engine_in_float32_stays_float32_and_agrees_to_its_precision(atten
 @pytest.mark.parametrize("updates", [{"task.dim": 5}, pytest.param({"task.dim": 13}, marks=pytest.mark.slow),
                                      {"model.attention": "softmax", "model.temperature": 0.7}],
                          ids=["d=5", "d=13 (tiles)", "softmax"])
-def test_fused_engine_is_bit_identical_whatever_the_number_of_threads(updates):
+def test_fused_engine_is_bit_identical_whatever_the_number_of_threads(updates, monkeypatch):
+    monkeypatch.setattr(fused_module, "PARALLEL_WORK", 0)     # these small calls would run on one thread
     cfg = config(**{"model.engine": "fused", "task.num_clients": 7, "federated.participation": 1.0, **updates})
     runs = []
     try:
@@ -351,6 +352,36 @@ def test_bounded_excess_risk_table_loads_each_instance_once_and_equals_two_passe
     assert len(loads) == 2 + 2 + 2
     assert one_pass["U"].notna().any() and one_pass["T0_theory"].notna().any()
     pd.testing.assert_frame_equal(one_pass, two_passes)
+
+def test_kernel_calls_cover_every_item_once_on_threads_and_small_ones_run_on_this_thread():
+    """``_run_chunks``: below ``PARALLEL_WORK`` multiply-adds one call on this thread does every item (after
+    the first, run alone: it compiles the kernel); at or above it the items are split into pieces that two
+    threads claim, this one among them, each item once (a helper's wake-up costs more than it saves on
+    small calls)."""
+    import threading
+    import time
+
+    calls = []
+
+    def record(x, lo, hi):
+        calls.append((lo, hi, threading.get_ident()))
+        time.sleep(0.005)                  # the pieces take long enough for both threads to claim some
+
+    record.__name__ = f"record_{os.getpid()}_{time.monotonic_ns()}"   # a new kernel: its first call runs alone
+    x, me = np.zeros(1), threading.get_ident()
+    try:
+        fused_module.set_threads(2)
+        fused_module._run_chunks(record, 9, (x,), (), fused_module.PARALLEL_WORK - 1)
+        assert calls == [(0, 1, me), (1, 9, me)]
+        calls.clear()
+        fused_module._run_chunks(record, 9, (x,), (), fused_module.PARALLEL_WORK)
+    finally:
+        fused_module.set_threads(None)
+    pieces = sorted((lo, hi) for lo, hi, _ in calls)              # compiled by now: from item 0, 4 pieces per thread
+    assert len(pieces) == 8 and pieces[0][0] == 0 and pieces[-1][1] == 9
+    assert all(hi > lo and hi == next_lo for (lo, hi), (next_lo, _) in zip(pieces, pieces[1:]))
+    assert len({thread for _, _, thread in calls}) == 2 and me in {thread for _, _, thread in calls}
+
 
 def test_thread_count_settings(monkeypatch):
     monkeypatch.delenv("LINATTN_THREADS", raising=False)

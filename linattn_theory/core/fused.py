@@ -7,7 +7,8 @@ memory twice per step. The fused engine runs a client's ``E`` local steps in one
 so that every inner loop is a long vectorised loop over the samples (for ``8 < d ≤ 16`` in tiles
 of 16 samples, whose products hold their partial sums in registers), and runs chunks of work
 items — one client of one instance of an ensemble (:mod:`linattn_theory.sim.rounds`; a single
-run is an ensemble of one) — on threads (the kernels release the GIL). It computes the same
+run is an ensemble of one) — on threads (the kernels release the GIL; a call too small to repay
+waking a thread, below :data:`PARALLEL_WORK` multiply-adds, on the calling one). It computes the same
 closed forms (docs/theory.md §1, §5) in another order of summation: results equal the
 Array-API engine's to rounding (tests: ≤ 1e-12 relative in float64), and are bit-identical
 whatever the number of threads and whatever else shares the ensemble (each work item is one
@@ -38,6 +39,7 @@ it (the reference, and the GPU path).
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +70,15 @@ MIN_STEP_WORK = 2**14
 #: ``E = 10``; Array-API ÷ fused time, AMD EPYC with 32 KiB of L1 data cache per core): ``n·d = 128``
 #: 1.76, ``256`` 1.08–1.28, ``384`` 0.71, ``512`` 0.65 (the reference size, ``n = 32``, ``d = 16``).
 MAX_SOFTMAX_CONTEXT = 256
+
+#: A call of the kernels with fewer multiply-adds than this (its work items together, an estimate:
+#: :meth:`FusedEngine.sample_work`) runs on one thread. Waking a helper thread and waiting for it costs
+#: about 0.1 ms on a 2-core virtual machine, the time of about a million multiply-adds (measured
+#: 2026-12-06, Intel Xeon, 8 items of no work: 94 µs per call on two threads, 1.4 µs on one); a run of
+#: the figures' size alone (3.1 M per call of its local steps) took 0.89 ms per round on two threads
+#: and 0.73 on one, eight of them in one ensemble 0.34 and 0.50 (``docs/howto/gpu.md`` §5, Session 22).
+#: Results do not depend on the threads (each work item is one thread's work), so this changes no number.
+PARALLEL_WORK = 2**22
 
 _threads: int | None = None
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -163,10 +174,12 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return _pools[threads]
 
 
-def _run_chunks(kernel, count: int, head: tuple, tail: tuple) -> None:
-    """``kernel(*head, lo, hi, *tail)`` over chunks of ``range(count)``, on :func:`default_threads` threads.
+def _run_chunks(kernel, count: int, head: tuple, tail: tuple, work: float = float("inf")) -> None:
+    """``kernel(*head, lo, hi, *tail)`` over chunks of ``range(count)``, on :func:`default_threads` threads,
+    or on this one where the call's ``work`` (multiply-adds, an estimate) is below :data:`PARALLEL_WORK`.
 
-    A few chunks per thread balance the load on a shared machine.
+    A few chunks per thread, each claimed by the next thread free (this one among them), balance the
+    load on a shared machine.
     """
     start = 0
     key = (kernel.__name__, head[0].dtype.str, tuple(len(a) for a in tail if isinstance(a, tuple)))
@@ -177,16 +190,24 @@ def _run_chunks(kernel, count: int, head: tuple, tail: tuple) -> None:
             kernel(*head, 0, 1, *tail)
             _compiled.add(key)
         start = 1
-    threads = min(default_threads(), count - start)
+    threads = min(default_threads(), count - start) if work >= PARALLEL_WORK else 1
     if threads <= 1:
         kernel(*head, start, count, *tail)
         return
     pieces = min(count - start, 4 * threads)
-    bounds = np.linspace(start, count, pieces + 1).round().astype(np.int64)
-    futures = [_pool(threads).submit(kernel, *head, int(lo), int(hi), *tail)
-               for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
-    for future in futures:
-        future.result()
+    bounds = np.linspace(start, count, pieces + 1).round().astype(np.int64).tolist()
+    claim = itertools.count()           # the next piece; next() on it is atomic under the GIL
+
+    def claim_pieces():
+        while (piece := next(claim)) < pieces:
+            kernel(*head, bounds[piece], bounds[piece + 1], *tail)
+
+    helpers = [_pool(threads - 1).submit(claim_pieces) for _ in range(threads - 1)]
+    try:
+        claim_pieces()                  # this thread works too: one wake-up fewer
+    finally:
+        for future in helpers:
+            future.result()
 
 
 class FusedEngine:
@@ -219,6 +240,7 @@ class FusedEngine:
             arrays = tuple(a[None] for a in arrays)
         S, q, y = (np.asarray(a) for a in arrays[:3])
         self.m, d = S.shape[1], S.shape[-1]
+        self.samples, self.dim, self.tokens = S.shape[2], d, None     # tokens: n, for softmax attention
         self.sources = np.ascontiguousarray(np.arange(S.shape[0]) if sources is None else sources, dtype=np.int64)
         # the kernels' layout, a copy made once per engine (_fused_kernels): samples last, or
         # for MAX_UNROLLED_DIM < d <= MAX_TILED_DIM tiles of TILE samples (Ŝ as its upper triangle where symmetric)
@@ -232,6 +254,7 @@ class FusedEngine:
             self.steps_kernel = _fused_kernels.softmax_local_steps
             self.loss_kernel = _fused_kernels.softmax_client_losses
             self.trailing = (float(data.temperature), (0,) * d, (0,) * X.shape[-2])
+            self.tokens = X.shape[-2]
         elif _fused_kernels.tiled(d):
             self.layout = _fused_kernels.tiles(S, q, y, self.w)
             self.y = np.ascontiguousarray(np.swapaxes(y, -1, -2))      # the frozen stage's, samples last
@@ -242,6 +265,14 @@ class FusedEngine:
             self.layout = (St, qt, self.y, self.w)
             self.steps_kernel, self.loss_kernel = _fused_kernels.local_steps, _fused_kernels.client_losses
             self.trailing = (_fused_kernels.dimension(d),)
+
+    def sample_work(self, heads: int, outputs: int) -> int:
+        """Multiply-adds of one sample's forward pass, ``H (2d² + dp)`` (``K_h^T q``, ``Ŝ k_h``, ``W_V^T φ``;
+        softmax attention ``H (d² + 2nd + dp)``): a local step costs about twice this, a loss once
+        (the estimate :func:`_run_chunks` weighs against :data:`PARALLEL_WORK`)."""
+        d = self.dim
+        context = 2 * d * d if self.tokens is None else d * d + 2 * self.tokens * d
+        return heads * (context + d * outputs)
 
     def _cast(self, a):
         return np.ascontiguousarray(a, dtype=self.dtype)
@@ -257,7 +288,8 @@ class FusedEngine:
         clients = np.tile(np.arange(m, dtype=np.int64), I)
         rows = self.sources[first:first + I]
         A, B = np.empty((I * m, n, n), self.dtype), np.empty((I * m, n, p), self.dtype)
-        _run_chunks(self.kernels.value_moment_sums, I * m, (phit, self.y[rows], self.w[rows], inst, clients), (A, B))
+        _run_chunks(self.kernels.value_moment_sums, I * m, (phit, self.y[rows], self.w[rows], inst, clients), (A, B),
+                    I * m * phit.shape[-1] * n * (n + p))
         return A.reshape(I, m, n, n), B.reshape(I, m, n, p)
 
     def frozen_maps(self, moments, steps: int, learning_rate, ridge):
@@ -298,9 +330,10 @@ class FusedEngine:
             return {"WV": out.reshape((I, k) + WV.shape[1:])}
         eta, lam = self._per_instance(learning_rate, I), self._per_instance(ridge, I)
         outs = {b: np.empty((I * k,) + a.shape[1:], self.dtype) for b, a in (("WQ", WQ), ("WK", WK), ("WV", WV))}
+        work = 2 * I * k * steps * self.samples * self.sample_work(WV.shape[1], WV.shape[3])
         _run_chunks(self.steps_kernel, I * k, self.layout + (inst, self.sources[first:first + I], part),
                     (WQ, WK, WV, "WQ" in blocks, "WK" in blocks, "WV" in blocks, steps, eta, lam,
-                     outs["WQ"], outs["WK"], outs["WV"], *self.trailing))
+                     outs["WQ"], outs["WK"], outs["WV"], *self.trailing), work)
         return {b: outs[b].reshape((I, k) + outs[b].shape[1:]) for b in blocks}
 
     def losses(self, server, first: int = 0) -> np.ndarray:
@@ -312,5 +345,5 @@ class FusedEngine:
         clients = np.tile(np.arange(m, dtype=np.int64), I)
         out = np.empty(I * m, self.dtype)
         _run_chunks(self.loss_kernel, I * m, self.layout + (inst, self.sources[first:first + I], clients),
-                    (WQ, WK, WV, out, *self.trailing))
+                    (WQ, WK, WV, out, *self.trailing), I * m * self.samples * self.sample_work(WV.shape[1], WV.shape[3]))
         return out.reshape(I, m)
