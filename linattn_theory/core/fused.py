@@ -39,8 +39,8 @@ it (the reference, and the GPU path).
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import os
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -105,7 +105,8 @@ def numba_available() -> bool:
 
 def default_threads() -> int:
     """Threads of the fused engine: :func:`set_threads`, else ``LINATTN_THREADS``, else
-    ``OMP_NUM_THREADS`` (which joblib sets in its worker processes), else the usable cores.
+    ``OMP_NUM_THREADS`` (which joblib sets in its worker processes), else the usable cores
+    (at most: a call below :data:`PARALLEL_WORK` multiply-adds runs on one).
 
     Returns
     -------
@@ -196,10 +197,16 @@ def _run_chunks(kernel, count: int, head: tuple, tail: tuple, work: float = floa
         return
     pieces = min(count - start, 4 * threads)
     bounds = np.linspace(start, count, pieces + 1).round().astype(np.int64).tolist()
-    claim = itertools.count()           # the next piece; next() on it is atomic under the GIL
+    waiting = queue.SimpleQueue()       # the pieces not yet claimed (thread-safe)
+    for piece in range(pieces):
+        waiting.put(piece)
 
     def claim_pieces():
-        while (piece := next(claim)) < pieces:
+        while True:
+            try:
+                piece = waiting.get_nowait()
+            except queue.Empty:
+                return
             kernel(*head, bounds[piece], bounds[piece + 1], *tail)
 
     helpers = [_pool(threads - 1).submit(claim_pieces) for _ in range(threads - 1)]
