@@ -75,7 +75,7 @@ MAX_SOFTMAX_CONTEXT = 256
 #: :meth:`FusedEngine.sample_work`) runs on one thread. Waking a helper thread and waiting for it costs
 #: about 0.1 ms on a 2-core virtual machine, the time of about a million multiply-adds (measured
 #: 2026-12-06, Intel Xeon, 8 items of no work: 94 µs per call on two threads, 1.4 µs on one); a run of
-#: the figures' size alone (3.1 M per call of its local steps) took 0.89 ms per round on two threads
+#: the figures' size alone (about 3 M per call of its local steps) took 0.89 ms per round on two threads
 #: and 0.73 on one, eight of them in one ensemble 0.34 and 0.50 (``docs/howto/gpu.md`` §5, Session 22).
 #: Results do not depend on the threads (each work item is one thread's work), so this changes no number.
 PARALLEL_WORK = 2**22
