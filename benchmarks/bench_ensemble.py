@@ -14,7 +14,8 @@ One script, measured side by side (interleaved passes, medians and ranges):
    :func:`~linattn_theory.sim.ensemble.run_ensemble`.
 2. **Beside them**, when installed, a JAX ``jit`` + ``vmap`` and a PyTorch batched version of
    the same closed form (context second moments, E local steps, weighted average; optional
-   imports, skipped with a message: never dependencies of the package).
+   imports, skipped with a message: never dependencies of the package), each peer's parameters
+   after the rounds checked against the fused engine's (printed after the tables).
 3. **The goals**: 48 figure-size runs through ``simulate_many`` against 48 calls of
    ``simulate`` (wall and process CPU time, data generation included on both sides), for 48
    different instances and for 48 runs of the figures' kind (a few instances × a ``T0`` grid,
