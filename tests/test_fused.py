@@ -361,11 +361,15 @@ def test_kernel_calls_cover_every_item_once_on_threads_and_small_ones_run_on_thi
     import threading
     import time
 
-    calls = []
+    calls, both = [], threading.Event()
 
     def record(x, lo, hi):
         calls.append((lo, hi, threading.get_ident()))
-        time.sleep(0.005)                  # the pieces take long enough for both threads to claim some
+        if x[0]:                           # threaded: a piece waits (at most 10 s) until a second thread has
+            if len({thread for _, _, thread in calls}) == 2:      # claimed one, however slow its wake-up
+                both.set()
+            if not both.wait(timeout=10):
+                both.set()                 # no second thread came: the last assertion fails, once
 
     record.__name__ = f"record_{os.getpid()}_{time.monotonic_ns()}"   # a new kernel: its first call runs alone
     x, me = np.zeros(1), threading.get_ident()
@@ -374,6 +378,7 @@ def test_kernel_calls_cover_every_item_once_on_threads_and_small_ones_run_on_thi
         fused_module._run_chunks(record, 9, (x,), (), fused_module.PARALLEL_WORK - 1)
         assert calls == [(0, 1, me), (1, 9, me)]
         calls.clear()
+        x[0] = 1
         fused_module._run_chunks(record, 9, (x,), (), fused_module.PARALLEL_WORK)
     finally:
         fused_module.set_threads(None)
@@ -381,6 +386,29 @@ def test_kernel_calls_cover_every_item_once_on_threads_and_small_ones_run_on_thi
     assert len(pieces) == 8 and pieces[0][0] == 0 and pieces[-1][1] == 9
     assert all(hi > lo and hi == next_lo for (lo, hi), (next_lo, _) in zip(pieces, pieces[1:]))
     assert len({thread for _, _, thread in calls}) == 2 and me in {thread for _, _, thread in calls}
+
+
+@needs_numba
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_kernel_calls_weigh_the_multiply_adds_of_their_steps_and_losses(attention, monkeypatch):
+    """The work each kernel call hands ``_run_chunks`` (against ``PARALLEL_WORK``): a sample's forward
+    pass ``H (2d² + dp)`` (softmax ``H (d² + 2nd + dp)``), twice per local step of every participant, once
+    per client loss, over the padded ``N`` samples (a step count, head or participant left out fails)."""
+    cfg = config(**{"model.engine": "fused", "federated.strategy": "fedavg", "federated.participation": 1.0},
+                 **(SOFTMAX if attention == "softmax" else {}))
+    data = prepare_run(cfg)[0]
+    m, N, d = np.asarray(data.S).shape[-4:-1]
+    H, p, E, n = cfg.model.heads, cfg.task.outputs, cfg.federated.local_steps, cfg.task.tokens
+    forward = H * ((2 * d * d if attention == "linear" else d * d + 2 * n * d) + d * p)
+    seen = []
+    run_chunks = fused_module._run_chunks
+    monkeypatch.setattr(fused_module, "_run_chunks",
+                        lambda kernel, count, head, tail, work=float("inf"): (seen.append((kernel.__name__, count, work)),
+                                                                            run_chunks(kernel, count, head, tail, work)))
+    simulate(cfg)
+    steps = {(c, w) for name, c, w in seen if "local_steps" in name}
+    losses = {(c, w) for name, c, w in seen if "losses" in name}
+    assert steps == {(m, 2 * m * E * N * forward)} and losses == {(m, m * N * forward)}, (seen[:4], m, N)
 
 
 def test_thread_count_settings(monkeypatch):
